@@ -1,0 +1,9 @@
+"""trainfeed: an elastic master/worker data service that feeds deep-learning training."""
+from trainfeed import dist
+from trainfeed.errors import TrainfeedError
+from trainfeed.reader.batch import batch
+from trainfeed.reader.reader import Reader
+from trainfeed.upload import UploadOptions, upload
+
+__all__ = ["Reader", "TrainfeedError", "UploadOptions", "batch", "dist", "upload"]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The `trainfeed` command line."""

@@ -1,0 +1,21 @@
+"""Options shared by several subcommands."""
+from __future__ import annotations
+
+import argparse
+
+from trainfeed.storage import STORAGE_ENV, Storage, open_storage
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", metavar="URL",
+                        help=f"fsspec URL of the storage root: a local or mounted folder, "
+                             f"s3://bucket/prefix, hdfs://… (default: ${STORAGE_ENV}, else "
+                             f"./trainfeed-data)")
+    parser.add_argument("--s3-endpoint", metavar="URL",
+                        help="endpoint of a non-AWS S3 server (SeaweedFS, MinIO, Ceph); default "
+                             "$TRAINFEED_S3_ENDPOINT or $AWS_ENDPOINT_URL; credentials come from "
+                             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+
+
+def storage_from(args: argparse.Namespace) -> Storage:
+    return open_storage(args.storage, s3_endpoint=args.s3_endpoint)

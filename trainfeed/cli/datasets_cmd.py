@@ -1,0 +1,53 @@
+"""`trainfeed ls` and `trainfeed info NAME`: what is stored."""
+from __future__ import annotations
+
+import argparse
+
+from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.formats.manifest import list_datasets, read_manifest
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ls = sub.add_parser("ls", help="list the published datasets",
+                        description="List the published datasets of a storage, with sizes.")
+    add_storage_options(ls)
+    ls.set_defaults(run=run_ls)
+    info = sub.add_parser("info", help="show one dataset's manifest",
+                          description="Show a dataset's schema, shards, counts and labels.")
+    info.add_argument("name", help="dataset name")
+    add_storage_options(info)
+    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    info.set_defaults(run=run_info)
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    storage = storage_from(args)
+    names = list_datasets(storage)
+    if not names:
+        print(f"no datasets in {storage.url}")
+    for name in names:
+        m = read_manifest(storage, name)
+        print(f"{name}\t{m.kind}\t{m.num_records} records\t{m.num_bytes / 1e6:.1f} MB\t"
+              f"{len(m.shards)} shard(s)\t{m.created_at}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    m = read_manifest(storage_from(args), args.name)
+    if args.json:
+        print(m.to_json().decode())
+        return 0
+    print(f"dataset   {m.name} ({m.kind} list, from {m.source}, {m.created_at})")
+    print(f"fields    {', '.join(f'{f.name}:{f.type}' for f in m.fields)}")
+    print(f"records   {m.num_records}  ({m.num_bytes / 1e6:.1f} MB payload)")
+    print(f"shards    {len(m.shards)} with {m.num_row_groups} row groups")
+    for s in m.shards:
+        print(f"  {s.path}  {s.num_rows} rows  {len(s.row_groups)} row groups  "
+              f"{s.num_bytes / 1e6:.1f} MB  sha256 {s.sha256[:16]}…")
+    if m.label_histogram:
+        print(f"labels    {len(m.label_histogram)} classes")
+        for label, count in m.label_histogram.items():
+            print(f"  {label}\t{count}")
+    if m.skipped:
+        print(f"skipped   {len(m.skipped)} missing file(s)")
+    return 0

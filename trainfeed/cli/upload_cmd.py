@@ -1,0 +1,49 @@
+"""`trainfeed upload LIST --dataset NAME`."""
+from __future__ import annotations
+
+import argparse
+
+from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.upload import UploadOptions, upload
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "upload", help="pack a .list file into a dataset",
+        description="Pack a .list file (path<TAB>label lines, or tab-separated text columns) "
+                    "into Parquet shards and publish it as a dataset. Re-running the same upload "
+                    "does nothing; an interrupted one resumes.")
+    p.add_argument("list", help="the .list file; paths in it are relative to its folder")
+    p.add_argument("--dataset", required=True, help="dataset name, e.g. flowers or public/digits")
+    add_storage_options(p)
+    p.add_argument("--kind", choices=["file", "text"],
+                   help="force the list kind (default: detected; a first column naming an "
+                        "existing file means file)")
+    p.add_argument("--columns", help="comma-separated field names (default: image,label for "
+                                     "file lists; text0,text1,… for text lists)")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="publish without the files that do not exist, and report them")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different dataset of the same name")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = UploadOptions(
+        kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
+        skip_missing=args.skip_missing, overwrite=args.overwrite)
+    result = upload(args.list, args.dataset, storage_from(args), options,
+                    progress=False if args.no_progress else None)
+    if result.already_published:
+        print(f"dataset {result.dataset!r} is already published from this input "
+              f"({result.num_records} records at {result.url}); nothing to do")
+        return 0
+    for line in result.skipped:
+        print(f"skipped (missing): {line}")
+    resumed = f", resumed after {result.resumed_shards} shard(s)" if result.resumed_shards else ""
+    print(f"published {result.dataset!r}: {result.num_records} records, "
+          f"{result.num_bytes / 1e6:.1f} MB in {result.num_shards} shard(s) at {result.url} "
+          f"in {result.seconds:.1f} s{resumed}"
+          + (f"; {len(result.skipped)} missing file(s) skipped" if result.skipped else ""))
+    return 0

@@ -1,0 +1,47 @@
+"""The exceptions trainfeed raises. One root, so that callers can catch everything of ours at once."""
+from __future__ import annotations
+
+
+class TrainfeedError(Exception):
+    """Root of every error trainfeed raises on purpose."""
+
+
+class InvalidNameError(TrainfeedError, ValueError):
+    """A dataset or job name that could escape its folder or is otherwise not allowed."""
+
+
+class ListFileError(TrainfeedError):
+    """A `.list` file that cannot be uploaded; the message names the file and line."""
+
+
+class MissingFilesError(ListFileError):
+    """Files named by a `.list` file do not exist. Every missing file is listed, not only the first."""
+
+    def __init__(self, list_path: str, missing: list[tuple[int, str]]):
+        self.list_path = list_path
+        self.missing = missing
+        shown = "\n".join(f"  {list_path}:{line}: {path}" for line, path in missing[:50])
+        more = f"\n  … and {len(missing) - 50} more" if len(missing) > 50 else ""
+        super().__init__(
+            f"{len(missing)} file(s) named in {list_path} do not exist; nothing was published "
+            f"(use --skip-missing to publish the rest):\n{shown}{more}")
+
+
+class DatasetNotFoundError(TrainfeedError, LookupError):
+    """No complete dataset (no manifest) under that name in that storage."""
+
+
+class DatasetExistsError(TrainfeedError):
+    """An upload would replace a different, already published dataset."""
+
+
+class CorruptDatasetError(TrainfeedError):
+    """A manifest or shard that does not match what was written (checksum, schema, row counts)."""
+
+
+class MasterUnavailableError(TrainfeedError, ConnectionError):
+    """The master could not be reached within the give-up time."""
+
+
+class JobError(TrainfeedError):
+    """The master refused a job request (unknown dataset, job bound to another dataset, …)."""

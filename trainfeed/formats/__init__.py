@@ -1,0 +1,1 @@
+"""On-disk formats: the `.list` input files, Parquet shards and the dataset manifest."""

@@ -1,0 +1,120 @@
+"""Parsing `.list` files: one instance per line, tab-separated columns.
+
+Two kinds exist. File lists (`path<TAB>label`) name files relative to the list's folder; the files'
+raw bytes become the `image` field. Text lists (`source<TAB>target`, …) are all text. Parsing is
+strict and reports `file:line` with the offending line, because a silently dropped or misaligned
+row is a training bug that is very hard to find later.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from trainfeed.errors import ListFileError
+
+Kind = Literal["file", "text"]
+KINDS: tuple[Kind, ...] = ("file", "text")
+# A file list has exactly these columns; their default field names follow Paddle's image readers.
+FILE_LIST_COLUMNS = ("image", "label")
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    """One instance: its ordinal (the stable record id), its 1-based line number and columns."""
+
+    record_id: int
+    line: int
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ParsedList:
+    """A validated `.list` file. For file lists, `entries[i].columns[0]` is an absolute path."""
+
+    path: str
+    kind: Kind
+    field_names: tuple[str, ...]
+    entries: tuple[ListEntry, ...]
+
+    @property
+    def label_index(self) -> int | None:
+        """Column holding the class label (file lists), else None (text lists have no label)."""
+        return 1 if self.kind == "file" else None
+
+
+def _show(line: str) -> str:
+    return repr(line if len(line) <= 200 else line[:200] + "…")
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ListFileError(f"{path}: no such list file") from None
+    except IsADirectoryError:
+        raise ListFileError(f"{path}: is a folder, expected a .list file") from None
+    lines = raw.split(b"\n")
+    decoded = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            decoded.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise ListFileError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte "
+                                f"{e.start}): {line[:200]!r}") from None
+    return decoded
+
+
+def _looks_like_file(first_column: str, base_dir: str) -> bool:
+    return bool(first_column) and os.path.isfile(os.path.join(base_dir, first_column))
+
+
+def parse_list(path: str, kind: Kind | None = None,
+               field_names: tuple[str, ...] | None = None) -> ParsedList:
+    """Reads and validates a `.list` file.
+
+    Args:
+        path: the list file.
+        kind: "file" or "text"; None detects it (a first column naming an existing file ⇒ file).
+        field_names: names for the columns; default `image, label` for file lists and
+            `text0, text1, …` for text lists.
+
+    Raises:
+        ListFileError: naming `path:line` and the line, for an unreadable file, wrong column
+            counts, an empty path, or an empty list. Missing files are not checked here (the
+            upload stats them all in parallel and lists every one).
+    """
+    if kind is not None and kind not in KINDS:
+        raise ListFileError(f"unknown list kind {kind!r}; expected one of {sorted(KINDS)}")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    rows = [(n, line) for n, line in enumerate(_read_lines(path), start=1) if line.strip()]
+    if not rows:
+        raise ListFileError(f"{path}: the list has no instances (every line is empty)")
+    first_line, first = rows[0]
+    if kind is None:
+        kind = "file" if _looks_like_file(first.split("\t")[0], base_dir) else "text"
+    width = len(FILE_LIST_COLUMNS) if kind == "file" else len(first.split("\t"))
+    if field_names is not None:
+        if len(field_names) != width:
+            raise ListFileError(f"{path}:{first_line}: --columns gives {len(field_names)} names "
+                                f"{list(field_names)} but the list has {width} columns")
+        if len(set(field_names)) != len(field_names) or any(
+                not n or n.startswith("_") for n in field_names):
+            raise ListFileError(f"column names must be distinct, non-empty and not start with "
+                                f"'_' (reserved): {list(field_names)}")
+    names = field_names or (FILE_LIST_COLUMNS if kind == "file"
+                            else tuple(f"text{i}" for i in range(width)))
+    expected = (f"{width} tab-separated columns ({', '.join(names)})")
+    entries = []
+    for record_id, (number, line) in enumerate(rows):
+        columns = tuple(line.split("\t"))
+        if len(columns) != width:
+            raise ListFileError(f"{path}:{number}: expected {expected}, got {len(columns)}: "
+                                f"{_show(line)}")
+        if kind == "file":
+            if not columns[0].strip():
+                raise ListFileError(f"{path}:{number}: empty file path: {_show(line)}")
+            columns = (os.path.join(base_dir, columns[0]),) + columns[1:]
+        entries.append(ListEntry(record_id, number, columns))
+    return ParsedList(os.path.abspath(path), kind, names, tuple(entries))

@@ -1,0 +1,143 @@
+"""The dataset manifest: the single source of truth for what a dataset is.
+
+A dataset folder holds Parquet shards and `manifest.json`. The manifest is written last and
+atomically, so a dataset exists for readers exactly when its manifest does: an interrupted upload
+is invisible. It records the schema, every shard with its row-group boundaries, row and byte
+counts, per-shard SHA-256 and the label histogram.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
+from trainfeed.names import validate_dataset_name
+from trainfeed.storage import Storage
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "trainfeed.dataset"
+VERSION = 1
+# Reserved Parquet column with the stable record id (the instance's ordinal in the .list file).
+ID_COLUMN = "_id"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: str  # "binary" (raw file bytes) or "string"
+
+
+@dataclass(frozen=True)
+class RowGroupInfo:
+    num_rows: int
+    num_bytes: int  # payload bytes (file bytes and UTF-8 text) of its rows
+    first_id: int
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: str  # relative to the dataset folder
+    num_rows: int
+    num_bytes: int  # size of the Parquet file
+    sha256: str
+    row_groups: tuple[RowGroupInfo, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a published dataset holds. Immutable; build a new one to change anything."""
+
+    name: str
+    kind: str
+    fields: tuple[FieldSpec, ...]
+    label_field: str | None
+    num_records: int
+    num_bytes: int  # payload bytes
+    shards: tuple[ShardInfo, ...]
+    label_histogram: dict[str, int]
+    fingerprint: str
+    source: str
+    created_at: str
+    skipped: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        body = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
+        try:
+            raw = json.loads(data)
+            if raw.pop("format", None) != FORMAT:
+                raise ValueError(f"not a {FORMAT} manifest")
+            version = raw.pop("version", None)
+            if version != VERSION:
+                raise ValueError(f"manifest version {version!r}, this trainfeed reads {VERSION}")
+            raw["fields"] = tuple(FieldSpec(**f) for f in raw["fields"])
+            raw["shards"] = tuple(
+                ShardInfo(**{**s, "row_groups": tuple(RowGroupInfo(**g) for g in s["row_groups"])})
+                for s in raw["shards"])
+            raw["skipped"] = tuple(raw.get("skipped", ()))
+            manifest = cls(**raw)
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptDatasetError(f"{where}: unreadable manifest: {e}") from e
+        manifest.check()
+        return manifest
+
+    def check(self) -> None:
+        """Raises CorruptDatasetError if the counts do not add up."""
+        rows = sum(s.num_rows for s in self.shards)
+        if rows != self.num_records or any(
+                sum(g.num_rows for g in s.row_groups) != s.num_rows for s in self.shards):
+            raise CorruptDatasetError(
+                f"dataset {self.name!r}: manifest row counts do not add up ({rows} rows in shards, "
+                f"{self.num_records} declared)")
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def num_row_groups(self) -> int:
+        return sum(len(s.row_groups) for s in self.shards)
+
+
+def dataset_storage(storage: Storage, name: str) -> Storage:
+    """The folder of dataset `name` (validated, so it cannot escape the storage root)."""
+    return storage.child(validate_dataset_name(name))
+
+
+def read_manifest(storage: Storage, name: str) -> Manifest:
+    """Loads the manifest of dataset `name`, raising DatasetNotFoundError if it is not published."""
+    folder = dataset_storage(storage, name)
+    try:
+        data = folder.read_bytes(MANIFEST_NAME)
+    except FileNotFoundError:
+        known = list_datasets(storage)
+        hint = f"; datasets here: {', '.join(known)}" if known else "; this storage has none"
+        raise DatasetNotFoundError(
+            f"no dataset {name!r} in {storage.url} (no {MANIFEST_NAME}; an upload that did not "
+            f"finish is not published){hint}") from None
+    return Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
+
+
+def write_manifest(storage: Storage, manifest: Manifest) -> None:
+    """Publishes `manifest` atomically: the last step of an upload."""
+    dataset_storage(storage, manifest.name).write_atomic(MANIFEST_NAME, manifest.to_json())
+
+
+def list_datasets(storage: Storage) -> list[str]:
+    """Names of the published datasets (one namespace deep, e.g. `public/digits`), sorted."""
+    fs = storage.fs
+    names = []
+    for pattern in (f"*/{MANIFEST_NAME}", f"*/*/{MANIFEST_NAME}"):
+        try:
+            found = fs.glob(storage.path(pattern))
+        except FileNotFoundError:
+            found = []
+        for path in found:
+            rel = path[len(storage.root):].strip("/")
+            names.append(rel.rsplit("/", 1)[0])
+    return sorted(set(names))

@@ -1,0 +1,267 @@
+"""The gRPC servicer of the master: the imperative shell around each job's Ledger.
+
+Runs on one asyncio event loop, so the ledgers need no locks. Every change is saved to the state
+store before the call that caused it is answered. GetTasks long-polls: when the epoch's remaining
+partitions are leased to others it waits (up to the caller's `wait_ms`) for a change (a report, an
+expiry, a leave) instead of making readers spin.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
+from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
+from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, Ledger, LeaseStatus
+from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
+from trainfeed.master.state_store import StateStore
+from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.storage import Storage
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.v1 import master_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+JOB_STATE_VERSION = 1
+# A reader heartbeats every third of this; 30 s rides out a GC pause or a slow storage read while
+# a dead worker's tasks still move on within half a minute.
+DEFAULT_LEASE_TIMEOUT_S = 30.0
+# Upper bound of one long-poll: short enough that a reader notices a dead master quickly.
+MAX_WAIT_MS = 5000
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """How the master serves. Validated on creation."""
+
+    storage: Storage
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    max_failures: int = DEFAULT_MAX_FAILURES
+    target_partitions: int = DEFAULT_TARGET_PARTITIONS
+
+    def __post_init__(self) -> None:
+        if self.lease_timeout_s <= 0:
+            raise ValueError(f"lease timeout must be > 0 s, got {self.lease_timeout_s}")
+        if self.max_failures < 1:
+            raise ValueError(f"max failures must be ≥ 1, got {self.max_failures}")
+        if self.target_partitions < 1:
+            raise ValueError(f"target partitions must be ≥ 1, got {self.target_partitions}")
+
+
+@dataclass
+class Job:
+    """One job: a dataset, its partition plan, its ledger and the workers seen."""
+
+    name: str
+    manifest: Manifest
+    partitions: tuple[Partition, ...]
+    ledger: Ledger
+    target_partitions: int
+    workers: dict[str, float] = field(default_factory=dict)  # worker id -> last seen (time.time)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        """Wakes every long-poll waiting on this job."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self, timeout: float) -> None:
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
+        except asyncio.TimeoutError:
+            pass
+
+    def state(self) -> dict[str, Any]:
+        return {"version": JOB_STATE_VERSION, "dataset": self.manifest.name,
+                "fingerprint": self.manifest.fingerprint,
+                "target_partitions": self.target_partitions, "ledger": self.ledger.state()}
+
+
+class MasterServicer(master_pb2_grpc.MasterServicer):
+    """Implements trainfeed.v1.Master over in-memory jobs backed by a StateStore."""
+
+    def __init__(self, config: MasterConfig, store: StateStore):
+        self.config = config
+        self.store = store
+        self.jobs: dict[str, Job] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Loads every saved job; outstanding leases get a fresh deadline."""
+        now = time.time()
+        for name, state in self.store.load_jobs().items():
+            try:
+                manifest = read_manifest(self.config.storage, state["dataset"])
+            except (DatasetNotFoundError, CorruptDatasetError) as e:
+                logger.error("job %r not restored: %s", name, e)
+                continue
+            if manifest.fingerprint != state["fingerprint"]:
+                logger.warning("job %r: dataset %r was re-uploaded since; starting the job afresh",
+                               name, manifest.name)
+                continue
+            ledger = Ledger.from_state(state["ledger"])
+            ledger.refresh_deadlines(now, self.config.lease_timeout_s)
+            partitions = plan_partitions(manifest, state["target_partitions"])
+            self.jobs[name] = Job(name, manifest, partitions, ledger, state["target_partitions"])
+            logger.info("restored job %r (dataset %r, epoch %d, %s)", name, manifest.name,
+                        ledger.epoch, ledger.counts())
+
+    def expire_leases(self) -> None:
+        """Called by the lease timer: overdue leases go back to todo."""
+        now = time.time()
+        for job in self.jobs.values():
+            overdue = job.ledger.expire(now)
+            if overdue:
+                logger.warning("job %r: %d lease(s) expired, partitions %s back to todo",
+                               job.name, len(overdue), overdue[:10])
+                self._save(job)
+                job.notify()
+
+    def _save(self, job: Job) -> None:
+        self.store.save_job(job.name, job.state())
+
+    # -- helpers ------------------------------------------------------------------------------
+    async def _job(self, name: str, context: grpc.aio.ServicerContext) -> Job:
+        job = self.jobs.get(name)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no job {name!r} on this master (jobs: {sorted(self.jobs)}); "
+                                f"a reader creates its job with OpenJob")
+        assert job is not None  # abort raised
+        return job
+
+    def _apply_reports(self, job: Job, worker: str, reports: Any) -> bool:
+        changed = False
+        for report in reports:
+            if report.outcome == pb.TaskReport.DONE:
+                changed |= job.ledger.report_done(report.epoch, report.partition)
+            elif report.outcome == pb.TaskReport.FAILED:
+                if job.ledger.report_failed(report.epoch, report.partition, report.reason):
+                    changed = True
+                    failed = report.partition in job.ledger.failed
+                    logger.warning("job %r: worker %s failed partition %d (epoch %d)%s: %s",
+                                   job.name, worker, report.partition, report.epoch,
+                                   "; giving up on it this epoch" if failed else "",
+                                   report.reason)
+        return changed
+
+    def _touch(self, job: Job, worker: str) -> None:
+        now = time.time()
+        job.workers[worker] = now
+        job.ledger.renew(worker, now, self.config.lease_timeout_s)
+
+    def _task(self, job: Job, epoch: int, partition: int) -> pb.Task:
+        p = job.partitions[partition]
+        return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
+                       row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
+                       num_records=p.num_records)
+
+    # -- RPCs ---------------------------------------------------------------------------------
+    async def OpenJob(self, request: pb.OpenJobRequest,
+                      context: grpc.aio.ServicerContext) -> pb.OpenJobResponse:
+        try:
+            validate_job_name(request.job)
+            validate_dataset_name(request.dataset)
+        except InvalidNameError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        job = self.jobs.get(request.job)
+        if job is None:
+            try:
+                manifest = await asyncio.to_thread(read_manifest, self.config.storage,
+                                                   request.dataset)
+            except DatasetNotFoundError as e:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            except CorruptDatasetError as e:
+                await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
+            job = self.jobs.get(request.job)  # another OpenJob may have won while we read
+            if job is None:
+                partitions = plan_partitions(manifest, self.config.target_partitions)
+                ledger = Ledger(len(partitions), seed=request.seed,
+                                max_failures=self.config.max_failures)
+                job = Job(request.job, manifest, partitions, ledger,
+                          self.config.target_partitions)
+                self.jobs[request.job] = job
+                self._save(job)
+                logger.info("job %r created: dataset %r, %d records in %d partitions",
+                            job.name, manifest.name, manifest.num_records, len(partitions))
+        if job.manifest.name != request.dataset:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {request.job!r} reads dataset {job.manifest.name!r}, not "
+                f"{request.dataset!r}; use another job name (TRAINFEED_JOB or job=...)")
+        worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
+        self._touch(job, worker)
+        folder = dataset_storage(self.config.storage, job.manifest.name)
+        return pb.OpenJobResponse(
+            worker_id=worker, job=job.name, dataset=job.manifest.name, dataset_url=folder.url,
+            storage_options_json=folder.options_json(),
+            fields=[pb.Field(name=f.name, type=f.type) for f in job.manifest.fields],
+            num_records=job.manifest.num_records, num_partitions=len(job.partitions),
+            current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s)
+
+    async def GetTasks(self, request: pb.GetTasksRequest,
+                       context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
+        job = await self._job(request.job, context)
+        worker = request.worker_id
+        changed = self._apply_reports(job, worker, request.reports)
+        self._touch(job, worker)
+        epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + min(request.wait_ms, MAX_WAIT_MS) / 1000
+        while True:
+            result = job.ledger.lease(worker, epoch, request.max_tasks, time.time(),
+                                      self.config.lease_timeout_s)
+            changed |= result.status is LeaseStatus.TASKS
+            if changed:
+                self._save(job)
+                job.notify()
+                changed = False
+            if result.status is not LeaseStatus.WAIT or loop.time() >= give_up:
+                break
+            await job.wait_changed(give_up - loop.time())
+        status = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
+                  LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
+                  LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}[result.status]
+        return pb.GetTasksResponse(
+            status=status, current_epoch=result.epoch,
+            tasks=[self._task(job, result.epoch, p) for p in result.partitions])
+
+    async def Report(self, request: pb.ReportRequest,
+                     context: grpc.aio.ServicerContext) -> pb.ReportResponse:
+        job = await self._job(request.job, context)
+        if self._apply_reports(job, request.worker_id, request.reports):
+            self._save(job)
+            job.notify()
+        self._touch(job, request.worker_id)
+        return pb.ReportResponse(current_epoch=job.ledger.epoch)
+
+    async def LeaveJob(self, request: pb.LeaveJobRequest,
+                       context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
+        job = await self._job(request.job, context)
+        released = job.ledger.release(request.worker_id)
+        job.workers.pop(request.worker_id, None)
+        if released:
+            logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,
+                        request.worker_id, len(released))
+            self._save(job)
+            job.notify()
+        return pb.LeaveJobResponse(released_tasks=len(released))
+
+    async def GetJobStatus(self, request: pb.GetJobStatusRequest,
+                           context: grpc.aio.ServicerContext) -> pb.JobStatus:
+        job = await self._job(request.job, context)
+        alive_since = time.time() - 3 * self.config.lease_timeout_s
+        counts = job.ledger.counts()
+        return pb.JobStatus(
+            job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
+            num_partitions=len(job.partitions), workers=sum(
+                1 for seen in job.workers.values() if seen >= alive_since),
+            failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
+            **counts)

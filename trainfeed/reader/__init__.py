@@ -1,0 +1,1 @@
+"""What users touch: `dist.reader`, the local reader, `batch`, framework adapters."""

@@ -1,0 +1,155 @@
+"""Where a reader's partitions come from: straight from storage (local) or leased from a master.
+
+Both backends hand the Reader the same thing, one pass at a time: a stream of loaded partitions
+(`PassStream`) that it acknowledges as the trainer consumes them. So `TRAIN_LOCAL=1` and a cluster
+run yield the same instances through the same code.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from trainfeed.formats.manifest import dataset_storage, read_manifest
+from trainfeed.master.ledger import epoch_order
+from trainfeed.master.partition import plan_partitions
+from trainfeed.storage import Storage
+from trainfeed.worker.client import MasterClient
+from trainfeed.worker.partition_reader import PartitionReader
+from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
+from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, WorkerSession
+
+
+class PassStream(Protocol):
+    """One epoch's partitions, in the order the trainer gets them."""
+
+    epoch: int | None
+
+    def __iter__(self) -> Iterator[LoadedPartition | None]:
+        """Loaded partitions; None means "nothing is coming for now: flush partial batches"."""
+        ...
+
+    def consumed(self, part: LoadedPartition) -> None:
+        """The trainer was handed every record of `part` (and asked for more)."""
+        ...
+
+    def close(self, finished: bool) -> None:
+        """Ends the pass; `finished` tells whether it ran to its end. Idempotent."""
+        ...
+
+
+class Backend(Protocol):
+    field_names: tuple[str, ...]
+
+    def open_pass(self) -> PassStream: ...
+
+    def close(self) -> None: ...
+
+
+class _Pass:
+    """A PassStream over a PrefetchStream, with hooks for acknowledging and ending."""
+
+    def __init__(self, stream: PrefetchStream, epoch: int | None,
+                 on_consumed: Callable[[TaskRef], None],
+                 on_close: Callable[[bool], None]):
+        self._stream = stream
+        self.epoch = epoch
+        self._on_consumed = on_consumed
+        self._on_close = on_close
+        self._closed = False
+
+    def __iter__(self) -> Iterator[LoadedPartition | None]:
+        for part in self._stream:
+            if part is not None:
+                self.epoch = part.task.epoch
+            yield part
+
+    def consumed(self, part: LoadedPartition) -> None:
+        self._on_consumed(part.task)
+        self._stream.consumed(part)
+
+    def close(self, finished: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stream.close()
+        self._on_close(finished)
+
+
+class LocalBackend:
+    """Reads every partition of a dataset straight from storage, no master (TRAIN_LOCAL)."""
+
+    def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int):
+        self.manifest = read_manifest(storage, dataset)
+        self.folder = dataset_storage(storage, dataset)
+        self.partitions = plan_partitions(self.manifest)
+        self.field_names = self.manifest.field_names
+        self.seed = seed
+        self.prefetch = prefetch
+        self.next_epoch = 0
+
+    def open_pass(self) -> PassStream:
+        epoch = self.next_epoch
+        self.next_epoch += 1
+        order = epoch_order(len(self.partitions), self.seed, epoch)
+
+        def produce(out: PrefetchStream, credits: Credits) -> None:
+            reader = PartitionReader(self.folder, self.field_names)
+            try:
+                todo = iter(order)
+                while True:
+                    for _ in range(credits.take_all()):
+                        index = next(todo, None)
+                        if index is None:
+                            return
+                        p = self.partitions[index]
+                        task = TaskRef(epoch, index, p.shard, p.row_group_start,
+                                       p.row_group_stop, p.num_records)
+                        out.put(LoadedPartition(task, reader.read(
+                            p.shard, p.row_group_start, p.row_group_stop, p.num_records)))
+            finally:
+                reader.close()
+
+        return _Pass(PrefetchStream(produce, self.prefetch, "trainfeed-local-prefetch"), epoch,
+                     on_consumed=lambda task: None, on_close=lambda finished: None)
+
+    def close(self) -> None:
+        pass
+
+
+class DistributedBackend:
+    """Leases partitions from the master; readers of one job split each epoch between them."""
+
+    def __init__(self, dataset: str, job: str, master: str | None, seed: int, prefetch: int):
+        self.client = MasterClient(master)
+        try:
+            self.session = WorkerSession(self.client, job, dataset, seed)
+        except BaseException:
+            self.client.close()
+            raise
+        self.field_names = self.session.field_names
+        self.prefetch = prefetch
+        self.epoch: int | None = None
+        self._next_epoch = JOIN_CURRENT_EPOCH
+
+    def _learn_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def open_pass(self) -> PassStream:
+        stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch)
+
+        def on_close(finished: bool) -> None:
+            if finished:
+                self._next_epoch = (self.epoch + 1) if self.epoch is not None \
+                    else JOIN_CURRENT_EPOCH
+            else:
+                # Abandoned mid-way: hand back what we hold; the next pass resumes this epoch.
+                self._next_epoch = self.epoch if self.epoch is not None else JOIN_CURRENT_EPOCH
+                self.session.end_pass_early()
+
+        return _Pass(stream, None, on_consumed=self.session.report_done, on_close=on_close)
+
+    def close(self) -> None:
+        try:
+            self.session.close()
+        finally:
+            self.client.close()

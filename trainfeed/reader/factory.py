@@ -1,0 +1,49 @@
+"""`dist.reader(name, ...)`: one call for a laptop and a cluster alike."""
+from __future__ import annotations
+
+import os
+
+from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.reader.backends import DistributedBackend, LocalBackend
+from trainfeed.reader.reader import Reader
+from trainfeed.storage import open_storage
+
+TRAIN_LOCAL_ENV = "TRAIN_LOCAL"
+JOB_ENV = "TRAINFEED_JOB"
+DEFAULT_JOB = "default"
+# Partitions loaded ahead of the trainer: enough to hide a storage round trip behind the current
+# partition, few enough that a reader does not sit on work that others could take.
+DEFAULT_PREFETCH = 4
+
+
+def train_local() -> bool:
+    """Whether `$TRAIN_LOCAL` asks for local reading: any non-empty value other than `0`."""
+    value = os.environ.get(TRAIN_LOCAL_ENV, "")
+    return value not in ("", "0")
+
+
+def reader(name: str, *, job: str | None = None, seed: int = 0,
+           prefetch: int = DEFAULT_PREFETCH, master: str | None = None,
+           storage: str | None = None, local: bool | None = None) -> Reader:
+    """A reader creator over dataset `name`; each call yields one pass (epoch).
+
+    With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
+    `$TRAINFEED_STORAGE`, else `./trainfeed-data`); otherwise it joins job `job` (else
+    `$TRAINFEED_JOB`, else "default") on the master at `master` (else `$TRAINFEED_MASTER`), and
+    readers of the same job split each epoch between them. Nothing connects until the first pass.
+
+    Example:
+        >>> from trainfeed import dist
+        >>> reader = dist.reader("flowers")            # doctest: +SKIP
+        >>> for raw_image_bytes, label in reader():   # doctest: +SKIP
+        ...     pass
+    """
+    validate_dataset_name(name)
+    if prefetch < 1:
+        raise ValueError(f"prefetch must be ≥ 1 partition, got {prefetch}")
+    use_local = train_local() if local is None else local
+    if use_local:
+        store = open_storage(storage)
+        return Reader(lambda: LocalBackend(name, store, seed, prefetch), name)
+    job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
+    return Reader(lambda: DistributedBackend(name, job_name, master, seed, prefetch), name)

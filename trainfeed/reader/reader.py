@@ -1,0 +1,176 @@
+"""The Reader: what `dist.reader(...)` returns. A reader creator, Paddle-style.
+
+Each call `reader()` is one pass (epoch) yielding one instance at a time, a tuple in the `.list`
+file's column order. `reader.column_batches(n)` is the fast path: dicts of columns, no Python tuple
+per instance. A partition is acknowledged (reported done) only after the trainer was handed its
+last instance and asked for the next one, so a crash never loses records the trainer did not see.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from trainfeed.formats.manifest import ID_COLUMN
+from trainfeed.reader.backends import Backend, PassStream
+from trainfeed.worker.prefetch import LoadedPartition
+
+logger = logging.getLogger(__name__)
+
+ColumnBatch = dict[str, Any]
+
+
+def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
+    batch: ColumnBatch = {name: table.column(name).to_pylist() for name in names}
+    batch[ID_COLUMN] = table.column(ID_COLUMN).to_numpy()
+    return batch
+
+
+class Reader:
+    """A reader creator over one dataset. Thread-safety: one pass at a time; `close()` is
+    idempotent and also ends a pass in progress (unfinished tasks go back to the master).
+    """
+
+    def __init__(self, make_backend: Callable[[], Backend], name: str):
+        self._make_backend = make_backend
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+        self.name = name
+        self.closed = False
+
+    @property
+    def backend(self) -> Backend:
+        """Connects (to storage or the master) on first use, so building a reader is free."""
+        with self._lock:
+            if self.closed:
+                raise ValueError(f"reader of {self.name!r} is closed")
+            if self._backend is None:
+                self._backend = self._make_backend()
+            return self._backend
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """Names of the fields, in `.list` column order (`image`, `label` for file lists)."""
+        return self.backend.field_names
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the current or last pass (None before the first)."""
+        return getattr(self.backend, "epoch", None)
+
+    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]]) -> Iterator[Any]:
+        stream = self.backend.open_pass()
+        finished = False
+        try:
+            yield from body(stream)
+            finished = True
+        finally:
+            stream.close(finished)
+
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
+        """One pass: yields each instance as a tuple (bytes for files, str for text columns)."""
+        names = self.field_names
+
+        def instances(stream: PassStream) -> Iterator[tuple[Any, ...]]:
+            for part in stream:
+                if part is None:
+                    continue
+                yield from zip(*(part.table.column(n).to_pylist() for n in names))
+                stream.consumed(part)
+        return self._run_pass(instances)
+
+    def column_batches(self, batch_size: int | None = None,
+                       drop_last: bool = False) -> Iterator[ColumnBatch]:
+        """One pass as column batches: `{field: list, "_id": int64 array}` of `batch_size` rows,
+        or one batch per partition when None. The fast path: no tuple per instance.
+
+        In a distributed pass a batch may come up short before the epoch ends, once per reader:
+        when the epoch's last tasks are held by other readers, the partial batch is handed over so
+        that its partitions can be acknowledged (`drop_last` drops it instead).
+        """
+        names = self.field_names
+        return self._batched(batch_size, drop_last, lambda table: _columns(table, names))
+
+    def instance_batches(self, batch_size: int,
+                         drop_last: bool = False) -> Iterator[list[tuple[Any, ...]]]:
+        """One pass as lists of up to `batch_size` instance tuples (what `batch()` yields)."""
+        names = self.field_names
+        return self._batched(batch_size, drop_last, lambda table: list(
+            zip(*(table.column(n).to_pylist() for n in names))))
+
+    def _batched(self, batch_size: int | None, drop_last: bool,
+                 convert: Callable[[pa.Table], Any]) -> Iterator[Any]:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1 or None, got {batch_size}")
+
+        def per_partition(stream: PassStream) -> Iterator[Any]:
+            for part in stream:
+                if part is not None:
+                    yield convert(part.table)
+                    stream.consumed(part)
+
+        def batches(stream: PassStream) -> Iterator[Any]:
+            assert batch_size is not None
+            pieces: list[pa.Table] = []
+            buffered = 0
+            # Partitions whose every row is in `pieces` or already yielded: acknowledged once the
+            # batch holding their last rows was handed over and the trainer asked for the next.
+            sliced: list[LoadedPartition] = []
+            for part in stream:
+                if part is None or not part.table.num_rows:
+                    if part is not None:
+                        sliced.append(part)
+                    if part is None and pieces and not drop_last:
+                        yield convert(pa.concat_tables(pieces))
+                    pieces, buffered = [], 0
+                    for done in sliced:
+                        stream.consumed(done)
+                    sliced = []
+                    continue
+                offset = 0
+                while offset < part.table.num_rows:
+                    take = min(batch_size - buffered, part.table.num_rows - offset)
+                    pieces.append(part.table.slice(offset, take))
+                    buffered += take
+                    offset += take
+                    if buffered == batch_size:
+                        acked, sliced = sliced, []
+                        full = pa.concat_tables(pieces)
+                        pieces, buffered = [], 0
+                        yield convert(full)
+                        for done in acked:
+                            stream.consumed(done)
+                sliced.append(part)
+                if not pieces:  # the partition ended exactly at a batch boundary
+                    for done in sliced:
+                        stream.consumed(done)
+                    sliced = []
+            if pieces and not drop_last:
+                yield convert(pa.concat_tables(pieces))
+            for done in sliced:
+                stream.consumed(done)
+        return self._run_pass(per_partition if batch_size is None else batches)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,124 @@
+"""Where datasets live: the one module that turns a storage URL into a filesystem.
+
+Any fsspec URL works: a local or mounted folder (this is how a GlusterFS or NFS volume is used),
+`s3://bucket/prefix`, `hdfs://…`. Everything else in trainfeed takes a `Storage` and speaks in
+paths relative to it, so URL schemes are parsed here and nowhere else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+# The embedded default: a folder in the working directory, so a laptop needs no setup at all.
+DEFAULT_STORAGE = "./trainfeed-data"
+STORAGE_ENV = "TRAINFEED_STORAGE"
+S3_ENDPOINT_ENV = "TRAINFEED_S3_ENDPOINT"
+
+
+def default_storage_url() -> str:
+    """`$TRAINFEED_STORAGE`, else `./trainfeed-data`."""
+    return os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A storage root (an fsspec URL) plus the non-secret options needed to reach it.
+
+    Options hold only what every process may see (an S3 endpoint, say); credentials come from the
+    environment of each process (`AWS_ACCESS_KEY_ID`, …), so the master can pass `options` to
+    workers over the wire without leaking secrets.
+
+    Thread-safety: the fsspec filesystem object is shared; fsspec filesystems are safe to use from
+    several threads.
+    """
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        fs, _ = fsspec.core.url_to_fs(self.url, **self.options)
+        return fs
+
+    @cached_property
+    def root(self) -> str:
+        """The root as a path of `self.fs` (no scheme)."""
+        _, path = fsspec.core.url_to_fs(self.url, **self.options)
+        return path.rstrip("/")
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def path(self, *parts: str) -> str:
+        """The filesystem path of `parts` below the root."""
+        return "/".join([self.root, *(p.strip("/") for p in parts if p)])
+
+    def child(self, *parts: str) -> Storage:
+        """A Storage rooted at `parts` below this one (the folder of one dataset, say)."""
+        return Storage(self.url.rstrip("/") + "/" + "/".join(p.strip("/") for p in parts),
+                       self.options)
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self.fs.exists(self.path(*parts)))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        return bytes(self.fs.cat_file(self.path(*parts)))
+
+    def write_atomic(self, relpath: str, data: bytes) -> None:
+        """Writes `data` so that readers see either the old file or the whole new one.
+
+        Local (and FUSE-mounted) folders: write a temporary sibling, fsync, then rename over the
+        target. Object stores (S3): a single PUT is already atomic.
+        """
+        target = self.path(relpath)
+        if not self.is_local:
+            self.fs.pipe_file(target, data)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def options_json(self) -> str:
+        return json.dumps(self.options, sort_keys=True)
+
+
+def open_storage(url: str | None = None, *, s3_endpoint: str | None = None,
+                 options: dict[str, Any] | None = None) -> Storage:
+    """Resolves a storage URL (default: `default_storage_url()`) into a Storage.
+
+    Local paths become absolute, so a URL handed to another process on the same machine (or the
+    same mount path in another pod) names the same folder. For `s3://` URLs the endpoint comes from
+    `s3_endpoint`, else `$TRAINFEED_S3_ENDPOINT`, else `$AWS_ENDPOINT_URL` (non-AWS servers such as
+    SeaweedFS, MinIO or Ceph RGW).
+    """
+    url = url or default_storage_url()
+    opts = dict(options or {})
+    if _is_local(url):
+        local = url[len("file://"):] if url.startswith("file://") else url
+        url = os.path.abspath(os.path.expanduser(local))
+    elif url.startswith(("s3://", "s3a://")):
+        endpoint = (s3_endpoint or os.environ.get(S3_ENDPOINT_ENV)
+                    or os.environ.get("AWS_ENDPOINT_URL"))
+        if endpoint:
+            opts.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
+    return Storage(url.rstrip("/") or "/", opts)

@@ -1,0 +1,184 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenJobRequest(_message.Message):
+    __slots__ = ("job", "dataset", "worker_name", "seed")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    dataset: str
+    worker_name: str
+    seed: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Field(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class OpenJobResponse(_message.Message):
+    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATASET_URL_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    job: str
+    dataset: str
+    dataset_url: str
+    storage_options_json: str
+    fields: _containers.RepeatedCompositeFieldContainer[Field]
+    num_records: int
+    num_partitions: int
+    current_epoch: int
+    lease_timeout_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    ROW_GROUP_START_FIELD_NUMBER: _ClassVar[int]
+    ROW_GROUP_STOP_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    partition: int
+    shard: str
+    row_group_start: int
+    row_group_stop: int
+    num_records: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+
+class TaskReport(_message.Message):
+    __slots__ = ("epoch", "partition", "outcome", "reason")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[TaskReport.Outcome]
+        DONE: _ClassVar[TaskReport.Outcome]
+        FAILED: _ClassVar[TaskReport.Outcome]
+    OUTCOME_UNSPECIFIED: TaskReport.Outcome
+    DONE: TaskReport.Outcome
+    FAILED: TaskReport.Outcome
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    partition: int
+    outcome: TaskReport.Outcome
+    reason: str
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GetTasksRequest(_message.Message):
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    worker_id: str
+    epoch: int
+    max_tasks: int
+    wait_ms: int
+    reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ...) -> None: ...
+
+class GetTasksResponse(_message.Message):
+    __slots__ = ("status", "tasks", "current_epoch")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
+        TASKS: _ClassVar[GetTasksResponse.Status]
+        WAIT: _ClassVar[GetTasksResponse.Status]
+        EPOCH_DONE: _ClassVar[GetTasksResponse.Status]
+    STATUS_UNSPECIFIED: GetTasksResponse.Status
+    TASKS: GetTasksResponse.Status
+    WAIT: GetTasksResponse.Status
+    EPOCH_DONE: GetTasksResponse.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    status: GetTasksResponse.Status
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    current_epoch: int
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("job", "worker_id", "reports")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    worker_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("current_epoch",)
+    CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    current_epoch: int
+    def __init__(self, current_epoch: _Optional[int] = ...) -> None: ...
+
+class LeaveJobRequest(_message.Message):
+    __slots__ = ("job", "worker_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    worker_id: str
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class LeaveJobResponse(_message.Message):
+    __slots__ = ("released_tasks",)
+    RELEASED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    released_tasks: int
+    def __init__(self, released_tasks: _Optional[int] = ...) -> None: ...
+
+class GetJobStatusRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TODO_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_REASONS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    dataset: str
+    epoch: int
+    num_partitions: int
+    todo: int
+    pending: int
+    done: int
+    failed: int
+    workers: int
+    failed_reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The worker side: talking to the master, reading partitions, prefetching them."""

@@ -1,0 +1,102 @@
+"""A blocking client of the master that rides through restarts.
+
+Every call retries UNAVAILABLE (master restarting, network blip) with exponential backoff and full
+jitter, so a fleet of readers does not hammer a master that comes back; after `give_up_s` it raises
+MasterUnavailableError naming the address. Other errors are the master's answer and raise at once.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import grpc
+
+from trainfeed.errors import JobError, MasterUnavailableError
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.v1 import master_pb2_grpc
+
+MASTER_ENV = "TRAINFEED_MASTER"
+GIVE_UP_ENV = "TRAINFEED_MASTER_GIVE_UP_S"
+# Long enough to ride out a master pod being rescheduled; override for impatient setups.
+DEFAULT_GIVE_UP_S = 120.0
+# Per-call deadline on top of any long-poll wait the call asks for.
+CALL_TIMEOUT_S = 10.0
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+T = TypeVar("T")
+
+
+def default_master_address() -> str:
+    address = os.environ.get(MASTER_ENV)
+    if not address:
+        raise MasterUnavailableError(
+            f"${MASTER_ENV} is not set: set it to the master's host:port (e.g. localhost:50051), "
+            f"or set TRAIN_LOCAL=1 to read from storage without a master")
+    return address
+
+
+class MasterClient:
+    """One channel to the master. Thread-safe (gRPC channels and stubs are); `close()` idempotent."""
+
+    def __init__(self, address: str | None = None, give_up_s: float | None = None):
+        self.address = address or default_master_address()
+        self.give_up_s = give_up_s if give_up_s is not None else float(
+            os.environ.get(GIVE_UP_ENV, DEFAULT_GIVE_UP_S))
+        self._channel = grpc.insecure_channel(self.address)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+
+    def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
+        started = time.monotonic()
+        delay = 0.05
+        while True:
+            try:
+                return method(request, timeout=timeout)
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                details = e.details()  # type: ignore[attr-defined]
+                if code not in _RETRYABLE:
+                    raise JobError(f"master {self.address}: {code.name}: {details}") from None
+                waited = time.monotonic() - started
+                if waited >= self.give_up_s:
+                    raise MasterUnavailableError(
+                        f"master {self.address} unreachable for {waited:.0f} s ({details}); "
+                        f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
+                    ) from None
+                time.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, 2.0)
+
+    def open_job(self, job: str, dataset: str, seed: int) -> pb.OpenJobResponse:
+        name = f"{socket.gethostname()}:{os.getpid()}"
+        return self._call(self._stub.OpenJob, pb.OpenJobRequest(
+            job=job, dataset=dataset, worker_name=name, seed=seed), CALL_TIMEOUT_S)
+
+    def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
+                  reports: Iterable[pb.TaskReport] = ()) -> pb.GetTasksResponse:
+        return self._call(self._stub.GetTasks, pb.GetTasksRequest(
+            job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
+            reports=list(reports)), CALL_TIMEOUT_S + wait_ms / 1000)
+
+    def report(self, job: str, worker: str,
+               reports: Iterable[pb.TaskReport] = ()) -> pb.ReportResponse:
+        return self._call(self._stub.Report, pb.ReportRequest(
+            job=job, worker_id=worker, reports=list(reports)), CALL_TIMEOUT_S)
+
+    def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
+        return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(job=job, worker_id=worker),
+                          CALL_TIMEOUT_S)
+
+    def job_status(self, job: str) -> pb.JobStatus:
+        return self._call(self._stub.GetJobStatus, pb.GetJobStatusRequest(job=job),
+                          CALL_TIMEOUT_S)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,133 @@
+"""Overlapping I/O with training: a background thread that reads partitions ahead of the consumer.
+
+The producer runs in one thread and hands loaded partitions through a bounded queue; `credits`
+bounds how many partitions are loaded or being consumed at once (so a reader never leases work it
+will not start soon). Errors in the producer surface in the consumer, and `close()` stops and joins
+the thread, also when the consumer quits mid-way.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A partition to read, and in which epoch (the local reader uses the same shape)."""
+
+    epoch: int
+    partition: int
+    shard: str
+    row_group_start: int
+    row_group_stop: int
+    num_records: int
+
+
+@dataclass(frozen=True)
+class LoadedPartition:
+    task: TaskRef
+    table: pa.Table
+
+
+class Stopped(Exception):
+    """Raised inside the producer when the consumer closed the stream."""
+
+
+_END = object()
+_FLUSH = object()
+
+
+class Credits:
+    """A counter of free prefetch slots that the producer waits on and the consumer refills."""
+
+    def __init__(self, total: int, stop: threading.Event):
+        self._free = total
+        self._cond = threading.Condition()
+        self._stop = stop
+
+    def take_all(self, poll_s: float = 0.1) -> int:
+        """Blocks until at least one slot is free; takes and returns every free slot."""
+        with self._cond:
+            while self._free == 0:
+                if self._stop.is_set():
+                    raise Stopped
+                self._cond.wait(poll_s)
+            taken, self._free = self._free, 0
+            return taken
+
+    def give(self, n: int = 1) -> None:
+        with self._cond:
+            self._free += n
+            self._cond.notify_all()
+
+
+class PrefetchStream:
+    """Runs `produce(stream, credits)` in a thread; iterating yields what it puts, in order.
+
+    `produce` must call `credits.take_all()` before loading partitions and `put` each one; the
+    consumer calls `consumed(part)` when done with one, which frees its slot. Single consumer.
+
+    Iterating yields None where the producer called `flush()`: nothing more is coming for now (the
+    epoch's remaining tasks are held by others), so a consumer holding a partial batch should hand
+    it over; otherwise its partitions are never acknowledged and the epoch can never end.
+    """
+
+    def __init__(self, produce: Callable[[PrefetchStream, Credits], None],
+                 depth: int, name: str = "trainfeed-prefetch"):
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be ≥ 1, got {depth}")
+        self._stop = threading.Event()
+        self.credits = Credits(depth, self._stop)
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._produce = produce
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: LoadedPartition) -> None:
+        """Hands a loaded partition to the consumer (producer side)."""
+        if self._stop.is_set():
+            raise Stopped
+        self._queue.put(item)
+
+    def flush(self) -> None:
+        """Tells the consumer that no partition is coming soon (see the class docstring)."""
+        self._queue.put(_FLUSH)
+
+    def _run(self) -> None:
+        try:
+            self._produce(self, self.credits)
+            self._queue.put(_END)
+        except Stopped:
+            self._queue.put(_END)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            self._queue.put(e)
+
+    def __iter__(self) -> Iterator[LoadedPartition | None]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if item is _FLUSH:
+                yield None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, LoadedPartition)
+            yield item
+
+    def consumed(self, part: LoadedPartition) -> None:
+        self.credits.give(1)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the producer and joins it. Idempotent."""
+        self._stop.set()
+        self.credits.give(0)
+        self._thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()

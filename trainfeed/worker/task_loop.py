@@ -1,0 +1,173 @@
+"""The worker's side of the task protocol: lease tasks, read them ahead, report them, heartbeat.
+
+A `WorkerSession` is one reader's membership in a job. It owns a reporter thread that sends
+finished-task reports as soon as the trainer consumed a task's last record (so that the epoch can
+end without waiting for a poll) and heartbeats at a third of the lease timeout, which keeps the
+leases of slow partitions alive. Each pass (epoch) runs a prefetching producer that long-polls
+GetTasks, carrying any queued reports along.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from trainfeed.errors import CorruptDatasetError, MasterUnavailableError
+from trainfeed.storage import Storage
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.worker.client import MasterClient
+from trainfeed.worker.partition_reader import PartitionReader
+from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
+
+logger = logging.getLogger(__name__)
+
+JOIN_CURRENT_EPOCH = -1
+# How long one GetTasks may wait server-side while others hold the epoch's last tasks.
+LONG_POLL_MS = 2000
+
+
+class WorkerSession:
+    """A reader's membership in a job: its worker id, the dataset location, and the reporter.
+
+    Thread-safe: `report_*` may be called from the consumer while the producer polls. `close()`
+    flushes reports, hands back any leases and stops the reporter; it is idempotent.
+    """
+
+    def __init__(self, client: MasterClient, job: str, dataset: str, seed: int):
+        self.client = client
+        opened = client.open_job(job, dataset, seed)
+        self.job = opened.job
+        self.worker = opened.worker_id
+        self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))
+        self.field_names = tuple(f.name for f in opened.fields)
+        self.num_records = opened.num_records
+        self.lease_timeout_s = opened.lease_timeout_s
+        self._reports: list[pb.TaskReport] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._reporter = threading.Thread(target=self._report_loop, daemon=True,
+                                          name=f"trainfeed-reporter-{self.worker}")
+        self._reporter.start()
+        self._closed = False
+
+    # -- reports ------------------------------------------------------------------------------
+    def report_done(self, task: TaskRef) -> None:
+        self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
+                                  outcome=pb.TaskReport.DONE))
+
+    def report_failed(self, task: TaskRef, reason: str) -> None:
+        self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
+                                  outcome=pb.TaskReport.FAILED, reason=reason[:2000]))
+
+    def _queue(self, report: pb.TaskReport) -> None:
+        with self._lock:
+            self._reports.append(report)
+        self._wake.set()
+
+    def drain_reports(self) -> list[pb.TaskReport]:
+        with self._lock:
+            reports, self._reports = self._reports, []
+        return reports
+
+    def _send(self) -> None:
+        reports = self.drain_reports()
+        try:
+            self.client.report(self.job, self.worker, reports)
+        except BaseException:
+            with self._lock:  # keep them for the next try
+                self._reports[:0] = reports
+            raise
+
+    def _report_loop(self) -> None:
+        interval = max(0.05, self.lease_timeout_s / 3)
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._send()
+            except MasterUnavailableError as e:
+                self.error = e
+                logger.error("%s", e)
+                return
+            except Exception:
+                logger.exception("report to master failed; retrying")
+
+    # -- passes -------------------------------------------------------------------------------
+    def open_pass(self, epoch: int, depth: int,
+                  on_epoch: Callable[[int], None]) -> PrefetchStream:
+        """Starts reading one epoch (or JOIN_CURRENT_EPOCH). `on_epoch` learns its number."""
+        return PrefetchStream(lambda out, credits: self._produce(epoch, out, credits, on_epoch),
+                              depth, name=f"trainfeed-fetch-{self.worker}")
+
+    def _produce(self, epoch: int, out: PrefetchStream, credits: Credits,
+                 on_epoch: Callable[[int], None]) -> None:
+        reader = PartitionReader(self.dataset, self.field_names)
+        got_any = False
+        waiting = False
+        try:
+            while True:
+                if self.error is not None:
+                    raise self.error
+                free = credits.take_all()
+                # The first ask after work answers at once, so that a WAIT can flush the consumer's
+                # partial batch (whose partitions must be acknowledged for the epoch to end);
+                # later asks long-poll.
+                response = self.client.get_tasks(self.job, self.worker, epoch, free,
+                                                 LONG_POLL_MS if waiting else 0,
+                                                 self.drain_reports())
+                credits.give(free - len(response.tasks))
+                if response.status == pb.GetTasksResponse.WAIT and not waiting:
+                    out.flush()
+                waiting = response.status == pb.GetTasksResponse.WAIT
+                if response.status == pb.GetTasksResponse.EPOCH_DONE:
+                    if got_any or epoch == JOIN_CURRENT_EPOCH:
+                        return
+                    # The epoch we asked for ended before we got anything (we were slow between
+                    # passes): join whatever epoch the job is on rather than yield an empty pass.
+                    epoch = JOIN_CURRENT_EPOCH
+                    continue
+                if response.status != pb.GetTasksResponse.TASKS:
+                    continue  # WAIT: the long poll already waited
+                epoch = response.current_epoch
+                on_epoch(epoch)
+                for t in response.tasks:
+                    task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
+                                   t.row_group_stop, t.num_records)
+                    try:
+                        table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
+                                            task.num_records)
+                    except (CorruptDatasetError, OSError, pa.ArrowException) as e:
+                        logger.error("partition %d (%s) failed: %s", task.partition, task.shard, e)
+                        self.report_failed(task, f"{type(e).__name__}: {e}")
+                        credits.give(1)
+                        continue
+                    got_any = True
+                    out.put(LoadedPartition(task, table))
+        finally:
+            reader.close()
+
+    def end_pass_early(self) -> None:
+        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back."""
+        self._send()
+        released = self.client.leave_job(self.job, self.worker).released_tasks
+        if released:
+            logger.info("handed %d unfinished task(s) back to the master", released)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        self._reporter.join(10)
+        try:
+            self.end_pass_early()
+        except Exception as e:  # the master may be gone for good; leases then expire
+            logger.warning("could not hand tasks back on close: %s", e)

@@ -88,3 +88,20 @@ def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Client URL ("http://127.0.0.1:PORT") of a single-member etcd."""
     with ExitStack() as stack:
         yield _start(stack, etcd_server(tmp_path_factory.mktemp("etcd")))
+
+
+# --- small datasets -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def image_list(tmp_path: Path) -> Path:
+    """A .list of 100 small JPEGs labelled cat/dog/bird in turn (record id i -> labels[i % 3])."""
+    from sample_data import make_image_list
+
+    return make_image_list(tmp_path / "source", 100)
+
+
+@pytest.fixture
+def storage_dir(tmp_path: Path) -> str:
+    """An empty local storage root."""
+    return str(tmp_path / "storage")

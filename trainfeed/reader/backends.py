@@ -39,6 +39,7 @@ class PassStream(Protocol):
 
 class Backend(Protocol):
     field_names: tuple[str, ...]
+    epoch: int | None  # of the current or last pass
 
     def open_pass(self) -> PassStream: ...
 
@@ -86,9 +87,10 @@ class LocalBackend:
         self.seed = seed
         self.prefetch = prefetch
         self.next_epoch = 0
+        self.epoch: int | None = None
 
     def open_pass(self) -> PassStream:
-        epoch = self.next_epoch
+        epoch = self.epoch = self.next_epoch
         self.next_epoch += 1
         order = epoch_order(len(self.partitions), self.seed, epoch)
 

@@ -59,7 +59,7 @@ class Reader:
     @property
     def epoch(self) -> int | None:
         """The epoch of the current or last pass (None before the first)."""
-        return getattr(self.backend, "epoch", None)
+        return self.backend.epoch
 
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]]) -> Iterator[Any]:
         stream = self.backend.open_pass()

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainfeed.errors import ListFileError
+from trainfeed.formats.listfile import parse_list
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "train_data.list") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def test_file_list_is_detected_and_paths_resolved_against_the_list_folder(tmp_path: Path) -> None:
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.jpg").write_bytes(b"x")
+    parsed = parse_list(str(write(tmp_path, "img/a.jpg\tcat\nimg/b.jpg\tdog\n")))
+    assert parsed.kind == "file"
+    assert parsed.field_names == ("image", "label")
+    assert [e.columns for e in parsed.entries] == [
+        (str(tmp_path / "img" / "a.jpg"), "cat"), (str(tmp_path / "img" / "b.jpg"), "dog")]
+    assert [(e.record_id, e.line) for e in parsed.entries] == [(0, 1), (1, 2)]
+
+
+def test_text_list_is_detected_with_numbered_columns(tmp_path: Path) -> None:
+    parsed = parse_list(str(write(tmp_path, "hello world\tbonjour le monde\r\nbye\tsalut\n")))
+    assert parsed.kind == "text"
+    assert parsed.field_names == ("text0", "text1")
+    assert [e.columns for e in parsed.entries] == [("hello world", "bonjour le monde"),
+                                                   ("bye", "salut")]
+    assert parsed.label_index is None
+
+
+def test_blank_lines_are_skipped_but_line_numbers_stay_true(tmp_path: Path) -> None:
+    parsed = parse_list(str(write(tmp_path, "a\tb\n\n  \nc\td\n")), kind="text")
+    assert [(e.record_id, e.line) for e in parsed.entries] == [(0, 1), (1, 4)]
+
+
+def test_wrong_column_count_names_file_line_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.jpg\tcat\nb.jpg\tdog\textra\n")
+    with pytest.raises(ListFileError) as e:
+        parse_list(str(path), kind="file")
+    assert str(e.value) == (f"{path}:2: expected 2 tab-separated columns (image, label), got 3: "
+                            f"'b.jpg\\tdog\\textra'")
+
+
+def test_text_list_column_count_follows_the_first_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "a\tb\tc\nd\te\n")
+    with pytest.raises(ListFileError, match=r":2: expected 3 tab-separated columns .* got 2"):
+        parse_list(str(path))
+
+
+def test_empty_path_is_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.jpg\tcat\n\tdog\n")
+    with pytest.raises(ListFileError, match=r"train_data.list:2: empty file path: '\\tdog'"):
+        parse_list(str(path), kind="file")
+
+
+def test_invalid_utf8_is_reported_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, b"a\tb\nc\t\xff\xfe\n")
+    with pytest.raises(ListFileError, match=r"train_data.list:2: not valid UTF-8"):
+        parse_list(str(path))
+
+
+def test_empty_and_missing_lists(tmp_path: Path) -> None:
+    with pytest.raises(ListFileError, match="has no instances"):
+        parse_list(str(write(tmp_path, "\n\n")))
+    with pytest.raises(ListFileError, match="no such list file"):
+        parse_list(str(tmp_path / "nope.list"))
+
+
+def test_column_names_override_and_are_validated(tmp_path: Path) -> None:
+    path = write(tmp_path, "a\tb\n")
+    assert parse_list(str(path), field_names=("src", "dst")).field_names == ("src", "dst")
+    with pytest.raises(ListFileError, match="gives 3 names"):
+        parse_list(str(path), field_names=("a", "b", "c"))
+    with pytest.raises(ListFileError, match="reserved"):
+        parse_list(str(path), field_names=("_id", "b"))
+    with pytest.raises(ListFileError, match="distinct"):
+        parse_list(str(path), field_names=("a", "a"))
+
+
+def test_unknown_kind(tmp_path: Path) -> None:
+    with pytest.raises(ListFileError, match="unknown list kind 'csv'"):
+        parse_list(str(write(tmp_path, "a\tb\n")), kind="csv")  # type: ignore[arg-type]

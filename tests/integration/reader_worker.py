@@ -1,0 +1,50 @@
+"""A training-script stand-in run as a separate process by the multi-process tests.
+
+It reads `--epochs` passes of a dataset through `trainfeed.dist.reader` exactly as a user's
+script would (the environment decides: TRAINFEED_MASTER, or TRAIN_LOCAL=1) and appends one JSON
+line per batch to `--out`, flushed at once, so that a test can count every delivered record even
+of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [...], "labels": [...]}
+(ids are null in the tuple mode, where the Paddle-style tuples carry no id).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+from trainfeed import batch, dist
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--mode", choices=["columns", "tuples"], default="columns")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' per batch")
+    args = parser.parse_args()
+
+    reader = dist.reader(args.dataset)
+    with open(args.out, "a") as out:
+        for k in range(args.epochs):
+            batches = batch(reader, args.batch, columnar=args.mode == "columns")
+            for b in batches():
+                if args.mode == "columns":
+                    ids, images, labels = b["_id"].tolist(), b["image"], b["label"]
+                else:
+                    ids, images, labels = None, [i for i, _ in b], [l for _, l in b]
+                line = {"pass": k, "epoch": reader.epoch, "ids": ids, "labels": labels,
+                        "sha": [hashlib.sha256(x).hexdigest() for x in images]}
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+                time.sleep(args.delay)
+            out.write(json.dumps({"pass": k, "epoch": reader.epoch, "end": True}) + "\n")
+            out.flush()
+    reader.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

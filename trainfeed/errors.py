@@ -45,3 +45,8 @@ class MasterUnavailableError(TrainfeedError, ConnectionError):
 
 class JobError(TrainfeedError):
     """The master refused a job request (unknown dataset, job bound to another dataset, …)."""
+
+
+class PartitionReadError(TrainfeedError):
+    """A reader could not read any partition it was given in a pass (bad credentials, a storage
+    it cannot reach): raised rather than yielding empty epochs forever."""

@@ -28,8 +28,14 @@ class PassStream(Protocol):
         """Loaded partitions; None means "nothing is coming for now: flush partial batches"."""
         ...
 
+    def taken(self, part: LoadedPartition) -> None:
+        """Every row of `part` moved into the consumer's batch buffer: its prefetch slot is free.
+        (Prefetch bounds memory; it must not wait for acknowledgement, or a batch larger than
+        the prefetched partitions could never fill.)"""
+        ...
+
     def consumed(self, part: LoadedPartition) -> None:
-        """The trainer was handed every record of `part` (and asked for more)."""
+        """The trainer was handed every record of `part` (and asked for more): acknowledge it."""
         ...
 
     def close(self, finished: bool) -> None:
@@ -64,9 +70,11 @@ class _Pass:
                 self.epoch = part.task.epoch
             yield part
 
+    def taken(self, part: LoadedPartition) -> None:
+        self._stream.release(part)
+
     def consumed(self, part: LoadedPartition) -> None:
         self._on_consumed(part.task)
-        self._stream.consumed(part)
 
     def close(self, finished: bool) -> None:
         if self._closed:

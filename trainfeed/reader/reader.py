@@ -79,6 +79,7 @@ class Reader:
                 if part is None:
                     continue
                 yield from zip(*(part.table.column(n).to_pylist() for n in names))
+                stream.taken(part)
                 stream.consumed(part)
         return self._run_pass(instances)
 
@@ -110,6 +111,7 @@ class Reader:
             for part in stream:
                 if part is not None:
                     yield convert(part.table)
+                    stream.taken(part)
                     stream.consumed(part)
 
         def batches(stream: PassStream) -> Iterator[Any]:
@@ -122,6 +124,7 @@ class Reader:
             for part in stream:
                 if part is None or not part.table.num_rows:
                     if part is not None:
+                        stream.taken(part)
                         sliced.append(part)
                     if part is None and pieces and not drop_last:
                         yield convert(pa.concat_tables(pieces))
@@ -143,6 +146,7 @@ class Reader:
                         yield convert(full)
                         for done in acked:
                             stream.consumed(done)
+                stream.taken(part)
                 sliced.append(part)
                 if not pieces:  # the partition ended exactly at a batch boundary
                     for done in sliced:

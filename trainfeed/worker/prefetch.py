@@ -69,7 +69,8 @@ class PrefetchStream:
     """Runs `produce(stream, credits)` in a thread; iterating yields what it puts, in order.
 
     `produce` must call `credits.take_all()` before loading partitions and `put` each one; the
-    consumer calls `consumed(part)` when done with one, which frees its slot. Single consumer.
+    consumer calls `release(part)` when done with one's rows, which frees its slot. Single
+    consumer.
 
     Iterating yields None where the producer called `flush()`: nothing more is coming for now (the
     epoch's remaining tasks are held by others), so a consumer holding a partial batch should hand
@@ -119,7 +120,7 @@ class PrefetchStream:
             assert isinstance(item, LoadedPartition)
             yield item
 
-    def consumed(self, part: LoadedPartition) -> None:
+    def release(self, part: LoadedPartition) -> None:
         self.credits.give(1)
 
     def close(self, timeout: float = 30.0) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from trainfeed.errors import CorruptDatasetError, MasterUnavailableError
+from trainfeed.errors import CorruptDatasetError, MasterUnavailableError, PartitionReadError
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
@@ -111,6 +111,7 @@ class WorkerSession:
         reader = PartitionReader(self.dataset, self.field_names)
         got_any = False
         waiting = False
+        failures: list[str] = []
         try:
             while True:
                 if self.error is not None:
@@ -127,6 +128,10 @@ class WorkerSession:
                     out.flush()
                 waiting = response.status == pb.GetTasksResponse.WAIT
                 if response.status == pb.GetTasksResponse.EPOCH_DONE:
+                    if failures and not got_any:
+                        raise PartitionReadError(
+                            f"this reader could read none of the {len(failures)} partition(s) "
+                            f"of {self.dataset.url} it was given; last error: {failures[-1]}")
                     if got_any or epoch == JOIN_CURRENT_EPOCH:
                         return
                     # The epoch we asked for ended before we got anything (we were slow between
@@ -145,7 +150,8 @@ class WorkerSession:
                                             task.num_records)
                     except (CorruptDatasetError, OSError, pa.ArrowException) as e:
                         logger.error("partition %d (%s) failed: %s", task.partition, task.shard, e)
-                        self.report_failed(task, f"{type(e).__name__}: {e}")
+                        failures.append(f"{type(e).__name__}: {e}")
+                        self.report_failed(task, failures[-1])
                         credits.give(1)
                         continue
                     got_any = True

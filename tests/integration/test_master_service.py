@@ -1,0 +1,85 @@
+"""The master as a separate process: health, errors users hit, state kept across a restart."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from trainfeed import dist
+from trainfeed.errors import JobError
+from trainfeed.master.process import MasterProcess
+from trainfeed.upload import UploadOptions, upload
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.v1 import master_pb2_grpc
+from trainfeed.worker.client import MasterClient
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def storage(image_list: Path, storage_dir: str) -> str:
+    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
+           progress=False)
+    return storage_dir
+
+
+def test_health_service_reports_serving(storage: str) -> None:
+    with MasterProcess(storage) as master, grpc.insecure_channel(master.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "trainfeed.v1.Master"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_clear_errors_for_unknown_datasets_jobs_and_bad_names(storage: str) -> None:
+    with MasterProcess(storage) as master, MasterClient(master.address, give_up_s=5) as client:
+        with pytest.raises(JobError, match=r"NOT_FOUND: no dataset 'tulips'.*datasets here: "
+                                           r"flowers"):
+            list(dist.reader("tulips", master=master.address)())
+        with pytest.raises(JobError, match=r"NOT_FOUND: no job 'ghost'"):
+            client.job_status("ghost")
+        with pytest.raises(JobError, match="INVALID_ARGUMENT: invalid dataset name"):
+            client.open_job("j", "../etc", 0)
+        client.open_job("j", "flowers", 0)
+        with pytest.raises(JobError, match="FAILED_PRECONDITION: job 'j' reads dataset "
+                                           "'flowers', not 'other'"):
+            client.open_job("j", "other", 0)
+
+
+def test_oversized_requests_are_rejected(storage: str) -> None:
+    with MasterProcess(storage) as master, grpc.insecure_channel(master.address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.OpenJob(pb.OpenJobRequest(job="j", dataset="flowers",
+                                           worker_name="x" * (5 << 20)), timeout=5)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
+                                                                 tmp_path: Path) -> None:
+    state = f"sqlite:///{tmp_path / 'master.db'}"
+    with MasterProcess(storage, state=state) as master:
+        reader = dist.reader("flowers", master=master.address, job="j")
+        first = sum(len(b["_id"]) for b in reader.column_batches(10))
+        reader.close()
+        with MasterClient(master.address) as client:
+            before = client.job_status("j")
+    with MasterProcess(storage, state=state) as master, MasterClient(master.address) as client:
+        after = client.job_status("j")
+        assert (after.epoch, after.done, after.num_partitions) == \
+               (before.epoch, before.done, before.num_partitions) == (0, 10, 10)
+        reader = dist.reader("flowers", master=master.address, job="j")
+        second = sum(len(b["_id"]) for b in reader.column_batches(10))
+        assert reader.epoch == 1  # the restarted master knew epoch 0 was complete
+        reader.close()
+    assert first == second == 100
+
+
+def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage: str) -> None:
+    with MasterProcess(storage) as master:
+        with dist.reader("flowers", master=master.address, job="big", prefetch=2) as reader:
+            for _ in range(2):  # the second pass proves the first one's partitions were acked
+                sizes = [len(b["_id"]) for b in reader.column_batches(64)]
+                assert sum(sizes) == 100 and sizes[0] == 64

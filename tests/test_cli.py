@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfeed.cli.main import build_parser, main
+
+COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo"]
+
+
+def test_every_command_has_help() -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(sub.choices) == sorted(COMMANDS)  # type: ignore[attr-defined]
+    for command in COMMANDS:
+        result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", command, "--help"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert f"usage: trainfeed {command}" in result.stdout
+
+
+def test_upload_ls_info(image_list: Path, storage_dir: str,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["upload", str(image_list), "--dataset", "flowers", "--storage", storage_dir,
+                 "--no-progress"]) == 0
+    assert "published 'flowers': 100 records" in capsys.readouterr().out
+    assert main(["upload", str(image_list), "--dataset", "flowers", "--storage", storage_dir,
+                 "--no-progress"]) == 0
+    assert "already published" in capsys.readouterr().out
+    assert main(["ls", "--storage", storage_dir]) == 0
+    assert capsys.readouterr().out.startswith("flowers\tfile\t100 records")
+    assert main(["info", "flowers", "--storage", storage_dir]) == 0
+    out = capsys.readouterr().out
+    assert "fields    image:binary, label:string" in out and "  cat\t34" in out
+
+
+def test_errors_exit_2_with_file_and_line(image_list: Path, storage_dir: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    image_list.write_text("images/00000.jpg\n")
+    assert main(["upload", str(image_list), "--dataset", "x", "--storage", storage_dir,
+                 "--kind", "file"]) == 2
+    err = capsys.readouterr().err
+    assert f"trainfeed upload: error: {image_list}:1: expected 2 tab-separated columns" in err
+    assert main(["info", "nope", "--storage", storage_dir]) == 2
+    assert "no dataset 'nope'" in capsys.readouterr().err
+
+
+def test_storage_defaults_to_env_then_local_folder(image_list: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRAINFEED_STORAGE", raising=False)
+    assert main(["upload", str(image_list), "--dataset", "a", "--no-progress"]) == 0
+    assert (tmp_path / "trainfeed-data" / "a" / "manifest.json").exists()
+    monkeypatch.setenv("TRAINFEED_STORAGE", str(tmp_path / "elsewhere"))
+    assert main(["upload", str(image_list), "--dataset", "b", "--no-progress"]) == 0
+    assert (tmp_path / "elsewhere" / "b" / "manifest.json").exists()

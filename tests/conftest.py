@@ -23,7 +23,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from integration.services import (
+from integration.services import (  # noqa: E402 (after the sys.path set-up)
     S3Server,
     ServiceUnavailable,
     etcd_server,

@@ -46,7 +46,8 @@ def publish_builtin(storage: Storage, names: list[str] | None = None,
     results = []
     for name in names or sorted(BUILTIN):
         if name not in BUILTIN:
-            raise InvalidNameError(f"unknown builtin dataset {name!r}; expected one of {sorted(BUILTIN)}")
+            raise InvalidNameError(f"unknown builtin dataset {name!r}; "
+                                   f"expected one of {sorted(BUILTIN)}")
         with tempfile.TemporaryDirectory(prefix=f"trainfeed-{name}-") as folder:
             list_path = BUILTIN[name](folder)
             # Files are freshly written (new mtimes) each time; fingerprint on content instead so

@@ -75,8 +75,8 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
         env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "demo"}
         env.pop("TRAIN_LOCAL", None)
         started = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET],
-                                  stdout=subprocess.PIPE, text=True, env=env)
+        command = [sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET]
+        procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
                  for _ in range(workers)]
         summaries = []
         for proc in procs:

@@ -1,4 +1,4 @@
-"""The exceptions trainfeed raises. One root, so that callers can catch everything of ours at once."""
+"""The exceptions trainfeed raises. One root, so that callers can catch all of ours at once."""
 from __future__ import annotations
 
 
@@ -15,7 +15,7 @@ class ListFileError(TrainfeedError):
 
 
 class MissingFilesError(ListFileError):
-    """Files named by a `.list` file do not exist. Every missing file is listed, not only the first."""
+    """Files named by a `.list` file do not exist. Every one is listed, not only the first."""
 
     def __init__(self, list_path: str, missing: list[tuple[int, str]]):
         self.list_path = list_path

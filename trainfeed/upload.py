@@ -224,7 +224,7 @@ def field_specs(parsed: ParsedList) -> tuple[FieldSpec, ...]:
 
 def _load_progress(folder: Storage, data_dir: str) -> list[_ShardProgress]:
     """Finished shards of an earlier, interrupted run of the same upload (a contiguous prefix)."""
-    done = []
+    done: list[_ShardProgress] = []
     while True:
         path = _progress_path(data_dir, len(done))
         if not folder.exists(path):

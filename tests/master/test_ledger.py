@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from trainfeed.master.ledger import Ledger, LeaseStatus, epoch_order
+from trainfeed.master.ledger import LeaseStatus, Ledger, epoch_order
 
 T = 10.0  # lease timeout
 
@@ -60,7 +60,7 @@ def test_failure_cap_marks_partition_failed_without_stopping_the_epoch() -> None
     ledger = Ledger(2, max_failures=2)
     order = epoch_order(2, 0, 0)
     bad = order[0]
-    for attempt in range(2):
+    for _ in range(2):
         r = ledger.lease("w", 0, 1, now=0.0, lease_timeout=T)
         assert r.partitions == (bad,)  # a failed partition is retried first
         assert ledger.report_failed(0, bad, "decode error")

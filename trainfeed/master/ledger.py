@@ -89,7 +89,7 @@ class Ledger:
 
     def lease(self, worker: str, epoch: int, max_tasks: int, now: float,
               lease_timeout: float) -> LeaseResult:
-        """Leases up to `max_tasks` partitions of `epoch` to `worker` until `now + lease_timeout`."""
+        """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout."""
         self.expire(now)
         if epoch < self.epoch or (epoch == self.epoch and self.complete):
             return LeaseResult(LeaseStatus.EPOCH_DONE, self.epoch)
@@ -99,7 +99,7 @@ class Ledger:
             self._start_epoch(epoch)
         if not self.todo:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
-        taken = []
+        taken: list[int] = []
         while self.todo and len(taken) < max(1, max_tasks):
             partition = self.todo.popleft()
             self.pending[partition] = Lease(worker, now + lease_timeout)
@@ -175,7 +175,8 @@ class Ledger:
         return {
             "version": STATE_VERSION, "num_partitions": self.num_partitions, "seed": self.seed,
             "max_failures": self.max_failures, "epoch": self.epoch, "todo": list(self.todo),
-            "pending": {str(p): [lease.worker, lease.deadline] for p, lease in self.pending.items()},
+            "pending": {str(p): [lease.worker, lease.deadline]
+                        for p, lease in self.pending.items()},
             "done": sorted(self.done),
             "failed": {str(p): reason for p, reason in self.failed.items()},
             "failures": {str(p): n for p, n in self.failures.items()},

@@ -18,7 +18,7 @@ import grpc
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
-from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, Ledger, LeaseStatus
+from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
 from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
 from trainfeed.master.state_store import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name

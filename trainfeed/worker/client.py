@@ -39,7 +39,7 @@ def default_master_address() -> str:
 
 
 class MasterClient:
-    """One channel to the master. Thread-safe (gRPC channels and stubs are); `close()` idempotent."""
+    """One channel to the master. Thread-safe (gRPC channels and stubs are); close() idempotent."""
 
     def __init__(self, address: str | None = None, give_up_s: float | None = None):
         self.address = address or default_master_address()

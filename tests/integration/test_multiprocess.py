@@ -114,9 +114,12 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
         victim = start_reader(victim_out, env, "--delay", "0.5")
         try:
             deadline = time.monotonic() + 60
-            while len(lines(victim_out)) < 2:  # it holds leases and is mid-partition
+            while len(lines(victim_out)) < 3:  # it holds leases and is mid-partition
                 assert time.monotonic() < deadline and victim.poll() is None
                 time.sleep(0.05)
+            # Mid-"training step": past the reporter's coalescing window (COALESCE_S, 50 ms), so
+            # only the batch in the trainer's hands is unacknowledged.
+            time.sleep(0.25)
             victim.send_signal(signal.SIGKILL)
             victim.wait(10)
         finally:
@@ -125,7 +128,9 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
         wait_all([start_reader(survivor_out, env)])
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]
     assert set(counts) == set(range(N))
-    # Repeats come only from the victim's unacknowledged partitions (at most prefetch 4 × 8 rows
-    # leased, and its partially consumed one).
+    # Repeats are only records the victim delivered whose partitions it had not yet acknowledged:
+    # those touched by the batch of 16 in its hands (at most 3 partitions of 8 rows). Partitions
+    # it leased but never delivered from are not repeats: they simply go to the survivor.
     repeated = [rid for rid, n in counts.items() if n > 1]
-    assert len(repeated) <= 4 * 8
+    print(f"records delivered twice after the SIGKILL: {len(repeated)}")
+    assert len(repeated) <= 3 * 8

@@ -11,9 +11,11 @@ from trainfeed.storage import open_storage
 TRAIN_LOCAL_ENV = "TRAIN_LOCAL"
 JOB_ENV = "TRAINFEED_JOB"
 DEFAULT_JOB = "default"
-# Partitions loaded ahead of the trainer: enough to hide a storage round trip behind the current
-# partition, few enough that a reader does not sit on work that others could take.
-DEFAULT_PREFETCH = 4
+# Partitions loaded ahead of the trainer: enough to hide a storage or master round trip behind
+# the partitions in hand (the reader asks for tasks when half the window is free, so each call
+# leases several), few enough that a reader does not sit on work others could take; at most
+# 8 × 8 MiB row groups in memory. benchmarks/read_throughput.py --prefetch compares settings.
+DEFAULT_PREFETCH = 8
 
 
 def train_local() -> bool:

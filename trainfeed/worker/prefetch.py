@@ -45,14 +45,17 @@ class Credits:
     """A counter of free prefetch slots that the producer waits on and the consumer refills."""
 
     def __init__(self, total: int, stop: threading.Event):
+        self.total = total
         self._free = total
         self._cond = threading.Condition()
         self._stop = stop
 
-    def take_all(self, poll_s: float = 0.1) -> int:
-        """Blocks until at least one slot is free; takes and returns every free slot."""
+    def take_all(self, at_least: int = 1, starving: Callable[[], bool] = lambda: False,
+                 poll_s: float = 0.1) -> int:
+        """Blocks until `at_least` slots are free (or one is and `starving()`); takes and returns
+        every free slot."""
         with self._cond:
-            while self._free == 0:
+            while self._free == 0 or (self._free < at_least and not starving()):
                 if self._stop.is_set():
                     raise Stopped
                 self._cond.wait(poll_s)
@@ -93,6 +96,11 @@ class PrefetchStream:
         if self._stop.is_set():
             raise Stopped
         self._queue.put(item)
+
+    @property
+    def buffered(self) -> int:
+        """Partitions loaded but not yet taken by the consumer (approximate)."""
+        return self._queue.qsize()
 
     def flush(self) -> None:
         """Tells the consumer that no partition is coming soon (see the class docstring)."""

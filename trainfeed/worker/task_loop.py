@@ -1,16 +1,18 @@
 """The worker's side of the task protocol: lease tasks, read them ahead, report them, heartbeat.
 
-A `WorkerSession` is one reader's membership in a job. It owns a reporter thread that sends
-finished-task reports as soon as the trainer consumed a task's last record (so that the epoch can
-end without waiting for a poll) and heartbeats at a third of the lease timeout, which keeps the
-leases of slow partitions alive. Each pass (epoch) runs a prefetching producer that long-polls
-GetTasks, carrying any queued reports along.
+A `WorkerSession` is one reader's membership in a job. Each pass (epoch) runs a prefetching
+producer that leases tasks with GetTasks, several per call, carrying the finished-task reports
+along: in the steady state a partition costs a fraction of one round trip. A reporter thread sends
+reports on its own only when the producer will not call soon (it is long-polling at the epoch's
+tail, or no pass runs), so that the epoch can end, and heartbeats at a third of the lease timeout
+when nothing else reached the master, which keeps the leases of slow partitions alive.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -27,6 +29,9 @@ logger = logging.getLogger(__name__)
 JOIN_CURRENT_EPOCH = -1
 # How long one GetTasks may wait server-side while others hold the epoch's last tasks.
 LONG_POLL_MS = 2000
+# How long a report may wait for the producer's next GetTasks to carry it (it asks as soon as
+# enough prefetch slots free up) before the reporter sends it alone.
+COALESCE_S = 0.05
 
 
 class WorkerSession:
@@ -46,9 +51,11 @@ class WorkerSession:
         self.num_records = opened.num_records
         self.lease_timeout_s = opened.lease_timeout_s
         self._reports: list[pb.TaskReport] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        # Guards _reports, _fetching and _stopping; notified whenever one of them changes.
+        self._cond = threading.Condition()
+        self._fetching = False  # a producer runs and will call GetTasks soon (not long-polling)
+        self._stopping = False
+        self._last_contact = time.monotonic()
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
                                           name=f"trainfeed-reporter-{self.worker}")
@@ -65,31 +72,49 @@ class WorkerSession:
                                   outcome=pb.TaskReport.FAILED, reason=reason[:2000]))
 
     def _queue(self, report: pb.TaskReport) -> None:
-        with self._lock:
+        with self._cond:
             self._reports.append(report)
-        self._wake.set()
+            self._cond.notify_all()
 
     def drain_reports(self) -> list[pb.TaskReport]:
-        with self._lock:
+        with self._cond:
             reports, self._reports = self._reports, []
+            self._cond.notify_all()
         return reports
+
+    def _set_fetching(self, fetching: bool) -> None:
+        with self._cond:
+            self._fetching = fetching
+            self._cond.notify_all()
+
+    def _contacted(self) -> None:
+        self._last_contact = time.monotonic()
 
     def _send(self) -> None:
         reports = self.drain_reports()
         try:
             self.client.report(self.job, self.worker, reports)
         except BaseException:
-            with self._lock:  # keep them for the next try
+            with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
             raise
+        self._contacted()
 
     def _report_loop(self) -> None:
         interval = max(0.05, self.lease_timeout_s / 3)
-        while not self._stop.is_set():
-            self._wake.wait(interval)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or bool(self._reports), interval)
+                if self._reports and self._fetching:
+                    # The producer will carry them with its next GetTasks: no extra round trip.
+                    self._cond.wait_for(lambda: self._stopping or not self._reports
+                                        or not self._fetching, COALESCE_S)
+                if self._stopping:
+                    return
+                due = bool(self._reports) or (
+                    time.monotonic() - self._last_contact >= interval)
+            if not due:
+                continue
             try:
                 self._send()
             except MasterUnavailableError as e:
@@ -112,17 +137,27 @@ class WorkerSession:
         got_any = False
         waiting = False
         failures: list[str] = []
+        # Ask when half the window is free (or the consumer runs dry): a few fat calls, not one
+        # call per partition.
+        low_water = max(1, credits.total // 2)
+        self._set_fetching(True)
         try:
             while True:
                 if self.error is not None:
                     raise self.error
-                free = credits.take_all()
+                free = credits.take_all(low_water, starving=lambda: out.buffered <= 1)
                 # The first ask after work answers at once, so that a WAIT can flush the consumer's
                 # partial batch (whose partitions must be acknowledged for the epoch to end);
-                # later asks long-poll.
-                response = self.client.get_tasks(self.job, self.worker, epoch, free,
-                                                 LONG_POLL_MS if waiting else 0,
-                                                 self.drain_reports())
+                # later asks long-poll, and meanwhile the reporter sends reports alone.
+                if waiting:
+                    self._set_fetching(False)
+                try:
+                    response = self.client.get_tasks(self.job, self.worker, epoch, free,
+                                                     LONG_POLL_MS if waiting else 0,
+                                                     self.drain_reports())
+                finally:
+                    self._set_fetching(True)
+                self._contacted()
                 credits.give(free - len(response.tasks))
                 if response.status == pb.GetTasksResponse.WAIT and not waiting:
                     out.flush()
@@ -157,6 +192,7 @@ class WorkerSession:
                     got_any = True
                     out.put(LoadedPartition(task, table))
         finally:
+            self._set_fetching(False)
             reader.close()
 
     def end_pass_early(self) -> None:
@@ -170,8 +206,9 @@ class WorkerSession:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._wake.set()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self._reporter.join(10)
         try:
             self.end_pass_early()

@@ -1,6 +1,11 @@
 """The master as a separate process: health, errors users hit, state kept across a restart."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -83,3 +88,20 @@ def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage
             for _ in range(2):  # the second pass proves the first one's partitions were acked
                 sizes = [len(b["_id"]) for b in reader.column_batches(64)]
                 assert sum(sizes) == 100 and sizes[0] == 64
+
+
+def test_a_spawned_master_does_not_outlive_its_parent(storage: str) -> None:
+    parent = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from trainfeed.master.process import "
+         "MasterProcess; print(MasterProcess(sys.argv[1]).proc.pid, flush=True); os._exit(0)",
+         storage], capture_output=True, text=True, timeout=60)
+    master_pid = int(parent.stdout.strip())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(master_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(master_pid, signal.SIGKILL)
+    pytest.fail(f"master {master_pid} outlived its parent by 10 s")

@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, default=DEFAULT_TARGET_PARTITIONS,
                    help=f"target partitions per dataset, ≥ 16 per expected worker (default "
                         f"{DEFAULT_TARGET_PARTITIONS}; capped by the dataset's row groups)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the parent process exits (for masters spawned by scripts)")
     p.set_defaults(run=run)
 
 
@@ -46,5 +48,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainfeed master listening on {args.host}:{port} (storage {config.storage.url})",
               flush=True)
         sys.stdout.flush()
-    run_master(config, store, args.host, args.port, on_ready=ready)
+    run_master(config, store, args.host, args.port, on_ready=ready,
+               exit_with_parent=args.exit_with_parent)
     return 0

@@ -23,7 +23,8 @@ class MasterProcess:
     def __init__(self, storage: str, state: str = "memory://", extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, port: int = 0, start_timeout_s: float = 30):
         self.args = [sys.executable, "-m", "trainfeed.cli.main", "master", "--host", "127.0.0.1",
-                     "--port", str(port), "--storage", storage, "--state", state, *extra_args]
+                     "--port", str(port), "--storage", storage, "--state", state,
+                     "--exit-with-parent", *extra_args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**os.environ, **(env or {})})
         self.log: list[str] = []

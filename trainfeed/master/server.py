@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable
 
@@ -22,11 +23,14 @@ MAX_MESSAGE_BYTES = 4 << 20
 
 async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", port: int = 50051,
                 on_ready: Callable[[int], None] | None = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None, exit_with_parent: bool = False) -> None:
     """Serves until `stop` is set (or SIGTERM/SIGINT when run from `run_master`).
 
     Args:
         on_ready: called with the bound port once the server accepts calls (port 0 picks one).
+        exit_with_parent: stop when the process that started this one is gone, so a master
+            spawned by a demo, benchmark or test never outlives it (the kernel's parent-death
+            signal is not honoured in every sandbox, so the parent is polled instead).
     """
     servicer = MasterServicer(config, store)
     await asyncio.to_thread(servicer.restore)
@@ -46,6 +50,7 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     stop = stop or asyncio.Event()
     timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))
+    watchdog = asyncio.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
     logger.info("master serving on %s:%d, storage %s", host, bound, config.storage.url)
     if on_ready:
         on_ready(bound)
@@ -55,6 +60,8 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         timer.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
         await server.stop(grace=1.0)
         store.close()
 
@@ -71,13 +78,22 @@ async def _lease_timer(servicer: MasterServicer, lease_timeout_s: float,
             logger.exception("lease timer failed")
 
 
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            logger.warning("parent process %d is gone; stopping", parent)
+            stop.set()
+
+
 def run_master(config: MasterConfig, store: StateStore, host: str = "0.0.0.0",
-               port: int = 50051, on_ready: Callable[[int], None] | None = None) -> None:
+               port: int = 50051, on_ready: Callable[[int], None] | None = None,
+               exit_with_parent: bool = False) -> None:
     """Blocks serving until SIGTERM or SIGINT, then stops gracefully."""
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, store, host, port, on_ready, stop)
+        await serve(config, store, host, port, on_ready, stop, exit_with_parent)
     asyncio.run(main())

@@ -27,6 +27,10 @@ class MissingFilesError(ListFileError):
             f"(use --skip-missing to publish the rest):\n{shown}{more}")
 
 
+class StorageAccessError(TrainfeedError, PermissionError):
+    """Storage refused access (wrong or missing credentials); names the URL and what to set."""
+
+
 class DatasetNotFoundError(TrainfeedError, LookupError):
     """No complete dataset (no manifest) under that name in that storage."""
 

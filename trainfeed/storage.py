@@ -6,8 +6,10 @@ paths relative to it, so URL schemes are parsed here and nowhere else.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,6 +17,13 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from trainfeed.errors import StorageAccessError
+
+# A network filesystem's FUSE client (GlusterFS) can refuse an open() that races the rename
+# replacing the file (ESTALE); the file itself is whole, so a short retry is the remedy.
+STALE_RETRIES = 5
+STALE_PAUSE_S = 0.02
 
 # The embedded default: a folder in the working directory, so a laptop needs no setup at all.
 DEFAULT_STORAGE = "./trainfeed-data"
@@ -74,7 +83,18 @@ class Storage:
         return bool(self.fs.exists(self.path(*parts)))
 
     def read_bytes(self, *parts: str) -> bytes:
-        return bytes(self.fs.cat_file(self.path(*parts)))
+        """The whole file. Raises FileNotFoundError, or StorageAccessError naming the URL."""
+        path = self.path(*parts)
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                return bytes(self.fs.cat_file(path))
+            except PermissionError as e:
+                raise access_error(self.url, e) from e
+            except OSError as e:
+                if e.errno != errno.ESTALE or attempt == STALE_RETRIES:
+                    raise
+                time.sleep(STALE_PAUSE_S)
+        raise AssertionError("unreachable")
 
     def write_atomic(self, relpath: str, data: bytes) -> None:
         """Writes `data` so that readers see either the old file or the whole new one.
@@ -100,6 +120,13 @@ class Storage:
 
     def options_json(self) -> str:
         return json.dumps(self.options, sort_keys=True)
+
+
+def access_error(url: str, cause: BaseException) -> StorageAccessError:
+    """A StorageAccessError for `url` that says which credentials apply."""
+    hint = ("check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and the endpoint) of this process"
+            if url.startswith(("s3://", "s3a://")) else "check this process's permissions")
+    return StorageAccessError(f"access to {url} refused ({cause}); {hint}")
 
 
 def open_storage(url: str | None = None, *, s3_endpoint: str | None = None,

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN
-from trainfeed.storage import Storage
+from trainfeed.storage import Storage, access_error
 
 # Shards stay open between partitions (their footers parsed once); a handful covers the shards a
 # worker moves between in one epoch without holding many file handles.
@@ -41,6 +41,8 @@ class PartitionReader:
             else:
                 handle = self.dataset.fs.open(path, "rb")
                 parquet = pq.ParquetFile(handle)
+        except PermissionError as e:
+            raise access_error(self.dataset.url, e) from e
         except FileNotFoundError:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url} is missing (was the dataset deleted or "

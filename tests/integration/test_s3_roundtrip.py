@@ -97,12 +97,17 @@ def test_upload_lands_in_the_bucket(s3_server: S3Server, s3_dataset: S3Dataset) 
     assert sorted(f"{folder}/{s.path}" for s in manifest.shards) == sorted(shards)
 
 
+def s3_master(s3_server: S3Server, s3_dataset: S3Dataset) -> MasterProcess:
+    """A master process serving the S3 storage, with the server's endpoint and credentials."""
+    return MasterProcess(
+        s3_dataset.url, env=s3_server.env(), extra_args=["--s3-endpoint", s3_server.endpoint_url]
+    )
+
+
 def test_readers_get_every_record_once_per_epoch(
     s3_server: S3Server, s3_env: dict[str, str], s3_dataset: S3Dataset, tmp_path: Path
 ) -> None:
-    with MasterProcess(
-        s3_dataset.url, env=s3_server.env(), extra_args=["--s3-endpoint", s3_server.endpoint_url]
-    ) as master:
+    with s3_master(s3_server, s3_dataset) as master:
         # The readers get the master's address and credentials, nothing else: the dataset's URL
         # and endpoint come from the master.
         outputs = run_readers(
@@ -141,7 +146,9 @@ def test_local_reader_with_wrong_secret_fails(
     failed = run_reader_expecting_failure(
         DATASET, {**_wrong_secret(s3_server), "TRAINFEED_STORAGE": s3_dataset.url}, tmp_path
     )
-    assert "PermissionError" in failed.stderr, failed.stderr[-3000:]
+    # It names the storage and the credentials to check.
+    assert "StorageAccessError: access to s3://" in failed.stderr, failed.stderr[-3000:]
+    assert "AWS_SECRET_ACCESS_KEY" in failed.stderr, failed.stderr[-3000:]
 
 
 def test_distributed_reader_with_wrong_secret_fails(
@@ -149,9 +156,7 @@ def test_distributed_reader_with_wrong_secret_fails(
 ) -> None:
     # The master's credentials are right, the reader's are not: OpenJob succeeds, every
     # partition read is refused. The reader must raise, not keep asking for partitions.
-    with MasterProcess(
-        s3_dataset.url, env=s3_server.env(), extra_args=["--s3-endpoint", s3_server.endpoint_url]
-    ) as master:
+    with s3_master(s3_server, s3_dataset) as master:
         failed = run_reader_expecting_failure(
             DATASET, _wrong_secret(s3_server), tmp_path, master=master.address
         )

@@ -54,7 +54,6 @@ import trainfeed
 from trainfeed import dist
 from trainfeed.formats.manifest import dataset_storage, read_manifest
 from trainfeed.master.partition import plan_partitions
-from trainfeed.reader.factory import DEFAULT_PREFETCH
 from trainfeed.reader.reader import Reader
 from trainfeed.storage import open_storage
 
@@ -538,7 +537,8 @@ def run(args: argparse.Namespace) -> int:
         from trainfeed.master.process import MasterProcess
 
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--dataset", args.dataset,
-                "--batch", str(args.batch), "--prefetch", str(args.prefetch)]
+                "--batch", str(args.batch),
+                *(["--prefetch", str(args.prefetch)] if args.prefetch else [])]
         with MasterProcess(store.url) as master:
             try:
                 for n in args.procs:
@@ -601,9 +601,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="timed repetitions after one warm-up; the median is reported (default 3)")
     p.add_argument("--batch", type=int, default=128,
                    help="column_batches batch size (default 128)")
-    p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
-                   help=f"reader prefetch depth in partitions (default {DEFAULT_PREFETCH}, "
-                        f"trainfeed's default)")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="reader prefetch depth in partitions (default: trainfeed's, sized from "
+                        "a 64 MiB budget)")
     p.add_argument("--procs", type=int, nargs="+", default=[1, 2],
                    help="worker-process counts for the distributed rows (default 1 2)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
@@ -619,7 +619,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if min(args.repeat, args.batch, args.prefetch, *args.procs) < 1:
+    if min(args.repeat, args.batch, args.prefetch or 1, *args.procs) < 1:
         p.error("--repeat, --batch, --prefetch and --procs must be ≥ 1")
     if args.worker and not args.master:
         p.error("--worker needs --master")

@@ -36,6 +36,13 @@ def test_golden_partition_order() -> None:
     assert epoch_order(10, 0, 0) == [4, 6, 2, 7, 3, 5, 9, 0, 8, 1]
 
 
+def test_a_call_takes_at_most_its_fair_share_of_todo() -> None:
+    ledger = Ledger(19)
+    sizes = [len(ledger.lease(w, 0, 32, 0.0, T, sharers=3).partitions) for w in "abcabc"]
+    assert sizes == [7, 4, 3, 2, 1, 1]  # ceil(19/3), ceil(12/3), … of what is left
+    assert len(Ledger(19).lease("a", 0, 32, 0.0, T).partitions) == 19  # alone: all it asks
+
+
 def test_expired_lease_goes_back_to_todo_and_to_another_worker() -> None:
     ledger = Ledger(2, seed=0)
     first = ledger.lease("a", 0, 1, now=0.0, lease_timeout=T).partitions
@@ -123,10 +130,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.completions: dict[int, list[int]] = {}
 
-    @rule(worker=st.sampled_from("abc"), n=st.integers(1, 3), ahead=st.booleans())
-    def lease(self, worker: str, n: int, ahead: bool) -> None:
+    @rule(worker=st.sampled_from("abc"), n=st.integers(1, 3), ahead=st.booleans(),
+          sharers=st.integers(1, 4))
+    def lease(self, worker: str, n: int, ahead: bool, sharers: int) -> None:
         epoch = self.ledger.epoch + (1 if ahead else 0)
-        self.ledger.lease(worker, epoch, n, self.now, T)
+        self.ledger.lease(worker, epoch, n, self.now, T, sharers)
 
     @rule(dt=st.floats(0, 2 * T))
     def tick(self, dt: float) -> None:

@@ -88,8 +88,13 @@ class Ledger:
         return self.epoch + 1 if self.complete else self.epoch
 
     def lease(self, worker: str, epoch: int, max_tasks: int, now: float,
-              lease_timeout: float) -> LeaseResult:
-        """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout."""
+              lease_timeout: float, sharers: int = 1) -> LeaseResult:
+        """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout.
+
+        `sharers` is how many workers share the job: one call takes at most its fair share
+        (todo / sharers, rounded up), so that a reader with a deep prefetch window cannot take a
+        small epoch away from the others.
+        """
         self.expire(now)
         if epoch < self.epoch or (epoch == self.epoch and self.complete):
             return LeaseResult(LeaseStatus.EPOCH_DONE, self.epoch)
@@ -99,8 +104,9 @@ class Ledger:
             self._start_epoch(epoch)
         if not self.todo:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
+        share = -(-len(self.todo) // max(1, sharers))
         taken: list[int] = []
-        while self.todo and len(taken) < max(1, max_tasks):
+        while self.todo and len(taken) < max(1, min(max_tasks, share)):
             partition = self.todo.popleft()
             self.pending[partition] = Lease(worker, now + lease_timeout)
             taken.append(partition)

@@ -157,6 +157,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job.workers[worker] = now
         job.ledger.renew(worker, now, self.config.lease_timeout_s)
 
+    def _live_workers(self, job: Job, now: float) -> int:
+        """Workers heard from within three lease timeouts (those that left are forgotten)."""
+        alive_since = now - 3 * self.config.lease_timeout_s
+        return sum(1 for seen in job.workers.values() if seen >= alive_since)
+
     def _task(self, job: Job, epoch: int, partition: int) -> pb.Task:
         p = job.partitions[partition]
         return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
@@ -204,7 +209,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             storage_options_json=folder.options_json(),
             fields=[pb.Field(name=f.name, type=f.type) for f in job.manifest.fields],
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
-            current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s)
+            current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
+            num_bytes=job.manifest.num_bytes)
 
     async def GetTasks(self, request: pb.GetTasksRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
@@ -216,8 +222,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(request.wait_ms, MAX_WAIT_MS) / 1000
         while True:
-            result = job.ledger.lease(worker, epoch, request.max_tasks, time.time(),
-                                      self.config.lease_timeout_s)
+            now = time.time()
+            result = job.ledger.lease(worker, epoch, request.max_tasks, now,
+                                      self.config.lease_timeout_s, self._live_workers(job, now))
             changed |= result.status is LeaseStatus.TASKS
             if changed:
                 self._save(job)
@@ -230,7 +237,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                   LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
                   LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}[result.status]
         return pb.GetTasksResponse(
-            status=status, current_epoch=result.epoch,
+            status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
             tasks=[self._task(job, result.epoch, p) for p in result.partitions])
 
     async def Report(self, request: pb.ReportRequest,
@@ -257,11 +264,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def GetJobStatus(self, request: pb.GetJobStatusRequest,
                            context: grpc.aio.ServicerContext) -> pb.JobStatus:
         job = await self._job(request.job, context)
-        alive_since = time.time() - 3 * self.config.lease_timeout_s
         counts = job.ledger.counts()
         return pb.JobStatus(
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
-            num_partitions=len(job.partitions), workers=sum(
-                1 for seen in job.workers.values() if seen >= alive_since),
+            num_partitions=len(job.partitions), workers=self._live_workers(job, time.time()),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             **counts)

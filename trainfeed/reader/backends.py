@@ -15,7 +15,13 @@ from trainfeed.master.partition import plan_partitions
 from trainfeed.storage import Storage
 from trainfeed.worker.client import MasterClient
 from trainfeed.worker.partition_reader import PartitionReader
-from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
+from trainfeed.worker.prefetch import (
+    Credits,
+    LoadedPartition,
+    PrefetchStream,
+    TaskRef,
+    prefetch_depth,
+)
 from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, WorkerSession
 
 
@@ -87,13 +93,13 @@ class _Pass:
 class LocalBackend:
     """Reads every partition of a dataset straight from storage, no master (TRAIN_LOCAL)."""
 
-    def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int):
+    def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None):
         self.manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
         self.partitions = plan_partitions(self.manifest)
         self.field_names = self.manifest.field_names
         self.seed = seed
-        self.prefetch = prefetch
+        self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
         self.next_epoch = 0
         self.epoch: int | None = None
 
@@ -129,7 +135,8 @@ class LocalBackend:
 class DistributedBackend:
     """Leases partitions from the master; readers of one job split each epoch between them."""
 
-    def __init__(self, dataset: str, job: str, master: str | None, seed: int, prefetch: int):
+    def __init__(self, dataset: str, job: str, master: str | None, seed: int,
+                 prefetch: int | None):
         self.client = MasterClient(master)
         try:
             self.session = WorkerSession(self.client, job, dataset, seed)
@@ -137,7 +144,8 @@ class DistributedBackend:
             self.client.close()
             raise
         self.field_names = self.session.field_names
-        self.prefetch = prefetch
+        self.prefetch = prefetch or prefetch_depth(self.session.num_bytes,
+                                                   self.session.num_partitions)
         self.epoch: int | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
 

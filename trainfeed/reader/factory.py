@@ -11,11 +11,6 @@ from trainfeed.storage import open_storage
 TRAIN_LOCAL_ENV = "TRAIN_LOCAL"
 JOB_ENV = "TRAINFEED_JOB"
 DEFAULT_JOB = "default"
-# Partitions loaded ahead of the trainer: enough to hide a storage or master round trip behind
-# the partitions in hand (the reader asks for tasks when half the window is free, so each call
-# leases several), few enough that a reader does not sit on work others could take; at most
-# 8 × 8 MiB row groups in memory. benchmarks/read_throughput.py --prefetch compares settings.
-DEFAULT_PREFETCH = 8
 
 
 def train_local() -> bool:
@@ -25,7 +20,7 @@ def train_local() -> bool:
 
 
 def reader(name: str, *, job: str | None = None, seed: int = 0,
-           prefetch: int = DEFAULT_PREFETCH, master: str | None = None,
+           prefetch: int | None = None, master: str | None = None,
            storage: str | None = None, local: bool | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
@@ -33,6 +28,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     `$TRAINFEED_STORAGE`, else `./trainfeed-data`); otherwise it joins job `job` (else
     `$TRAINFEED_JOB`, else "default") on the master at `master` (else `$TRAINFEED_MASTER`), and
     readers of the same job split each epoch between them. Nothing connects until the first pass.
+    `prefetch` is how many partitions are loaded ahead of the trainer; by default as many as fit
+    64 MiB (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32.
 
     Example:
         >>> from trainfeed import dist
@@ -41,7 +38,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         ...     pass
     """
     validate_dataset_name(name)
-    if prefetch < 1:
+    if prefetch is not None and prefetch < 1:
         raise ValueError(f"prefetch must be ≥ 1 partition, got {prefetch}")
     use_local = train_local() if local is None else local
     if use_local:

@@ -28,7 +28,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class OpenJobResponse(_message.Message):
-    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s")
+    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class OpenJobResponse(_message.Message):
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job: str
     dataset: str
@@ -49,7 +50,8 @@ class OpenJobResponse(_message.Message):
     num_partitions: int
     current_epoch: int
     lease_timeout_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ...) -> None: ...
+    num_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records")
@@ -104,7 +106,7 @@ class GetTasksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -118,10 +120,12 @@ class GetTasksResponse(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TODO_LEFT_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ...) -> None: ...
+    todo_left: int
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("job", "worker_id", "reports")

@@ -14,6 +14,21 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+# Memory a reader may spend on partitions loaded ahead of the trainer. The window in partitions
+# follows from it and the dataset's average partition size, clamped: at least 2 so that reading
+# overlaps training, at most 32 so that one reader does not lease work others could take.
+# benchmarks/read_throughput.py measured raw reads of small JPEGs at 0.69x of local with a window
+# of 8 and 0.8x with 32: the window sets how many tasks one GetTasks call carries.
+DEFAULT_PREFETCH_BYTES = 64 << 20
+MIN_PREFETCH, MAX_PREFETCH = 2, 32
+
+
+def prefetch_depth(num_bytes: int, num_partitions: int,
+                   budget_bytes: int = DEFAULT_PREFETCH_BYTES) -> int:
+    """Partitions to load ahead: as many as fit `budget_bytes` on average, within [2, 32]."""
+    average = max(1, num_bytes // max(1, num_partitions))
+    return max(MIN_PREFETCH, min(MAX_PREFETCH, budget_bytes // average))
+
 
 @dataclass(frozen=True)
 class TaskRef:
@@ -47,24 +62,33 @@ class Credits:
     def __init__(self, total: int, stop: threading.Event):
         self.total = total
         self._free = total
+        self._want = 1  # what the waiting producer needs; wake it only then (no churn)
         self._cond = threading.Condition()
         self._stop = stop
 
     def take_all(self, at_least: int = 1, starving: Callable[[], bool] = lambda: False,
                  poll_s: float = 0.1) -> int:
-        """Blocks until `at_least` slots are free (or one is and `starving()`); takes and returns
-        every free slot."""
+        """Blocks until `at_least` slots are free (or one is and `starving()`, which `poke()`
+        makes it re-check); takes and returns every free slot."""
         with self._cond:
+            self._want = max(1, at_least)
             while self._free == 0 or (self._free < at_least and not starving()):
                 if self._stop.is_set():
                     raise Stopped
                 self._cond.wait(poll_s)
+            self._want = 1
             taken, self._free = self._free, 0
             return taken
 
     def give(self, n: int = 1) -> None:
         with self._cond:
             self._free += n
+            if self._free >= self._want or self._stop.is_set():
+                self._cond.notify_all()
+
+    def poke(self) -> None:
+        """Makes a waiting producer re-check `starving()` (the consumer ran out of data)."""
+        with self._cond:
             self._cond.notify_all()
 
 
@@ -117,7 +141,11 @@ class PrefetchStream:
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                self.credits.poke()  # running dry: the producer should not wait for low water
+                item = self._queue.get()
             if item is _END:
                 return
             if item is _FLUSH:
@@ -134,7 +162,7 @@ class PrefetchStream:
     def close(self, timeout: float = 30.0) -> None:
         """Stops the producer and joins it. Idempotent."""
         self._stop.set()
-        self.credits.give(0)
+        self.credits.poke()
         self._thread.join(timeout)
 
     @property

@@ -49,12 +49,16 @@ class WorkerSession:
         self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))
         self.field_names = tuple(f.name for f in opened.fields)
         self.num_records = opened.num_records
+        self.num_bytes = opened.num_bytes
+        self.num_partitions = opened.num_partitions
         self.lease_timeout_s = opened.lease_timeout_s
         self._reports: list[pb.TaskReport] = []
         # Guards _reports, _fetching and _stopping; notified whenever one of them changes.
         self._cond = threading.Condition()
         self._fetching = False  # a producer runs and will call GetTasks soon (not long-polling)
         self._stopping = False
+        self._outstanding = 0  # partitions handed to the consumer and not yet acknowledged
+        self._oldest_report = 0.0  # when the oldest unsent report was queued (monotonic)
         self._last_contact = time.monotonic()
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
@@ -64,6 +68,10 @@ class WorkerSession:
 
     # -- reports ------------------------------------------------------------------------------
     def report_done(self, task: TaskRef) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            if self._outstanding <= 0:  # the producer may be waiting for this (epoch tail)
+                self._cond.notify_all()
         self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
                                   outcome=pb.TaskReport.DONE))
 
@@ -73,8 +81,15 @@ class WorkerSession:
 
     def _queue(self, report: pb.TaskReport) -> None:
         with self._cond:
+            first = not self._reports
+            if first:
+                self._oldest_report = time.monotonic()
             self._reports.append(report)
-            self._cond.notify_all()
+            # While the producer fetches it carries reports itself: the reporter is woken only to
+            # start the COALESCE_S clock on the first pending report, not for each one (that
+            # would churn threads and the GIL on the hot path).
+            if first or not self._fetching:
+                self._cond.notify_all()
 
     def drain_reports(self) -> list[pb.TaskReport]:
         with self._cond:
@@ -86,6 +101,15 @@ class WorkerSession:
         with self._cond:
             self._fetching = fetching
             self._cond.notify_all()
+
+    def _handed_over(self) -> None:
+        with self._cond:
+            self._outstanding += 1
+
+    def _wait_acknowledged(self, timeout_s: float) -> None:
+        """Waits until the consumer acknowledged every partition handed to it (or timeout)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or self._outstanding <= 0, timeout_s)
 
     def _contacted(self) -> None:
         self._last_contact = time.monotonic()
@@ -104,17 +128,22 @@ class WorkerSession:
         interval = max(0.05, self.lease_timeout_s / 3)
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or bool(self._reports), interval)
-                if self._reports and self._fetching:
-                    # The producer will carry them with its next GetTasks: no extra round trip.
-                    self._cond.wait_for(lambda: self._stopping or not self._reports
-                                        or not self._fetching, COALESCE_S)
+                # Sleep until reports need sending alone (the producer long-polls or no pass
+                # runs, or the oldest one waited COALESCE_S for the producer) or a heartbeat is
+                # due; every notify re-computes how long that is.
+                while not self._stopping:
+                    now = time.monotonic()
+                    if self._reports and (not self._fetching
+                                          or now - self._oldest_report >= COALESCE_S):
+                        break
+                    heartbeat_in = interval - (now - self._last_contact)
+                    if heartbeat_in <= 0:
+                        break
+                    report_in = (self._oldest_report + COALESCE_S - now if self._reports
+                                 else heartbeat_in)
+                    self._cond.wait(max(0.001, min(heartbeat_in, report_in)))
                 if self._stopping:
                     return
-                due = bool(self._reports) or (
-                    time.monotonic() - self._last_contact >= interval)
-            if not due:
-                continue
             try:
                 self._send()
             except MasterUnavailableError as e:
@@ -135,33 +164,47 @@ class WorkerSession:
                  on_epoch: Callable[[int], None]) -> None:
         reader = PartitionReader(self.dataset, self.field_names)
         got_any = False
-        waiting = False
+        waiting = False  # the last answer was WAIT: others hold the epoch's remaining tasks
+        drained = False  # the master leased the epoch's last todo partitions
         failures: list[str] = []
         # Ask when half the window is free (or the consumer runs dry): a few fat calls, not one
         # call per partition.
         low_water = max(1, credits.total // 2)
+        with self._cond:
+            self._outstanding = 0
         self._set_fetching(True)
         try:
             while True:
                 if self.error is not None:
                     raise self.error
-                free = credits.take_all(low_water, starving=lambda: out.buffered <= 1)
-                # The first ask after work answers at once, so that a WAIT can flush the consumer's
-                # partial batch (whose partitions must be acknowledged for the epoch to end);
-                # later asks long-poll, and meanwhile the reporter sends reports alone.
-                if waiting:
+                if drained:
+                    # Nothing is left to lease: have the consumer hand over its partial batch
+                    # (its partitions must be acknowledged for the epoch to end), wait for those
+                    # acknowledgements, then long-poll once carrying them; with one reader the
+                    # epoch ends in that very call.
+                    out.flush()
+                    self._wait_acknowledged(max(0.05, self.lease_timeout_s / 3))
+                    free = credits.take_all(1)
+                else:
+                    free = credits.take_all(low_water, starving=lambda: out.buffered <= 1)
+                # After a plain WAIT the first ask answers at once, so that the WAIT can flush the
+                # consumer's partial batch; later asks long-poll, and meanwhile the reporter
+                # sends reports alone.
+                long_poll = waiting or drained
+                if long_poll:
                     self._set_fetching(False)
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
-                                                     LONG_POLL_MS if waiting else 0,
+                                                     LONG_POLL_MS if long_poll else 0,
                                                      self.drain_reports())
                 finally:
                     self._set_fetching(True)
                 self._contacted()
                 credits.give(free - len(response.tasks))
-                if response.status == pb.GetTasksResponse.WAIT and not waiting:
+                if response.status == pb.GetTasksResponse.WAIT and not long_poll:
                     out.flush()
                 waiting = response.status == pb.GetTasksResponse.WAIT
+                drained = response.status == pb.GetTasksResponse.TASKS and not response.todo_left
                 if response.status == pb.GetTasksResponse.EPOCH_DONE:
                     if failures and not got_any:
                         raise PartitionReadError(
@@ -190,6 +233,7 @@ class WorkerSession:
                         credits.give(1)
                         continue
                     got_any = True
+                    self._handed_over()
                     out.put(LoadedPartition(task, table))
         finally:
             self._set_fetching(False)

@@ -106,10 +106,16 @@ class WorkerSession:
         with self._cond:
             self._outstanding += 1
 
-    def _wait_acknowledged(self, timeout_s: float) -> None:
-        """Waits until the consumer acknowledged every partition handed to it (or timeout)."""
+    def _wait_acknowledged(self, timeout_s: float, abandoned: Callable[[], bool]) -> None:
+        """Waits until the consumer acknowledged every partition handed to it, the pass was
+        `abandoned()` (checked every 50 ms), or `timeout_s` passed."""
+        deadline = time.monotonic() + timeout_s
         with self._cond:
-            self._cond.wait_for(lambda: self._stopping or self._outstanding <= 0, timeout_s)
+            while self._outstanding > 0 and not self._stopping and not abandoned():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.05))
 
     def _contacted(self) -> None:
         self._last_contact = time.monotonic()
@@ -183,7 +189,8 @@ class WorkerSession:
                     # acknowledgements, then long-poll once carrying them; with one reader the
                     # epoch ends in that very call.
                     out.flush()
-                    self._wait_acknowledged(max(0.05, self.lease_timeout_s / 3))
+                    self._wait_acknowledged(max(0.05, self.lease_timeout_s / 3),
+                                            abandoned=lambda: out.stopping)
                     free = credits.take_all(1)
                 else:
                     free = credits.take_all(low_water, starving=lambda: out.buffered <= 1)

@@ -25,9 +25,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--mode", choices=["columns", "tuples"], default="columns")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' per batch")
+    parser.add_argument("--prefetch", type=int, default=None, help="partitions loaded ahead")
     args = parser.parse_args()
 
-    reader = dist.reader(args.dataset)
+    reader = dist.reader(args.dataset, prefetch=args.prefetch)
     with open(args.out, "a") as out:
         for k in range(args.epochs):
             batches = batch(reader, args.batch, columnar=args.mode == "columns")

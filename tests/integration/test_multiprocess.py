@@ -15,6 +15,7 @@ from sample_data import file_digests, make_image_list
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
+from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 WORKER = str(Path(__file__).with_name("reader_worker.py"))
@@ -134,3 +135,43 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
     repeated = [rid for rid, n in counts.items() if n > 1]
     print(f"records delivered twice after the SIGKILL: {len(repeated)}")
     assert len(repeated) <= 3 * 8
+
+
+def test_heartbeats_keep_leases_of_slow_partitions_alive(dataset: tuple[str, Path],
+                                                         tmp_path: Path) -> None:
+    # One 8-row partition takes ~2.4 s to "train" (0.3 s per batch of 1) against a 1 s lease:
+    # only heartbeats keep the leases; an expiry would hand partitions out twice.
+    storage, source = dataset
+    with MasterProcess(storage, extra_args=["--lease-timeout", "1"]) as master:
+        env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "slow", "TRAIN_LOCAL": ""}
+        outs = [tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"]
+        wait_all([start_reader(outs[0], env, "--batch", "1", "--delay", "0.3", "--prefetch", "2"),
+                  start_reader(outs[1], env, "--delay", "0.05")])
+        log = "".join(master.log)
+    counts = delivered(outs, file_digests(source))[0]
+    assert counts == Counter(range(N)), counts.most_common(3)
+    assert "expired" not in log, log
+
+
+def test_a_poisoned_shard_is_given_up_on_and_the_epoch_still_completes(
+        tmp_path: Path) -> None:
+    source = make_image_list(tmp_path / "source", N)
+    storage = str(tmp_path / "storage")
+    # 2 row groups of 8 rows per shard: 19 shards, 38 partitions.
+    upload(str(source), "flowers", storage,
+           UploadOptions(row_group_rows=8, shard_row_groups=2), progress=False)
+    shards = sorted(Path(storage, "flowers").rglob("shard-*.parquet"))
+    shards[3].write_bytes(b"not parquet")  # rows 48..63: both of its partitions fail
+    with MasterProcess(storage, extra_args=["--max-failures", "2"]) as master:
+        env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
+        outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+        wait_all([start_reader(out, env, "--epochs", "2") for out in outs])
+        with MasterClient(master.address) as client:
+            status = client.job_status("train")
+    per_epoch = delivered(outs, file_digests(source))
+    assert sorted(per_epoch) == [0, 1]
+    for counts in per_epoch.values():
+        assert counts == Counter(set(range(N)) - set(range(48, 64)))
+    assert status.failed == 2 and len(status.failed_reasons) == 2
+    assert all("shard-00003.parquet" in r or "Parquet" in r for r in status.failed_reasons), \
+        status.failed_reasons

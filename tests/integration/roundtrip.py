@@ -23,8 +23,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 #: What a record is compared by: (record id, SHA-256 hex of its file bytes, label).
 Record = tuple[int, str, str]
 
@@ -64,27 +62,17 @@ class SourceImages:
 def make_jpeg_list(
     folder: Path, count: int, labels: Sequence[str] = LABELS, seed: int = 0
 ) -> SourceImages:
-    """Writes `count` distinct 16x16 JPEGs under `folder/images/` and `folder/train_data.list`.
+    """Writes `count` distinct JPEGs under `folder/images/` and `folder/train_data.list`.
 
     Image `i` is seeded noise (so every file's bytes differ) labelled `labels[i % len(labels)]`;
     the list names files relative to its own folder, as users write them.
     """
-    from PIL import Image
+    # Imported here: run as a script (a reader child), this module needs only trainfeed.
+    from sample_data import file_digests, make_image_list
 
-    images = folder / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    records: list[Record] = []
-    lines: list[str] = []
-    for i in range(count):
-        pixels = np.random.default_rng((seed, i)).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-        name = f"images/img-{i:05d}.jpg"
-        Image.fromarray(pixels, mode="RGB").save(folder / name, format="JPEG", quality=90)
-        label = labels[i % len(labels)]
-        records.append((i, sha256((folder / name).read_bytes()), label))
-        lines.append(f"{name}\t{label}\n")
-    list_path = folder / "train_data.list"
-    list_path.write_text("".join(lines))
-    return SourceImages(list_path, tuple(records))
+    list_path = make_image_list(folder, count, tuple(labels), seed=seed)
+    digests = file_digests(list_path)
+    return SourceImages(list_path, tuple((i, *digests[i]) for i in range(count)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -175,3 +175,32 @@ def test_a_poisoned_shard_is_given_up_on_and_the_epoch_still_completes(
     assert status.failed == 2 and len(status.failed_reasons) == 2
     assert all("shard-00003.parquet" in r or "Parquet" in r for r in status.failed_reasons), \
         status.failed_reasons
+
+
+def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Path],
+                                                         tmp_path: Path) -> None:
+    storage, source = dataset
+    # A lease timeout far beyond the test's patience: only a hand-back can free the victim's tasks.
+    with MasterProcess(storage, extra_args=["--lease-timeout", "600"]) as master:
+        env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
+        victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
+        victim = start_reader(victim_out, env, "--delay", "0.3")
+        try:
+            deadline = time.monotonic() + 60
+            while len(lines(victim_out)) < 2:
+                assert time.monotonic() < deadline and victim.poll() is None
+                time.sleep(0.05)
+            victim.send_signal(signal.SIGTERM)
+            assert victim.wait(10) == -signal.SIGTERM  # still dies of SIGTERM
+        finally:
+            if victim.poll() is None:
+                victim.kill()
+        survivor = start_reader(survivor_out, env)
+        survivor.wait(30)
+        wait_all([survivor])
+        log = "".join(master.log)
+    counts = delivered([victim_out, survivor_out], file_digests(source))[0]
+    assert set(counts) == set(range(N))
+    assert "task(s) back to todo" in log
+    repeated = [rid for rid, n in counts.items() if n > 1]
+    assert len(repeated) <= 3 * 8  # the batch that was in the victim's hands

@@ -20,6 +20,7 @@ import pyarrow as pa
 from trainfeed.errors import CorruptDatasetError, MasterUnavailableError, PartitionReadError
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
+from trainfeed.worker import shutdown
 from trainfeed.worker.client import MasterClient
 from trainfeed.worker.partition_reader import PartitionReader
 from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
@@ -65,6 +66,7 @@ class WorkerSession:
                                           name=f"trainfeed-reporter-{self.worker}")
         self._reporter.start()
         self._closed = False
+        shutdown.register(self)
 
     # -- reports ------------------------------------------------------------------------------
     def report_done(self, task: TaskRef) -> None:

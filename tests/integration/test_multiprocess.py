@@ -165,11 +165,12 @@ def test_a_poisoned_shard_is_given_up_on_and_the_epoch_still_completes(
     with MasterProcess(storage, extra_args=["--max-failures", "2"]) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
-        wait_all([start_reader(out, env, "--epochs", "2") for out in outs])
+        wait_all([start_reader(out, env, "--epochs", "2", "--delay", "0.02") for out in outs])
         with MasterClient(master.address) as client:
             status = client.job_status("train")
     per_epoch = delivered(outs, file_digests(source))
-    assert sorted(per_epoch) == [0, 1]
+    # Consecutive epochs from 0 (a reader that finds an epoch already done joins the next).
+    assert sorted(per_epoch) == list(range(len(per_epoch))) and len(per_epoch) >= 2
     for counts in per_epoch.values():
         assert counts == Counter(set(range(N)) - set(range(48, 64)))
     assert status.failed == 2 and len(status.failed_reasons) == 2
@@ -204,3 +205,34 @@ def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Pat
     assert "task(s) back to todo" in log
     repeated = [rid for rid, n in counts.items() if n > 1]
     assert len(repeated) <= 3 * 8  # the batch that was in the victim's hands
+
+
+def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path) -> None:
+    # Partitions of 100 records consumed at ~40 records/s: the victim dies ~2 s into its first
+    # partition. Progress reaches the master at least every PROGRESS_INTERVAL_S (1 s), so the
+    # survivor resumes that partition after what the victim's trainer already consumed.
+    source = make_image_list(tmp_path / "source", N)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, UploadOptions(row_group_rows=100), progress=False)
+    with MasterProcess(storage, extra_args=["--lease-timeout", "2"]) as master:
+        env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
+        victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
+        victim = start_reader(victim_out, env, "--batch", "4", "--delay", "0.1")
+        try:
+            deadline = time.monotonic() + 60
+            while len(lines(victim_out)) < 20:  # 80 records of its first partition
+                assert time.monotonic() < deadline and victim.poll() is None
+                time.sleep(0.01)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+        finally:
+            if victim.poll() is None:
+                victim.kill()
+        wait_all([start_reader(survivor_out, env)])
+    counts = delivered([victim_out, survivor_out], file_digests(source))[0]
+    assert set(counts) == set(range(N))
+    repeated = sum(n - 1 for n in counts.values())
+    print(f"records delivered twice after the SIGKILL: {repeated} (the victim had 80)")
+    # The bound: records consumed since the last progress report (≤ 1 s at ~40/s) plus the
+    # batch in the trainer's hands (4) — not the whole 100-record partition.
+    assert repeated <= 40 + 4 + 4

@@ -110,6 +110,20 @@ def test_late_done_of_an_expired_lease_still_counts() -> None:
     assert ledger.report_done(0, 0) and ledger.complete
 
 
+def test_progress_is_monotonic_survives_expiry_and_is_dropped_when_done() -> None:
+    ledger = Ledger(2)
+    p = ledger.lease("a", 0, 1, 0.0, T).partitions[0]
+    assert ledger.report_progress(0, p, 40)
+    assert not ledger.report_progress(0, p, 30)  # late, smaller: ignored
+    ledger.expire(100.0)
+    assert ledger.lease("b", 0, 1, 100.0, T).partitions == (p,)
+    assert ledger.skip(p) == 40  # b starts after what a's trainer already got
+    restored = Ledger.from_state(ledger.state())
+    assert restored.skip(p) == 40
+    ledger.report_done(0, p)
+    assert ledger.skip(p) == 0 and not ledger.report_progress(0, p, 50)
+
+
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError, match="at least one partition"):
         Ledger(0)
@@ -154,6 +168,12 @@ class LedgerMachine(RuleBasedStateMachine):
     def late_report(self, partition: int) -> None:
         if self.ledger.report_done(self.ledger.epoch, partition):
             self.completions.setdefault(self.ledger.epoch, []).append(partition)
+
+    @rule(partition=st.integers(0, 6), consumed=st.integers(0, 50))
+    def progress(self, partition: int, consumed: int) -> None:
+        before = self.ledger.skip(partition)
+        self.ledger.report_progress(self.ledger.epoch, partition, consumed)
+        assert self.ledger.skip(partition) >= before  # never goes back
 
     @rule(worker=st.sampled_from("abc"))
     def release(self, worker: str) -> None:

@@ -77,6 +77,9 @@ class Ledger:
         self.done: set[int] = set()
         self.failed: dict[int, str] = {}
         self.failures: dict[int, int] = {}
+        # Records of a partition already handed to a trainer (reported progress): whoever
+        # leases it next skips them.
+        self.progress: dict[int, int] = {}
 
     @property
     def complete(self) -> bool:
@@ -124,7 +127,22 @@ class Ledger:
             except ValueError:
                 return False
         self.done.add(partition)
+        self.progress.pop(partition, None)
         return True
+
+    def report_progress(self, epoch: int, partition: int, consumed: int) -> bool:
+        """Records that `consumed` records of a partition were handed to a trainer. Monotonic:
+        a smaller figure (a late or reordered report) changes nothing. Returns whether it did."""
+        if (epoch != self.epoch or partition in self.done or partition in self.failed
+                or consumed <= self.progress.get(partition, 0)):
+            return False
+        self._check_partition(partition)
+        self.progress[partition] = consumed
+        return True
+
+    def skip(self, partition: int) -> int:
+        """How many leading records of `partition` a new holder skips."""
+        return self.progress.get(partition, 0)
 
     def report_failed(self, epoch: int, partition: int, reason: str) -> bool:
         """Counts a failed attempt; after `max_failures` the partition is failed for this epoch,
@@ -186,6 +204,7 @@ class Ledger:
             "done": sorted(self.done),
             "failed": {str(p): reason for p, reason in self.failed.items()},
             "failures": {str(p): n for p, n in self.failures.items()},
+            "progress": {str(p): n for p, n in self.progress.items()},
         }
 
     @classmethod
@@ -200,6 +219,7 @@ class Ledger:
         ledger.done = set(state["done"])
         ledger.failed = {int(p): r for p, r in state["failed"].items()}
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
+        ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
         return ledger
 
     def refresh_deadlines(self, now: float, lease_timeout: float,

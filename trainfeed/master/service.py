@@ -142,6 +142,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         for report in reports:
             if report.outcome == pb.TaskReport.DONE:
                 changed |= job.ledger.report_done(report.epoch, report.partition)
+            elif report.outcome == pb.TaskReport.PROGRESS:
+                changed |= job.ledger.report_progress(report.epoch, report.partition,
+                                                      report.consumed)
             elif report.outcome == pb.TaskReport.FAILED:
                 if job.ledger.report_failed(report.epoch, report.partition, report.reason):
                     changed = True
@@ -166,7 +169,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         p = job.partitions[partition]
         return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
                        row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
-                       num_records=p.num_records)
+                       num_records=p.num_records, skip_records=job.ledger.skip(partition))
 
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,

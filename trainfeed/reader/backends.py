@@ -44,6 +44,11 @@ class PassStream(Protocol):
         """The trainer was handed every record of `part` (and asked for more): acknowledge it."""
         ...
 
+    def progress(self, part: LoadedPartition, handed: int) -> None:
+        """The trainer consumed the first `handed` rows of `part.table` (reported to the master,
+        so that a crash repeats only what came after)."""
+        ...
+
     def close(self, finished: bool) -> None:
         """Ends the pass; `finished` tells whether it ran to its end. Idempotent."""
         ...
@@ -63,10 +68,12 @@ class _Pass:
 
     def __init__(self, stream: PrefetchStream, epoch: int | None,
                  on_consumed: Callable[[TaskRef], None],
-                 on_close: Callable[[bool], None]):
+                 on_close: Callable[[bool], None],
+                 on_progress: Callable[[TaskRef, int], None] = lambda task, handed: None):
         self._stream = stream
         self.epoch = epoch
         self._on_consumed = on_consumed
+        self._on_progress = on_progress
         self._on_close = on_close
         self._closed = False
 
@@ -81,6 +88,9 @@ class _Pass:
 
     def consumed(self, part: LoadedPartition) -> None:
         self._on_consumed(part.task)
+
+    def progress(self, part: LoadedPartition, handed: int) -> None:
+        self._on_progress(part.task, handed)
 
     def close(self, finished: bool) -> None:
         if self._closed:
@@ -164,7 +174,8 @@ class DistributedBackend:
                 self._next_epoch = self.epoch if self.epoch is not None else JOIN_CURRENT_EPOCH
                 self.session.end_pass_early()
 
-        return _Pass(stream, None, on_consumed=self.session.report_done, on_close=on_close)
+        return _Pass(stream, None, on_consumed=self.session.report_done, on_close=on_close,
+                     on_progress=self.session.note_progress)
 
     def close(self) -> None:
         try:

@@ -21,6 +21,9 @@ from trainfeed.worker.prefetch import LoadedPartition
 logger = logging.getLogger(__name__)
 
 ColumnBatch = dict[str, Any]
+# In the tuple path, progress within a partition is noted every this many instances: cheap
+# (one modulo per instance) and a crash repeats at most this many more instances.
+PROGRESS_EVERY = 64
 
 
 def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
@@ -78,7 +81,11 @@ class Reader:
             for part in stream:
                 if part is None:
                     continue
-                yield from zip(*(part.table.column(n).to_pylist() for n in names))
+                rows = zip(*(part.table.column(n).to_pylist() for n in names))
+                for handed, row in enumerate(rows, start=1):
+                    yield row
+                    if handed % PROGRESS_EVERY == 0:  # the trainer asked for the next one
+                        stream.progress(part, handed)
                 stream.taken(part)
                 stream.consumed(part)
         return self._run_pass(instances)
@@ -116,46 +123,48 @@ class Reader:
 
         def batches(stream: PassStream) -> Iterator[Any]:
             assert batch_size is not None
-            pieces: list[pa.Table] = []
+            # Rows waiting for the next batch: (partition, its rows handed once this batch is
+            # consumed, the slice).
+            pieces: list[tuple[LoadedPartition, int, pa.Table]] = []
             buffered = 0
             # Partitions whose every row is in `pieces` or already yielded: acknowledged once the
             # batch holding their last rows was handed over and the trainer asked for the next.
             sliced: list[LoadedPartition] = []
+
+            def consumed(batch: list[tuple[LoadedPartition, int, pa.Table]],
+                         acked: list[LoadedPartition]) -> None:
+                for part, handed, _ in batch:
+                    stream.progress(part, handed)
+                for done in acked:
+                    stream.consumed(done)
+
             for part in stream:
-                if part is None or not part.table.num_rows:
-                    if part is not None:
-                        stream.taken(part)
-                        sliced.append(part)
-                    if part is None and pieces and not drop_last:
-                        yield convert(pa.concat_tables(pieces))
-                    pieces, buffered = [], 0
-                    for done in sliced:
-                        stream.consumed(done)
-                    sliced = []
+                if part is None:  # nothing coming for now: hand the partial batch over
+                    batch, acked = pieces, sliced
+                    pieces, buffered, sliced = [], 0, []
+                    if batch and not drop_last:
+                        yield convert(pa.concat_tables([t for _, _, t in batch]))
+                    consumed(batch, acked)
                     continue
                 offset = 0
                 while offset < part.table.num_rows:
                     take = min(batch_size - buffered, part.table.num_rows - offset)
-                    pieces.append(part.table.slice(offset, take))
+                    pieces.append((part, offset + take, part.table.slice(offset, take)))
                     buffered += take
                     offset += take
                     if buffered == batch_size:
-                        acked, sliced = sliced, []
-                        full = pa.concat_tables(pieces)
-                        pieces, buffered = [], 0
-                        yield convert(full)
-                        for done in acked:
-                            stream.consumed(done)
+                        batch, acked = pieces, sliced
+                        pieces, buffered, sliced = [], 0, []
+                        yield convert(pa.concat_tables([t for _, _, t in batch]))
+                        consumed(batch, acked)
                 stream.taken(part)
                 sliced.append(part)
-                if not pieces:  # the partition ended exactly at a batch boundary
-                    for done in sliced:
-                        stream.consumed(done)
+                if not pieces:  # the partition ended exactly at a batch boundary (or was empty)
+                    consumed([], sliced)
                     sliced = []
             if pieces and not drop_last:
-                yield convert(pa.concat_tables(pieces))
-            for done in sliced:
-                stream.consumed(done)
+                yield convert(pa.concat_tables([t for _, _, t in pieces]))
+            consumed(pieces, sliced)
         return self._run_pass(per_partition if batch_size is None else batches)
 
     def close(self) -> None:

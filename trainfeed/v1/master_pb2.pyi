@@ -54,40 +54,46 @@ class OpenJobResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records")
+    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     ROW_GROUP_START_FIELD_NUMBER: _ClassVar[int]
     ROW_GROUP_STOP_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_RECORDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     shard: str
     row_group_start: int
     row_group_stop: int
     num_records: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+    skip_records: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("epoch", "partition", "outcome", "reason")
+    __slots__ = ("epoch", "partition", "outcome", "reason", "consumed")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[TaskReport.Outcome]
         DONE: _ClassVar[TaskReport.Outcome]
         FAILED: _ClassVar[TaskReport.Outcome]
+        PROGRESS: _ClassVar[TaskReport.Outcome]
     OUTCOME_UNSPECIFIED: TaskReport.Outcome
     DONE: TaskReport.Outcome
     FAILED: TaskReport.Outcome
+    PROGRESS: TaskReport.Outcome
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     outcome: TaskReport.Outcome
     reason: str
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    consumed: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
     __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports")

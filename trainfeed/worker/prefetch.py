@@ -40,6 +40,7 @@ class TaskRef:
     row_group_start: int
     row_group_stop: int
     num_records: int
+    skip: int = 0  # leading records already handed to a trainer by an earlier holder
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ LONG_POLL_MS = 2000
 # How long a report may wait for the producer's next GetTasks to carry it (it asks as soon as
 # enough prefetch slots free up) before the reporter sends it alone.
 COALESCE_S = 0.05
+# Progress within partitions reaches the master at least this often (riding on GetTasks when it
+# can): after a crash a re-leased partition repeats at most the records consumed in this long,
+# plus the batch that was in the trainer's hands.
+PROGRESS_INTERVAL_S = 1.0
 
 
 class WorkerSession:
@@ -60,6 +64,10 @@ class WorkerSession:
         self._stopping = False
         self._outstanding = 0  # partitions handed to the consumer and not yet acknowledged
         self._oldest_report = 0.0  # when the oldest unsent report was queued (monotonic)
+        # Records handed to the trainer per (epoch, partition) held, and which changed since sent.
+        self._progress: dict[tuple[int, int], int] = {}
+        self._progress_dirty: set[tuple[int, int]] = set()
+        self._oldest_progress = 0.0
         self._last_contact = time.monotonic()
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
@@ -69,8 +77,24 @@ class WorkerSession:
         shutdown.register(self)
 
     # -- reports ------------------------------------------------------------------------------
+    def note_progress(self, task: TaskRef, handed: int) -> None:
+        """The trainer consumed the first `handed` records of this holder's share of `task`."""
+        key = (task.epoch, task.partition)
+        consumed = task.skip + handed
+        with self._cond:
+            if consumed <= self._progress.get(key, 0):
+                return
+            self._progress[key] = consumed
+            if not self._progress_dirty:
+                self._oldest_progress = time.monotonic()
+                self._cond.notify_all()  # the reporter starts the PROGRESS_INTERVAL_S clock
+            self._progress_dirty.add(key)
+
     def report_done(self, task: TaskRef) -> None:
         with self._cond:
+            key = (task.epoch, task.partition)
+            self._progress.pop(key, None)
+            self._progress_dirty.discard(key)
             self._outstanding -= 1
             if self._outstanding <= 0:  # the producer may be waiting for this (epoch tail)
                 self._cond.notify_all()
@@ -94,8 +118,14 @@ class WorkerSession:
                 self._cond.notify_all()
 
     def drain_reports(self) -> list[pb.TaskReport]:
+        """Takes every queued report, plus the progress that changed since it was last sent."""
         with self._cond:
             reports, self._reports = self._reports, []
+            reports.extend(pb.TaskReport(epoch=epoch, partition=partition,
+                                         outcome=pb.TaskReport.PROGRESS,
+                                         consumed=self._progress[(epoch, partition)])
+                           for epoch, partition in sorted(self._progress_dirty))
+            self._progress_dirty.clear()
             self._cond.notify_all()
         return reports
 
@@ -144,12 +174,14 @@ class WorkerSession:
                     if self._reports and (not self._fetching
                                           or now - self._oldest_report >= COALESCE_S):
                         break
+                    progress_in = (self._oldest_progress + PROGRESS_INTERVAL_S - now
+                                   if self._progress_dirty else interval)
                     heartbeat_in = interval - (now - self._last_contact)
-                    if heartbeat_in <= 0:
+                    if heartbeat_in <= 0 or progress_in <= 0:
                         break
                     report_in = (self._oldest_report + COALESCE_S - now if self._reports
                                  else heartbeat_in)
-                    self._cond.wait(max(0.001, min(heartbeat_in, report_in)))
+                    self._cond.wait(max(0.001, min(heartbeat_in, report_in, progress_in)))
                 if self._stopping:
                     return
             try:
@@ -231,10 +263,12 @@ class WorkerSession:
                 on_epoch(epoch)
                 for t in response.tasks:
                     task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
-                                   t.row_group_stop, t.num_records)
+                                   t.row_group_stop, t.num_records, t.skip_records)
                     try:
                         table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
                                             task.num_records)
+                        if task.skip:  # an earlier holder's trainer already got these
+                            table = table.slice(task.skip)
                     except (CorruptDatasetError, OSError, pa.ArrowException) as e:
                         logger.error("partition %d (%s) failed: %s", task.partition, task.shard, e)
                         failures.append(f"{type(e).__name__}: {e}")

@@ -125,3 +125,23 @@ def test_a_pass_left_early_hands_its_tasks_back_and_the_next_pass_resumes(storag
         # Together they cover the dataset; repeats only from partitions in hand when leaving.
         assert set(first) | set(rest) == set(range(100))
         assert len(first) + len(rest) - 100 <= 10
+
+
+def test_distribution_rules_admit_only_matching_workers(
+        storage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with MasterProcess(storage) as master:
+        monkeypatch.setenv("TRAINFEED_GPUS", "0")
+        with pytest.raises(JobError, match=r"FAILED_PRECONDITION: job 'g' runs on GPU workers "
+                                           r"only .* declares no GPU"):
+            list(dist.reader("flowers", master=master.address, job="g",
+                             distribution_rules="gpu")())
+        monkeypatch.setenv("TRAINFEED_GPUS", "1")
+        with dist.reader("flowers", master=master.address, job="g") as reader:
+            assert sum(1 for _ in reader()) == 100  # the job kept its creator's rules
+        monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-b")
+        with dist.reader("flowers", master=master.address, job="named",
+                         distribution_rules="node-a,node-b") as reader:
+            assert sum(1 for _ in reader()) == 100
+        monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-c")
+        with pytest.raises(JobError, match=r"runs on workers \['node-a', 'node-b'\] only"):
+            list(dist.reader("flowers", master=master.address, job="named")())

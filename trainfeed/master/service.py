@@ -16,8 +16,9 @@ from typing import Any
 
 import grpc
 
-from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
+from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
+from trainfeed.master.distribution import DistributionRules
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
 from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
 from trainfeed.master.state_store import StateStore
@@ -63,6 +64,7 @@ class Job:
     partitions: tuple[Partition, ...]
     ledger: Ledger
     target_partitions: int
+    rules: DistributionRules = DistributionRules("all")
     workers: dict[str, float] = field(default_factory=dict)  # worker id -> last seen (time.time)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -81,7 +83,8 @@ class Job:
     def state(self) -> dict[str, Any]:
         return {"version": JOB_STATE_VERSION, "dataset": self.manifest.name,
                 "fingerprint": self.manifest.fingerprint,
-                "target_partitions": self.target_partitions, "ledger": self.ledger.state()}
+                "target_partitions": self.target_partitions,
+                "distribution_rules": str(self.rules), "ledger": self.ledger.state()}
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -109,7 +112,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             ledger = Ledger.from_state(state["ledger"])
             ledger.refresh_deadlines(now, self.config.lease_timeout_s)
             partitions = plan_partitions(manifest, state["target_partitions"])
-            self.jobs[name] = Job(name, manifest, partitions, ledger, state["target_partitions"])
+            rules = DistributionRules.parse(state.get("distribution_rules"))
+            self.jobs[name] = Job(name, manifest, partitions, ledger, state["target_partitions"],
+                                  rules)
             logger.info("restored job %r (dataset %r, epoch %d, %s)", name, manifest.name,
                         ledger.epoch, ledger.counts())
 
@@ -177,7 +182,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         try:
             validate_job_name(request.job)
             validate_dataset_name(request.dataset)
-        except InvalidNameError as e:
+            rules = DistributionRules.parse(request.distribution_rules)
+        except ValueError as e:  # InvalidNameError is one
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         job = self.jobs.get(request.job)
         if job is None:
@@ -194,16 +200,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 ledger = Ledger(len(partitions), seed=request.seed,
                                 max_failures=self.config.max_failures)
                 job = Job(request.job, manifest, partitions, ledger,
-                          self.config.target_partitions)
+                          self.config.target_partitions, rules)
                 self.jobs[request.job] = job
                 self._save(job)
-                logger.info("job %r created: dataset %r, %d records in %d partitions",
-                            job.name, manifest.name, manifest.num_records, len(partitions))
+                logger.info("job %r created: dataset %r, %d records in %d partitions, "
+                            "distribution rules %r", job.name, manifest.name,
+                            manifest.num_records, len(partitions), str(rules))
         if job.manifest.name != request.dataset:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {request.job!r} reads dataset {job.manifest.name!r}, not "
                 f"{request.dataset!r}; use another job name (TRAINFEED_JOB or job=...)")
+        res = request.resources
+        if not job.rules.admits(res.name, res.gpus):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
         worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
         self._touch(job, worker)
         folder = dataset_storage(self.config.storage, job.manifest.name)

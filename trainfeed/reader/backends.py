@@ -146,10 +146,10 @@ class DistributedBackend:
     """Leases partitions from the master; readers of one job split each epoch between them."""
 
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
-                 prefetch: int | None):
+                 prefetch: int | None, distribution_rules: str = ""):
         self.client = MasterClient(master)
         try:
-            self.session = WorkerSession(self.client, job, dataset, seed)
+            self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules)
         except BaseException:
             self.client.close()
             raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from trainfeed.master.distribution import DistributionRules
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.reader import Reader
@@ -21,15 +22,19 @@ def train_local() -> bool:
 
 def reader(name: str, *, job: str | None = None, seed: int = 0,
            prefetch: int | None = None, master: str | None = None,
-           storage: str | None = None, local: bool | None = None) -> Reader:
+           storage: str | None = None, local: bool | None = None,
+           distribution_rules: str | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
     `$TRAINFEED_STORAGE`, else `./trainfeed-data`); otherwise it joins job `job` (else
     `$TRAINFEED_JOB`, else "default") on the master at `master` (else `$TRAINFEED_MASTER`), and
     readers of the same job split each epoch between them. Nothing connects until the first pass.
-    `prefetch` is how many partitions are loaded ahead of the trainer; by default as many as fit
-    64 MiB (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32.
+    `distribution_rules` ("all", "gpu", or a comma-separated list of worker names) restricts
+    which workers may take the job's tasks; the reader that creates the job sets them, and a
+    worker they exclude is refused with the reason. `prefetch` is how many partitions are
+    loaded ahead of the trainer; by default as many as fit 64 MiB
+    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32.
 
     Example:
         >>> from trainfeed import dist
@@ -45,4 +50,6 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         store = open_storage(storage)
         return Reader(lambda: LocalBackend(name, store, seed, prefetch), name)
     job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
-    return Reader(lambda: DistributedBackend(name, job_name, master, seed, prefetch), name)
+    rules = str(DistributionRules.parse(distribution_rules))  # a bad value fails here, early
+    return Reader(lambda: DistributedBackend(name, job_name, master, seed, prefetch, rules),
+                  name)

@@ -8,16 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job", "dataset", "worker_name", "seed")
+    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_RULES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     worker_name: str
     seed: int
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+    distribution_rules: str
+    resources: WorkerResources
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ...) -> None: ...
+
+class WorkerResources(_message.Message):
+    __slots__ = ("hostname", "name", "gpus")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    name: str
+    gpus: int
+    def __init__(self, hostname: _Optional[str] = ..., name: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class Field(_message.Message):
     __slots__ = ("name", "type")

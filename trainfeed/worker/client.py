@@ -18,6 +18,7 @@ import grpc
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
+from trainfeed.worker.resources import detect_resources
 
 MASTER_ENV = "TRAINFEED_MASTER"
 GIVE_UP_ENV = "TRAINFEED_MASTER_GIVE_UP_S"
@@ -68,10 +69,12 @@ class MasterClient:
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 2.0)
 
-    def open_job(self, job: str, dataset: str, seed: int) -> pb.OpenJobResponse:
+    def open_job(self, job: str, dataset: str, seed: int,
+                 distribution_rules: str = "") -> pb.OpenJobResponse:
         name = f"{socket.gethostname()}:{os.getpid()}"
         return self._call(self._stub.OpenJob, pb.OpenJobRequest(
-            job=job, dataset=dataset, worker_name=name, seed=seed), CALL_TIMEOUT_S)
+            job=job, dataset=dataset, worker_name=name, seed=seed,
+            distribution_rules=distribution_rules, resources=detect_resources()), CALL_TIMEOUT_S)
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = ()) -> pb.GetTasksResponse:

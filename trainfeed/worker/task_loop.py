@@ -46,9 +46,10 @@ class WorkerSession:
     flushes reports, hands back any leases and stops the reporter; it is idempotent.
     """
 
-    def __init__(self, client: MasterClient, job: str, dataset: str, seed: int):
+    def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
+                 distribution_rules: str = ""):
         self.client = client
-        opened = client.open_job(job, dataset, seed)
+        opened = client.open_job(job, dataset, seed, distribution_rules)
         self.job = opened.job
         self.worker = opened.worker_id
         self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -145,3 +146,17 @@ def test_distribution_rules_admit_only_matching_workers(
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-c")
         with pytest.raises(JobError, match=r"runs on workers \['node-a', 'node-b'\] only"):
             list(dist.reader("flowers", master=master.address, job="named")())
+
+
+def test_an_unreachable_master_gives_up_with_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainfeed.errors import MasterUnavailableError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("TRAINFEED_MASTER_GIVE_UP_S", "2")
+    started = time.monotonic()
+    with pytest.raises(MasterUnavailableError, match=rf"master {address} unreachable for \d+ s"):
+        list(dist.reader("flowers", master=address)())
+    assert 2 <= time.monotonic() - started < 10

@@ -26,6 +26,11 @@ ColumnBatch = dict[str, Any]
 PROGRESS_EVERY = 64
 
 
+def _rows(table: pa.Table, names: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
+    """The table's instances as tuples of the fields, in order."""
+    return zip(*(table.column(n).to_pylist() for n in names))
+
+
 def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
     batch: ColumnBatch = {name: table.column(name).to_pylist() for name in names}
     batch[ID_COLUMN] = table.column(ID_COLUMN).to_numpy()
@@ -81,8 +86,7 @@ class Reader:
             for part in stream:
                 if part is None:
                     continue
-                rows = zip(*(part.table.column(n).to_pylist() for n in names))
-                for handed, row in enumerate(rows, start=1):
+                for handed, row in enumerate(_rows(part.table, names), start=1):
                     yield row
                     if handed % PROGRESS_EVERY == 0:  # the trainer asked for the next one
                         stream.progress(part, handed)
@@ -106,8 +110,7 @@ class Reader:
                          drop_last: bool = False) -> Iterator[list[tuple[Any, ...]]]:
         """One pass as lists of up to `batch_size` instance tuples (what `batch()` yields)."""
         names = self.field_names
-        return self._batched(batch_size, drop_last, lambda table: list(
-            zip(*(table.column(n).to_pylist() for n in names))))
+        return self._batched(batch_size, drop_last, lambda table: list(_rows(table, names)))
 
     def _batched(self, batch_size: int | None, drop_last: bool,
                  convert: Callable[[pa.Table], Any]) -> Iterator[Any]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,15 @@ def test_storage_defaults_to_env_then_local_folder(image_list: Path, tmp_path: P
     monkeypatch.setenv("TRAINFEED_STORAGE", str(tmp_path / "elsewhere"))
     assert main(["upload", str(image_list), "--dataset", "b", "--no-progress"]) == 0
     assert (tmp_path / "elsewhere" / "b" / "manifest.json").exists()
+
+
+def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
+    for expected_epoch in (0, 1):  # the master's SQLite state carries the job across runs
+        result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "demo", "--images",
+                                 "300"], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "TRAINFEED_STORAGE": ""})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (f"together: 300 of 300 records of epoch {expected_epoch}, each once: yes"
+                in result.stdout), result.stdout
+    assert (tmp_path / "trainfeed-data" / "demo-images" / "manifest.json").exists()
+    assert (tmp_path / "trainfeed-master.db").exists()

@@ -80,6 +80,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from proc_stats import process_cpu_s
+
 import trainfeed
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
 from trainfeed.formats.manifest import (
@@ -459,13 +461,6 @@ class ClientPool:
 
 
 # -- the master ------------------------------------------------------------------------------------
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of another process, from /proc (10 ms resolution)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def wait_idle(pid: int, timeout_s: float, period_s: float = 0.25) -> float:
     """Waits until the master uses < 10 % of a core over `period_s`; returns the seconds waited."""
     start = time.monotonic()

@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from proc_stats import process_cpu_s
+
 import trainfeed
 from trainfeed import dist
 from trainfeed.formats.manifest import dataset_storage, read_manifest
@@ -343,13 +345,6 @@ class WorkerPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of another process, from /proc (10 ms resolution)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dist_rep(pool: WorkerPool, master_pid: int, tag: str, evict: Evict) -> list[PassResult]:

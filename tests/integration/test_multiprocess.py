@@ -42,6 +42,23 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def signal_after(victim: subprocess.Popen[bytes], out: Path, batches: int, sig: int,
+                 pause_s: float = 0.0) -> int:
+    """Sends `sig` to a reader once it wrote `batches` batch lines (and `pause_s` later);
+    returns its exit status. The victim is killed in any case."""
+    try:
+        deadline = time.monotonic() + 60
+        while len(lines(out)) < batches:
+            assert time.monotonic() < deadline and victim.poll() is None
+            time.sleep(0.01)
+        time.sleep(pause_s)
+        victim.send_signal(sig)
+        return victim.wait(10)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+
+
 @pytest.fixture
 def dataset(tmp_path: Path) -> tuple[str, Path]:
     source = make_image_list(tmp_path / "source", N)
@@ -113,19 +130,9 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
         victim = start_reader(victim_out, env, "--delay", "0.5")
-        try:
-            deadline = time.monotonic() + 60
-            while len(lines(victim_out)) < 3:  # it holds leases and is mid-partition
-                assert time.monotonic() < deadline and victim.poll() is None
-                time.sleep(0.05)
-            # Mid-"training step": past the reporter's coalescing window (COALESCE_S, 50 ms), so
-            # only the batch in the trainer's hands is unacknowledged.
-            time.sleep(0.25)
-            victim.send_signal(signal.SIGKILL)
-            victim.wait(10)
-        finally:
-            if victim.poll() is None:
-                victim.kill()
+        # Mid-"training step", 3 batches in: past the reporter's coalescing window (COALESCE_S,
+        # 50 ms), so only the batch in the trainer's hands is unacknowledged.
+        signal_after(victim, victim_out, 3, signal.SIGKILL, pause_s=0.25)
         wait_all([start_reader(survivor_out, env)])
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]
     assert set(counts) == set(range(N))
@@ -186,16 +193,8 @@ def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Pat
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
         victim = start_reader(victim_out, env, "--delay", "0.3")
-        try:
-            deadline = time.monotonic() + 60
-            while len(lines(victim_out)) < 2:
-                assert time.monotonic() < deadline and victim.poll() is None
-                time.sleep(0.05)
-            victim.send_signal(signal.SIGTERM)
-            assert victim.wait(10) == -signal.SIGTERM  # still dies of SIGTERM
-        finally:
-            if victim.poll() is None:
-                victim.kill()
+        # It still dies of SIGTERM, as supervisors expect.
+        assert signal_after(victim, victim_out, 2, signal.SIGTERM) == -signal.SIGTERM
         survivor = start_reader(survivor_out, env)
         survivor.wait(30)
         wait_all([survivor])
@@ -218,16 +217,7 @@ def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
         victim = start_reader(victim_out, env, "--batch", "4", "--delay", "0.1")
-        try:
-            deadline = time.monotonic() + 60
-            while len(lines(victim_out)) < 20:  # 80 records of its first partition
-                assert time.monotonic() < deadline and victim.poll() is None
-                time.sleep(0.01)
-            victim.send_signal(signal.SIGKILL)
-            victim.wait(10)
-        finally:
-            if victim.poll() is None:
-                victim.kill()
+        signal_after(victim, victim_out, 20, signal.SIGKILL)  # 80 records of its first partition
         wait_all([start_reader(survivor_out, env)])
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]
     assert set(counts) == set(range(N))

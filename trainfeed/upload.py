@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -351,5 +352,4 @@ def _remove_stale_data(folder: Storage, keep: str) -> None:
 
 
 def _stderr_is_tty() -> bool:
-    import sys
     return sys.stderr.isatty()

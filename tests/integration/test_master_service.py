@@ -160,3 +160,18 @@ def test_an_unreachable_master_gives_up_with_a_clear_error(
     with pytest.raises(MasterUnavailableError, match=rf"master {address} unreachable for \d+ s"):
         list(dist.reader("flowers", master=address)())
     assert 2 <= time.monotonic() - started < 10
+
+
+def test_workers_joining_a_new_job_at_once_share_one_job(storage: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with MasterProcess(storage) as master, MasterClient(master.address) as client:
+        with ThreadPoolExecutor(16) as pool:
+            opened = list(pool.map(lambda _: client.open_job("c", "flowers", 0), range(16)))
+            failures = list(pool.map(lambda _: pytest.raises(JobError, client.open_job, "d",
+                                                             "tulips", 0), range(4)))
+        assert {o.num_partitions for o in opened} == {10}
+        assert len({o.worker_id for o in opened}) == 16
+        assert all("NOT_FOUND: no dataset 'tulips'" in str(f.value) for f in failures)
+        time.sleep(0.2)
+        assert "".join(master.log).count("job 'c' created") == 1

@@ -94,6 +94,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.config = config
         self.store = store
         self.jobs: dict[str, Job] = {}
+        # Manifest reads in flight for jobs being created, so that workers joining a new job
+        # at once share one read instead of each reading a (possibly large) manifest again.
+        self._manifest_reads: dict[tuple[str, str], asyncio.Future[Manifest]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self) -> None:
@@ -187,9 +190,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         job = self.jobs.get(request.job)
         if job is None:
+            key = (request.job, request.dataset)
+            reading = self._manifest_reads.get(key)
+            if reading is None:
+                reading = asyncio.ensure_future(asyncio.to_thread(
+                    read_manifest, self.config.storage, request.dataset))
+                self._manifest_reads[key] = reading
+                reading.add_done_callback(lambda _: self._manifest_reads.pop(key, None))
             try:
-                manifest = await asyncio.to_thread(read_manifest, self.config.storage,
-                                                   request.dataset)
+                manifest = await asyncio.shield(reading)
             except DatasetNotFoundError as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
             except CorruptDatasetError as e:

@@ -54,3 +54,8 @@ class JobError(TrainfeedError):
 class PartitionReadError(TrainfeedError):
     """A reader could not read any partition it was given in a pass (bad credentials, a storage
     it cannot reach): raised rather than yielding empty epochs forever."""
+
+
+class LeadershipError(TrainfeedError):
+    """This master does not (or no longer) hold the state store's leadership: another master
+    serves the same state. It must stop serving rather than hand out tasks twice."""

@@ -88,7 +88,7 @@ def test_epoch_rolls_over_only_when_complete_and_resets_queues() -> None:
     assert ledger.join_epoch() == 1
     r1 = ledger.lease("b", 1, 2, 0.0, T)
     assert (r1.status, r1.epoch) == (LeaseStatus.TASKS, 1)
-    assert ledger.done == set() and ledger.epoch == 1
+    assert not ledger.done and ledger.epoch == 1
     assert ledger.lease("a", 0, 1, 0.0, T).status is LeaseStatus.EPOCH_DONE  # behind: pass ends
     assert not ledger.report_done(0, r1.partitions[0])  # stale report of an old epoch is ignored
 
@@ -124,6 +124,50 @@ def test_progress_is_monotonic_survives_expiry_and_is_dropped_when_done() -> Non
     assert ledger.skip(p) == 0 and not ledger.report_progress(0, p, 50)
 
 
+def test_the_journal_replayed_on_a_snapshot_rebuilds_the_ledger() -> None:
+    ledger = Ledger(5, seed=2)
+    base = ledger.state()
+    ledger.take_journal()
+    a = ledger.lease("a", 0, 2, 0.0, T).partitions
+    ledger.lease("b", 0, 2, 0.0, T)
+    ledger.report_done(0, a[0], "a")
+    ledger.report_progress(0, a[1], 7)
+    ledger.expire(100.0)  # a's and b's leases come back
+    ops = ledger.take_journal()
+    assert [op[0] for op in ops] == ["L", "L", "D", "P", "B"]
+    rebuilt = Ledger.from_state(json.loads(json.dumps(base)))
+    rebuilt.replay(json.loads(json.dumps(ops)))
+    assert rebuilt.state() == ledger.state() and not rebuilt.journal
+
+
+def test_expiry_is_per_worker_and_a_heartbeat_renews_all_its_leases() -> None:
+    ledger = Ledger(6)
+    a = ledger.lease("a", 0, 2, 0.0, T).partitions
+    b = ledger.lease("b", 0, 2, 5.0, T).partitions
+    assert ledger.renew("a", 8.0, T) == 2 and ledger.renew("nobody", 8.0, T) == 0
+    assert ledger.expire(15.0) == list(b)  # b's deadline (15) passed, a's (18) not
+    assert ledger.expire(18.0) == list(a)
+    assert ledger.held_by("a") == [] and ledger.counts()["pending"] == 0
+
+
+def test_rewind_puts_back_what_a_restored_reader_consumed_after_its_checkpoint() -> None:
+    ledger = Ledger(6)
+    p0, p1, p2 = ledger.lease("a", 0, 3, 0.0, T).partitions
+    ledger.report_done(0, p0, "a")  # done before the checkpoint
+    ledger.report_progress(0, p1, 5)  # checkpoint: p0 done, p1 at 5 records
+    ledger.report_progress(0, p1, 9)  # … then the trainer went on and crashed
+    ledger.report_done(0, p1, "a")
+    ledger.report_progress(0, p2, 3)
+    other = ledger.lease("b", 0, 1, 0.0, T).partitions[0]
+    ledger.report_done(0, other, "b")
+    back = ledger.rewind(0, "a", keep_done=[p0], positions={p1: 5})
+    assert sorted(back) == sorted([p1, p2])
+    assert ledger.skip(p1) == 5 and ledger.skip(p2) == 0
+    assert set(ledger.done) == {p0, other} and not ledger.held_by("a")
+    assert list(ledger.todo)[:2] == back
+    assert ledger.rewind(1, "a", [], {}) == []  # another epoch: nothing to rewind
+
+
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError, match="at least one partition"):
         Ledger(0)
@@ -143,6 +187,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger = Ledger(7, seed=1, max_failures=2)
         self.now = 0.0
         self.completions: dict[int, list[int]] = {}
+        # What a state store would hold: a snapshot and the ops journaled since.
+        self.snapshot = self.ledger.state()
+        self.ops: list[list[object]] = []
 
     @rule(worker=st.sampled_from("abc"), n=st.integers(1, 3), ahead=st.booleans(),
           sharers=st.integers(1, 4))
@@ -161,7 +208,7 @@ class LedgerMachine(RuleBasedStateMachine):
         partition = data.draw(st.sampled_from(sorted(self.ledger.pending)))
         if fail:
             self.ledger.report_failed(self.ledger.epoch, partition, "boom")
-        elif self.ledger.report_done(self.ledger.epoch, partition):
+        elif self.ledger.report_done(self.ledger.epoch, partition, "x"):
             self.completions.setdefault(self.ledger.epoch, []).append(partition)
 
     @rule(partition=st.integers(0, 6))
@@ -179,17 +226,38 @@ class LedgerMachine(RuleBasedStateMachine):
     def release(self, worker: str) -> None:
         self.ledger.release(worker)
 
-    @rule()
-    def restart(self) -> None:
-        state = json.loads(json.dumps(self.ledger.state()))
-        self.ledger = Ledger.from_state(state)
+    @rule(worker=st.sampled_from("abc"), keep=st.sets(st.integers(0, 6)),
+          positions=st.dictionaries(st.integers(0, 6), st.integers(0, 20)))
+    def rewind(self, worker: str, keep: set[int], positions: dict[int, int]) -> None:
+        back = self.ledger.rewind(self.ledger.epoch, worker, keep, positions)
+        for partition in back:  # a rewound completion may legitimately complete again
+            if partition in self.completions.get(self.ledger.epoch, []):
+                self.completions[self.ledger.epoch].remove(partition)
+
+    @rule(compact=st.booleans())
+    def restart(self, compact: bool) -> None:
+        """A master restart: from the store's snapshot + journal; sometimes a fresh snapshot."""
+        self.ops.extend(self.ledger.take_journal())
+        restored = Ledger.from_state(json.loads(json.dumps(self.snapshot)))
+        restored.replay(json.loads(json.dumps(self.ops)))
+        assert restored.state() == self.ledger.state()
+        self.ledger = restored
         self.ledger.refresh_deadlines(self.now, T)
+        if compact:
+            self.snapshot, self.ops = self.ledger.state(), []
 
     @invariant()
     def partitions_are_in_exactly_one_place(self) -> None:
         l = self.ledger
         places = list(l.todo) + list(l.pending) + list(l.done) + list(l.failed)
         assert sorted(places) == list(range(7))
+
+    @invariant()
+    def the_journal_rebuilds_the_ledger(self) -> None:
+        self.ops.extend(self.ledger.take_journal())
+        restored = Ledger.from_state(self.snapshot)
+        restored.replay(self.ops)
+        assert restored.state() == self.ledger.state()
 
     @invariant()
     def nothing_completes_twice(self) -> None:

@@ -1,34 +1,90 @@
 from __future__ import annotations
 
+import json
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from trainfeed.errors import LeadershipError
 from trainfeed.master.state_store import (
     MemoryStateStore,
+    SavedJob,
     SQLiteStateStore,
+    StateStore,
     open_state_store,
 )
 
 
-def test_sqlite_snapshots_survive_reopening(tmp_path: Path) -> None:
+def exercise(store: StateStore) -> None:
+    """Snapshot, journal, a compacting snapshot: what the master does with any store."""
+    store.save_snapshot("j", {"version": 1, "epoch": 0})
+    store.append("j", [["L", "w", [1, 2]], ["D", 1, "w"]])
+    store.append("j", [])  # nothing to write is fine
+    store.append("j", [["P", 2, 5]])
+    store.save_snapshot("k", {"version": 1, "epoch": 1})
+    store.save_snapshot("k", {"version": 1, "epoch": 2})  # drops k's (empty) journal
+    store.append("k", [["E", 3]])
+
+
+EXPECTED = {
+    "j": SavedJob({"version": 1, "epoch": 0}, [["L", "w", [1, 2]], ["D", 1, "w"], ["P", 2, 5]]),
+    "k": SavedJob({"version": 1, "epoch": 2}, [["E", 3]]),
+}
+
+
+def test_sqlite_snapshots_and_journals_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     store = open_state_store(f"sqlite:///{path}")
-    store.save_job("j", {"version": 1, "epoch": 0})
-    store.save_job("j", {"version": 1, "epoch": 3})
-    store.save_job("k", {"version": 1, "epoch": 1})
+    exercise(store)
     store.close()
     store.close()  # idempotent
     again = open_state_store(str(path))
     assert isinstance(again, SQLiteStateStore)
-    assert again.load_jobs() == {"j": {"version": 1, "epoch": 3}, "k": {"version": 1, "epoch": 1}}
+    assert again.load_jobs() == EXPECTED
+    again.save_snapshot("j", {"version": 1, "epoch": 9})
+    assert again.load_jobs()["j"] == SavedJob({"version": 1, "epoch": 9}, [])
     again.close()
 
 
 def test_memory_store_and_unknown_schemes() -> None:
     store = open_state_store("memory://")
     assert isinstance(store, MemoryStateStore)
-    store.save_job("j", {"a": 1})
-    assert store.load_jobs() == {"j": {"a": 1}}
-    with pytest.raises(ValueError, match=r"unknown state store 'redis'.*\['memory', 'sqlite'\]"):
+    exercise(store)
+    assert store.load_jobs() == EXPECTED
+    with pytest.raises(ValueError, match=r"unknown state store 'redis'.*\['etcd', 'memory'"):
         open_state_store("redis://x")
+
+
+def test_a_state_file_of_trainfeed_0_1_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE jobs (name TEXT PRIMARY KEY, state TEXT)")
+        db.execute("INSERT INTO jobs VALUES ('train', ?)", (json.dumps({"epoch": 4}),))
+    store = SQLiteStateStore(str(path))
+    assert store.load_jobs() == {"train": SavedJob({"epoch": 4}, [])}
+    store.close()
+
+
+def test_only_one_process_holds_a_sqlite_state(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from trainfeed.master.state_store import SQLiteStateStore\n"
+         f"s = SQLiteStateStore({str(path)!r}); s.acquire('first:1')\n"
+         "print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        store = SQLiteStateStore(str(path))
+        with pytest.raises(LeadershipError, match=r"held by another master \(first:1\)"):
+            store.acquire("second:2", wait_s=0.6)
+        holder.kill()  # the kernel drops a dead holder's lock
+        holder.wait()
+        store.acquire("second:2", wait_s=5)
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait()

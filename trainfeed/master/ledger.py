@@ -11,10 +11,20 @@ Epoch protocol: a reader asks for tasks of epoch `e`.
 - `e` current, todo empty but leases outstanding: WAIT (they may expire and come back).
 - `e` above the current epoch: once the current epoch is complete, the ledger rolls over to `e`
   (a fresh shuffle of every partition); until then WAIT.
+
+Journal: every change is also appended to `journal` as a small JSON-able op (see `_apply`), which
+the master drains to its state store after each call. Replaying a snapshot's ops through `replay`
+rebuilds the ledger exactly, so the store never has to save the whole ledger per change. Lease
+deadlines are not journaled: a restarted master gives every lease a fresh one anyway.
+
+Costs: leasing, reporting and renewing are O(tasks touched), not O(partitions) or O(workers):
+deadlines are per worker (a heartbeat renews all of a worker's leases at once) and expiries come
+from a heap, so 1,000 workers over 100,000 partitions cost the same per call as one over ten.
 """
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 # A partition that fails this many times in one epoch is given up on for that epoch: a poisoned
 # shard must not stall training, and three tries ride out transient storage errors.
 DEFAULT_MAX_FAILURES = 3
@@ -39,12 +49,6 @@ class LeaseResult:
     status: LeaseStatus
     epoch: int
     partitions: tuple[int, ...] = ()
-
-
-@dataclass
-class Lease:
-    worker: str
-    deadline: float
 
 
 def epoch_order(num_partitions: int, seed: int, epoch: int) -> list[int]:
@@ -68,14 +72,19 @@ class Ledger:
         self.num_partitions = num_partitions
         self.seed = seed
         self.max_failures = max_failures
+        # Ops not yet handed to the state store (see `take_journal`).
+        self.journal: list[list[Any]] = []
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.todo: deque[int] = deque(epoch_order(self.num_partitions, self.seed, epoch))
-        self.pending: dict[int, Lease] = {}
-        self.done: set[int] = set()
-        self.failed: dict[int, str] = {}
+        self.pending: dict[int, str] = {}  # partition -> worker holding its lease
+        self.by_worker: dict[str, dict[int, None]] = {}  # worker -> its leases, in lease order
+        self.deadlines: dict[str, float] = {}  # worker -> when its leases expire
+        self._expiry: list[tuple[float, str]] = []  # heap; stale entries are skipped
+        self.done: dict[int, str] = {}  # partition -> worker that reported it
+        self.failed: dict[int, str] = {}  # partition -> reason of the last failure
         self.failures: dict[int, int] = {}
         # Records of a partition already handed to a trainer (reported progress): whoever
         # leases it next skips them.
@@ -90,6 +99,7 @@ class Ledger:
         """The epoch a newly arriving reader should work on: this one, or the next if complete."""
         return self.epoch + 1 if self.complete else self.epoch
 
+    # -- changes: each public method decides, `_apply` mutates and journals --------------------
     def lease(self, worker: str, epoch: int, max_tasks: int, now: float,
               lease_timeout: float, sharers: int = 1) -> LeaseResult:
         """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout.
@@ -104,30 +114,23 @@ class Ledger:
         if epoch > self.epoch:
             if not self.complete:
                 return LeaseResult(LeaseStatus.WAIT, self.epoch)
-            self._start_epoch(epoch)
+            self._apply(["E", epoch])
         if not self.todo:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
         share = -(-len(self.todo) // max(1, sharers))
-        taken: list[int] = []
-        while self.todo and len(taken) < max(1, min(max_tasks, share)):
-            partition = self.todo.popleft()
-            self.pending[partition] = Lease(worker, now + lease_timeout)
-            taken.append(partition)
+        count = min(len(self.todo), max(1, min(max_tasks, share)))
+        taken = [self.todo[i] for i in range(count)]
+        self._apply(["L", worker, taken])
+        self._set_deadline(worker, now + lease_timeout)
         return LeaseResult(LeaseStatus.TASKS, self.epoch, tuple(taken))
 
-    def report_done(self, epoch: int, partition: int) -> bool:
+    def report_done(self, epoch: int, partition: int, worker: str = "") -> bool:
         """Marks a partition of `epoch` done, whoever reports it (a late report of an expired
         lease still saves the work). Returns whether anything changed."""
         if epoch != self.epoch or partition in self.done or partition in self.failed:
             return False
         self._check_partition(partition)
-        if self.pending.pop(partition, None) is None:
-            try:
-                self.todo.remove(partition)
-            except ValueError:
-                return False
-        self.done.add(partition)
-        self.progress.pop(partition, None)
+        self._apply(["D", partition, worker])
         return True
 
     def report_progress(self, epoch: int, partition: int, consumed: int) -> bool:
@@ -137,7 +140,7 @@ class Ledger:
                 or consumed <= self.progress.get(partition, 0)):
             return False
         self._check_partition(partition)
-        self.progress[partition] = consumed
+        self._apply(["P", partition, consumed])
         return True
 
     def skip(self, partition: int) -> int:
@@ -149,41 +152,63 @@ class Ledger:
         else it goes back to the front of todo. Returns whether anything changed."""
         if epoch != self.epoch or partition not in self.pending:
             return False
-        del self.pending[partition]
-        self.failures[partition] = self.failures.get(partition, 0) + 1
-        if self.failures[partition] >= self.max_failures:
-            self.failed[partition] = reason
-        else:
-            self.todo.appendleft(partition)
+        self._apply(["F", partition, reason])
         return True
 
     def renew(self, worker: str, now: float, lease_timeout: float) -> int:
         """Pushes back the deadline of every lease `worker` holds; returns how many."""
-        renewed = 0
-        for lease in self.pending.values():
-            if lease.worker == worker:
-                lease.deadline = now + lease_timeout
-                renewed += 1
-        return renewed
+        held = self.by_worker.get(worker)
+        if not held:
+            return 0
+        self._set_deadline(worker, now + lease_timeout)
+        return len(held)
 
     def expire(self, now: float) -> list[int]:
         """Returns overdue leases' partitions to the front of todo; returns them."""
-        overdue = [p for p, lease in self.pending.items() if lease.deadline <= now]
-        for partition in overdue:
-            del self.pending[partition]
-        self.todo.extendleft(reversed(overdue))
+        overdue: list[int] = []
+        while self._expiry and self._expiry[0][0] <= now:
+            deadline, worker = heapq.heappop(self._expiry)
+            if self.deadlines.get(worker) == deadline:
+                overdue.extend(self.by_worker.get(worker, ()))
+                del self.deadlines[worker]
+        if overdue:
+            self._apply(["B", overdue])
         return overdue
 
     def release(self, worker: str) -> list[int]:
         """Hands every lease of `worker` back to the front of todo (a clean leave)."""
-        held = [p for p, lease in self.pending.items() if lease.worker == worker]
-        for partition in held:
-            del self.pending[partition]
-        self.todo.extendleft(reversed(held))
+        held = list(self.by_worker.get(worker, ()))
+        if held:
+            self._apply(["B", held])
+        self.deadlines.pop(worker, None)
         return held
 
+    def rewind(self, epoch: int, worker: str, keep_done: Iterable[int],
+               positions: dict[int, int]) -> list[int]:
+        """Puts a restored reader's partitions back where its checkpoint saw them.
+
+        A trainer restarted from a checkpoint lost every record it consumed after it, so: each
+        partition `worker` completed in `epoch` that is not in `keep_done` (done at checkpoint
+        time), and each partition it still holds, goes back to the front of todo; a partition
+        in `positions` (in the reader's hands at checkpoint time) restarts at exactly that many
+        records, others at 0. Returns the partitions put back; nothing if `epoch` is over.
+        """
+        if epoch != self.epoch:
+            return []
+        keep = set(keep_done)
+        back = [p for p, w in self.done.items() if w == worker and p not in keep]
+        back += [p for p in self.by_worker.get(worker, ()) if p not in back]
+        back += [p for p in positions if p not in back and p not in self.done
+                 and p not in self.failed and 0 <= p < self.num_partitions]
+        if not back:
+            return []
+        self._apply(["U", back])
+        for p in back:
+            self._apply(["P", p, max(0, positions.get(p, 0))])
+        return back
+
     def held_by(self, worker: str) -> list[int]:
-        return [p for p, lease in self.pending.items() if lease.worker == worker]
+        return list(self.by_worker.get(worker, ()))
 
     def counts(self) -> dict[str, int]:
         return {"todo": len(self.todo), "pending": len(self.pending), "done": len(self.done),
@@ -193,15 +218,92 @@ class Ledger:
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} out of range [0, {self.num_partitions})")
 
+    def _set_deadline(self, worker: str, deadline: float) -> None:
+        self.deadlines[worker] = deadline
+        heapq.heappush(self._expiry, (deadline, worker))
+
+    # -- the journal ---------------------------------------------------------------------------
+    def _apply(self, op: list[Any], record: bool = True) -> None:
+        """Performs one journaled change. Ops (all fields JSON-able):
+        ["E", epoch]            start `epoch`: a fresh shuffle, every queue empty
+        ["L", worker, [p…]]     lease the first len([p…]) todo partitions to worker
+        ["D", p, worker]        p done (from pending, or from todo: a late report)
+        ["P", p, n]             the first n records of p were handed to a trainer
+        ["F", p, reason]        a failed attempt at pending p
+        ["B", [p…]]             pending partitions back to the front of todo, in this order
+        ["U", [p…]]             partitions (done, pending or todo) back to the front of todo
+        """
+        kind = op[0]
+        if kind == "E":
+            self._start_epoch(op[1])
+        elif kind == "L":
+            worker, taken = op[1], op[2]
+            held = self.by_worker.setdefault(worker, {})
+            for partition in taken:
+                if self.todo and self.todo[0] == partition:
+                    self.todo.popleft()
+                else:
+                    self.todo.remove(partition)
+                self.pending[partition] = worker
+                held[partition] = None
+        elif kind == "D":
+            partition = op[1]
+            if not self._unlease(partition):
+                self.todo.remove(partition)
+            self.done[partition] = op[2]
+            self.progress.pop(partition, None)
+        elif kind == "P":
+            self.progress[op[1]] = op[2]
+        elif kind == "F":
+            partition = op[1]
+            self._unlease(partition)
+            self.failures[partition] = self.failures.get(partition, 0) + 1
+            if self.failures[partition] >= self.max_failures:
+                self.failed[partition] = op[2]
+                self.progress.pop(partition, None)
+            else:
+                self.todo.appendleft(partition)
+        elif kind in ("B", "U"):
+            back = op[1]
+            for partition in back:
+                if not self._unlease(partition) and self.done.pop(partition, None) is None:
+                    self.todo.remove(partition)
+            self.todo.extendleft(reversed(back))
+        else:
+            raise ValueError(f"unknown ledger op {op!r}")
+        if record:
+            self.journal.append(op)
+
+    def _unlease(self, partition: int) -> bool:
+        worker = self.pending.pop(partition, None)
+        if worker is None:
+            return False
+        held = self.by_worker[worker]
+        del held[partition]
+        if not held:
+            del self.by_worker[worker]
+            self.deadlines.pop(worker, None)
+        return True
+
+    def take_journal(self) -> list[list[Any]]:
+        """The ops since the last call, for the state store; clears them."""
+        ops, self.journal = self.journal, []
+        return ops
+
+    def replay(self, ops: Iterable[list[Any]]) -> None:
+        """Re-applies journaled ops on top of a restored snapshot (not journaled again)."""
+        for op in ops:
+            self._apply(op, record=False)
+
     # -- the state contract ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """A JSON-serializable snapshot; `Ledger.from_state` restores it exactly."""
+        """A JSON-serializable snapshot; `Ledger.from_state` restores it exactly (but for lease
+        deadlines, which `refresh_deadlines` sets afresh)."""
         return {
             "version": STATE_VERSION, "num_partitions": self.num_partitions, "seed": self.seed,
             "max_failures": self.max_failures, "epoch": self.epoch, "todo": list(self.todo),
-            "pending": {str(p): [lease.worker, lease.deadline]
-                        for p, lease in self.pending.items()},
-            "done": sorted(self.done),
+            "pending": {str(p): worker for p, worker in self.pending.items()},
+            "done": {str(p): worker for p, worker in self.done.items()},
             "failed": {str(p): reason for p, reason in self.failed.items()},
             "failures": {str(p): n for p, n in self.failures.items()},
             "progress": {str(p): n for p, n in self.progress.items()},
@@ -209,14 +311,19 @@ class Ledger:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Ledger:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"ledger state version {state.get('version')!r}, "
-                             f"expected {STATE_VERSION}")
+        version = state.get("version")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"ledger state version {version!r}, expected {STATE_VERSION}")
         ledger = cls(state["num_partitions"], state["seed"], state["max_failures"],
                      state["epoch"])
         ledger.todo = deque(state["todo"])
-        ledger.pending = {int(p): Lease(w, d) for p, (w, d) in state["pending"].items()}
-        ledger.done = set(state["done"])
+        for p, holder in state["pending"].items():
+            worker = holder[0] if version == 1 else holder  # v1: [worker, deadline]
+            ledger.pending[int(p)] = worker
+            ledger.by_worker.setdefault(worker, {})[int(p)] = None
+        done = state["done"]
+        ledger.done = ({int(p): "" for p in done} if version == 1
+                       else {int(p): w for p, w in done.items()})
         ledger.failed = {int(p): r for p, r in state["failed"].items()}
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
         ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
@@ -226,6 +333,7 @@ class Ledger:
                           workers: Iterable[str] | None = None) -> None:
         """Gives every outstanding lease a fresh deadline (after a master restart the clock
         that set the old deadlines may be another machine's)."""
-        for lease in self.pending.values():
-            if workers is None or lease.worker in workers:
-                lease.deadline = now + lease_timeout
+        chosen = self.by_worker if workers is None else [w for w in workers
+                                                         if w in self.by_worker]
+        for worker in chosen:
+            self._set_deadline(worker, now + lease_timeout)

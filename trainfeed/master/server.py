@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -32,7 +33,11 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
             spawned by a demo, benchmark or test never outlives it (the kernel's parent-death
             signal is not honoured in every sandbox, so the parent is polled instead).
     """
-    servicer = MasterServicer(config, store)
+    stop = stop or asyncio.Event()
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    logger.info("taking the leadership of state %s as %s", store.url, owner)
+    await asyncio.to_thread(store.acquire, owner)
+    servicer = MasterServicer(config, store, on_leadership_lost=stop.set)
     await asyncio.to_thread(servicer.restore)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -48,7 +53,6 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    stop = stop or asyncio.Event()
     timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))
     watchdog = asyncio.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
     logger.info("master serving on %s:%d, storage %s", host, bound, config.storage.url)

@@ -1,7 +1,10 @@
 """The gRPC servicer of the master: the imperative shell around each job's Ledger.
 
-Runs on one asyncio event loop, so the ledgers need no locks. Every change is saved to the state
-store before the call that caused it is answered. GetTasks long-polls: when the epoch's remaining
+Runs on one asyncio event loop, so the ledgers need no locks. Every change is appended to the state
+store's journal before the call that caused it is answered, and each job is snapshotted once its
+journal is about twice as long as it has partitions (so replaying a journal after a restart costs
+about as much as reading a snapshot, and a snapshot's O(partitions) cost is amortized over as many
+calls). GetTasks long-polls: when the epoch's remaining
 partitions are leased to others it waits (up to the caller's `wait_ms`) for a change (a report, an
 expiry, a leave) instead of making readers spin.
 """
@@ -11,12 +14,13 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
+from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, LeadershipError
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
 from trainfeed.master.distribution import DistributionRules
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
@@ -35,6 +39,12 @@ JOB_STATE_VERSION = 1
 DEFAULT_LEASE_TIMEOUT_S = 30.0
 # Upper bound of one long-poll: short enough that a reader notices a dead master quickly.
 MAX_WAIT_MS = 5000
+# A job is snapshotted once its journal holds this many ops per partition (and at least
+# MIN_OPS_PER_SNAPSHOT): replay stays short and a snapshot costs O(1) per call amortized.
+OPS_PER_PARTITION_PER_SNAPSHOT = 2
+MIN_OPS_PER_SNAPSHOT = 4096
+# How stale the count of live workers (the fair-share divisor) may be: counting is O(workers).
+LIVE_WORKERS_REFRESH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,14 @@ class Job:
     target_partitions: int
     rules: DistributionRules = DistributionRules("all")
     workers: dict[str, float] = field(default_factory=dict)  # worker id -> last seen (time.time)
+    journal_ops: int = 0  # ops appended since the last snapshot
+    live_workers: int = 1
+    live_workers_at: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ops_per_snapshot(self) -> int:
+        return max(MIN_OPS_PER_SNAPSHOT, OPS_PER_PARTITION_PER_SNAPSHOT * len(self.partitions))
 
     def notify(self) -> None:
         """Wakes every long-poll waiting on this job."""
@@ -90,9 +107,12 @@ class Job:
 class MasterServicer(master_pb2_grpc.MasterServicer):
     """Implements trainfeed.v1.Master over in-memory jobs backed by a StateStore."""
 
-    def __init__(self, config: MasterConfig, store: StateStore):
+    def __init__(self, config: MasterConfig, store: StateStore,
+                 on_leadership_lost: Callable[[], None] | None = None):
         self.config = config
         self.store = store
+        self.on_leadership_lost = on_leadership_lost
+        self.leadership_lost = False
         self.jobs: dict[str, Job] = {}
         # Manifest reads in flight for jobs being created, so that workers joining a new job
         # at once share one read instead of each reading a (possibly large) manifest again.
@@ -100,9 +120,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self) -> None:
-        """Loads every saved job; outstanding leases get a fresh deadline."""
+        """Loads every saved job (snapshot + journal); outstanding leases get a fresh deadline;
+        each restored job is snapshotted again, which compacts its journal."""
         now = time.time()
-        for name, state in self.store.load_jobs().items():
+        for name, saved in self.store.load_jobs().items():
+            state = saved.snapshot
             try:
                 manifest = read_manifest(self.config.storage, state["dataset"])
             except (DatasetNotFoundError, CorruptDatasetError) as e:
@@ -113,13 +135,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                name, manifest.name)
                 continue
             ledger = Ledger.from_state(state["ledger"])
+            ledger.replay(saved.journal)
             ledger.refresh_deadlines(now, self.config.lease_timeout_s)
             partitions = plan_partitions(manifest, state["target_partitions"])
             rules = DistributionRules.parse(state.get("distribution_rules"))
-            self.jobs[name] = Job(name, manifest, partitions, ledger, state["target_partitions"],
-                                  rules)
-            logger.info("restored job %r (dataset %r, epoch %d, %s)", name, manifest.name,
-                        ledger.epoch, ledger.counts())
+            job = Job(name, manifest, partitions, ledger, state["target_partitions"], rules)
+            self.jobs[name] = job
+            self._snapshot(job)
+            logger.info("restored job %r (dataset %r, epoch %d, %s; %d journaled ops replayed)",
+                        name, manifest.name, ledger.epoch, ledger.counts(), len(saved.journal))
 
     def expire_leases(self) -> None:
         """Called by the lease timer: overdue leases go back to todo."""
@@ -132,8 +156,40 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 self._save(job)
                 job.notify()
 
+    def _snapshot(self, job: Job) -> None:
+        job.ledger.take_journal()  # the snapshot includes these ops
+        self.store.save_snapshot(job.name, job.state())
+        job.journal_ops = 0
+
     def _save(self, job: Job) -> None:
-        self.store.save_job(job.name, job.state())
+        """Makes the job's changes durable: appends its new ops, or snapshots it when due.
+
+        On lost leadership (another master now serves this state) it stops this master and
+        raises: answering would hand out tasks the other master also hands out."""
+        if self.leadership_lost:
+            raise LeadershipError("this master lost the leadership of its state store")
+        try:
+            ops = job.ledger.take_journal()
+            if job.journal_ops + len(ops) >= job.ops_per_snapshot:
+                self.store.save_snapshot(job.name, job.state())
+                job.journal_ops = 0
+            elif ops:
+                self.store.append(job.name, ops)
+                job.journal_ops += len(ops)
+        except LeadershipError:
+            logger.critical("lost the leadership of state %s; stopping", self.store.url)
+            self.leadership_lost = True
+            if self.on_leadership_lost is not None:
+                self.on_leadership_lost()
+            raise
+
+    async def _durably(self, job: Job, context: grpc.aio.ServicerContext) -> None:
+        """`_save` inside a call: lost leadership answers UNAVAILABLE, so that readers retry
+        and find the master that now serves."""
+        try:
+            self._save(job)
+        except LeadershipError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     # -- helpers ------------------------------------------------------------------------------
     async def _job(self, name: str, context: grpc.aio.ServicerContext) -> Job:
@@ -149,7 +205,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         changed = False
         for report in reports:
             if report.outcome == pb.TaskReport.DONE:
-                changed |= job.ledger.report_done(report.epoch, report.partition)
+                changed |= job.ledger.report_done(report.epoch, report.partition, worker)
             elif report.outcome == pb.TaskReport.PROGRESS:
                 changed |= job.ledger.report_progress(report.epoch, report.partition,
                                                       report.consumed)
@@ -165,13 +221,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _touch(self, job: Job, worker: str) -> None:
         now = time.time()
+        if worker not in job.workers:
+            job.live_workers_at = 0.0  # a newcomer changes everyone's fair share: recount
         job.workers[worker] = now
         job.ledger.renew(worker, now, self.config.lease_timeout_s)
 
     def _live_workers(self, job: Job, now: float) -> int:
-        """Workers heard from within three lease timeouts (those that left are forgotten)."""
-        alive_since = now - 3 * self.config.lease_timeout_s
-        return sum(1 for seen in job.workers.values() if seen >= alive_since)
+        """Workers heard from within three lease timeouts (those that left are forgotten);
+        recounted at most every LIVE_WORKERS_REFRESH_S."""
+        if now - job.live_workers_at >= LIVE_WORKERS_REFRESH_S:
+            alive_since = now - 3 * self.config.lease_timeout_s
+            job.live_workers = sum(1 for seen in job.workers.values() if seen >= alive_since)
+            job.live_workers_at = now
+        return max(1, job.live_workers)
 
     def _task(self, job: Job, epoch: int, partition: int) -> pb.Task:
         p = job.partitions[partition]
@@ -211,7 +273,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 job = Job(request.job, manifest, partitions, ledger,
                           self.config.target_partitions, rules)
                 self.jobs[request.job] = job
-                self._save(job)
+                self._snapshot(job)
                 logger.info("job %r created: dataset %r, %d records in %d partitions, "
                             "distribution rules %r", job.name, manifest.name,
                             manifest.num_records, len(partitions), str(rules))
@@ -250,7 +312,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                       self.config.lease_timeout_s, self._live_workers(job, now))
             changed |= result.status is LeaseStatus.TASKS
             if changed:
-                self._save(job)
+                await self._durably(job, context)
                 job.notify()
                 changed = False
             if result.status is not LeaseStatus.WAIT or loop.time() >= give_up:
@@ -267,7 +329,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
         job = await self._job(request.job, context)
         if self._apply_reports(job, request.worker_id, request.reports):
-            self._save(job)
+            await self._durably(job, context)
             job.notify()
         self._touch(job, request.worker_id)
         return pb.ReportResponse(current_epoch=job.ledger.epoch)
@@ -277,10 +339,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job = await self._job(request.job, context)
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
+        job.live_workers_at = 0.0
         if released:
             logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,
                         request.worker_id, len(released))
-            self._save(job)
+            await self._durably(job, context)
             job.notify()
         return pb.LeaveJobResponse(released_tasks=len(released))
 

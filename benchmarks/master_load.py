@@ -29,8 +29,8 @@ Method:
   (closed loop; `--think-ms` adds a pause per call, the time a reader spends reading). When an
   epoch is complete the workers go on with the next one, so a small data set keeps the master busy
   for the whole window (the rollover is part of the load). At an epoch's tail, where every
-  remaining task is leased to another worker, a worker told WAIT long-polls (`wait_ms=--tail-wait-
-  ms`) as a real reader does; those long-polls are not latency samples.
+  remaining task is leased to another worker, a worker told WAIT long-polls
+  (`wait_ms=--tail-wait-ms`) as a real reader does; those long-polls are not latency samples.
 - Warm-up, then window: 1,000 workers starting at once make a burst whose first calls queue
   behind each other. The window of `--duration` seconds opens (at one instant for every client
   process) only once every worker has had a call answered, i.e. in the steady state where each

@@ -59,3 +59,8 @@ class PartitionReadError(TrainfeedError):
 class LeadershipError(TrainfeedError):
     """This master does not (or no longer) hold the state store's leadership: another master
     serves the same state. It must stop serving rather than hand out tasks twice."""
+
+
+class StateStoreError(TrainfeedError):
+    """The master's state store did not take a change (etcd unreachable, disk full): the call
+    that made it fails, and the change is retried with the next one."""

@@ -21,9 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=50051,
                    help="port to listen on (default 50051; 0 picks a free one, printed at start)")
-    p.add_argument("--state", metavar="PATH",
-                   help=f"job state store: a SQLite path, sqlite:///path or memory:// (default "
-                        f"${STATE_ENV}, else ./trainfeed-master.db)")
+    p.add_argument("--state", metavar="URL",
+                   help=f"job state store: a SQLite path or sqlite:///path (one master per "
+                        f"file), etcd://host:port[/prefix][?ttl=SECONDS] (standby masters wait "
+                        f"for the leadership), or memory:// (default ${STATE_ENV}, else "
+                        f"./trainfeed-master.db)")
     p.add_argument("--lease-timeout", type=float, default=DEFAULT_LEASE_TIMEOUT_S,
                    metavar="SECONDS",
                    help=f"how long a silent worker keeps its tasks (default "

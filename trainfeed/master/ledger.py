@@ -187,15 +187,20 @@ class Ledger:
                positions: dict[int, int]) -> list[int]:
         """Puts a restored reader's partitions back where its checkpoint saw them.
 
-        A trainer restarted from a checkpoint lost every record it consumed after it, so: each
-        partition `worker` completed in `epoch` that is not in `keep_done` (done at checkpoint
-        time), and each partition it still holds, goes back to the front of todo; a partition
-        in `positions` (in the reader's hands at checkpoint time) restarts at exactly that many
-        records, others at 0. Returns the partitions put back; nothing if `epoch` is over.
+        A trainer restarted from a checkpoint lost every record it consumed after it, and had
+        every record it consumed before. So, in `epoch`: each partition in `keep_done` (done at
+        checkpoint time) is done, even if its report never arrived; each other partition
+        `worker` completed or still holds goes back to the front of todo, as does each partition
+        in `positions` (in the trainer's hands at checkpoint time), which restarts after exactly
+        that many records (the others at 0). Returns the partitions put back; nothing if `epoch`
+        is over.
         """
         if epoch != self.epoch:
             return []
-        keep = set(keep_done)
+        keep = {p for p in keep_done if 0 <= p < self.num_partitions}
+        for p in sorted(keep):
+            if p not in self.done and p not in self.failed:
+                self._apply(["D", p, worker])
         back = [p for p, w in self.done.items() if w == worker and p not in keep]
         back += [p for p in self.by_worker.get(worker, ()) if p not in back]
         back += [p for p in positions if p not in back and p not in self.done

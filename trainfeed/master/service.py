@@ -20,7 +20,12 @@ from typing import Any
 
 import grpc
 
-from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, LeadershipError
+from trainfeed.errors import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    LeadershipError,
+    StateStoreError,
+)
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
 from trainfeed.master.distribution import DistributionRules
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
@@ -168,15 +173,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         raises: answering would hand out tasks the other master also hands out."""
         if self.leadership_lost:
             raise LeadershipError("this master lost the leadership of its state store")
+        ops = job.ledger.take_journal()
         try:
-            ops = job.ledger.take_journal()
             if job.journal_ops + len(ops) >= job.ops_per_snapshot:
                 self.store.save_snapshot(job.name, job.state())
                 job.journal_ops = 0
             elif ops:
                 self.store.append(job.name, ops)
                 job.journal_ops += len(ops)
-        except LeadershipError:
+        except Exception as e:
+            # Not durable: keep the ops for the next save, so the journal never skips one (a
+            # replay would diverge), and fail the call rather than acknowledge.
+            job.ledger.journal[:0] = ops
+            if not isinstance(e, LeadershipError):
+                raise StateStoreError(f"state store {self.store.url} failed: {e}") from e
             logger.critical("lost the leadership of state %s; stopping", self.store.url)
             self.leadership_lost = True
             if self.on_leadership_lost is not None:
@@ -188,7 +198,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         and find the master that now serves."""
         try:
             self._save(job)
-        except LeadershipError as e:
+        except (LeadershipError, StateStoreError) as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     # -- helpers ------------------------------------------------------------------------------
@@ -288,6 +298,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                 job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
         worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
         self._touch(job, worker)
+        resumed: list[int] = []
+        if request.HasField("resume"):
+            resumed = await self._resume(job, worker, request.resume, context)
         folder = dataset_storage(self.config.storage, job.manifest.name)
         return pb.OpenJobResponse(
             worker_id=worker, job=job.name, dataset=job.manifest.name, dataset_url=folder.url,
@@ -295,7 +308,25 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             fields=[pb.Field(name=f.name, type=f.type) for f in job.manifest.fields],
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
             current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
-            num_bytes=job.manifest.num_bytes)
+            num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed))
+
+    async def _resume(self, job: Job, worker: str, resume: pb.ResumePosition,
+                      context: grpc.aio.ServicerContext) -> list[int]:
+        """Rewinds what the checkpointing reader `resume.worker_id` did after its checkpoint."""
+        positions = {int(p): int(n) for p, n in resume.positions.items()}
+        back = job.ledger.rewind(resume.epoch, resume.worker_id, resume.done, positions)
+        if resume.epoch != job.ledger.epoch:
+            logger.warning("job %r: worker %s resumes a checkpoint of epoch %d, but the job is "
+                           "at epoch %d; nothing to rewind", job.name, worker, resume.epoch,
+                           job.ledger.epoch)
+        else:
+            logger.info("job %r: worker %s resumes the checkpoint of %s in epoch %d: %d "
+                        "partition(s) back to todo", job.name, worker, resume.worker_id,
+                        resume.epoch, len(back))
+        job.workers.pop(resume.worker_id, None)  # the checkpointing reader is gone
+        await self._durably(job, context)
+        job.notify()
+        return back
 
     async def GetTasks(self, request: pb.GetTasksRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:

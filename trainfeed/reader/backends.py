@@ -12,7 +12,9 @@ from typing import Protocol
 from trainfeed.formats.manifest import dataset_storage, read_manifest
 from trainfeed.master.ledger import epoch_order
 from trainfeed.master.partition import plan_partitions
+from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
+from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
 from trainfeed.worker.partition_reader import PartitionReader
 from trainfeed.worker.prefetch import (
@@ -29,6 +31,9 @@ class PassStream(Protocol):
     """One epoch's partitions, in the order the trainer gets them."""
 
     epoch: int | None
+    # Partition -> records of it handed to the trainer (skipped ones included); a consumer may
+    # write it directly, per instance, where calling `progress` would cost too much.
+    positions: dict[int, int]
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         """Loaded partitions; None means "nothing is coming for now: flush partial batches"."""
@@ -60,18 +65,25 @@ class Backend(Protocol):
 
     def open_pass(self) -> PassStream: ...
 
+    def position(self) -> ReaderPosition:
+        """Where the trainer stands (a copy): see trainfeed.reader.position."""
+        ...
+
     def close(self) -> None: ...
 
 
 class _Pass:
-    """A PassStream over a PrefetchStream, with hooks for acknowledging and ending."""
+    """A PassStream over a PrefetchStream, with hooks for acknowledging and ending. Keeps the
+    backend's `ReaderPosition` up to date as the trainer consumes."""
 
-    def __init__(self, stream: PrefetchStream, epoch: int | None,
+    def __init__(self, stream: PrefetchStream, position: ReaderPosition,
                  on_consumed: Callable[[TaskRef], None],
                  on_close: Callable[[bool], None],
                  on_progress: Callable[[TaskRef, int], None] = lambda task, handed: None):
         self._stream = stream
-        self.epoch = epoch
+        self._position = position
+        self.epoch: int | None = position.epoch if position.epoch >= 0 else None
+        self.positions = position.positions
         self._on_consumed = on_consumed
         self._on_progress = on_progress
         self._on_close = on_close
@@ -79,17 +91,24 @@ class _Pass:
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         for part in self._stream:
-            if part is not None:
+            if part is not None and part.task.epoch != self.epoch:
                 self.epoch = part.task.epoch
+                if self._position.epoch != self.epoch:  # joined another epoch: start afresh
+                    self._position.epoch, self._position.finished = self.epoch, False
+                    self._position.done.clear()
+                    self._position.positions.clear()
             yield part
 
     def taken(self, part: LoadedPartition) -> None:
         self._stream.release(part)
 
     def consumed(self, part: LoadedPartition) -> None:
+        self._position.done.add(part.task.partition)
+        self._position.positions.pop(part.task.partition, None)
         self._on_consumed(part.task)
 
     def progress(self, part: LoadedPartition, handed: int) -> None:
+        self._position.positions[part.task.partition] = part.task.skip + handed
         self._on_progress(part.task, handed)
 
     def close(self, finished: bool) -> None:
@@ -97,26 +116,47 @@ class _Pass:
             return
         self._closed = True
         self._stream.close()
+        if finished and self._position.epoch >= 0:
+            self._position.finished = True
+            self._position.positions.clear()
         self._on_close(finished)
 
 
 class LocalBackend:
     """Reads every partition of a dataset straight from storage, no master (TRAIN_LOCAL)."""
 
-    def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None):
+    def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
+                 resume: ReaderPosition | None = None):
         self.manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
         self.partitions = plan_partitions(self.manifest)
         self.field_names = self.manifest.field_names
         self.seed = seed
         self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
-        self.next_epoch = 0
         self.epoch: int | None = None
+        if resume is not None:
+            bad = [p for p in (*resume.done, *resume.positions) if p >= len(self.partitions)]
+            if bad:
+                raise ValueError(f"reader state names partition {bad[0]}, but dataset "
+                                 f"{dataset!r} has {len(self.partitions)}: was it re-uploaded?")
+            if resume.finished:
+                resume = ReaderPosition("local", dataset, resume.next_epoch, seed=seed)
+        self._position = resume or ReaderPosition("local", dataset, 0, seed=seed)
+
+    def position(self) -> ReaderPosition:
+        return _copy(self._position)
 
     def open_pass(self) -> PassStream:
-        epoch = self.epoch = self.next_epoch
-        self.next_epoch += 1
-        order = epoch_order(len(self.partitions), self.seed, epoch)
+        position = self._position
+        if position.finished:
+            position = self._position = ReaderPosition("local", position.dataset,
+                                                       position.epoch + 1, seed=self.seed)
+        epoch = self.epoch = position.epoch
+        # A resumed or abandoned pass goes on where the trainer was: without the partitions it
+        # consumed, and with each partition it was in the middle of after what it had.
+        skip = dict(position.positions)
+        order = [p for p in epoch_order(len(self.partitions), self.seed, epoch)
+                 if p not in position.done]
 
         def produce(out: PrefetchStream, credits: Credits) -> None:
             reader = PartitionReader(self.folder, self.field_names)
@@ -129,13 +169,15 @@ class LocalBackend:
                             return
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
-                                       p.row_group_stop, p.num_records)
-                        out.put(LoadedPartition(task, reader.read(
-                            p.shard, p.row_group_start, p.row_group_stop, p.num_records)))
+                                       p.row_group_stop, p.num_records, skip.get(index, 0))
+                        table = reader.read(p.shard, p.row_group_start, p.row_group_stop,
+                                            p.num_records)
+                        out.put(LoadedPartition(task, table.slice(task.skip)
+                                                if task.skip else table))
             finally:
                 reader.close()
 
-        return _Pass(PrefetchStream(produce, self.prefetch, "trainfeed-local-prefetch"), epoch,
+        return _Pass(PrefetchStream(produce, self.prefetch, "trainfeed-local-prefetch"), position,
                      on_consumed=lambda task: None, on_close=lambda finished: None)
 
     def close(self) -> None:
@@ -146,10 +188,12 @@ class DistributedBackend:
     """Leases partitions from the master; readers of one job split each epoch between them."""
 
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
-                 prefetch: int | None, distribution_rules: str = ""):
+                 prefetch: int | None, distribution_rules: str = "",
+                 resume: ReaderPosition | None = None):
         self.client = MasterClient(master)
         try:
-            self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules)
+            self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
+                                         _rewind_request(resume))
         except BaseException:
             self.client.close()
             raise
@@ -158,11 +202,25 @@ class DistributedBackend:
                                                    self.session.num_partitions)
         self.epoch: int | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
+        self._position = ReaderPosition("distributed", dataset, JOIN_CURRENT_EPOCH, job=job,
+                                        worker=self.session.worker, seed=seed)
+        if resume is not None and resume.next_epoch >= 0:
+            self._next_epoch = resume.next_epoch
+            if not resume.finished:  # the master put the rest back; our own view goes on
+                self._position.epoch = resume.epoch
+                self._position.done = set(resume.done)
 
     def _learn_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def position(self) -> ReaderPosition:
+        return _copy(self._position)
+
     def open_pass(self) -> PassStream:
+        if self._position.finished:
+            self._position = ReaderPosition("distributed", self._position.dataset,
+                                            self._next_epoch, job=self._position.job,
+                                            worker=self.session.worker, seed=self._position.seed)
         stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch)
 
         def on_close(finished: bool) -> None:
@@ -174,11 +232,29 @@ class DistributedBackend:
                 self._next_epoch = self.epoch if self.epoch is not None else JOIN_CURRENT_EPOCH
                 self.session.end_pass_early()
 
-        return _Pass(stream, None, on_consumed=self.session.report_done, on_close=on_close,
-                     on_progress=self.session.note_progress)
+        return _Pass(stream, self._position, on_consumed=self.session.report_done,
+                     on_close=on_close, on_progress=self.session.note_progress)
 
     def close(self) -> None:
         try:
             self.session.close()
         finally:
             self.client.close()
+
+
+def _copy(position: ReaderPosition) -> ReaderPosition:
+    return ReaderPosition(position.mode, position.dataset, position.epoch, set(position.done),
+                          dict(position.positions), position.finished, position.job,
+                          position.worker, position.seed)
+
+
+def _rewind_request(resume: ReaderPosition | None) -> pb.ResumePosition | None:
+    """What the master must undo for a reader restored from `resume` (see Ledger.rewind): in
+    the checkpoint's epoch, everything after the checkpoint; if that pass had finished, every
+    partition the crashed reader took in the next epoch."""
+    if resume is None or resume.next_epoch < 0 or not resume.worker:
+        return None
+    if resume.finished:
+        return pb.ResumePosition(epoch=resume.next_epoch, worker_id=resume.worker)
+    return pb.ResumePosition(epoch=resume.epoch, worker_id=resume.worker,
+                             done=sorted(resume.done), positions=resume.positions)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from trainfeed.master.distribution import DistributionRules
 from trainfeed.names import validate_dataset_name, validate_job_name
@@ -23,7 +24,8 @@ def train_local() -> bool:
 def reader(name: str, *, job: str | None = None, seed: int = 0,
            prefetch: int | None = None, master: str | None = None,
            storage: str | None = None, local: bool | None = None,
-           distribution_rules: str | None = None) -> Reader:
+           distribution_rules: str | None = None,
+           state: dict[str, Any] | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -34,7 +36,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     which workers may take the job's tasks; the reader that creates the job sets them, and a
     worker they exclude is refused with the reason. `prefetch` is how many partitions are
     loaded ahead of the trainer; by default as many as fit 64 MiB
-    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32.
+    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32. `state` is a
+    `reader.state()` saved with a checkpoint: the reader continues from there (see
+    Reader.state).
 
     Example:
         >>> from trainfeed import dist
@@ -48,8 +52,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)
-        return Reader(lambda: LocalBackend(name, store, seed, prefetch), name)
+        return Reader(lambda resume: LocalBackend(name, store, seed, prefetch, resume), name,
+                      "local", state)
     job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
     rules = str(DistributionRules.parse(distribution_rules))  # a bad value fails here, early
-    return Reader(lambda: DistributedBackend(name, job_name, master, seed, prefetch, rules),
-                  name)
+    return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, prefetch, rules,
+                                                    resume), name, "distributed", state)

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN
 from trainfeed.reader.backends import Backend, PassStream
+from trainfeed.reader.position import ReaderPosition
 from trainfeed.worker.prefetch import LoadedPartition
 
 logger = logging.getLogger(__name__)
@@ -42,12 +43,17 @@ class Reader:
     idempotent and also ends a pass in progress (unfinished tasks go back to the master).
     """
 
-    def __init__(self, make_backend: Callable[[], Backend], name: str):
+    def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,
+                 mode: str, state: dict[str, Any] | None = None):
         self._make_backend = make_backend
         self._backend: Backend | None = None
         self._lock = threading.Lock()
         self.name = name
+        self.mode = mode
         self.closed = False
+        self._resume: ReaderPosition | None = None
+        if state is not None:
+            self.restore(state)
 
     @property
     def backend(self) -> Backend:
@@ -56,8 +62,27 @@ class Reader:
             if self.closed:
                 raise ValueError(f"reader of {self.name!r} is closed")
             if self._backend is None:
-                self._backend = self._make_backend()
+                self._backend = self._make_backend(self._resume)
             return self._backend
+
+    def state(self) -> dict[str, Any]:
+        """Where the trainer stands in the epoch, as a small JSON-able dict to save with a
+        checkpoint; `dist.reader(..., state=saved)` (or `restore`) continues from it.
+
+        Exact: what the trainer was handed counts, what was prefetched does not. In a cluster
+        the restored reader also gets back what the crashed one consumed after the checkpoint
+        (the master undoes it), so the restored model sees every record of the epoch once."""
+        return self.backend.position().to_dict()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continues from a saved `state()` instead of the job's current position. Only before
+        the first pass (it decides how this reader joins)."""
+        position = ReaderPosition.from_dict(state, self.name, self.mode)
+        with self._lock:
+            if self._backend is not None:
+                raise ValueError("restore() must come before the reader's first pass "
+                                 "(or pass state= to dist.reader)")
+            self._resume = position
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -83,10 +108,13 @@ class Reader:
         names = self.field_names
 
         def instances(stream: PassStream) -> Iterator[tuple[Any, ...]]:
+            positions = stream.positions
             for part in stream:
                 if part is None:
                     continue
+                partition, skip = part.task.partition, part.task.skip
                 for handed, row in enumerate(_rows(part.table, names), start=1):
+                    positions[partition] = skip + handed  # exact, for state(); a dict store
                     yield row
                     if handed % PROGRESS_EVERY == 0:  # the trainer asked for the next one
                         stream.progress(part, handed)

@@ -24,45 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19trainfeed/v1/master.proto\x12\x0ctrainfeed.v1\"\x9f\x01\n\x0eOpenJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bworker_name\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x1a\n\x12\x64istribution_rules\x18\x05 \x01(\t\x12\x30\n\tresources\x18\x06 \x01(\x0b\x32\x1d.trainfeed.v1.WorkerResources\"?\n\x0fWorkerResources\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\x8a\x02\n\x0fOpenJobResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x61taset_url\x18\x04 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x05 \x01(\t\x12#\n\x06\x66ields\x18\x06 \x03(\x0b\x32\x13.trainfeed.v1.Field\x12\x13\n\x0bnum_records\x18\x07 \x01(\x04\x12\x16\n\x0enum_partitions\x18\x08 \x01(\r\x12\x15\n\rcurrent_epoch\x18\t \x01(\x03\x12\x17\n\x0flease_timeout_s\x18\n \x01(\x01\x12\x11\n\tnum_bytes\x18\x0b \x01(\x04\"\x93\x01\n\x04Task\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05shard\x18\x03 \x01(\t\x12\x17\n\x0frow_group_start\x18\x04 \x01(\r\x12\x16\n\x0erow_group_stop\x18\x05 \x01(\r\x12\x13\n\x0bnum_records\x18\x06 \x01(\x04\x12\x14\n\x0cskip_records\x18\x07 \x01(\x04\"\xcb\x01\n\nTaskReport\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .trainfeed.v1.TaskReport.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\x04\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\x0c\n\x08PROGRESS\x10\x03\"\x8f\x01\n\x0fGetTasksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\x12)\n\x07reports\x18\x06 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\"\xdd\x01\n\x10GetTasksResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.trainfeed.v1.GetTasksResponse.Status\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.trainfeed.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x03\x12\x11\n\ttodo_left\x18\x04 \x01(\r\"E\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05TASKS\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\"Z\n\rReportRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12)\n\x07reports\x18\x03 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\"\'\n\x0eReportResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x03\"1\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"*\n\x10LeaveJobResponse\x12\x16\n\x0ereleased_tasks\x18\x01 \x01(\r\"\"\n\x13GetJobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xb6\x01\n\tJobStatus\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x16\n\x0enum_partitions\x18\x04 \x01(\r\x12\x0c\n\x04todo\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\r\x12\x0c\n\x04\x64one\x18\x07 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x16\n\x0e\x66\x61iled_reasons\x18\n \x03(\t2\xf7\x02\n\x06Master\x12\x46\n\x07OpenJob\x12\x1c.trainfeed.v1.OpenJobRequest\x1a\x1d.trainfeed.v1.OpenJobResponse\x12I\n\x08GetTasks\x12\x1d.trainfeed.v1.GetTasksRequest\x1a\x1e.trainfeed.v1.GetTasksResponse\x12\x43\n\x06Report\x12\x1b.trainfeed.v1.ReportRequest\x1a\x1c.trainfeed.v1.ReportResponse\x12I\n\x08LeaveJob\x12\x1d.trainfeed.v1.LeaveJobRequest\x1a\x1e.trainfeed.v1.LeaveJobResponse\x12J\n\x0cGetJobStatus\x12!.trainfeed.v1.GetJobStatusRequest\x1a\x17.trainfeed.v1.JobStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19trainfeed/v1/master.proto\x12\x0ctrainfeed.v1\"\xcd\x01\n\x0eOpenJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bworker_name\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x1a\n\x12\x64istribution_rules\x18\x05 \x01(\t\x12\x30\n\tresources\x18\x06 \x01(\x0b\x32\x1d.trainfeed.v1.WorkerResources\x12,\n\x06resume\x18\x07 \x01(\x0b\x32\x1c.trainfeed.v1.ResumePosition\"\xb2\x01\n\x0eResumePosition\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64one\x18\x03 \x03(\r\x12>\n\tpositions\x18\x04 \x03(\x0b\x32+.trainfeed.v1.ResumePosition.PositionsEntry\x1a\x30\n\x0ePositionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"?\n\x0fWorkerResources\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xa6\x02\n\x0fOpenJobResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x61taset_url\x18\x04 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x05 \x01(\t\x12#\n\x06\x66ields\x18\x06 \x03(\x0b\x32\x13.trainfeed.v1.Field\x12\x13\n\x0bnum_records\x18\x07 \x01(\x04\x12\x16\n\x0enum_partitions\x18\x08 \x01(\r\x12\x15\n\rcurrent_epoch\x18\t \x01(\x03\x12\x17\n\x0flease_timeout_s\x18\n \x01(\x01\x12\x11\n\tnum_bytes\x18\x0b \x01(\x04\x12\x1a\n\x12resumed_partitions\x18\x0c \x01(\r\"\x93\x01\n\x04Task\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05shard\x18\x03 \x01(\t\x12\x17\n\x0frow_group_start\x18\x04 \x01(\r\x12\x16\n\x0erow_group_stop\x18\x05 \x01(\r\x12\x13\n\x0bnum_records\x18\x06 \x01(\x04\x12\x14\n\x0cskip_records\x18\x07 \x01(\x04\"\xcb\x01\n\nTaskReport\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .trainfeed.v1.TaskReport.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\x04\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\x0c\n\x08PROGRESS\x10\x03\"\x8f\x01\n\x0fGetTasksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\x12)\n\x07reports\x18\x06 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\"\xdd\x01\n\x10GetTasksResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.trainfeed.v1.GetTasksResponse.Status\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.trainfeed.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x03\x12\x11\n\ttodo_left\x18\x04 \x01(\r\"E\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05TASKS\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\"Z\n\rReportRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12)\n\x07reports\x18\x03 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\"\'\n\x0eReportResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x03\"1\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"*\n\x10LeaveJobResponse\x12\x16\n\x0ereleased_tasks\x18\x01 \x01(\r\"\"\n\x13GetJobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xb6\x01\n\tJobStatus\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x16\n\x0enum_partitions\x18\x04 \x01(\r\x12\x0c\n\x04todo\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\r\x12\x0c\n\x04\x64one\x18\x07 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x16\n\x0e\x66\x61iled_reasons\x18\n \x03(\t2\xf7\x02\n\x06Master\x12\x46\n\x07OpenJob\x12\x1c.trainfeed.v1.OpenJobRequest\x1a\x1d.trainfeed.v1.OpenJobResponse\x12I\n\x08GetTasks\x12\x1d.trainfeed.v1.GetTasksRequest\x1a\x1e.trainfeed.v1.GetTasksResponse\x12\x43\n\x06Report\x12\x1b.trainfeed.v1.ReportRequest\x1a\x1c.trainfeed.v1.ReportResponse\x12I\n\x08LeaveJob\x12\x1d.trainfeed.v1.LeaveJobRequest\x1a\x1e.trainfeed.v1.LeaveJobResponse\x12J\n\x0cGetJobStatus\x12!.trainfeed.v1.GetJobStatusRequest\x1a\x17.trainfeed.v1.JobStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trainfeed.v1.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_RESUMEPOSITION_POSITIONSENTRY']._loaded_options = None
+  _globals['_RESUMEPOSITION_POSITIONSENTRY']._serialized_options = b'8\001'
   _globals['_OPENJOBREQUEST']._serialized_start=44
-  _globals['_OPENJOBREQUEST']._serialized_end=203
-  _globals['_WORKERRESOURCES']._serialized_start=205
-  _globals['_WORKERRESOURCES']._serialized_end=268
-  _globals['_FIELD']._serialized_start=270
-  _globals['_FIELD']._serialized_end=305
-  _globals['_OPENJOBRESPONSE']._serialized_start=308
-  _globals['_OPENJOBRESPONSE']._serialized_end=574
-  _globals['_TASK']._serialized_start=577
-  _globals['_TASK']._serialized_end=724
-  _globals['_TASKREPORT']._serialized_start=727
-  _globals['_TASKREPORT']._serialized_end=930
-  _globals['_TASKREPORT_OUTCOME']._serialized_start=860
-  _globals['_TASKREPORT_OUTCOME']._serialized_end=930
-  _globals['_GETTASKSREQUEST']._serialized_start=933
-  _globals['_GETTASKSREQUEST']._serialized_end=1076
-  _globals['_GETTASKSRESPONSE']._serialized_start=1079
-  _globals['_GETTASKSRESPONSE']._serialized_end=1300
-  _globals['_GETTASKSRESPONSE_STATUS']._serialized_start=1231
-  _globals['_GETTASKSRESPONSE_STATUS']._serialized_end=1300
-  _globals['_REPORTREQUEST']._serialized_start=1302
-  _globals['_REPORTREQUEST']._serialized_end=1392
-  _globals['_REPORTRESPONSE']._serialized_start=1394
-  _globals['_REPORTRESPONSE']._serialized_end=1433
-  _globals['_LEAVEJOBREQUEST']._serialized_start=1435
-  _globals['_LEAVEJOBREQUEST']._serialized_end=1484
-  _globals['_LEAVEJOBRESPONSE']._serialized_start=1486
-  _globals['_LEAVEJOBRESPONSE']._serialized_end=1528
-  _globals['_GETJOBSTATUSREQUEST']._serialized_start=1530
-  _globals['_GETJOBSTATUSREQUEST']._serialized_end=1564
-  _globals['_JOBSTATUS']._serialized_start=1567
-  _globals['_JOBSTATUS']._serialized_end=1749
-  _globals['_MASTER']._serialized_start=1752
-  _globals['_MASTER']._serialized_end=2127
+  _globals['_OPENJOBREQUEST']._serialized_end=249
+  _globals['_RESUMEPOSITION']._serialized_start=252
+  _globals['_RESUMEPOSITION']._serialized_end=430
+  _globals['_RESUMEPOSITION_POSITIONSENTRY']._serialized_start=382
+  _globals['_RESUMEPOSITION_POSITIONSENTRY']._serialized_end=430
+  _globals['_WORKERRESOURCES']._serialized_start=432
+  _globals['_WORKERRESOURCES']._serialized_end=495
+  _globals['_FIELD']._serialized_start=497
+  _globals['_FIELD']._serialized_end=532
+  _globals['_OPENJOBRESPONSE']._serialized_start=535
+  _globals['_OPENJOBRESPONSE']._serialized_end=829
+  _globals['_TASK']._serialized_start=832
+  _globals['_TASK']._serialized_end=979
+  _globals['_TASKREPORT']._serialized_start=982
+  _globals['_TASKREPORT']._serialized_end=1185
+  _globals['_TASKREPORT_OUTCOME']._serialized_start=1115
+  _globals['_TASKREPORT_OUTCOME']._serialized_end=1185
+  _globals['_GETTASKSREQUEST']._serialized_start=1188
+  _globals['_GETTASKSREQUEST']._serialized_end=1331
+  _globals['_GETTASKSRESPONSE']._serialized_start=1334
+  _globals['_GETTASKSRESPONSE']._serialized_end=1555
+  _globals['_GETTASKSRESPONSE_STATUS']._serialized_start=1486
+  _globals['_GETTASKSRESPONSE_STATUS']._serialized_end=1555
+  _globals['_REPORTREQUEST']._serialized_start=1557
+  _globals['_REPORTREQUEST']._serialized_end=1647
+  _globals['_REPORTRESPONSE']._serialized_start=1649
+  _globals['_REPORTRESPONSE']._serialized_end=1688
+  _globals['_LEAVEJOBREQUEST']._serialized_start=1690
+  _globals['_LEAVEJOBREQUEST']._serialized_end=1739
+  _globals['_LEAVEJOBRESPONSE']._serialized_start=1741
+  _globals['_LEAVEJOBRESPONSE']._serialized_end=1783
+  _globals['_GETJOBSTATUSREQUEST']._serialized_start=1785
+  _globals['_GETJOBSTATUSREQUEST']._serialized_end=1819
+  _globals['_JOBSTATUS']._serialized_start=1822
+  _globals['_JOBSTATUS']._serialized_end=2004
+  _globals['_MASTER']._serialized_start=2007
+  _globals['_MASTER']._serialized_end=2382
 # @@protoc_insertion_point(module_scope)

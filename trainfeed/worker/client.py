@@ -69,12 +69,13 @@ class MasterClient:
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 2.0)
 
-    def open_job(self, job: str, dataset: str, seed: int,
-                 distribution_rules: str = "") -> pb.OpenJobResponse:
+    def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
+                 resume: pb.ResumePosition | None = None) -> pb.OpenJobResponse:
         name = f"{socket.gethostname()}:{os.getpid()}"
         return self._call(self._stub.OpenJob, pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
-            distribution_rules=distribution_rules, resources=detect_resources()), CALL_TIMEOUT_S)
+            distribution_rules=distribution_rules, resources=detect_resources(),
+            resume=resume), CALL_TIMEOUT_S)
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = ()) -> pb.GetTasksResponse:

@@ -47,9 +47,10 @@ class WorkerSession:
     """
 
     def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
-                 distribution_rules: str = ""):
+                 distribution_rules: str = "", resume: pb.ResumePosition | None = None):
         self.client = client
-        opened = client.open_job(job, dataset, seed, distribution_rules)
+        opened = client.open_job(job, dataset, seed, distribution_rules, resume)
+        self.resumed_partitions = opened.resumed_partitions
         self.job = opened.job
         self.worker = opened.worker_id
         self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))

@@ -1,0 +1,213 @@
+"""EtcdStateStore against a real etcd: layout, chunked snapshots, leadership and fencing."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import etcd3gw
+import pytest
+
+from trainfeed.errors import LeadershipError
+from trainfeed.master.etcd_store import CHUNK_BYTES, EtcdStateStore
+from trainfeed.master.state_store import SavedJob, open_state_store
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own, so tests sharing the session's etcd cannot meet."""
+    return f"/test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def state_url(etcd_url: str, prefix: str) -> str:
+    return f"etcd://{urlsplit(etcd_url).netloc}{prefix}?ttl=2"
+
+
+@pytest.fixture
+def raw(etcd_url: str) -> Iterator[etcd3gw.Etcd3Client]:
+    """A plain etcd client, to look at (and tamper with) keys behind the store's back."""
+    parts = urlsplit(etcd_url)
+    client = etcd3gw.Etcd3Client(parts.hostname or "", parts.port or 0, api_path="/v3/")
+    client.session.trust_env = False
+    yield client
+    client.session.close()
+
+
+def keys_under(client: etcd3gw.Etcd3Client, prefix: str) -> list[str]:
+    return sorted(meta["key"].decode() for _, meta in client.get_prefix(prefix + "/"))
+
+
+def open_store(url: str, owner: str = "master-a") -> EtcdStateStore:
+    store = open_state_store(url)
+    assert isinstance(store, EtcdStateStore)
+    store.acquire(owner, wait_s=5)
+    return store
+
+
+def test_snapshot_and_journal_survive_reopening(state_url: str) -> None:
+    store = open_store(state_url)
+    store.save_snapshot("j", {"version": 1, "epoch": 0})
+    store.append("j", [{"op": "lease", "task": 1}])
+    store.append("j", [])  # nothing to append: no entry
+    store.append("j", [{"op": "done", "task": 1}, {"op": "lease", "task": 2}])
+    store.save_snapshot("k", {"version": 1, "epoch": 5})
+    store.close()
+    store.close()  # idempotent
+
+    again = open_store(state_url, "master-b")
+    assert again.load_jobs() == {
+        "j": SavedJob({"version": 1, "epoch": 0}, [{"op": "lease", "task": 1},
+                                                   {"op": "done", "task": 1},
+                                                   {"op": "lease", "task": 2}]),
+        "k": SavedJob({"version": 1, "epoch": 5}, []),
+    }
+    again.close()
+
+
+def test_a_snapshot_drops_the_journal_it_includes(
+        state_url: str, prefix: str, raw: etcd3gw.Etcd3Client) -> None:
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"epoch": 0})
+        store.append("j", ["a"])
+        store.append("j", ["b"])
+        store.save_snapshot("j", {"epoch": 1})
+        store.append("j", ["c"])
+        assert store.load_jobs() == {"j": SavedJob({"epoch": 1}, ["c"])}
+        assert keys_under(raw, prefix) == [
+            f"{prefix}/jobs/j/head",
+            f"{prefix}/jobs/j/journal/{3:020d}",  # 1 and 2 went with the second snapshot
+            f"{prefix}/jobs/j/snapshot/{2:020d}/000000",  # generation 1 is gone
+            f"{prefix}/leader",
+        ]
+
+
+def test_a_snapshot_above_the_etcd_request_limit_is_chunked(
+        state_url: str, prefix: str, raw: etcd3gw.Etcd3Client) -> None:
+    # About the size of a 100,000-partition ledger (over 2 MiB of JSON).
+    big = {"version": 1, "done": list(range(300_000)), "name": "é" * 200_000}
+    with open_store(state_url) as store:
+        store.save_snapshot("big", big)
+        store.append("big", [{"op": "epoch"}])
+    chunks = [k for k in keys_under(raw, prefix) if "/snapshot/" in k]
+    assert len(chunks) >= 5 and len(chunks) * CHUNK_BYTES >= 2 << 20
+    with open_store(state_url, "master-b") as again:
+        assert again.load_jobs() == {"big": SavedJob(big, [{"op": "epoch"}])}
+
+
+def test_sequence_numbers_go_on_after_reopening(
+        state_url: str, prefix: str, raw: etcd3gw.Etcd3Client) -> None:
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"epoch": 0})
+        store.append("j", [1])
+        store.append("j", [2])
+        store.save_snapshot("j", {"epoch": 1})  # drops entries 1 and 2
+    with open_store(state_url, "master-b") as store:
+        store.append("j", [3])  # without load_jobs first: numbering must still go on
+    with open_store(state_url, "master-c") as store:
+        assert store.load_jobs() == {"j": SavedJob({"epoch": 1}, [3])}
+        store.append("j", [4])
+        assert store.load_jobs() == {"j": SavedJob({"epoch": 1}, [3, 4])}
+    journal = [k.rsplit("/", 1)[1] for k in keys_under(raw, prefix) if "/journal/" in k]
+    assert journal == [f"{3:020d}", f"{4:020d}"]
+
+
+def test_unfinished_snapshots_and_headless_journals_are_ignored(
+        state_url: str, prefix: str, raw: etcd3gw.Etcd3Client) -> None:
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"epoch": 0})
+        # A master that died while writing generation 7, and a journal without any snapshot.
+        raw.put(f"{prefix}/jobs/j/snapshot/{7:020d}/000000", '{"epoch": 99')
+        raw.put(f"{prefix}/jobs/orphan/journal/{1:020d}", "[1]")
+        assert store.load_jobs() == {"j": SavedJob({"epoch": 0}, [])}
+        store.save_snapshot("j", {"epoch": 1})  # above generation 7, and deletes it
+        assert store.load_jobs() == {"j": SavedJob({"epoch": 1}, [])}
+    assert [k for k in keys_under(raw, prefix) if "/jobs/j/snapshot/" in k] == [
+        f"{prefix}/jobs/j/snapshot/{8:020d}/000000"]
+
+
+def test_only_one_store_holds_the_leadership(state_url: str, prefix: str,
+                                             raw: etcd3gw.Etcd3Client) -> None:
+    first = open_store(state_url, "master-a")
+    second = open_state_store(state_url)
+    try:
+        with pytest.raises(LeadershipError, match=r"held by another master \(master-a\)"):
+            second.acquire("master-b", wait_s=1)
+        with pytest.raises(LeadershipError, match="before acquire"):
+            second.append("j", [1])
+        first.close()  # revokes the lease: no need to wait for the ttl
+        second.acquire("master-b", wait_s=1)
+        second.save_snapshot("j", {"epoch": 0})
+        assert raw.get(f"{prefix}/leader") == [b"master-b"]
+    finally:
+        first.close()
+        second.close()
+    assert raw.get(f"{prefix}/leader") == []
+
+
+def test_a_master_whose_lease_was_revoked_cannot_write(
+        state_url: str, prefix: str, raw: etcd3gw.Etcd3Client) -> None:
+    with open_store(state_url, "master-a") as store:
+        store.save_snapshot("j", {"epoch": 0})
+        store.append("j", [1])
+        [(_, leader)] = raw.get(f"{prefix}/leader", metadata=True)
+        raw.post(raw.get_url("/kv/lease/revoke"), json={"ID": int(leader["lease"])})
+        with pytest.raises(LeadershipError, match="master-a lost the leadership"):
+            store.append("j", [2])
+        with pytest.raises(LeadershipError):
+            store.save_snapshot("j", {"epoch": 1})
+    assert not [k for k in keys_under(raw, prefix) if k.endswith(f"{2:020d}")]
+    with open_store(state_url, "master-b") as again:
+        assert again.load_jobs() == {"j": SavedJob({"epoch": 0}, [1])}
+
+
+def test_a_new_leader_fences_off_the_old_one(state_url: str, prefix: str,
+                                             raw: etcd3gw.Etcd3Client) -> None:
+    """A deposed master that keeps running (its lease expired during a pause) must not write,
+    even when the leader key it would compare against carries the same owner string."""
+    old = open_store(state_url, "host:1")
+    [(_, leader)] = raw.get(f"{prefix}/leader", metadata=True)
+    raw.post(raw.get_url("/kv/lease/revoke"), json={"ID": int(leader["lease"])})
+    new = open_store(state_url, "host:1")  # a restarted container: same hostname and pid
+    try:
+        new.save_snapshot("j", {"epoch": 0})
+        # As if the old store's lease keeper had not noticed yet: only the fencing is left.
+        old._stop.set()
+        assert old._keeper is not None
+        old._keeper.join()
+        old._lost.clear()
+        with pytest.raises(LeadershipError, match="lost the leadership; it is now held by host:1"):
+            old.append("j", ["stale"])
+        assert new.load_jobs() == {"j": SavedJob({"epoch": 0}, [])}
+    finally:
+        old.close()
+        new.close()
+
+
+@pytest.mark.parametrize("url, message", [
+    ("etcd://", "no host"),
+    ("etcd://127.0.0.1:port", "bad port"),
+    ("etcd://127.0.0.1:2379/x?ttl=soon", "ttl must be a whole number"),
+    ("etcd://127.0.0.1:2379/x?tll=3", r"unknown option\(s\) \['tll'\]"),
+])
+def test_bad_urls_are_named(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        open_state_store(url)
+    assert url in str(info.value)
+
+
+def test_an_unreachable_etcd_is_named() -> None:
+    # Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    with pytest.raises(ConnectionError, match=r"cannot reach etcd for state etcd://127\.0\.0\.1:1"):
+        open_state_store("etcd://127.0.0.1:1/x")
+
+
+def test_values_are_readable_json(prefix: str, state_url: str,
+                                  raw: etcd3gw.Etcd3Client) -> None:
+    """Operators read the state with etcdctl: values are plain JSON."""
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"name": "café"})
+        store.append("j", [{"op": "lease"}])
+    assert raw.get(f"{prefix}/jobs/j/head") == [b'{"gen": 1, "chunks": 1, "journal_after": 0}']
+    assert raw.get(f"{prefix}/jobs/j/snapshot/{1:020d}/000000") == [b'{"name":"caf\\u00e9"}']
+    assert raw.get(f"{prefix}/jobs/j/journal/{1:020d}") == [b'[{"op":"lease"}]']

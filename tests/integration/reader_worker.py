@@ -5,12 +5,16 @@ script would (the environment decides: TRAINFEED_MASTER, or TRAIN_LOCAL=1) and a
 line per batch to `--out`, flushed at once, so that a test can count every delivered record even
 of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [...], "labels": [...]}
 (ids are null in the tuple mode, where the Paddle-style tuples carry no id).
+
+Checkpoints: with `--checkpoint-after K` it saves `reader.state()` to `--state-file` (atomically)
+after its K-th batch and then writes {"checkpoint": true}; `--resume FILE` restores such a state.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -26,9 +30,17 @@ def main() -> None:
     parser.add_argument("--mode", choices=["columns", "tuples"], default="columns")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' per batch")
     parser.add_argument("--prefetch", type=int, default=None, help="partitions loaded ahead")
+    parser.add_argument("--checkpoint-after", type=int, default=0, metavar="K")
+    parser.add_argument("--state-file")
+    parser.add_argument("--resume", metavar="FILE", help="a saved reader.state() to continue")
     args = parser.parse_args()
 
-    reader = dist.reader(args.dataset, prefetch=args.prefetch)
+    state = None
+    if args.resume:
+        with open(args.resume) as f:
+            state = json.load(f)
+    reader = dist.reader(args.dataset, prefetch=args.prefetch, state=state)
+    handed = 0
     with open(args.out, "a") as out:
         for k in range(args.epochs):
             batches = batch(reader, args.batch, columnar=args.mode == "columns")
@@ -42,6 +54,13 @@ def main() -> None:
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 time.sleep(args.delay)
+                handed += 1
+                if handed == args.checkpoint_after:
+                    with open(args.state_file + ".tmp", "w") as f:
+                        json.dump(reader.state(), f)
+                    os.replace(args.state_file + ".tmp", args.state_file)
+                    out.write(json.dumps({"checkpoint": True}) + "\n")
+                    out.flush()
             out.write(json.dumps({"pass": k, "epoch": reader.epoch, "end": True}) + "\n")
             out.flush()
     reader.close()

@@ -32,6 +32,14 @@ def _rows(table: pa.Table, names: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
     return zip(*(table.column(n).to_pylist() for n in names))
 
 
+def handed_over(stream: PassStream, batch: list[tuple[LoadedPartition, int, pa.Table]]) -> None:
+    """The trainer is about to get `batch` (pieces: partition, its rows handed with this
+    batch, the slice): from now on `state()` counts them. (The master hears of them only once
+    the trainer asks for more: see `consumed` in `_batched`.)"""
+    for part, handed, _ in batch:
+        stream.positions[part.task.partition] = part.task.skip + handed
+
+
 def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
     batch: ColumnBatch = {name: table.column(name).to_pylist() for name in names}
     batch[ID_COLUMN] = table.column(ID_COLUMN).to_numpy()
@@ -148,6 +156,7 @@ class Reader:
         def per_partition(stream: PassStream) -> Iterator[Any]:
             for part in stream:
                 if part is not None:
+                    handed_over(stream, [(part, part.table.num_rows, part.table)])
                     yield convert(part.table)
                     stream.taken(part)
                     stream.consumed(part)
@@ -174,6 +183,7 @@ class Reader:
                     batch, acked = pieces, sliced
                     pieces, buffered, sliced = [], 0, []
                     if batch and not drop_last:
+                        handed_over(stream, batch)
                         yield convert(pa.concat_tables([t for _, _, t in batch]))
                     consumed(batch, acked)
                     continue
@@ -186,6 +196,7 @@ class Reader:
                     if buffered == batch_size:
                         batch, acked = pieces, sliced
                         pieces, buffered, sliced = [], 0, []
+                        handed_over(stream, batch)
                         yield convert(pa.concat_tables([t for _, _, t in batch]))
                         consumed(batch, acked)
                 stream.taken(part)
@@ -194,6 +205,7 @@ class Reader:
                     consumed([], sliced)
                     sliced = []
             if pieces and not drop_last:
+                handed_over(stream, pieces)
                 yield convert(pa.concat_tables([t for _, _, t in pieces]))
             consumed(pieces, sliced)
         return self._run_pass(per_partition if batch_size is None else batches)

@@ -122,3 +122,28 @@ def test_the_standby_serves_only_after_the_leader_dies(tmp_path: Path, etcd_url:
         leader.stop()
         if standby is not None:
             standby.stop()
+
+
+def test_a_master_that_loses_its_lease_stops_serving_and_exits_non_zero(
+        tmp_path: Path, etcd_url: str) -> None:
+    import etcd3gw
+
+    source = make_image_list(tmp_path / "source", 8)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, progress=False)
+    prefix = f"/deposed-{uuid.uuid4().hex[:8]}"
+    state = f"etcd://{urlsplit(etcd_url).netloc}{prefix}?ttl={TTL_S}"
+    parts = urlsplit(etcd_url)
+    raw = etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port)
+    master = MasterProcess(storage, state=state)
+    try:
+        # No call writes anything: only the lease keeper can notice (a network partition).
+        [(_, leader)] = raw.get(f"{prefix}/leader", metadata=True)
+        raw.post(raw.get_url("/kv/lease/revoke"), json={"ID": int(leader["lease"])})
+        assert master.proc.wait(TTL_S + 8) != 0
+        deadline = time.monotonic() + 5  # its last lines may still be in the pipe
+        while "lost the leadership" not in "".join(master.log):
+            assert time.monotonic() < deadline, "".join(master.log)
+            time.sleep(0.05)
+    finally:
+        master.stop()

@@ -276,6 +276,9 @@ class EtcdStateStore:
 
     # --- job state --------------------------------------------------------------------------
 
+    def leading(self) -> bool:
+        return self._lease_id is not None and not self._lost.is_set()
+
     def load_jobs(self) -> dict[str, SavedJob]:
         keys = self._keys
         listing = self._range(keys.jobs, keys_only=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from trainfeed.errors import LeadershipError
 from trainfeed.master.service import MasterConfig, MasterServicer
 from trainfeed.master.state_store import StateStore
 from trainfeed.v1 import master_pb2_grpc
@@ -58,8 +59,10 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
     logger.info("master serving on %s:%d, storage %s", host, bound, config.storage.url)
     if on_ready:
         on_ready(bound)
+    lost = False
     try:
         await stop.wait()
+        lost = servicer.leadership_lost or not store.leading()
     finally:
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -68,6 +71,9 @@ async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", 
             watchdog.cancel()
         await server.stop(grace=1.0)
         store.close()
+    if lost:  # exit non-zero: a supervisor restarts this master as a standby
+        raise LeadershipError(f"this master lost the leadership of state {store.url}; another "
+                              f"master may serve it now")
 
 
 async def _lease_timer(servicer: MasterServicer, lease_timeout_s: float,
@@ -76,6 +82,11 @@ async def _lease_timer(servicer: MasterServicer, lease_timeout_s: float,
     period = min(1.0, lease_timeout_s / 4)
     while not stop.is_set():
         await asyncio.sleep(period)
+        if not servicer.store.leading():
+            logger.critical("lost the leadership of state %s (another master may serve it); "
+                            "stopping", servicer.store.url)
+            stop.set()
+            return
         try:
             servicer.expire_leases()
         except Exception:  # the timer must outlive one bad save

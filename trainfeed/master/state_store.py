@@ -59,6 +59,11 @@ class StateStore(Protocol):
         (None: wait for ever, as a standby master does)."""
         ...
 
+    def leading(self) -> bool:
+        """Whether this store still holds the leadership it acquired (an etcd lease can be lost
+        without a write noticing; the master polls this and stops)."""
+        ...
+
     def load_jobs(self) -> dict[str, SavedJob]:
         """Every saved job, by name."""
         ...
@@ -89,6 +94,9 @@ class MemoryStateStore:
 
     def acquire(self, owner: str, wait_s: float | None = None) -> None:
         pass  # nobody else can see this process's memory
+
+    def leading(self) -> bool:
+        return True
 
     def load_jobs(self) -> dict[str, SavedJob]:
         return {job: SavedJob(json.loads(snapshot),
@@ -174,6 +182,9 @@ class SQLiteStateStore:
         os.ftruncate(fd, 0)
         os.pwrite(fd, owner.encode(), 0)
         self._lock_file = fd
+
+    def leading(self) -> bool:
+        return self._lock_file is not None  # a flock lasts as long as the process
 
     def load_jobs(self) -> dict[str, SavedJob]:
         with self._lock:

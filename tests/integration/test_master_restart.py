@@ -13,6 +13,8 @@ from test_multiprocess import delivered, lines, start_reader, wait_all
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 N = 300
@@ -61,3 +63,38 @@ def test_readers_ride_through_a_master_killed_and_restarted(tmp_path: Path) -> N
         # Only partitions in the readers' hands while the master was down can repeat.
         assert repeated <= 2 * 3 * 8
     assert Counter(l["pass"] for out in outs for l in lines(out) if l.get("end")) == {0: 2, 1: 2}
+
+
+def test_leases_whose_answer_was_lost_to_a_restart_are_handed_back(tmp_path: Path) -> None:
+    """The master saved a lease, then died before its answer left; the worker retries the same
+    call on the restarted master. The leases it never saw must not stall the epoch (its calls
+    renew every lease it has, so they would never expire)."""
+    source = make_image_list(tmp_path / "source", 32)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
+    state = f"sqlite:///{tmp_path / 'master.db'}"
+    port = free_port()
+    master = MasterProcess(storage, state=state, port=port, extra_args=["--lease-timeout", "60"])
+    try:
+        with MasterClient(master.address, give_up_s=30) as client:
+            worker = client.open_job("train", "flowers", seed=0).worker_id
+            lost = client.get_tasks("train", worker, 0, 2, 0, held=[])  # "never arrived"
+            master.kill()
+            master = MasterProcess(storage, state=state, port=port,
+                                   extra_args=["--lease-timeout", "60"])
+            held: list[tuple[int, int]] = []
+            seen: list[int] = []
+            while True:  # the worker, knowing only the answers it got
+                reply = client.get_tasks("train", worker, 0, 2, 0, held=held, reports=[
+                    pb.TaskReport(epoch=e, partition=p, outcome=pb.TaskReport.DONE)
+                    for e, p in held])
+                if reply.status != pb.GetTasksResponse.TASKS:
+                    break
+                held = [(t.epoch, t.partition) for t in reply.tasks]
+                seen += [t.partition for t in reply.tasks]
+            assert reply.status == pb.GetTasksResponse.EPOCH_DONE  # not WAIT for 60 s
+            assert sorted(seen) == list(range(4))  # the lost partitions came round again
+            assert {t.partition for t in lost.tasks} <= set(seen)
+    finally:
+        master.stop()
+    assert "did not know of its lease" in "".join(master.log)

@@ -169,6 +169,15 @@ def test_rewind_puts_back_what_a_restored_reader_consumed_after_its_checkpoint()
     assert ledger.rewind(1, "a", [], {}) == []  # another epoch: nothing to rewind
 
 
+def test_reconcile_hands_back_leases_the_worker_does_not_know_of() -> None:
+    ledger = Ledger(6)
+    known = ledger.lease("a", 0, 2, 0.0, T).partitions
+    orphans = ledger.lease("a", 0, 2, 0.0, T).partitions  # an answer that never arrived
+    assert ledger.reconcile("a", [(0, p) for p in known] + [(7, 1)]) == list(orphans)
+    assert ledger.held_by("a") == list(known) and list(ledger.todo)[:2] == list(orphans)
+    assert ledger.reconcile("a", [(0, p) for p in known]) == []
+
+
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError, match="at least one partition"):
         Ledger(0)
@@ -226,6 +235,10 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(worker=st.sampled_from("abc"))
     def release(self, worker: str) -> None:
         self.ledger.release(worker)
+
+    @rule(worker=st.sampled_from("abc"), keep=st.sets(st.integers(0, 6)))
+    def reconcile(self, worker: str, keep: set[int]) -> None:
+        self.ledger.reconcile(worker, [(self.ledger.epoch, p) for p in keep])
 
     @rule(worker=st.sampled_from("abc"), keep=st.sets(st.integers(0, 6)),
           positions=st.dictionaries(st.integers(0, 6), st.integers(0, 20)))

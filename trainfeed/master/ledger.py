@@ -183,6 +183,15 @@ class Ledger:
         self.deadlines.pop(worker, None)
         return held
 
+    def reconcile(self, worker: str, held: Iterable[tuple[int, int]]) -> list[int]:
+        """Hands back every lease of `worker` in the current epoch that is not among the
+        (epoch, partition) pairs it says it `held`: leases whose answer never reached it."""
+        keep = {p for e, p in held if e == self.epoch}
+        orphans = [p for p in self.by_worker.get(worker, ()) if p not in keep]
+        if orphans:
+            self._apply(["B", orphans])
+        return orphans
+
     def rewind(self, epoch: int, worker: str, keep_done: Iterable[int],
                positions: dict[int, int]) -> list[int]:
         """Puts a restored reader's partitions back where its checkpoint saw them.

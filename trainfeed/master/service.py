@@ -333,6 +333,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job = await self._job(request.job, context)
         worker = request.worker_id
         changed = self._apply_reports(job, worker, request.reports)
+        if request.reconcile:
+            orphans = job.ledger.reconcile(worker, ((t.epoch, t.partition) for t in request.held))
+            if orphans:
+                logger.warning("job %r: worker %s did not know of its lease(s) on %s (an answer "
+                               "lost to a restart?); back to todo", job.name, worker, orphans)
+                changed = True
         self._touch(job, worker)
         epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
         loop = asyncio.get_running_loop()

@@ -133,20 +133,32 @@ class TaskReport(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ..., consumed: _Optional[int] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports")
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RECONCILE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     epoch: int
     max_tasks: int
     wait_ms: int
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ...) -> None: ...
+    reconcile: bool
+    held: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+
+class HeldTask(_message.Message):
+    __slots__ = ("epoch", "partition")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    partition: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
     __slots__ = ("status", "tasks", "current_epoch", "todo_left")

@@ -78,10 +78,15 @@ class MasterClient:
             resume=resume), CALL_TIMEOUT_S)
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
-                  reports: Iterable[pb.TaskReport] = ()) -> pb.GetTasksResponse:
+                  reports: Iterable[pb.TaskReport] = (),
+                  held: Iterable[tuple[int, int]] | None = None) -> pb.GetTasksResponse:
+        """Leases tasks. `held`, when given, is every (epoch, partition) the caller holds: the
+        master then hands back any other lease it has on the caller (see the proto)."""
         return self._call(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
-            reports=list(reports)), CALL_TIMEOUT_S + wait_ms / 1000)
+            reports=list(reports), reconcile=held is not None,
+            held=[pb.HeldTask(epoch=e, partition=p) for e, p in held or ()]),
+            CALL_TIMEOUT_S + wait_ms / 1000)
 
     def report(self, job: str, worker: str,
                reports: Iterable[pb.TaskReport] = ()) -> pb.ReportResponse:

@@ -70,6 +70,9 @@ class WorkerSession:
         self._progress: dict[tuple[int, int], int] = {}
         self._progress_dirty: set[tuple[int, int]] = set()
         self._oldest_progress = 0.0
+        # (epoch, partition) leased to this worker whose DONE/FAILED the master has not yet
+        # confirmed: sent with each GetTasks so that the master can drop leases we never saw.
+        self._held: set[tuple[int, int]] = set()
         self._last_contact = time.monotonic()
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
@@ -162,7 +165,19 @@ class WorkerSession:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
             raise
+        self._confirmed(reports)
         self._contacted()
+
+    def _confirmed(self, reports: list[pb.TaskReport]) -> None:
+        """The master took these reports: their tasks are no longer ours."""
+        with self._cond:
+            for r in reports:
+                if r.outcome != pb.TaskReport.PROGRESS:
+                    self._held.discard((r.epoch, r.partition))
+
+    def _held_now(self) -> list[tuple[int, int]]:
+        with self._cond:
+            return sorted(self._held)
 
     def _report_loop(self) -> None:
         interval = max(0.05, self.lease_timeout_s / 3)
@@ -236,12 +251,20 @@ class WorkerSession:
                 long_poll = waiting or drained
                 if long_poll:
                     self._set_fetching(False)
+                reports = self.drain_reports()
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
                                                      LONG_POLL_MS if long_poll else 0,
-                                                     self.drain_reports())
+                                                     reports, held=self._held_now())
+                except BaseException:
+                    with self._cond:  # keep them for the next try
+                        self._reports[:0] = reports
+                    raise
                 finally:
                     self._set_fetching(True)
+                self._confirmed(reports)
+                with self._cond:
+                    self._held.update((t.epoch, t.partition) for t in response.tasks)
                 self._contacted()
                 credits.give(free - len(response.tasks))
                 if response.status == pb.GetTasksResponse.WAIT and not long_poll:
@@ -288,6 +311,8 @@ class WorkerSession:
         """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back."""
         self._send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
+        with self._cond:
+            self._held.clear()
         if released:
             logger.info("handed %d unfinished task(s) back to the master", released)
 

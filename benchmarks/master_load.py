@@ -102,7 +102,7 @@ DEFAULT_ROOT = "/tmp/trainfeed-bench"
 DEFAULT_STORAGE = f"{DEFAULT_ROOT}/master-load-storage"
 DEFAULT_STATE_DIR = f"{DEFAULT_ROOT}/master-load-state"
 DEFAULT_JSON = f"{DEFAULT_ROOT}/master_load.json"
-BACKENDS = ("memory", "sqlite")
+BACKENDS = ("memory", "sqlite", "etcd")
 # Synthetic shards: 1,000 row groups of 1 row each (the master plans one partition per row group
 # when asked for as many partitions as there are row groups).
 ROW_GROUPS_PER_SHARD = 1000
@@ -275,9 +275,10 @@ async def _worker(index: int, stub: Any, worker_id: str, cfg: dict[str, Any],
             reports: list[Any] = [pb.TaskReport(
                 epoch=task.epoch, partition=task.partition, outcome=pb.TaskReport.DONE)
                 for task in held]
+            # Like a reader: it holds nothing but the tasks it reports (reconcile costs too).
             request = pb.GetTasksRequest(job=cfg["job"], worker_id=worker_id, epoch=epoch,
                                          max_tasks=cfg["tasks_per_call"], wait_ms=wait_ms,
-                                         reports=reports)
+                                         reports=reports, reconcile=True)
             call = stub.GetTasks
         start = time.perf_counter()
         if wait_ms == 0:
@@ -478,9 +479,13 @@ def wait_idle(pid: int, timeout_s: float, period_s: float = 0.25) -> float:
     return time.monotonic() - start
 
 
-def state_url(backend: str, state_dir: str, partitions: int) -> str:
+def state_url(backend: str, state_dir: str, partitions: int, etcd: str = "") -> str:
     if backend == "memory":
         return "memory://"
+    if backend == "etcd":
+        if not etcd:
+            raise SystemExit("the etcd backend needs --etcd HOST:PORT (a running etcd)")
+        return f"etcd://{etcd}/master-load-{partitions}-{uuid.uuid4().hex[:6]}"
     path = os.path.join(os.path.abspath(state_dir), f"master-load-{partitions}.db")
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
@@ -617,7 +622,7 @@ def render_table(rows: Sequence[Row], profiled: bool) -> str:
             continue
         p50, p99 = r.percentile(50), r.percentile(99)
         vs_mem = (f"{r.rate / memory[(r.partitions, r.workers)]:.2f}x"
-                  if r.backend == "sqlite" and memory.get((r.partitions, r.workers)) else "-")
+                  if r.backend in ("sqlite", "etcd") and memory.get((r.partitions, r.workers)) else "-")
         ceiling = (f"{r.rate / health[r.workers]:.0%}"
                    if r.backend != "grpc-health" and health.get(r.workers) else "-")
         line = (f"| {r.backend} | {parts} | {r.workers:,} | {r.rate:,.0f} | {_ms(*p50)} "
@@ -769,7 +774,7 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backends:
             for partitions in args.partitions:
                 master = MasterProcess(
-                    args.storage, state=state_url(backend, args.state_dir, partitions),
+                    args.storage, state=state_url(backend, args.state_dir, partitions, args.etcd),
                     extra_args=["--partitions", str(partitions),
                                 "--lease-timeout", str(LEASE_TIMEOUT_S)])
                 try:
@@ -872,8 +877,11 @@ def _finite(value: Any) -> Any:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
-                   help="state stores to measure (default: memory sqlite)")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=["memory", "sqlite"],
+                   help="state stores to measure (default: memory sqlite; etcd needs --etcd)")
+    p.add_argument("--etcd", default="", metavar="HOST:PORT",
+                   help="a running etcd for the etcd backend (e.g. started as in "
+                        "../shared/SERVICES.md)")
     p.add_argument("--partitions", type=int, nargs="+", default=[1000, 10_000, 100_000],
                    help="partition counts (default 1000 10000 100000); each gets a data set "
                         "of that many row groups")

@@ -622,7 +622,8 @@ def render_table(rows: Sequence[Row], profiled: bool) -> str:
             continue
         p50, p99 = r.percentile(50), r.percentile(99)
         vs_mem = (f"{r.rate / memory[(r.partitions, r.workers)]:.2f}x"
-                  if r.backend in ("sqlite", "etcd") and memory.get((r.partitions, r.workers)) else "-")
+                  if r.backend in ("sqlite", "etcd") and memory.get((r.partitions, r.workers))
+                  else "-")
         ceiling = (f"{r.rate / health[r.workers]:.0%}"
                    if r.backend != "grpc-health" and health.get(r.workers) else "-")
         line = (f"| {r.backend} | {parts} | {r.workers:,} | {r.rate:,.0f} | {_ms(*p50)} "

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sample_data import make_image_list
+from test_master_restart import free_port
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -24,12 +25,6 @@ from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 TTL_S = 2  # etcd's smallest lease ttl with its default election timeout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def refuses(port: int) -> bool:

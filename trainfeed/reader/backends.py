@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from trainfeed.formats.manifest import dataset_storage, read_manifest
+from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
 from trainfeed.master.ledger import epoch_order
 from trainfeed.master.partition import plan_partitions
 from trainfeed.reader.position import ReaderPosition
@@ -62,6 +62,12 @@ class PassStream(Protocol):
 class Backend(Protocol):
     field_names: tuple[str, ...]
     epoch: int | None  # of the current or last pass
+    seed: int
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest (label histogram, field types) for the pipeline."""
+        ...
 
     def open_pass(self) -> PassStream: ...
 
@@ -127,7 +133,7 @@ class LocalBackend:
 
     def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
                  resume: ReaderPosition | None = None):
-        self.manifest = read_manifest(storage, dataset)
+        self._manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
         self.partitions = plan_partitions(self.manifest)
         self.field_names = self.manifest.field_names
@@ -142,6 +148,10 @@ class LocalBackend:
             if resume.finished:
                 resume = ReaderPosition("local", dataset, resume.next_epoch, seed=seed)
         self._position = resume or ReaderPosition("local", dataset, 0, seed=seed)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
 
     def position(self) -> ReaderPosition:
         return _copy(self._position)
@@ -201,6 +211,8 @@ class DistributedBackend:
         self.prefetch = prefetch or prefetch_depth(self.session.num_bytes,
                                                    self.session.num_partitions)
         self.epoch: int | None = None
+        self.seed = seed
+        self._manifest: Manifest | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
         self._position = ReaderPosition("distributed", dataset, JOIN_CURRENT_EPOCH, job=job,
                                         worker=self.session.worker, seed=seed)
@@ -212,6 +224,15 @@ class DistributedBackend:
 
     def _learn_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    @property
+    def manifest(self) -> Manifest:
+        """Read from the dataset folder the master named, on first use (raw readers skip it)."""
+        if self._manifest is None:
+            folder = self.session.dataset
+            self._manifest = Manifest.from_json(folder.read_bytes(MANIFEST_NAME),
+                                                where=f"{folder.url}/{MANIFEST_NAME}")
+        return self._manifest
 
     def position(self) -> ReaderPosition:
         return _copy(self._position)

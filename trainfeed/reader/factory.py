@@ -7,8 +7,10 @@ from typing import Any
 from trainfeed.master.distribution import DistributionRules
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
+from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.storage import open_storage
+from trainfeed.worker.resample import Target
 
 TRAIN_LOCAL_ENV = "TRAIN_LOCAL"
 JOB_ENV = "TRAINFEED_JOB"
@@ -25,7 +27,13 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            prefetch: int | None = None, master: str | None = None,
            storage: str | None = None, local: bool | None = None,
            distribution_rules: str | None = None,
-           state: dict[str, Any] | None = None) -> Reader:
+           state: dict[str, Any] | None = None,
+           decode: bool = False, image_size: tuple[int, int] | None = None,
+           channels: int = 3, normalizing_const: float | None = None, one_hot: bool = False,
+           shuffle_buffer: int = 0, resample: Target | None = None,
+           batch_size: int | None = None, decode_errors: str = "raise",
+           decode_threads: int | None = None, prefetch_batches: int = 2,
+           mode: str = "train") -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -40,6 +48,19 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     `reader.state()` saved with a checkpoint: the reader continues from there (see
     Reader.state).
 
+    The input pipeline (all optional; without them the reader yields raw Paddle-style tuples):
+    - `decode`: JPEG/PNG fields to uint8 HxWxC arrays (`channels` 3 or 1), on all cores;
+      `image_size=(h, w)` resizes to a fixed shape; `normalizing_const` divides (float32);
+      `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
+      in `reader.decode_failures`).
+    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted);
+      `one_hot=True` gives float32 (n, K) instead.
+    - `resample`: rebalance classes toward "uniform", a dict class -> weight, or a power of the
+      source distribution (under-sample p < 1, over-sample p > 1).
+    - `shuffle_buffer`: records shuffled together beyond the master's partition order.
+    - `batch_size`: yield dicts of arrays keyed by field name (and "_id"); `prefetch_batches`
+      batches are prepared ahead. `mode` "validation" or "score" never shuffles or resamples.
+
     Example:
         >>> from trainfeed import dist
         >>> reader = dist.reader("flowers")            # doctest: +SKIP
@@ -49,12 +70,19 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     validate_dataset_name(name)
     if prefetch is not None and prefetch < 1:
         raise ValueError(f"prefetch must be ≥ 1 partition, got {prefetch}")
+    options = PipelineOptions(
+        decode=decode, image_size=tuple(image_size) if image_size else None,  # type: ignore
+        channels=channels, normalizing_const=normalizing_const, one_hot=one_hot,
+        shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
+        decode_errors=decode_errors, decode_threads=decode_threads,
+        prefetch_batches=prefetch_batches, mode=mode)
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)
         return Reader(lambda resume: LocalBackend(name, store, seed, prefetch, resume), name,
-                      "local", state)
+                      "local", state, options)
     job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
     rules = str(DistributionRules.parse(distribution_rules))  # a bad value fails here, early
     return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, prefetch, rules,
-                                                    resume), name, "distributed", state)
+                                                    resume), name, "distributed", state,
+                  options)

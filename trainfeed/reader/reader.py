@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN
 from trainfeed.reader.backends import Backend, PassStream
+from trainfeed.reader.pipeline import Pipeline, PipelineOptions
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.worker.prefetch import LoadedPartition
 
@@ -52,9 +53,12 @@ class Reader:
     """
 
     def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,
-                 mode: str, state: dict[str, Any] | None = None):
+                 mode: str, state: dict[str, Any] | None = None,
+                 options: PipelineOptions | None = None):
         self._make_backend = make_backend
         self._backend: Backend | None = None
+        self.options = options or PipelineOptions()
+        self._pipeline: Pipeline | None = None
         self._lock = threading.Lock()
         self.name = name
         self.mode = mode
@@ -102,6 +106,24 @@ class Reader:
         """The epoch of the current or last pass (None before the first)."""
         return self.backend.epoch
 
+    @property
+    def pipeline(self) -> Pipeline:
+        """Decoding, labels, resampling, shuffling and batching (built on first use)."""
+        backend = self.backend
+        with self._lock:
+            if self._pipeline is None:
+                self._pipeline = Pipeline(self.options, backend.manifest, backend.seed)
+            return self._pipeline
+
+    def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], Any]]:
+        """Per field of a batch: its shape (None for the batch dimension) and numpy dtype."""
+        return self.pipeline.output_spec()
+
+    @property
+    def decode_failures(self) -> int:
+        """Records dropped so far because they could not be decoded (decode_errors="skip")."""
+        return self._pipeline.decode_failures if self._pipeline is not None else 0
+
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]]) -> Iterator[Any]:
         stream = self.backend.open_pass()
         finished = False
@@ -111,8 +133,16 @@ class Reader:
         finally:
             stream.close(finished)
 
-    def __call__(self) -> Iterator[tuple[Any, ...]]:
-        """One pass: yields each instance as a tuple (bytes for files, str for text columns)."""
+    def __call__(self) -> Iterator[Any]:
+        """One pass. Raw (no pipeline option): each instance as a tuple (bytes for files, str
+        for text columns). With options: dicts of arrays per `batch_size` records, or without
+        batch_size each instance as a tuple with every option applied."""
+        if self.options.active:
+            pipeline = self.pipeline
+            size = self.options.batch_size
+            return self._run_pass(
+                (lambda stream: pipeline.batches(stream, size)) if size is not None
+                else pipeline.instances)
         names = self.field_names
 
         def instances(stream: PassStream) -> Iterator[tuple[Any, ...]]:
@@ -216,6 +246,8 @@ class Reader:
                 return
             self.closed = True
             backend, self._backend = self._backend, None
+            if self._pipeline is not None:
+                self._pipeline.close()
         if backend is not None:
             backend.close()
 

@@ -1,0 +1,55 @@
+"""Labels to integer class ids, the same on every worker and in validation.
+
+Class values come from the dataset's label histogram (in the manifest), sorted: every reader of a
+dataset derives the same ids without talking to the others, and a validation set that lacks some
+classes still maps the ones it has to the training ids when given the training class values.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trainfeed.errors import TrainfeedError
+
+
+class UnknownLabelError(TrainfeedError, ValueError):
+    """A record's label is not among the class values."""
+
+
+class ClassIndex:
+    """Sorted class values and the mapping of labels to ids 0..K-1."""
+
+    def __init__(self, values: Iterable[str]):
+        self.values: tuple[str, ...] = tuple(sorted(set(values)))
+        if not self.values:
+            raise ValueError("no class values (the dataset has no label histogram)")
+        self._value_set = pa.array(self.values, pa.string())
+
+    @classmethod
+    def from_histogram(cls, histogram: Mapping[str, int]) -> ClassIndex:
+        return cls(histogram)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.values)
+
+    def ids(self, labels: pa.Array | pa.ChunkedArray | Sequence[str],
+            where: str = "") -> np.ndarray:
+        """int64 class ids of `labels` (vectorized: no Python loop per record)."""
+        array = labels if isinstance(labels, pa.Array | pa.ChunkedArray) else pa.array(
+            labels, pa.string())
+        index = pc.index_in(array, value_set=self._value_set)
+        if index.null_count:
+            missing = pc.filter(array, pc.is_null(index))
+            raise UnknownLabelError(
+                f"{where + ': ' if where else ''}label {missing[0].as_py()!r} is not one of the "
+                f"{self.num_classes} class values {list(self.values)[:10]}")
+        return np.asarray(index.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    def one_hot(self, ids: np.ndarray, dtype: type = np.float32) -> np.ndarray:
+        out: np.ndarray = np.zeros((len(ids), self.num_classes), dtype=dtype)
+        out[np.arange(len(ids)), ids] = 1
+        return out

@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--mode", choices=["columns", "tuples"], default="columns")
+    parser.add_argument("--mode", choices=["columns", "tuples", "pipeline"], default="columns",
+                        help="pipeline: decoded float32 images, class ids, a shuffle buffer "
+                             "(lines hold ids and class ids, no sha)")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' per batch")
     parser.add_argument("--prefetch", type=int, default=None, help="partitions loaded ahead")
     parser.add_argument("--checkpoint-after", type=int, default=0, metavar="K")
@@ -39,12 +41,24 @@ def main() -> None:
     if args.resume:
         with open(args.resume) as f:
             state = json.load(f)
-    reader = dist.reader(args.dataset, prefetch=args.prefetch, state=state)
+    pipeline = {} if args.mode != "pipeline" else {
+        "decode": True, "image_size": (16, 16), "normalizing_const": 255.0,
+        "batch_size": args.batch, "shuffle_buffer": 4 * args.batch}
+    reader = dist.reader(args.dataset, prefetch=args.prefetch, state=state, **pipeline)
     handed = 0
     with open(args.out, "a") as out:
         for k in range(args.epochs):
-            batches = batch(reader, args.batch, columnar=args.mode == "columns")
+            batches = reader if args.mode == "pipeline" else batch(
+                reader, args.batch, columnar=args.mode == "columns")
             for b in batches():
+                if args.mode == "pipeline":
+                    assert b["image"].shape[1:] == (16, 16, 3), b["image"].shape
+                    line = {"pass": k, "epoch": reader.epoch, "ids": b["_id"].tolist(),
+                            "class_ids": b["label"].tolist()}
+                    out.write(json.dumps(line) + "\n")
+                    out.flush()
+                    time.sleep(args.delay)
+                    continue
                 if args.mode == "columns":
                     ids, images, labels = b["_id"].tolist(), b["image"], b["label"]
                 else:

@@ -226,3 +226,27 @@ def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path
     # The bound: records consumed since the last progress report (≤ 1 s at ~40/s) plus the
     # batch in the trainer's hands (4) — not the whole 100-record partition.
     assert repeated <= 40 + 4 + 4
+
+
+def test_pipeline_readers_split_decoded_shuffled_epochs_exactly_once(
+        dataset: tuple[str, Path], tmp_path: Path) -> None:
+    storage, source = dataset
+    labels = {rid: label for rid, (_, label) in file_digests(source).items()}
+    classes = sorted(set(labels.values()))
+    with MasterProcess(storage) as master:
+        env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
+        outs = [tmp_path / f"pipeline{i}.jsonl" for i in range(2)]
+        wait_all([start_reader(out, env, "--mode", "pipeline", "--epochs", "2", "--batch", "16",
+                               "--delay", "0.02") for out in outs])
+    per_epoch: dict[int, Counter] = {}
+    for out in outs:
+        for line in lines(out):
+            if line.get("end"):
+                continue
+            for rid, class_id in zip(line["ids"], line["class_ids"]):
+                assert classes[class_id] == labels[rid]
+            per_epoch.setdefault(line["epoch"], Counter()).update(line["ids"])
+    assert sorted(per_epoch) == [0, 1]
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == set(range(N)) and max(counts.values()) == 1, epoch
+    assert all(any(not l.get("end") for l in lines(out)) for out in outs)  # both got work

@@ -180,6 +180,7 @@ class Pipeline:
         buffered = 0
         new_parts: list[tuple[LoadedPartition, int]] = []
         next_slot = 0  # partitions are numbered in arrival order, here and in `batches`
+        shard_of: dict[int, str] = {}  # slot -> shard, for error messages
         window = 0
         fill = max(batch_size, self.options.shuffle_buffer if self.options.shuffles else 0)
 
@@ -200,7 +201,7 @@ class Pipeline:
                 if stopping():
                     return
                 piece = table.slice(start, min(batch_size, usable - start))
-                emit(self._ready(piece, new_parts))
+                emit(self._ready(piece, new_parts, shard_of))
                 new_parts = []
             rest = table.slice(usable)
             tables, buffered = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
@@ -219,6 +220,7 @@ class Pipeline:
                 copies = self.resampler.copies(ids, part.task.epoch, part.task.partition)
                 table = table.take(np.repeat(np.arange(table.num_rows), copies))
             slot, next_slot = next_slot, next_slot + 1
+            shard_of[slot] = part.task.shard
             new_parts.append((part, table.num_rows))
             if table.num_rows:
                 tables.append(table.append_column("_slot", pa.array(
@@ -229,11 +231,13 @@ class Pipeline:
                 cut(everything=False)
         cut(everything=True)
 
-    def _ready(self, piece: pa.Table, new_parts: list[tuple[LoadedPartition, int]]) -> _Ready:
+    def _ready(self, piece: pa.Table, new_parts: list[tuple[LoadedPartition, int]],
+               shard_of: dict[int, str]) -> _Ready:
         slots = piece.column("_slot").to_numpy()
         piece = piece.drop_columns(["_slot"])
         ids = piece.column(ID_COLUMN).to_numpy()
-        batch, _ = self._convert(piece, lambda i: f"record {ids[i]}")
+        batch, _ = self._convert(piece, lambda i: f"record {ids[i]} of shard "
+                                                  f"{shard_of[int(slots[i])]}")
         return _Ready(batch, list(new_parts), slots)
 
     # -- the pass ----------------------------------------------------------------------------

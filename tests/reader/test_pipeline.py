@@ -1,0 +1,182 @@
+"""The input pipeline: decode, class ids, one-hot, normalization, resampling, shuffling,
+determinism and decode-error policies, over a real uploaded dataset read locally."""
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from sample_data import make_image_list
+
+from trainfeed import dist
+from trainfeed.reader.reader import Reader
+from trainfeed.upload import UploadOptions, upload
+from trainfeed.worker.decode import DecodeError
+from trainfeed.worker.resample import ratio_factors
+
+N = 120
+LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids: bird 0, cat 1, dog 2
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> str:
+    source = make_image_list(tmp_path / "source", N, labels=LABELS)
+    out = str(tmp_path / "storage")
+    upload(str(source), "flowers", out, UploadOptions(row_group_rows=8), progress=False)
+    return out
+
+
+def pixels(source: Path, record: int) -> np.ndarray:
+    return np.asarray(Image.open(source / "images" / f"{record:05d}.jpg").convert("RGB"))
+
+
+def one_epoch(reader: Reader) -> list[dict[str, np.ndarray]]:
+    return list(reader())
+
+
+def test_batches_hold_decoded_normalized_images_and_one_hot_labels(storage: str,
+                                                                   tmp_path: Path) -> None:
+    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
+                         normalizing_const=255.0, one_hot=True, batch_size=16)
+    spec = reader.output_spec()
+    assert spec["image"] == ((None, None, None, 3), np.dtype(np.float32))
+    assert spec["label"] == ((None, 3), np.dtype(np.float32))
+    batches = one_epoch(reader)
+    assert [len(b["_id"]) for b in batches] == [16] * 7 + [8]
+    ids = np.concatenate([b["_id"] for b in batches])
+    assert sorted(ids.tolist()) == list(range(N))
+    for b in batches:
+        assert b["image"].dtype == np.float32 and b["image"].shape[1:] == (16, 16, 3)
+        assert b["label"].dtype == np.float32 and (b["label"].sum(axis=1) == 1).all()
+        for row, record in enumerate(b["_id"].tolist()):
+            expected = sorted(LABELS).index(LABELS[record % 3])
+            assert b["label"][row].argmax() == expected
+            # simplejpeg and Pillow are both libjpeg-turbo: at most rounding apart
+            want = pixels(tmp_path / "source", record) / 255.0
+            assert np.abs(b["image"][row] - want).max() <= 2 / 255
+
+
+def test_resize_uint8_class_ids_and_the_tuple_stream(storage: str) -> None:
+    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
+                         image_size=(8, 12), batch_size=32)
+    assert reader.output_spec()["image"] == ((None, 8, 12, 3), np.dtype(np.uint8))
+    batch = next(iter(reader()))
+    assert batch["image"].shape == (32, 8, 12, 3) and batch["image"].dtype == np.uint8
+    assert batch["label"].dtype == np.int64 and set(batch["label"].tolist()) <= {0, 1, 2}
+    instances = list(dist.reader("flowers", local=True, storage=storage, decode=True,
+                                 image_size=(8, 8))())
+    assert len(instances) == N
+    image, label = instances[0]
+    assert image.shape == (8, 8, 3) and label in (0, 1, 2)
+
+
+def test_same_seed_same_batches_other_epochs_and_seeds_differ(storage: str) -> None:
+    def order(seed: int, epochs: int = 2) -> list[list[int]]:
+        reader = dist.reader("flowers", local=True, storage=storage, seed=seed, decode=True,
+                             batch_size=10, shuffle_buffer=40)
+        return [np.concatenate([b["_id"] for b in reader()]).tolist() for _ in range(epochs)]
+    first = order(seed=1)
+    assert first == order(seed=1)
+    assert first[0] != first[1] and sorted(first[0]) == sorted(first[1]) == list(range(N))
+    assert order(seed=2)[0] != first[0]
+
+
+def test_the_shuffle_buffer_mixes_records_across_partitions(storage: str) -> None:
+    plain = dist.reader("flowers", local=True, storage=storage, decode=True, batch_size=8)
+    mixed = dist.reader("flowers", local=True, storage=storage, decode=True, batch_size=8,
+                        shuffle_buffer=64)
+    # Without a buffer a batch is one partition (8 rows each): consecutive record ids.
+    for b in plain():
+        assert np.ptp(b["_id"]) == 7
+    spread = [np.ptp(b["_id"]) for b in mixed()]
+    assert np.mean(spread) > 30
+
+
+def imbalanced(tmp_path: Path, n: int, classes: int) -> tuple[str, Counter[str]]:
+    """Class k gets weight 2^-k: record i's label drawn with those odds (fixed seed)."""
+    source = make_image_list(tmp_path / "imb", n, size=8)
+    weights = np.array([2.0 ** -k for k in range(classes)])
+    labels = np.random.default_rng(7).choice(classes, size=n, p=weights / weights.sum())
+    lines = source.read_text().splitlines()
+    source.write_text("".join(f"{line.split(chr(9))[0]}\tc{k}\n"
+                              for line, k in zip(lines, labels)))
+    out = str(tmp_path / "imb-storage")
+    upload(str(source), "imbalanced", out, UploadOptions(row_group_rows=16), progress=False)
+    return out, Counter(f"c{k}" for k in labels)
+
+
+def test_resampling_to_uniform_matches_within_four_sigma(tmp_path: Path) -> None:
+    storage, histogram = imbalanced(tmp_path, 1500, classes=5)
+    factors = ratio_factors(histogram, "uniform")
+    epochs = 4
+    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
+                         batch_size=64, seed=3)
+    got: Counter[int] = Counter()
+    for _ in range(epochs):
+        for b in reader():
+            got.update(b["label"].tolist())
+    classes = sorted(histogram)
+    for k, name in enumerate(classes):
+        n_k, p = histogram[name], factors[name]
+        expected = epochs * n_k * p  # = epochs * 1500 / 5
+        frac = p - np.floor(p)
+        sigma = np.sqrt(epochs * n_k * frac * (1 - frac))
+        # Tolerance: 4 standard deviations of the sum of Bernoulli(frac) draws (+1 for rounding).
+        assert abs(got[k] - expected) <= 4 * sigma + 1, (name, got[k], expected, sigma)
+    print({classes[k]: got[k] for k in range(len(classes))}, "expected each",
+          epochs * 1500 / 5)
+    # Validation never resamples: every record exactly once.
+    val = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
+                      batch_size=64, mode="validation")
+    assert sorted(np.concatenate([b["_id"] for b in val()]).tolist()) == list(range(1500))
+
+
+def test_over_sampled_copies_do_not_sit_together(tmp_path: Path) -> None:
+    storage, _ = imbalanced(tmp_path, 400, classes=4)
+    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
+                         batch_size=32, shuffle_buffer=200, seed=1)
+    ids = np.concatenate([b["_id"] for b in reader()])
+    adjacent = int((ids[1:] == ids[:-1]).sum())
+    repeats = len(ids) - len(set(ids.tolist()))
+    assert repeats > 50 and adjacent < repeats / 10
+
+
+def test_decode_errors_raise_with_the_record_and_shard_or_are_skipped(tmp_path: Path) -> None:
+    source = make_image_list(tmp_path / "bad", 40)
+    (tmp_path / "bad" / "images" / "00013.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    storage = str(tmp_path / "storage")
+    upload(str(source), "bad", storage, UploadOptions(row_group_rows=8), progress=False)
+    strict = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8)
+    with pytest.raises(DecodeError, match=r"record 13 of shard \S+\.parquet: cannot decode"):
+        list(strict())
+    lenient = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8,
+                          decode_errors="skip")
+    ids = np.concatenate([b["_id"] for b in lenient()]).tolist()
+    assert sorted(ids) == [i for i in range(40) if i != 13]
+    assert lenient.decode_failures == 1
+
+
+def test_png_goes_through_pillow(tmp_path: Path) -> None:
+    folder = tmp_path / "png"
+    (folder / "images").mkdir(parents=True)
+    image = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    (folder / "images" / "a.png").write_bytes(buf.getvalue())
+    (folder / "train_data.list").write_text("images/a.png\tx\n")
+    storage = str(tmp_path / "storage")
+    upload(str(folder / "train_data.list"), "png", storage, progress=False)
+    [(decoded, label)] = list(dist.reader("png", local=True, storage=storage, decode=True)())
+    assert (decoded == image).all() and label == 0
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="pass decode=True"):
+        dist.reader("x", local=True, image_size=(8, 8))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        dist.reader("x", local=True, mode="predict")
+    with pytest.raises(ValueError, match="decode_errors must be one of"):
+        dist.reader("x", local=True, decode=True, decode_errors="ignore")

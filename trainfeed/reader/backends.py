@@ -69,6 +69,11 @@ class Backend(Protocol):
         """The dataset's manifest (label histogram, field types) for the pipeline."""
         ...
 
+    @property
+    def dataset_folder(self) -> Storage:
+        """Where the dataset's shards, manifest and saved transformers are."""
+        ...
+
     def open_pass(self) -> PassStream: ...
 
     def position(self) -> ReaderPosition:
@@ -153,6 +158,10 @@ class LocalBackend:
     def manifest(self) -> Manifest:
         return self._manifest
 
+    @property
+    def dataset_folder(self) -> Storage:
+        return self.folder
+
     def position(self) -> ReaderPosition:
         return _copy(self._position)
 
@@ -233,6 +242,10 @@ class DistributedBackend:
             self._manifest = Manifest.from_json(folder.read_bytes(MANIFEST_NAME),
                                                 where=f"{folder.url}/{MANIFEST_NAME}")
         return self._manifest
+
+    @property
+    def dataset_folder(self) -> Storage:
+        return self.session.dataset
 
     def position(self) -> ReaderPosition:
         return _copy(self._position)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from trainfeed.master.distribution import DistributionRules
@@ -9,6 +10,7 @@ from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
+from trainfeed.reader.transforms import AugmentStep, Standardize
 from trainfeed.storage import open_storage
 from trainfeed.worker.resample import Target
 
@@ -33,7 +35,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            shuffle_buffer: int = 0, resample: Target | None = None,
            batch_size: int | None = None, decode_errors: str = "raise",
            decode_threads: int | None = None, prefetch_batches: int = 2,
-           mode: str = "train") -> Reader:
+           mode: str = "train", transform: str | Standardize | None = None,
+           augment: Sequence[AugmentStep] = ()) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -59,7 +62,12 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       source distribution (under-sample p < 1, over-sample p > 1).
     - `shuffle_buffer`: records shuffled together beyond the master's partition order.
     - `batch_size`: yield dicts of arrays keyed by field name (and "_id"); `prefetch_batches`
-      batches are prepared ahead. `mode` "validation" or "score" never shuffles or resamples.
+      batches are prepared ahead. `mode` "validation" or "score" never shuffles, resamples or
+      augments.
+    - `transform`: a fitted transformer (trainfeed.reader.transforms.Standardize) or the name
+      of one saved with the dataset, applied to every batch; `augment`: importable functions
+      ("module:function" or (path, params)), e.g. "trainfeed.augment:random_flip", applied to
+      training batches only.
 
     Example:
         >>> from trainfeed import dist
@@ -75,7 +83,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         channels=channels, normalizing_const=normalizing_const, one_hot=one_hot,
         shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
         decode_errors=decode_errors, decode_threads=decode_threads,
-        prefetch_batches=prefetch_batches, mode=mode)
+        prefetch_batches=prefetch_batches, mode=mode, transform=transform,
+        augment=tuple(augment))
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)

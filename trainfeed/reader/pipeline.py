@@ -26,6 +26,8 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.reader.backends import PassStream
+from trainfeed.reader.transforms import Augmentor, AugmentStep, Standardize, load_transformer
+from trainfeed.storage import Storage
 from trainfeed.worker.decode import DECODE_POLICIES, ImageDecoder
 from trainfeed.worker.labels import ClassIndex
 from trainfeed.worker.prefetch import LoadedPartition
@@ -55,6 +57,8 @@ class PipelineOptions:
     decode_threads: int | None = None
     prefetch_batches: int = 2
     mode: str = "train"
+    transform: str | Standardize | None = None
+    augment: tuple[AugmentStep, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -100,7 +104,8 @@ class _Ready:
 class Pipeline:
     """Turns one pass's partitions into batches (dicts of arrays keyed by field name)."""
 
-    def __init__(self, options: PipelineOptions, manifest: Manifest, seed: int):
+    def __init__(self, options: PipelineOptions, manifest: Manifest, seed: int,
+                 dataset_folder: Storage):
         self.options = options
         self.seed = seed
         self.fields = manifest.field_names
@@ -120,6 +125,11 @@ class Pipeline:
                                      options.decode_threads, options.decode_errors)
                         if options.decode else None)
         self.decode_failures = 0
+        transform = options.transform
+        self.transformer = (load_transformer(dataset_folder, transform)
+                            if isinstance(transform, str) else transform)
+        self.augmentor = (Augmentor(options.augment)
+                          if options.augment and options.mode == "train" else None)
 
     # -- what comes out --------------------------------------------------------------------
     def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], np.dtype]]:
@@ -182,10 +192,11 @@ class Pipeline:
         next_slot = 0  # partitions are numbered in arrival order, here and in `batches`
         shard_of: dict[int, str] = {}  # slot -> shard, for error messages
         window = 0
+        produced = 0  # batches so far: with the epoch, seeds the augmentations
         fill = max(batch_size, self.options.shuffle_buffer if self.options.shuffles else 0)
 
         def cut(everything: bool) -> None:
-            nonlocal tables, buffered, new_parts, window
+            nonlocal tables, buffered, new_parts, window, produced
             if not tables:
                 if new_parts:
                     emit(_Ready(None, new_parts))
@@ -201,7 +212,8 @@ class Pipeline:
                 if stopping():
                     return
                 piece = table.slice(start, min(batch_size, usable - start))
-                emit(self._ready(piece, new_parts, shard_of))
+                emit(self._ready(piece, new_parts, shard_of, epoch_of(stream), produced))
+                produced += 1
                 new_parts = []
             rest = table.slice(usable)
             tables, buffered = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
@@ -232,12 +244,16 @@ class Pipeline:
         cut(everything=True)
 
     def _ready(self, piece: pa.Table, new_parts: list[tuple[LoadedPartition, int]],
-               shard_of: dict[int, str]) -> _Ready:
+               shard_of: dict[int, str], epoch: int, index: int) -> _Ready:
         slots = piece.column("_slot").to_numpy()
         piece = piece.drop_columns(["_slot"])
         ids = piece.column(ID_COLUMN).to_numpy()
         batch, _ = self._convert(piece, lambda i: f"record {ids[i]} of shard "
                                                   f"{shard_of[int(slots[i])]}")
+        if self.transformer is not None:
+            batch = self.transformer.apply(batch)
+        if self.augmentor is not None:
+            batch = self.augmentor(batch, np.random.default_rng((self.seed, 0xA6, epoch, index)))
         return _Ready(batch, list(new_parts), slots)
 
     # -- the pass ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from trainfeed.formats.manifest import ID_COLUMN
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions
 from trainfeed.reader.position import ReaderPosition
+from trainfeed.storage import Storage
 from trainfeed.worker.prefetch import LoadedPartition
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class Reader:
         backend = self.backend
         with self._lock:
             if self._pipeline is None:
-                self._pipeline = Pipeline(self.options, backend.manifest, backend.seed)
+                self._pipeline = Pipeline(self.options, backend.manifest, backend.seed,
+                                          backend.dataset_folder)
             return self._pipeline
 
     def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], Any]]:
@@ -123,6 +125,11 @@ class Reader:
     def decode_failures(self) -> int:
         """Records dropped so far because they could not be decoded (decode_errors="skip")."""
         return self._pipeline.decode_failures if self._pipeline is not None else 0
+
+    @property
+    def dataset_folder(self) -> Storage:
+        """The dataset's folder in storage (where `save_transformer` puts transformers)."""
+        return self.backend.dataset_folder
 
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]]) -> Iterator[Any]:
         stream = self.backend.open_pass()

@@ -1,0 +1,109 @@
+"""A Keras training script run as a separate process by tests/integration/test_keras_fit.py.
+
+It trains a tiny conv net for one epoch with `model.fit(as_tf_dataset(reader))`, the reader being
+`dist.reader(...)` with decoding, normalization and one-hot labels, in the cluster that the
+environment names (TRAINFEED_MASTER, TRAINFEED_JOB), and writes to `--out` one JSON object: the
+epoch it trained in, the ids and label classes of every batch TensorFlow took from the reader,
+the number of training steps Keras ran, and the final loss.
+
+A start barrier keeps one worker from finishing the epoch before the other has started (TF's
+import and Keras's first trace take seconds): the worker touches `--ready` once its model is
+built and its reader has joined the job, then waits for `--go` to appear.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import tensorflow as tf
+
+from trainfeed import dist
+from trainfeed.reader.adapters import as_tf_dataset
+
+BARRIER_TIMEOUT_S = 60
+
+
+class Recorded:
+    """The reader, noting the ids and label classes of each batch it hands to TensorFlow."""
+
+    def __init__(self, reader: Any):
+        self.reader = reader
+        self.name = reader.name
+        self.ids: list[list[int]] = []
+        self.classes: list[list[int]] = []
+
+    def output_spec(self) -> Any:
+        return self.reader.output_spec()
+
+    def __call__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.reader():
+            self.ids.append(batch["_id"].tolist())
+            self.classes.append(batch["label"].argmax(axis=1).tolist())
+            yield batch
+
+
+def tiny_conv_net(num_classes: int) -> Any:
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    return model
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"keras_worker: {path} did not appear within {BARRIER_TIMEOUT_S} s")
+        time.sleep(0.01)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--ready", required=True, type=Path)
+    parser.add_argument("--go", required=True, type=Path)
+    parser.add_argument("--delay", type=float, default=0.0, help="extra seconds per step")
+    args = parser.parse_args()
+    # Two trainers and a master share the machine: one thread each for TF's kernels.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    # prefetch=2 partitions: a reader leases little ahead, so both readers share the epoch.
+    reader = Recorded(dist.reader(args.dataset, decode=True, image_size=(32, 32),
+                                  normalizing_const=255.0, one_hot=True, batch_size=16,
+                                  prefetch=2))
+    dataset = as_tf_dataset(reader)  # joins the job: output_spec() needs the manifest
+    _, label_spec = dataset.element_spec
+    model = tiny_conv_net(label_spec.shape[-1])
+    steps: list[int] = []
+    pace = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: (steps.append(batch), time.sleep(args.delay)))
+    args.ready.touch()
+    wait_for(args.go)
+
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[pace])
+    result = {"epoch": reader.reader.epoch, "ids": reader.ids, "classes": reader.classes,
+              "steps": len(steps),
+              "loss": history.history["loss"][-1]}
+    Path(args.out).write_text(json.dumps(result))
+    reader.reader.close()
+
+
+if __name__ == "__main__":
+    main()

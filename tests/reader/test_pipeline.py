@@ -180,3 +180,25 @@ def test_bad_options_are_refused() -> None:
         dist.reader("x", local=True, mode="predict")
     with pytest.raises(ValueError, match="decode_errors must be one of"):
         dist.reader("x", local=True, decode=True, decode_errors="ignore")
+
+
+def test_under_sampled_records_cost_no_payload_io(tmp_path: Path) -> None:
+    """The label column is read first and only kept records' payloads are fetched (by byte
+    range): payload bytes read per epoch = the bytes of the distinct records delivered."""
+    storage, histogram = imbalanced(tmp_path, 800, classes=5)
+    lines = (tmp_path / "imb" / "train_data.list").read_text().splitlines()
+    sizes = np.array([(tmp_path / "imb" / line.split("\t")[0]).stat().st_size for line in lines])
+    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
+                         batch_size=64, seed=5)
+    for _ in range(2):
+        before = reader.payload_bytes_read
+        ids = np.concatenate([b["_id"] for b in reader()])
+        fetched = reader.payload_bytes_read - before
+        survivors = np.unique(ids)
+        assert fetched == sizes[survivors].sum()
+        kept = len(survivors) / len(sizes)
+        print(f"kept {kept:.0%} of the records, read {fetched / sizes.sum():.0%} of the payload")
+        assert kept < 0.8  # the dominant class was under-sampled: the test means something
+    plain = dist.reader("imbalanced", local=True, storage=storage, batch_size=64)
+    list(plain())
+    assert plain.payload_bytes_read == sizes.sum()  # without resampling: every payload

@@ -42,6 +42,10 @@ class ShardInfo:
     num_bytes: int  # size of the Parquet file
     sha256: str
     row_groups: tuple[RowGroupInfo, ...]
+    # A .npy beside the shard: per row and binary field, the byte offset and length of the
+    # value inside the shard file, so that a reader can fetch chosen payloads by byte range.
+    # None for shards written before it existed (they are read by whole row groups).
+    payload_index: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -79,3 +80,39 @@ def encode_shard(schema: pa.Schema, row_groups: Sequence[RowGroupBuffer]) -> tup
             writer.write_table(table, row_group_size=len(group))
     data = sink.getvalue()
     return data, hashlib.sha256(data).hexdigest()
+
+
+def payload_index(data: bytes, schema: pa.Schema,
+                  row_groups: Sequence[RowGroupBuffer]) -> np.ndarray | None:
+    """Where each binary value sits in the encoded shard `data`: an int64 array (rows, binary
+    fields, 2) of (offset, length), rows in shard order; None if a value cannot be located.
+
+    Binary columns are written uncompressed, so each value is in the file verbatim, preceded by
+    its 4-byte length (PLAIN encoding, in data pages or, dictionary-encoded, in the dictionary
+    page), in row order within its column chunk, whose byte range the footer gives. A value
+    that repeats an earlier one may only be in the dictionary: its first copy is used.
+    """
+    meta = pq.read_metadata(io.BytesIO(data))
+    binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
+    out = np.zeros((sum(len(g) for g in row_groups), len(binary), 2), dtype=np.int64)
+    first_row = 0
+    for index, group in enumerate(row_groups):
+        row_group = meta.row_group(index)
+        for k, column in enumerate(binary):
+            chunk = row_group.column(column)
+            start = (chunk.dictionary_page_offset if chunk.has_dictionary_page
+                     and chunk.dictionary_page_offset is not None else chunk.data_page_offset)
+            end = start + chunk.total_compressed_size
+            cursor = start
+            for row, value in enumerate(group.columns[column - 1]):
+                needle = len(value).to_bytes(4, "little") + value
+                at = data.find(needle, cursor, end)
+                if at < 0:
+                    at = data.find(needle, start, end)  # a repeat: its dictionary entry
+                    if at < 0:
+                        return None
+                else:
+                    cursor = at + len(needle)
+                out[first_row + row, k] = (at + 4, len(value))
+        first_row += len(group)
+    return out

@@ -16,7 +16,7 @@ from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader
+from trainfeed.worker.partition_reader import PartitionReader, ReadStats, Selector, read_task
 from trainfeed.worker.prefetch import (
     Credits,
     LoadedPartition,
@@ -74,7 +74,12 @@ class Backend(Protocol):
         """Where the dataset's shards, manifest and saved transformers are."""
         ...
 
-    def open_pass(self) -> PassStream: ...
+    def open_pass(self, selector: Selector | None = None) -> PassStream:
+        """Starts a pass; `selector` (resampling) picks rows before their payloads are read."""
+        ...
+
+    @property
+    def read_stats(self) -> ReadStats: ...
 
     def position(self) -> ReaderPosition:
         """Where the trainer stands (a copy): see trainfeed.reader.position."""
@@ -145,6 +150,8 @@ class LocalBackend:
         self.seed = seed
         self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
         self.epoch: int | None = None
+        self._binary = [f.name for f in self._manifest.fields if f.type == "binary"]
+        self._stats = ReadStats()
         if resume is not None:
             bad = [p for p in (*resume.done, *resume.positions) if p >= len(self.partitions)]
             if bad:
@@ -165,7 +172,11 @@ class LocalBackend:
     def position(self) -> ReaderPosition:
         return _copy(self._position)
 
-    def open_pass(self) -> PassStream:
+    @property
+    def read_stats(self) -> ReadStats:
+        return self._stats
+
+    def open_pass(self, selector: Selector | None = None) -> PassStream:
         position = self._position
         if position.finished:
             position = self._position = ReaderPosition("local", position.dataset,
@@ -178,7 +189,7 @@ class LocalBackend:
                  if p not in position.done]
 
         def produce(out: PrefetchStream, credits: Credits) -> None:
-            reader = PartitionReader(self.folder, self.field_names)
+            reader = PartitionReader(self.folder, self.field_names, self._binary, self._stats)
             try:
                 todo = iter(order)
                 while True:
@@ -189,10 +200,7 @@ class LocalBackend:
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
                                        p.row_group_stop, p.num_records, skip.get(index, 0))
-                        table = reader.read(p.shard, p.row_group_start, p.row_group_stop,
-                                            p.num_records)
-                        out.put(LoadedPartition(task, table.slice(task.skip)
-                                                if task.skip else table))
+                        out.put(LoadedPartition(task, read_task(reader, task, selector)))
             finally:
                 reader.close()
 
@@ -250,12 +258,17 @@ class DistributedBackend:
     def position(self) -> ReaderPosition:
         return _copy(self._position)
 
-    def open_pass(self) -> PassStream:
+    @property
+    def read_stats(self) -> ReadStats:
+        return self.session.read_stats
+
+    def open_pass(self, selector: Selector | None = None) -> PassStream:
         if self._position.finished:
             self._position = ReaderPosition("distributed", self._position.dataset,
                                             self._next_epoch, job=self._position.job,
                                             worker=self.session.worker, seed=self._position.seed)
-        stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch)
+        stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch,
+                                        selector)
 
         def on_close(finished: bool) -> None:
             if finished:

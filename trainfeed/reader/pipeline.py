@@ -30,7 +30,8 @@ from trainfeed.reader.transforms import Augmentor, AugmentStep, Standardize, loa
 from trainfeed.storage import Storage
 from trainfeed.worker.decode import DECODE_POLICIES, ImageDecoder
 from trainfeed.worker.labels import ClassIndex
-from trainfeed.worker.prefetch import LoadedPartition
+from trainfeed.worker.partition_reader import COPIES_COLUMN, Selector
+from trainfeed.worker.prefetch import LoadedPartition, TaskRef
 from trainfeed.worker.resample import Resampler, Target, ratio_factors
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,19 @@ class Pipeline:
         self.augmentor = (Augmentor(options.augment)
                           if options.augment and options.mode == "train" else None)
 
+    @property
+    def selector(self) -> Selector | None:
+        """For resampling at read time: copies per row from the rows' labels, so that the
+        payloads of dropped records are never fetched (see PartitionReader.read_selected)."""
+        resampler, classes, label = self.resampler, self.classes, self.label_field
+        if resampler is None or classes is None or label is None:
+            return None
+
+        def copies(task: TaskRef, rows: pa.Table) -> np.ndarray:
+            ids = classes.ids(rows.column(label), where=f"shard {task.shard}")
+            return resampler.copies(ids, task.epoch, task.partition)
+        return copies
+
     # -- what comes out --------------------------------------------------------------------
     def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], np.dtype]]:
         """Per field: the shape of one batch (None: the batch dimension) and the dtype."""
@@ -225,7 +239,11 @@ class Pipeline:
                 cut(everything=True)
                 continue
             table = part.table
-            if self.resampler is not None and self.label_field is not None:
+            if COPIES_COLUMN in table.column_names:  # resampled at read time (`selector`)
+                copies = table.column(COPIES_COLUMN).to_numpy()
+                table = table.drop_columns([COPIES_COLUMN])
+                table = table.take(np.repeat(np.arange(table.num_rows), copies))
+            elif self.resampler is not None and self.label_field is not None:
                 assert self.classes is not None
                 ids = self.classes.ids(table.column(self.label_field),
                                        where=f"shard {part.task.shard}")

@@ -19,6 +19,7 @@ from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
+from trainfeed.worker.partition_reader import Selector
 from trainfeed.worker.prefetch import LoadedPartition
 
 logger = logging.getLogger(__name__)
@@ -142,8 +143,14 @@ class Reader:
         """The dataset's folder in storage (where `save_transformer` puts transformers)."""
         return self.backend.dataset_folder
 
-    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]]) -> Iterator[Any]:
-        stream = self.backend.open_pass()
+    @property
+    def payload_bytes_read(self) -> int:
+        """Bytes of payload (file bytes) this reader fetched from storage so far."""
+        return self.backend.read_stats.payload_bytes
+
+    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]],
+                  selector: Selector | None = None) -> Iterator[Any]:
+        stream = self.backend.open_pass(selector)
         finished = False
         try:
             yield from body(stream)
@@ -160,7 +167,7 @@ class Reader:
             size = self.options.batch_size
             return self._run_pass(
                 (lambda stream: pipeline.batches(stream, size)) if size is not None
-                else pipeline.instances)
+                else pipeline.instances, pipeline.selector)
         names = self.field_names
 
         def instances(stream: PassStream) -> Iterator[tuple[Any, ...]]:

@@ -1,20 +1,47 @@
-"""Reading one partition (a row-group range of one shard) from storage into an Arrow table."""
+"""Reading one partition (a row-group range of one shard) from storage into an Arrow table.
+
+`read_selected` reads the small columns first and fetches the payloads (file bytes) of only the
+rows a chooser keeps, by byte range, using the shard's payload index (see
+trainfeed.formats.shards.payload_index): records that class rebalancing drops cost no payload
+I/O. Shards without an index fall back to reading whole row groups.
+"""
 from __future__ import annotations
 
+import io
+import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN
 from trainfeed.storage import Storage, access_error
+from trainfeed.worker.prefetch import TaskRef
 
 # Shards stay open between partitions (their footers parsed once); a handful covers the shards a
 # worker moves between in one epoch without holding many file handles.
 OPEN_SHARDS = 8
+PAYLOAD_INDEX_SUFFIX = ".payload.npy"
+# The column that carries how many times a selected row is to be emitted (over-sampling).
+COPIES_COLUMN = "_copies"
+
+
+@dataclass
+class ReadStats:
+    """What a reader fetched from storage, summed over its partitions (shared by passes)."""
+
+    payload_bytes: int = 0  # bytes of binary field values read
+
+
+Chooser = Callable[[pa.Table], np.ndarray]
+# Given a task and its rows without payloads, how many times to emit each row (resampling).
+Selector = Callable[[TaskRef, pa.Table], np.ndarray]
 
 
 class PartitionReader:
@@ -23,10 +50,14 @@ class PartitionReader:
     Not thread-safe: give each thread its own. `close()` is idempotent.
     """
 
-    def __init__(self, dataset: Storage, columns: Sequence[str]):
+    def __init__(self, dataset: Storage, columns: Sequence[str], binary: Sequence[str] = (),
+                 stats: ReadStats | None = None):
         self.dataset = dataset
         self.columns = [ID_COLUMN, *columns]
+        self.binary = [c for c in columns if c in set(binary)]
+        self.stats = stats or ReadStats()
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
+        self._indexes: dict[str, np.ndarray | None] = {}
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:
@@ -67,7 +98,65 @@ class PartitionReader:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
                 f"{row_group_stop}) hold {table.num_rows} rows, the manifest says {num_records}")
+        self.stats.payload_bytes += self._payload_size(table)
         return table
+
+    def _payload_size(self, table: pa.Table) -> int:
+        return sum(int(pc.sum(pc.binary_length(table.column(c))).as_py() or 0)
+                   for c in self.binary)
+
+    def read_selected(self, shard: str, row_group_start: int, row_group_stop: int,
+                      num_records: int, choose: Chooser) -> pa.Table:
+        """The rows `choose` keeps, with a COPIES_COLUMN of how often to emit each.
+
+        `choose` gets the partition without its binary fields (`_id` and the small columns) and
+        returns an int count per row (0: drop). Only the kept rows' payloads are fetched."""
+        parquet = self._shard(shard)
+        small = [c for c in self.columns if c not in self.binary]
+        meta = parquet.read_row_groups(range(row_group_start, row_group_stop), columns=small,
+                                       use_threads=False)
+        if meta.num_rows != num_records:
+            raise CorruptDatasetError(
+                f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
+                f"{row_group_stop}) hold {meta.num_rows} rows, the manifest says {num_records}")
+        copies = np.asarray(choose(meta), dtype=np.int64)
+        rows = np.flatnonzero(copies)
+        index = self._index(shard)
+        if index is None or not self.binary:
+            table = self.read(shard, row_group_start, row_group_stop, num_records).take(rows)
+        else:
+            first = sum(parquet.metadata.row_group(i).num_rows for i in range(row_group_start))
+            kept = meta.take(rows)
+            payloads = {name: self._fetch(shard, index[first + rows, k])
+                        for k, name in enumerate(self.binary)}
+            table = pa.table({c: payloads[c] if c in payloads else kept.column(c)
+                              for c in self.columns})
+        return table.append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
+
+    def _index(self, shard: str) -> np.ndarray | None:
+        if shard not in self._indexes:
+            try:
+                data = self.dataset.read_bytes(shard + PAYLOAD_INDEX_SUFFIX)
+                self._indexes[shard] = np.load(io.BytesIO(data), allow_pickle=False)
+            except FileNotFoundError:
+                self._indexes[shard] = None  # written before payload indexes existed
+        return self._indexes[shard]
+
+    def _fetch(self, shard: str, ranges: np.ndarray) -> pa.Array:
+        """The byte ranges (offset, length) of one shard, in order."""
+        path = self.dataset.path(shard)
+        if self.dataset.is_local:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                values = [os.pread(fd, int(n), int(at)) for at, n in ranges]
+            finally:
+                os.close(fd)
+        else:
+            starts = [int(at) for at, _ in ranges]
+            ends = [int(at + n) for at, n in ranges]
+            values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
+        self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
+        return pa.array(values, pa.binary())
 
     @staticmethod
     def _close_one(parquet: pq.ParquetFile, handle: Any) -> None:
@@ -79,3 +168,19 @@ class PartitionReader:
         while self._open:
             _, (parquet, handle) = self._open.popitem()
             self._close_one(parquet, handle)
+
+
+def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None) -> pa.Table:
+    """A task's rows minus the `task.skip` an earlier holder's trainer already got; with a
+    selector, only the rows it keeps (and a COPIES_COLUMN), payloads fetched for those alone."""
+    if selector is None:
+        table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
+                            task.num_records)
+        return table.slice(task.skip) if task.skip else table
+
+    def choose(meta: pa.Table) -> np.ndarray:
+        copies = np.array(selector(task, meta), dtype=np.int64)
+        copies[:task.skip] = 0
+        return copies
+    return reader.read_selected(task.shard, task.row_group_start, task.row_group_stop,
+                                task.num_records, choose)

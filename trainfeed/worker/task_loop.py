@@ -22,7 +22,7 @@ from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker import shutdown
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader
+from trainfeed.worker.partition_reader import PartitionReader, ReadStats, Selector, read_task
 from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ class WorkerSession:
         self.worker = opened.worker_id
         self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))
         self.field_names = tuple(f.name for f in opened.fields)
+        self.binary_fields = tuple(f.name for f in opened.fields if f.type == "binary")
+        self.read_stats = ReadStats()
         self.num_records = opened.num_records
         self.num_bytes = opened.num_bytes
         self.num_partitions = opened.num_partitions
@@ -211,15 +213,17 @@ class WorkerSession:
                 logger.exception("report to master failed; retrying")
 
     # -- passes -------------------------------------------------------------------------------
-    def open_pass(self, epoch: int, depth: int,
-                  on_epoch: Callable[[int], None]) -> PrefetchStream:
+    def open_pass(self, epoch: int, depth: int, on_epoch: Callable[[int], None],
+                  selector: Selector | None = None) -> PrefetchStream:
         """Starts reading one epoch (or JOIN_CURRENT_EPOCH). `on_epoch` learns its number."""
-        return PrefetchStream(lambda out, credits: self._produce(epoch, out, credits, on_epoch),
+        return PrefetchStream(lambda out, credits: self._produce(epoch, out, credits, on_epoch,
+                                                                selector),
                               depth, name=f"trainfeed-fetch-{self.worker}")
 
     def _produce(self, epoch: int, out: PrefetchStream, credits: Credits,
-                 on_epoch: Callable[[int], None]) -> None:
-        reader = PartitionReader(self.dataset, self.field_names)
+                 on_epoch: Callable[[int], None], selector: Selector | None) -> None:
+        reader = PartitionReader(self.dataset, self.field_names, self.binary_fields,
+                                 self.read_stats)
         got_any = False
         waiting = False  # the last answer was WAIT: others hold the epoch's remaining tasks
         drained = False  # the master leased the epoch's last todo partitions
@@ -290,10 +294,8 @@ class WorkerSession:
                     task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
                                    t.row_group_stop, t.num_records, t.skip_records)
                     try:
-                        table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
-                                            task.num_records)
-                        if task.skip:  # an earlier holder's trainer already got these
-                            table = table.slice(task.skip)
+                        # Minus what an earlier holder's trainer already got (task.skip).
+                        table = read_task(reader, task, selector)
                     except (CorruptDatasetError, OSError, pa.ArrowException) as e:
                         logger.error("partition %d (%s) failed: %s", task.partition, task.shard, e)
                         failures.append(f"{type(e).__name__}: {e}")

@@ -163,3 +163,23 @@ def test_distributed_reader_with_wrong_secret_fails(
     # It names the cause: no partition could be read, and the storage's refusal.
     assert "PartitionReadError" in failed.stderr, failed.stderr[-3000:]
     assert "Forbidden" in failed.stderr, failed.stderr[-3000:]
+
+
+def test_resampling_fetches_only_kept_payloads_by_byte_range(
+        s3_dataset: S3Dataset, s3_env: dict[str, str]) -> None:
+    """Over S3 the kept records' payloads come as ranged GETs (fsspec cat_ranges), and their
+    bytes are exactly the files' bytes."""
+    labels = sorted({label for _, _, label in s3_dataset.source.records})
+    keep_one = {labels[0]: 1.0}  # every other class gets weight 0: never fetched
+    with dist.reader(DATASET, local=True, storage=s3_dataset.url, resample=keep_one,
+                     batch_size=32) as reader:
+        got = {int(i): bytes(img) for b in reader() for i, img in zip(b["_id"], b["image"])}
+        fetched = reader.payload_bytes_read
+    with dist.reader(DATASET, local=True, storage=s3_dataset.url) as plain:
+        everything = {int(i): img for b in plain.column_batches(32)
+                      for i, img in zip(b["_id"], b["image"])}
+        total = plain.payload_bytes_read
+    assert sorted(got) == sorted(i for i, _, label in s3_dataset.source.records
+                                 if label == labels[0])
+    assert all(got[i] == everything[i] for i in got)
+    assert fetched == sum(len(img) for img in got.values()) < total

@@ -19,8 +19,14 @@ and reports the last one (warm page cache, TF graphs built), as the baseline scr
 workers and the master) / wall seconds; the machine's ceiling is its core count. Peers need
 TensorFlow (`pip install tensorflow-cpu`); a row whose tool is missing says so.
 
+Rebalancing (`--rebalance`): the same pipeline over an imbalanced set of 20,000 JPEGs (the shared
+generator's `--imbalanced`: class k has weight 2^-k), read locally without and with
+`resample="uniform"`: images delivered, distinct records kept, payload bytes fetched from
+storage (`reader.payload_bytes_read`) against the dataset's, and the rate.
+
     python benchmarks/decode_throughput.py                 # all rows, ~3 minutes
     python benchmarks/decode_throughput.py --rows trainfeed-local trainfeed-dist
+    python benchmarks/decode_throughput.py --rows trainfeed-local --rebalance
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ BASELINES = "/work/shared/bench/baselines.py"
 DEFAULT_STORAGE = f"{DEFAULT_ROOT}/storage"
 DEFAULT_JSON = f"{DEFAULT_ROOT}/decode_throughput.json"
 DATASET = "bench-images"
+IMBALANCED = "bench-images-imbalanced"
+DEFAULT_IMBALANCED_DATA = f"{DEFAULT_ROOT}/imbalanced"
 PEERS = {"plain-loop": ["naive"], "tf.data": ["tfdata-local"],
          "tf.data service (2 workers)": ["tfdata-service", "--workers", "2"]}
 ROWS = (*PEERS, "trainfeed-local", "trainfeed-dist")
@@ -72,14 +80,23 @@ def tree_cpu_s() -> float:
 
 # -- trainfeed rows, each in a process of its own (like the peers) ------------------------------
 def local_main(args: argparse.Namespace) -> int:
-    reader = dist.reader(DATASET, local=True, storage=args.storage, batch_size=args.batch,
-                         **PIPELINE)  # type: ignore[arg-type]
+    extra = {"resample": args.resample} if args.resample else {}
+    reader = dist.reader(args.dataset, local=True, storage=args.storage, batch_size=args.batch,
+                         **PIPELINE, **extra)  # type: ignore[arg-type]
     num_classes = reader.output_spec()["label"][0][1]
     runs = []
     for _ in range(args.repeat):
-        cpu0, t0 = tree_cpu_s(), time.perf_counter()
-        samples, label_sum = consume(reader, num_classes)
-        runs.append((time.perf_counter() - t0, tree_cpu_s() - cpu0, samples, label_sum))
+        cpu0, t0, bytes0 = tree_cpu_s(), time.perf_counter(), reader.payload_bytes_read
+        ids: set[int] = set()
+        samples = label_sum = 0
+        for batch in reader():
+            x, y = batch["image"], batch["label"]
+            assert x.dtype == np.float32 and x.ndim == 4 and y.shape == (len(x), num_classes)
+            samples += len(y)
+            label_sum += int(y.argmax(1).sum())
+            ids.update(batch["_id"].tolist())
+        runs.append((time.perf_counter() - t0, tree_cpu_s() - cpu0, samples, label_sum,
+                     len(ids), reader.payload_bytes_read - bytes0))
     print(json.dumps({"runs": runs}), flush=True)
     return 0
 
@@ -101,14 +118,35 @@ def worker_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_local(args: argparse.Namespace) -> dict[str, Any]:
+def run_local(args: argparse.Namespace, dataset: str = DATASET,
+              resample: str = "") -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--_local", "--storage", args.storage,
-                          "--repeat", str(args.repeat), "--batch", str(args.batch)],
+                          "--repeat", str(args.repeat), "--batch", str(args.batch),
+                          "--dataset", dataset, "--resample", resample],
                          check=True, capture_output=True, text=True).stdout
     runs = json.loads(out.strip().splitlines()[-1])["runs"]
-    seconds, cpu, samples, label_sum = runs[-1]
+    seconds, cpu, samples, label_sum, distinct, payload = runs[-1]
     return {"seconds": seconds, "cpu_s": cpu, "samples": samples, "label_sum": label_sum,
-            "runs_s": [r[0] for r in runs]}
+            "distinct": distinct, "payload_bytes": payload, "runs_s": [r[0] for r in runs]}
+
+
+def run_rebalance(args: argparse.Namespace) -> str:
+    """Rows without and with resampling over the imbalanced set; returns the Markdown table."""
+    list_path = os.path.join(args.imbalanced_data, "train_data.list")
+    if not os.path.exists(list_path):
+        subprocess.run([sys.executable, DEFAULT_GENERATOR, "--out", args.imbalanced_data,
+                        "--imbalanced"], check=True)
+    upload(list_path, IMBALANCED, args.storage, UploadOptions(), progress=False)
+    total = sum(os.path.getsize(os.path.join(args.imbalanced_data, line.split("\t")[0]))
+                for line in open(list_path) if line.strip())
+    lines = ["| read | images delivered | distinct records kept | payload bytes read | "
+             "of the dataset's payload | images/s |", "|---|---:|---:|---:|---:|---:|"]
+    for label, resample in (("all records", ""), ('resample="uniform"', "uniform")):
+        r = run_local(args, IMBALANCED, resample)
+        lines.append(f"| {label} | {r['samples']:,} | {r['distinct']:,} | "
+                     f"{r['payload_bytes']:,} | {r['payload_bytes'] / total:.1%} | "
+                     f"{r['samples'] / r['seconds']:,.0f} |")
+    return "\n".join(lines)
 
 
 def run_dist(args: argparse.Namespace, workers: int = 2) -> dict[str, Any]:
@@ -205,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
     cores = os.cpu_count() or 1
     table = render(rows, cores)
     print(table)
+    rebalance = run_rebalance(args) if args.rebalance else ""
+    if rebalance:
+        print("\n" + rebalance)
     import grpc
     import pyarrow
     result = {"benchmark": "decode_throughput", "started_at": started,
@@ -215,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
               "data": {"list": args.data, "records": records, "storage":
                        open_storage(args.storage).url, "batch": args.batch,
                        "repeat": args.repeat},
-              "rows": rows, "table_markdown": table}
+              "rows": rows, "table_markdown": table, "rebalance_markdown": rebalance}
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
@@ -233,6 +274,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=2, help="passes per method; the last counts")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--json", default=DEFAULT_JSON)
+    p.add_argument("--rebalance", action="store_true",
+                   help="also measure payload bytes with and without resample='uniform' on an "
+                        "imbalanced set")
+    p.add_argument("--imbalanced-data", default=DEFAULT_IMBALANCED_DATA)
+    p.add_argument("--dataset", default=DATASET, help=argparse.SUPPRESS)
+    p.add_argument("--resample", default="", help=argparse.SUPPRESS)
     p.add_argument("--_local", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)

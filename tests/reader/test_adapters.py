@@ -252,3 +252,24 @@ def test_importing_trainfeed_imports_no_require() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_sample_weights_ride_along_for_keras(image_list: Path, storage_dir: str) -> None:
+    tf = require("tensorflow")
+    upload(str(image_list), "weighted", storage_dir, UploadOptions(row_group_rows=8),
+           progress=False)
+    with dist.reader("weighted", local=True, storage=storage_dir, batch_size=BATCH,
+                     decode=True, normalizing_const=255.0, one_hot=True,
+                     class_weights={"cat": 2.0, "dog": 1.0, "bird": 1.0}) as reader:
+        dataset = reader.as_tf_dataset(sample_weights="_weight")
+        x_spec, y_spec, w_spec = dataset.element_spec
+        assert described(w_spec) == ((None,), np.dtype(np.float32))
+        x, y, w = next(iter(dataset))
+        cats = y.numpy().argmax(axis=1) == 1  # class ids: bird 0, cat 1, dog 2
+        assert np.allclose(w.numpy()[cats], w.numpy()[cats][0])
+        assert w.numpy()[cats][0] > w.numpy()[~cats][0]
+        model = tf.keras.Sequential([tf.keras.Input((16, 16, 3)), tf.keras.layers.Flatten(),
+                                     tf.keras.layers.Dense(3, activation="softmax")])
+        model.compile("sgd", "categorical_crossentropy")
+        history = model.fit(dataset, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])

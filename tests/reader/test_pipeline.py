@@ -202,3 +202,18 @@ def test_under_sampled_records_cost_no_payload_io(tmp_path: Path) -> None:
     plain = dist.reader("imbalanced", local=True, storage=storage, batch_size=64)
     list(plain())
     assert plain.payload_bytes_read == sizes.sum()  # without resampling: every payload
+
+
+def test_class_weights_give_each_class_the_same_total_loss_weight(tmp_path: Path) -> None:
+    storage, histogram = imbalanced(tmp_path, 600, classes=4)
+    reader = dist.reader("imbalanced", local=True, storage=storage, batch_size=50,
+                         class_weights="uniform")
+    assert reader.output_spec()["_weight"] == ((None,), np.dtype(np.float32))
+    totals: Counter[int] = Counter()
+    records = 0
+    for b in reader():
+        records += len(b["_id"])
+        for label, weight in zip(b["label"].tolist(), b["_weight"].tolist()):
+            totals[label] += weight
+    assert records == 600  # weighting drops and repeats nothing
+    assert np.allclose(list(totals.values()), 600 / 4, rtol=1e-4), totals

@@ -182,7 +182,8 @@ def _column(batch: Mapping[str, Any], name: str, spec: FieldSpec, reader: str) -
 
 
 def as_tf_dataset(reader: BatchReader, inputs: Selection = None,
-                  targets: Selection = None) -> tf.data.Dataset:
+                  targets: Selection = None,
+                  sample_weights: Selection = None) -> tf.data.Dataset:
     """The reader as a `tf.data.Dataset` of `(inputs, targets)` batches that `model.fit` takes.
 
     The element spec is complete (shapes with a None batch dimension and dtypes, from
@@ -209,6 +210,8 @@ def as_tf_dataset(reader: BatchReader, inputs: Selection = None,
         inputs: the model's inputs; default: every field but "label", the targets and
             "_"-fields ("_id").
         targets: the model's targets; default: "label" if the reader has it; () for none.
+        sample_weights: the field(s) of per-record loss weights, e.g. "_weight" of a reader
+            with class_weights=...; elements are then (inputs, targets, weights).
 
     Raises:
         ImportError: TensorFlow is not installed (`pip install 'trainfeed[tf]'`).
@@ -223,6 +226,10 @@ def as_tf_dataset(reader: BatchReader, inputs: Selection = None,
     spec = _spec(reader)
     x, y = keras_structure(spec, inputs, targets)
     element: Structure = (x, y) if y is not None else (x,)
+    if sample_weights is not None:
+        if y is None:
+            raise ValueError("sample_weights need targets")
+        element = (x, y, _structure(sample_weights, spec, "sample_weights"))
 
     def tensor_spec(name: str) -> Any:
         shape, dtype = spec[name]

@@ -36,7 +36,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            batch_size: int | None = None, decode_errors: str = "raise",
            decode_threads: int | None = None, prefetch_batches: int = 2,
            mode: str = "train", transform: str | Standardize | None = None,
-           augment: Sequence[AugmentStep] = ()) -> Reader:
+           augment: Sequence[AugmentStep] = (),
+           class_weights: Target | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -68,6 +69,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       of one saved with the dataset, applied to every batch; `augment`: importable functions
       ("module:function" or (path, params)), e.g. "trainfeed.augment:random_flip", applied to
       training batches only.
+    - `class_weights`: instead of (or with) resampling, a per-record loss weight in the batch
+      field "_weight" (Keras's sample_weight): "uniform" weights each class by B/A, as resample
+      would, a dict or a power likewise.
 
     Example:
         >>> from trainfeed import dist
@@ -84,7 +88,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
         decode_errors=decode_errors, decode_threads=decode_threads,
         prefetch_batches=prefetch_batches, mode=mode, transform=transform,
-        augment=tuple(augment))
+        augment=tuple(augment), class_weights=class_weights)
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)

@@ -37,6 +37,8 @@ from trainfeed.worker.resample import Resampler, Target, ratio_factors
 logger = logging.getLogger(__name__)
 
 MODES = ("train", "validation", "score")
+# The per-record loss weight field of batches with class_weights (Keras's sample_weight).
+WEIGHT_FIELD = "_weight"
 # Records per internal batch when the trainer takes one instance at a time (no batch_size).
 INSTANCE_CHUNK = 64
 Batch = dict[str, Any]
@@ -60,6 +62,7 @@ class PipelineOptions:
     mode: str = "train"
     transform: str | Standardize | None = None
     augment: tuple[AugmentStep, ...] = ()
+    class_weights: Target | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -86,7 +89,9 @@ class PipelineOptions:
 
     @property
     def shuffles(self) -> bool:
-        return self.mode == "train" and self.shuffle_buffer > 1
+        """Over-sampled copies are shuffled too (within the buffer, at least within the batches'
+        window), so that replicas of a record do not sit together."""
+        return self.mode == "train" and (self.shuffle_buffer > 1 or self.resample is not None)
 
     @property
     def resamples(self) -> bool:
@@ -122,6 +127,13 @@ class Pipeline:
             factors = ratio_factors(manifest.label_histogram, options.resample)  # type: ignore
             self.resampler = Resampler(np.array([factors[c] for c in self.classes.values]),
                                        seed)
+        self.class_weights: np.ndarray | None = None
+        if options.class_weights is not None:
+            if self.classes is None:
+                raise ValueError(f"dataset {manifest.name!r} has no labels to weight")
+            weights = ratio_factors(manifest.label_histogram, options.class_weights)
+            self.class_weights = np.array([weights[c] for c in self.classes.values],
+                                          dtype=np.float32)
         self.decoder = (ImageDecoder(options.image_size, options.channels,
                                      options.decode_threads, options.decode_errors)
                         if options.decode else None)
@@ -160,6 +172,8 @@ class Pipeline:
             else:
                 spec[name] = ((None,), np.dtype(object))
         spec[ID_COLUMN] = ((None,), np.dtype(np.int64))
+        if self.class_weights is not None:
+            spec[WEIGHT_FIELD] = ((None,), np.dtype(np.float32))
         return spec
 
     def _convert(self, table: pa.Table, where: Callable[[int], str]) -> tuple[Batch, np.ndarray]:
@@ -190,6 +204,8 @@ class Pipeline:
             if name == self.label_field and self.classes is not None:
                 ids = self.classes.ids(column, where=where(0))
                 out[name] = self.classes.one_hot(ids) if self.options.one_hot else ids
+                if self.class_weights is not None:
+                    out[WEIGHT_FIELD] = self.class_weights[ids]
             else:
                 out[name] = np.array(column.to_pylist(), dtype=object)
         out[ID_COLUMN] = table.column(ID_COLUMN).to_numpy()

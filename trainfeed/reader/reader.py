@@ -127,11 +127,12 @@ class Reader:
         """Records dropped so far because they could not be decoded (decode_errors="skip")."""
         return self._pipeline.decode_failures if self._pipeline is not None else 0
 
-    def as_tf_dataset(self, inputs: Any = None, targets: Any = None) -> Any:
+    def as_tf_dataset(self, inputs: Any = None, targets: Any = None,
+                      sample_weights: Any = None) -> Any:
         """This reader as a `tf.data.Dataset` for Keras `model.fit` (see
         trainfeed.reader.adapters.as_tf_dataset: needs the [tf] extra)."""
         from trainfeed.reader.adapters import as_tf_dataset
-        return as_tf_dataset(self, inputs, targets)
+        return as_tf_dataset(self, inputs, targets, sample_weights)
 
     def as_torch(self) -> Any:
         """This reader as a `torch.utils.data.IterableDataset` of tensor dicts (needs [torch])."""

@@ -217,3 +217,21 @@ def test_class_weights_give_each_class_the_same_total_loss_weight(tmp_path: Path
             totals[label] += weight
     assert records == 600  # weighting drops and repeats nothing
     assert np.allclose(list(totals.values()), 600 / 4, rtol=1e-4), totals
+
+
+def test_crop_keeps_the_centre_without_stretching(tmp_path: Path) -> None:
+    folder = tmp_path / "wide"
+    (folder / "images").mkdir(parents=True)
+    image = np.zeros((10, 30, 3), dtype=np.uint8)
+    image[:, 10:20] = 255  # a white centre square between black side bands
+    Image.fromarray(image).save(folder / "images" / "a.png")
+    (folder / "train_data.list").write_text("images/a.png\tx\n")
+    storage = str(tmp_path / "storage")
+    upload(str(folder / "train_data.list"), "wide", storage, progress=False)
+    [(cropped, _)] = list(dist.reader("wide", local=True, storage=storage, decode=True,
+                                      image_size=(5, 5), crop=True)())
+    [(stretched, _)] = list(dist.reader("wide", local=True, storage=storage, decode=True,
+                                        image_size=(5, 5))())
+    assert cropped.shape == stretched.shape == (5, 5, 3)
+    assert (cropped == 255).all()  # only the centre square is left
+    assert stretched[:, 0].max() == 0  # the stretched one still has the black band

@@ -31,6 +31,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            distribution_rules: str | None = None,
            state: dict[str, Any] | None = None,
            decode: bool = False, image_size: tuple[int, int] | None = None,
+           crop: bool = False,
            channels: int = 3, normalizing_const: float | None = None, one_hot: bool = False,
            shuffle_buffer: int = 0, resample: Target | None = None,
            batch_size: int | None = None, decode_errors: str = "raise",
@@ -54,7 +55,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
 
     The input pipeline (all optional; without them the reader yields raw Paddle-style tuples):
     - `decode`: JPEG/PNG fields to uint8 HxWxC arrays (`channels` 3 or 1), on all cores;
-      `image_size=(h, w)` resizes to a fixed shape; `normalizing_const` divides (float32);
+      `image_size=(h, w)` resizes to a fixed shape (`crop=True`: centre-crops to its aspect
+      ratio first, nothing stretched); `normalizing_const` divides (float32);
       `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
       in `reader.decode_failures`).
     - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted);
@@ -84,6 +86,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         raise ValueError(f"prefetch must be ≥ 1 partition, got {prefetch}")
     options = PipelineOptions(
         decode=decode, image_size=tuple(image_size) if image_size else None,  # type: ignore
+        crop=crop,
         channels=channels, normalizing_const=normalizing_const, one_hot=one_hot,
         shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
         decode_errors=decode_errors, decode_threads=decode_threads,

@@ -50,6 +50,7 @@ class PipelineOptions:
 
     decode: bool = False
     image_size: tuple[int, int] | None = None
+    crop: bool = False
     channels: int = 3
     normalizing_const: float | None = None
     one_hot: bool = False
@@ -78,7 +79,8 @@ class PipelineOptions:
                              f"got {self.decode_errors!r}")
         if self.prefetch_batches < 1:
             raise ValueError(f"prefetch_batches must be ≥ 1, got {self.prefetch_batches}")
-        if (self.image_size is not None or self.normalizing_const is not None) and not self.decode:
+        if ((self.image_size is not None or self.normalizing_const is not None or self.crop)
+                and not self.decode):
             raise ValueError("image_size and normalizing_const apply to decoded images: "
                              "pass decode=True")
 
@@ -135,7 +137,7 @@ class Pipeline:
             self.class_weights = np.array([weights[c] for c in self.classes.values],
                                           dtype=np.float32)
         self.decoder = (ImageDecoder(options.image_size, options.channels,
-                                     options.decode_threads, options.decode_errors)
+                                     options.decode_threads, options.decode_errors, options.crop)
                         if options.decode else None)
         self.decode_failures = 0
         transform = options.transform

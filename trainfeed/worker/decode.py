@@ -41,15 +41,29 @@ class DecodedBatch:
     errors: tuple[str, ...]  # one message per record that failed (under "skip")
 
 
+def center_crop(image: np.ndarray, aspect: float) -> np.ndarray:
+    """The largest centred region of `image` whose height / width is `aspect`."""
+    h, w = image.shape[:2]
+    if h / w > aspect:  # too tall: trim top and bottom
+        keep = max(1, round(w * aspect))
+        top = (h - keep) // 2
+        return image[top:top + keep]
+    keep = max(1, round(h / aspect))
+    left = (w - keep) // 2
+    return image[:, left:left + keep]
+
+
 class ImageDecoder:
     """Decodes batches of encoded images into one uint8 array of a fixed shape.
 
     `image_size` (height, width): every image is resized to it (bilinear); None keeps each
-    image's own size, which then must agree within a batch. `channels`: 3 (RGB) or 1 (grey).
+    image's own size, which then must agree within a batch. `crop`: first cut the largest
+    centred region of the target's aspect ratio, so that nothing is stretched. `channels`: 3
+    (RGB) or 1 (grey).
     """
 
     def __init__(self, image_size: tuple[int, int] | None = None, channels: int = 3,
-                 threads: int | None = None, errors: str = "raise"):
+                 threads: int | None = None, errors: str = "raise", crop: bool = False):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         if errors not in DECODE_POLICIES:
@@ -59,6 +73,7 @@ class ImageDecoder:
             raise ValueError(f"image_size must be (height, width) ≥ 1, got {image_size!r}")
         self.image_size = tuple(image_size) if image_size is not None else None
         self.channels = channels
+        self.crop = crop
         self.errors = errors
         self.threads = threads or os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trainfeed-decode") \
@@ -81,6 +96,8 @@ class ImageDecoder:
                 image = image[:, :, None]
         if self.image_size is not None and image.shape[:2] != self.image_size:
             height, width = self.image_size
+            if self.crop:
+                image = center_crop(image, height / width)
             small = Image.fromarray(image[:, :, 0] if self.channels == 1 else image)
             image = np.asarray(small.resize((width, height), Image.Resampling.BILINEAR))
             if image.ndim == 2:

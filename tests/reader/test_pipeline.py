@@ -235,3 +235,23 @@ def test_crop_keeps_the_centre_without_stretching(tmp_path: Path) -> None:
     assert cropped.shape == stretched.shape == (5, 5, 3)
     assert (cropped == 255).all()  # only the centre square is left
     assert stretched[:, 0].max() == 0  # the stretched one still has the black band
+
+
+def test_a_validation_set_lacking_classes_uses_the_training_class_ids(tmp_path: Path) -> None:
+    storage = str(tmp_path / "storage")
+    train = make_image_list(tmp_path / "train", 12, labels=("ant", "bee", "cat", "dog"))
+    val = make_image_list(tmp_path / "val", 6, labels=("bee", "dog"), seed=1)
+    upload(str(train), "train", storage, progress=False)
+    upload(str(val), "val", storage, progress=False)
+    training = dist.reader("train", local=True, storage=storage, one_hot=True, batch_size=4)
+    assert training.class_values == ("ant", "bee", "cat", "dog")
+    own = dist.reader("val", local=True, storage=storage, batch_size=6)
+    shared = dist.reader("val", local=True, storage=storage, batch_size=6, one_hot=True,
+                         class_values=training.class_values, mode="validation")
+    [b_own], [b_shared] = list(own()), list(shared())
+    order = np.argsort(b_shared["_id"])
+    assert b_shared["label"][order].argmax(axis=1).tolist() == [1, 3] * 3  # bee 1, dog 3
+    assert sorted(set(b_own["label"].tolist())) == [0, 1]  # on its own: bee 0, dog 1
+    with pytest.raises(ValueError, match="label 'dog' is not one of the 2 class values"):
+        list(dist.reader("val", local=True, storage=storage, batch_size=6,
+                         class_values=["ant", "bee"])())

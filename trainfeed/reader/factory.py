@@ -38,7 +38,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            decode_threads: int | None = None, prefetch_batches: int = 2,
            mode: str = "train", transform: str | Standardize | None = None,
            augment: Sequence[AugmentStep] = (),
-           class_weights: Target | None = None) -> Reader:
+           class_weights: Target | None = None,
+           class_values: Sequence[str] | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -59,8 +60,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       ratio first, nothing stretched); `normalizing_const` divides (float32);
       `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
       in `reader.decode_failures`).
-    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted);
-      `one_hot=True` gives float32 (n, K) instead.
+    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
+      `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
+      agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
     - `resample`: rebalance classes toward "uniform", a dict class -> weight, or a power of the
       source distribution (under-sample p < 1, over-sample p > 1).
     - `shuffle_buffer`: records shuffled together beyond the master's partition order.
@@ -91,7 +93,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
         decode_errors=decode_errors, decode_threads=decode_threads,
         prefetch_batches=prefetch_batches, mode=mode, transform=transform,
-        augment=tuple(augment), class_weights=class_weights)
+        augment=tuple(augment), class_weights=class_weights,
+        class_values=tuple(class_values) if class_values is not None else None)
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)

@@ -64,6 +64,7 @@ class PipelineOptions:
     transform: str | Standardize | None = None
     augment: tuple[AugmentStep, ...] = ()
     class_weights: Target | None = None
+    class_values: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -120,21 +121,22 @@ class Pipeline:
         self.label_field = manifest.label_field if manifest.label_histogram else None
         self.image_fields = tuple(f.name for f in manifest.fields
                                   if f.type == "binary") if options.decode else ()
-        self.classes = (ClassIndex.from_histogram(manifest.label_histogram)
+        self.classes = (ClassIndex(options.class_values) if options.class_values is not None
+                        else ClassIndex.from_histogram(manifest.label_histogram)
                         if self.label_field else None)
         self.resampler: Resampler | None = None
         if options.resamples:
             if self.classes is None:
                 raise ValueError(f"dataset {manifest.name!r} has no labels to rebalance")
             factors = ratio_factors(manifest.label_histogram, options.resample)  # type: ignore
-            self.resampler = Resampler(np.array([factors[c] for c in self.classes.values]),
-                                       seed)
+            self.resampler = Resampler(  # a class this dataset lacks never occurs: 0
+                np.array([factors.get(c, 0.0) for c in self.classes.values]), seed)
         self.class_weights: np.ndarray | None = None
         if options.class_weights is not None:
             if self.classes is None:
                 raise ValueError(f"dataset {manifest.name!r} has no labels to weight")
             weights = ratio_factors(manifest.label_histogram, options.class_weights)
-            self.class_weights = np.array([weights[c] for c in self.classes.values],
+            self.class_weights = np.array([weights.get(c, 0.0) for c in self.classes.values],
                                           dtype=np.float32)
         self.decoder = (ImageDecoder(options.image_size, options.channels,
                                      options.decode_threads, options.decode_errors, options.crop)

@@ -123,6 +123,14 @@ class Reader:
         return self.pipeline.output_spec()
 
     @property
+    def class_values(self) -> tuple[str, ...]:
+        """The labels behind class ids 0..K-1 (pass them to a validation reader)."""
+        classes = self.pipeline.classes
+        if classes is None:
+            raise ValueError(f"dataset {self.name!r} has no labels")
+        return classes.values
+
+    @property
     def decode_failures(self) -> int:
         """Records dropped so far because they could not be decoded (decode_errors="skip")."""
         return self._pipeline.decode_failures if self._pipeline is not None else 0

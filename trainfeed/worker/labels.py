@@ -23,7 +23,7 @@ class ClassIndex:
     """Sorted class values and the mapping of labels to ids 0..K-1."""
 
     def __init__(self, values: Iterable[str]):
-        self.values: tuple[str, ...] = tuple(sorted(set(values)))
+        self.values: tuple[str, ...] = tuple(sorted(set(map(str, values))))
         if not self.values:
             raise ValueError("no class values (the dataset has no label histogram)")
         self._value_set = pa.array(self.values, pa.string())

@@ -61,15 +61,18 @@ ROWS = (*PEERS, "trainfeed-local", "trainfeed-dist")
 PIPELINE = {"decode": True, "normalizing_const": 255.0, "one_hot": True}
 
 
-def consume(reader: Any, num_classes: int) -> tuple[int, int]:
-    """The consumer loop of the baselines: shape checks, count, label checksum."""
+def consume(reader: Any, num_classes: int) -> tuple[int, int, int]:
+    """The consumer loop of the baselines: shape checks, count, label checksum; also the
+    number of distinct records delivered."""
     samples = label_sum = 0
+    ids: set[int] = set()
     for batch in reader():
         x, y = batch["image"], batch["label"]
         assert x.dtype == np.float32 and x.ndim == 4 and y.shape == (len(x), num_classes)
         samples += len(y)
         label_sum += int(y.argmax(1).sum())
-    return samples, label_sum
+        ids.update(batch["_id"].tolist())
+    return samples, label_sum, len(ids)
 
 
 def tree_cpu_s() -> float:
@@ -87,16 +90,9 @@ def local_main(args: argparse.Namespace) -> int:
     runs = []
     for _ in range(args.repeat):
         cpu0, t0, bytes0 = tree_cpu_s(), time.perf_counter(), reader.payload_bytes_read
-        ids: set[int] = set()
-        samples = label_sum = 0
-        for batch in reader():
-            x, y = batch["image"], batch["label"]
-            assert x.dtype == np.float32 and x.ndim == 4 and y.shape == (len(x), num_classes)
-            samples += len(y)
-            label_sum += int(y.argmax(1).sum())
-            ids.update(batch["_id"].tolist())
+        samples, label_sum, distinct = consume(reader, num_classes)
         runs.append((time.perf_counter() - t0, tree_cpu_s() - cpu0, samples, label_sum,
-                     len(ids), reader.payload_bytes_read - bytes0))
+                     distinct, reader.payload_bytes_read - bytes0))
     print(json.dumps({"runs": runs}), flush=True)
     return 0
 
@@ -110,7 +106,7 @@ def worker_main(args: argparse.Namespace) -> int:
         print("ready", flush=True)
         sys.stdin.readline()
         cpu0, t0 = tree_cpu_s(), time.time()
-        samples, label_sum = consume(reader, num_classes)
+        samples, label_sum, _ = consume(reader, num_classes)
         t1, cpu = time.time(), tree_cpu_s() - cpu0
         reader.close()
         print(json.dumps({"start": t0, "end": t1, "cpu": cpu, "samples": samples,

@@ -301,7 +301,8 @@ class Pipeline:
             self.options.prefetch_batches)
         stop = threading.Event()
 
-        def emit(item: _Ready) -> None:
+        def emit(item: _Ready | BaseException | None) -> None:
+            """Queues `item` unless the pass was stopped (then nobody would take it)."""
             while not stop.is_set():
                 try:
                     ready.put(item, timeout=0.1)
@@ -312,15 +313,9 @@ class Pipeline:
         def run() -> None:
             try:
                 self._produce(stream, batch_size, emit, stop.is_set)
-                outcome: BaseException | None = None
+                emit(None)  # the pass is over
             except BaseException as e:  # handed to the trainer's thread
-                outcome = e
-            while not stop.is_set():
-                try:
-                    ready.put(outcome, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
+                emit(e)
 
         producer = threading.Thread(target=run, daemon=True, name="trainfeed-pipeline")
         producer.start()

@@ -344,8 +344,9 @@ class Pipeline:
                     if left[slot] == 0:
                         self._acknowledge(stream, parts.pop(slot), left, slot)
         finally:
+            # The producer may be waiting for the next partition (a long-poll at an epoch's
+            # tail): it stops once the pass's stream is closed, right after this; no join.
             stop.set()
-            producer.join(5)
 
     @staticmethod
     def _acknowledge(stream: PassStream, part: LoadedPartition, left: dict[int, int],

@@ -55,7 +55,7 @@ def test_validation_rows_use_the_training_class_values() -> None:
     y = one_hot(["dog", "dog"], training, "species")  # a validation set without birds or cats
     assert y.tolist() == [[0, 0, 1], [0, 0, 1]]
     with pytest.raises(PreprocessError, match=r"row 7: class 'fish' is not among"):
-        one_hot(["fish"], training, "species", first_row=7)
+        one_hot(["fish"], training, "species", row_ids=[7])
 
 
 def test_bad_arrays_name_the_column_and_row() -> None:
@@ -64,7 +64,7 @@ def test_bad_arrays_name_the_column_and_row() -> None:
     with pytest.raises(PreprocessError, match=r"'rgb', row 0: not a numeric array"):
         stack_arrays([["a", "b"]], "rgb")
     with pytest.raises(PreprocessError, match=r"'rgb', row 5: missing array"):
-        stack_arrays([None], "rgb", first_row=5)
+        stack_arrays([None], "rgb", row_ids=[5])
     with pytest.raises(PreprocessError, match="NaN"):
         stack_arrays([[1.0, float("nan")]], "rgb")
     assert dependent_vartype([[0, 1], [1, 0]]) == "array"

@@ -36,46 +36,47 @@ def class_values(values: Iterable[Any], column: str,
 
 
 def one_hot(values: Sequence[Any], classes: Sequence[Any], column: str,
-            first_row: int = 0) -> np.ndarray:
+            row_ids: Sequence[int] | None = None) -> np.ndarray:
     """(n, len(classes)) one-hot rows; a value outside `classes` is an error naming its row."""
     index = {c: i for i, c in enumerate(classes) if c is not None}
     out = np.zeros((len(values), len(classes)), dtype=ONE_HOT_DTYPE)
     for row, value in enumerate(values):
         key = _scalar(value, column)
         if key not in index:
-            raise PreprocessError(f"column {column!r}, row {first_row + row}: class {value!r} "
+            raise PreprocessError(f"{_where(column, row, row_ids)}: class {value!r} "
                                   f"is not among the class values {list(classes)[:10]}")
         out[row, index[key]] = 1
     return out
 
 
 def stack_arrays(values: Sequence[Any], column: str, normalizing_const: float = 1.0,
-                 first_row: int = 0, dtype: type = np.float32) -> np.ndarray:
+                 row_ids: Sequence[int] | None = None, dtype: type = np.float32) -> np.ndarray:
     """The rows' arrays stacked into one (n, ...) array, divided by `normalizing_const`.
 
     Nested lists (e.g. a 2x2 RGB image as [[[r, g, b], …], …]) keep their shape; flat ones stay
-    flat. Ragged rows, non-numeric or missing values are errors naming the row."""
+    flat. Ragged rows, non-numeric or missing values are errors naming the row: its index in
+    the source (`row_ids[i]` for value i; i itself without row_ids)."""
     if normalizing_const == 0:
         raise PreprocessError("normalizing_const must not be 0")
     arrays = []
     shape = None
     for row, value in enumerate(values):
         if value is None:
-            raise PreprocessError(f"column {column!r}, row {first_row + row}: missing array")
+            raise PreprocessError(f"{_where(column, row, row_ids)}: missing array")
         try:
             array = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError) as e:
-            raise PreprocessError(f"column {column!r}, row {first_row + row}: not a numeric "
+            raise PreprocessError(f"{_where(column, row, row_ids)}: not a numeric "
                                   f"array ({e})") from None
         if array.ndim == 0:
             array = array.reshape(1)
         if shape is None:
             shape = array.shape
         elif array.shape != shape:
-            raise PreprocessError(f"column {column!r}, row {first_row + row}: shape "
+            raise PreprocessError(f"{_where(column, row, row_ids)}: shape "
                                   f"{array.shape}, but earlier rows have {shape}")
         if not np.isfinite(array).all():
-            raise PreprocessError(f"column {column!r}, row {first_row + row}: NaN or infinite "
+            raise PreprocessError(f"{_where(column, row, row_ids)}: NaN or infinite "
                                   f"values")
         arrays.append(array)
     if not arrays:
@@ -96,6 +97,10 @@ def dependent_vartype(values: Sequence[Any]) -> str:
     if isinstance(sample, float | np.floating):
         return "double precision"
     return "text"
+
+
+def _where(column: str, row: int, row_ids: Sequence[int] | None) -> str:
+    return f"column {column!r}, row {row_ids[row] if row_ids is not None else row}"
 
 
 def _scalar(value: Any, column: str) -> Any:

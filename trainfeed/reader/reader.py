@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN
+from trainfeed.preprocess.packed import PACKED_KIND, decode_buffer
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions
 from trainfeed.reader.position import ReaderPosition
@@ -171,6 +172,9 @@ class Reader:
         """One pass. Raw (no pipeline option): each instance as a tuple (bytes for files, str
         for text columns). With options: dicts of arrays per `batch_size` records, or without
         batch_size each instance as a tuple with every option applied."""
+        manifest = self.backend.manifest
+        if manifest.kind == PACKED_KIND and not self.options.active:
+            return self._run_pass(lambda stream: self._buffers(stream, manifest.extra["tensors"]))
         if self.options.active:
             pipeline = self.pipeline
             size = self.options.batch_size
@@ -193,6 +197,19 @@ class Reader:
                 stream.taken(part)
                 stream.consumed(part)
         return self._run_pass(instances)
+
+    @staticmethod
+    def _buffers(stream: PassStream, tensors: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """A packed dataset (trainfeed.preprocess): one dict of arrays per buffer."""
+        for part in stream:
+            if part is None:
+                continue
+            for handed, row in enumerate(part.table.to_pylist(), start=1):
+                stream.positions[part.task.partition] = part.task.skip + handed
+                yield decode_buffer(row, tensors, row[ID_COLUMN])
+                stream.progress(part, handed)  # buffers are big: each one counts
+            stream.taken(part)
+            stream.consumed(part)
 
     def column_batches(self, batch_size: int | None = None,
                        drop_last: bool = False) -> Iterator[ColumnBatch]:

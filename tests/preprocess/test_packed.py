@@ -1,0 +1,143 @@
+"""training_preprocessor / validation_preprocessor on the MADlib documentation's example
+(52 rows of 2x2 RGB images, species {bird, cat, dog}), read back buffer by buffer."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trainfeed import dist
+from trainfeed.errors import DatasetNotFoundError
+from trainfeed.formats.manifest import read_manifest
+from trainfeed.master.process import MasterProcess
+from trainfeed.preprocess import PreprocessError, training_preprocessor, validation_preprocessor
+from trainfeed.storage import open_storage
+
+SPECIES = ("bird", "cat", "dog")
+
+
+def madlib_table(rows: int = 52, flat: bool = False, species: tuple[str, ...] = SPECIES,
+                 seed: int = 0) -> pa.Table:
+    images = np.random.default_rng(seed).integers(0, 256, (rows, 2, 2, 3))
+    rgb = [img.reshape(-1).tolist() if flat else img.tolist() for img in images]
+    return pa.table({"rgb": rgb, "species": [species[i % len(species)] for i in range(rows)]})
+
+
+def instances(buffers: list[dict]) -> Counter:
+    """Every instance of every buffer: (pixel values x 255, class index)."""
+    out: Counter = Counter()
+    for b in buffers:
+        for x, y in zip(b["rgb"], b["species"]):
+            out[(tuple(np.rint(x * 255).astype(int).reshape(-1)), int(y.argmax()))] += 1
+    return out
+
+
+def source_instances(table: pa.Table, classes: list) -> Counter:
+    return Counter((tuple(np.asarray(x).reshape(-1)), classes.index(y))
+                   for x, y in zip(table.column("rgb").to_pylist(),
+                                   table.column("species").to_pylist()))
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_training_preprocessor_reproduces_the_madlib_example(tmp_path: Path, flat: bool) -> None:
+    table = madlib_table(flat=flat)
+    summary = training_preprocessor(table, "image_data_packed", "species", "rgb",
+                                    normalizing_const=255.0, num_workers=3,
+                                    storage=str(tmp_path))
+    assert summary["class_values"] == {"species": ["bird", "cat", "dog"]}
+    assert summary["dependent_vartype"] == ["text"] and summary["num_classes"] == [3]
+    assert summary["buffer_size"] == 18 and summary["num_buffers"] == 3
+    assert {"source_table", "output_table", "dependent_varname", "independent_varname",
+            "normalizing_const", "distribution_rules"} <= set(summary)
+    manifest = read_manifest(open_storage(str(tmp_path)), "image_data_packed")
+    assert manifest.kind == "packed" and manifest.extra["summary"] == summary
+
+    buffers = list(dist.reader("image_data_packed", local=True, storage=str(tmp_path))())
+    assert sorted(b["buffer_id"] for b in buffers) == [0, 1, 2]
+    by_id = {b["buffer_id"]: b for b in buffers}
+    for buffer_id, size in enumerate([18, 18, 16]):
+        b = by_id[buffer_id]
+        want = [size, 12] if flat else [size, 2, 2, 3]
+        assert b["rgb"].dtype == np.float32 and list(b["rgb"].shape) == want
+        assert b["rgb_shape"].tolist() == want and b["species_shape"].tolist() == [size, 3]
+        assert b["species"].shape == (size, 3) and (b["species"].sum(axis=1) == 1).all()
+    assert instances(buffers) == source_instances(table, ["bird", "cat", "dog"])
+
+
+def test_buffer_size_and_num_classes_padding(tmp_path: Path) -> None:
+    summary = training_preprocessor(madlib_table(), "padded", "species", "rgb",
+                                    buffer_size=10, num_classes=5, num_workers=3,
+                                    storage=str(tmp_path))
+    assert summary["class_values"] == {"species": ["bird", "cat", "dog", None, None]}
+    buffers = list(dist.reader("padded", local=True, storage=str(tmp_path))())
+    assert sorted(len(b["species"]) for b in buffers) == [7, 9, 9, 9, 9, 9]
+    assert all(b["species"].shape[1] == 5 and not b["species"][:, 3:].any() for b in buffers)
+
+
+def test_validation_reuses_the_training_classes_and_is_not_shuffled(tmp_path: Path) -> None:
+    training_preprocessor(madlib_table(), "train_packed", "species", "rgb",
+                          normalizing_const=255.0, num_workers=2, storage=str(tmp_path))
+    val = madlib_table(rows=8, species=("dog",), seed=1)
+    summary = validation_preprocessor(val, "val_packed", "species", "rgb",
+                                      training_preprocessor_table="train_packed",
+                                      storage=str(tmp_path))
+    assert summary["class_values"] == {"species": ["bird", "cat", "dog"]}
+    assert summary["normalizing_const"] == 255.0
+    buffers = sorted(dist.reader("val_packed", local=True, storage=str(tmp_path))(),
+                     key=lambda b: b["buffer_id"])
+    assert all(b["species"].argmax(axis=1).tolist() == [2] * len(b["species"])
+               for b in buffers)
+    got = np.concatenate([b["rgb"] for b in buffers]) * 255.0
+    assert np.allclose(got, np.asarray(val.column("rgb").to_pylist()))  # source order kept
+
+
+def test_a_parquet_source_multiple_variables_and_two_readers_through_a_master(
+        tmp_path: Path) -> None:
+    table = madlib_table(rows=60).append_column(
+        "size", pa.array([float(i % 5) for i in range(60)]))
+    table = table.append_column("small", pa.array([i % 2 for i in range(60)]))
+    pq.write_table(table, tmp_path / "source.parquet")
+    storage = str(tmp_path / "storage")
+    summary = training_preprocessor(str(tmp_path / "source.parquet"), "multi",
+                                    ["species", "small"], ["rgb", "size"], buffer_size=5,
+                                    num_workers=2, storage=storage)
+    assert summary["dependent_vartype"] == ["text", "integer"]
+    assert summary["num_buffers"] == 12
+    with MasterProcess(storage) as master:
+        seen: list[int] = []
+        lock = threading.Lock()
+
+        def read() -> None:
+            with dist.reader("multi", local=False, master=master.address, job="packed") as r:
+                for b in r():
+                    assert b["rgb"].shape[1:] == (2, 2, 3) and b["size"].shape[1:] == (1,)
+                    assert b["small"].shape[1] == 2
+                    with lock:
+                        seen.append(b["buffer_id"])
+        threads = [threading.Thread(target=read) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert sorted(seen) == list(range(12))
+
+
+def test_bad_input_names_the_column_or_row_and_publishes_nothing(tmp_path: Path) -> None:
+    storage = str(tmp_path)
+    with pytest.raises(PreprocessError, match=r"no column 'colour' \(columns: \['rgb'"):
+        training_preprocessor(madlib_table(), "bad", "species", "colour", storage=storage)
+    ragged = pa.table({"rgb": [[1, 2, 3]] * 3 + [[1, 2]] + [[1, 2, 3]] * 4,
+                       "species": ["a"] * 8})  # row 3 is short, wherever the shuffle puts it
+    with pytest.raises(PreprocessError, match=r"'rgb', row 3: shape \(2,\)|'rgb', row \d+: "
+                                              r"shape \(3,\), but earlier rows have \(2,\)"):
+        training_preprocessor(ragged, "bad", "species", "rgb", storage=storage)
+    text = pa.table({"rgb": [["x", "y"]], "species": ["a"]})
+    with pytest.raises(PreprocessError, match=r"'rgb', row 0: not a numeric array"):
+        training_preprocessor(text, "bad", "species", "rgb", storage=storage)
+    with pytest.raises(DatasetNotFoundError):
+        read_manifest(open_storage(storage), "bad")

@@ -1,0 +1,254 @@
+"""Packed datasets: MADlib's `training_preprocessor_dl` / `validation_preprocessor_dl` output.
+
+A packed dataset is a trainfeed dataset (kind "packed") whose records are buffers: each row
+holds, per independent variable, the stacked normalized float32 array of many instances, per
+dependent variable their one-hot int16 array, the shapes, and the buffer id (the record id).
+Its manifest carries the MADlib summary. A reader serves it buffer by buffer: each buffer is one
+ready mini-batch (see `decode_buffer`).
+
+Everything is encoded in memory and checked before the first byte is written; shards then go
+out one by one and the manifest last, atomically, as with uploads: a failed run publishes
+nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainfeed.formats import shards as shard_format
+from trainfeed.formats.manifest import (
+    FieldSpec,
+    Manifest,
+    ShardInfo,
+    dataset_storage,
+    read_manifest,
+    write_manifest,
+)
+from trainfeed.names import validate_dataset_name
+from trainfeed.preprocess.buffers import plan_buffers
+from trainfeed.preprocess.encoding import (
+    ONE_HOT_DTYPE,
+    PreprocessError,
+    class_values,
+    dependent_vartype,
+    one_hot,
+    stack_arrays,
+)
+from trainfeed.storage import Storage, open_storage
+
+PACKED_KIND = "packed"
+SHAPE_SUFFIX = "_shape"
+# Buffers per shard file: each buffer is its own row group (one partition reads whole buffers).
+BUFFERS_PER_SHARD = 64
+Columns = dict[str, list[Any]]
+
+
+def load_source(source: Any) -> tuple[Columns, str]:
+    """The source's columns as Python lists, and a name for the summary. Accepts a pyarrow
+    Table, a pandas DataFrame, a dict of columns, or a Parquet file path or fsspec URL."""
+    if isinstance(source, str):
+        storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
+        name = source.rsplit("/", 1)[-1]
+        with storage.fs.open(storage.path(name), "rb") as f:
+            table = pq.read_table(f)
+        return {c: table.column(c).to_pylist() for c in table.column_names}, source
+    if isinstance(source, pa.Table):
+        return {c: source.column(c).to_pylist() for c in source.column_names}, "arrow table"
+    if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
+        table = pa.Table.from_pandas(source, preserve_index=False)
+        return {c: table.column(c).to_pylist() for c in table.column_names}, "DataFrame"
+    if isinstance(source, Mapping):
+        return {str(k): list(v) for k, v in source.items()}, "dict"
+    raise TypeError(f"unsupported source {type(source).__name__}: pass a pyarrow Table, a "
+                    f"pandas DataFrame, a dict of columns or a Parquet path/URL")
+
+
+def _names(value: str | Sequence[str], role: str) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if not names:
+        raise PreprocessError(f"no {role} variable given")
+    return names
+
+
+def _column(columns: Columns, name: str) -> list[Any]:
+    if name not in columns:
+        raise PreprocessError(f"source has no column {name!r} (columns: {sorted(columns)})")
+    return columns[name]
+
+
+def training_preprocessor(source: Any, output_table: str,
+                          dependent_varname: str | Sequence[str],
+                          independent_varname: str | Sequence[str],
+                          buffer_size: int | None = None, normalizing_const: float = 1.0,
+                          num_classes: int | Sequence[int | None] | None = None,
+                          distribution_rules: str = "all", num_workers: int = 1,
+                          storage: str | Storage | None = None, seed: int = 0) -> dict[str, Any]:
+    """Packs `source` into buffers for training (shuffled) and returns MADlib's summary."""
+    return _preprocess(source, output_table, dependent_varname, independent_varname,
+                       buffer_size, normalizing_const, num_classes, distribution_rules,
+                       num_workers, storage, shuffle_seed=seed, training=None)
+
+
+def validation_preprocessor(source: Any, output_table: str,
+                            dependent_varname: str | Sequence[str],
+                            independent_varname: str | Sequence[str],
+                            training_preprocessor_table: str, buffer_size: int | None = None,
+                            storage: str | Storage | None = None) -> dict[str, Any]:
+    """Packs a validation set with the training output's class values and normalizing constant,
+    so that labels line up even where it lacks classes; not shuffled."""
+    store = storage if isinstance(storage, Storage) else open_storage(storage)
+    trained = packed_summary(store, training_preprocessor_table)
+    return _preprocess(source, output_table, dependent_varname, independent_varname,
+                       buffer_size, trained["normalizing_const"], trained["num_classes"],
+                       trained["distribution_rules"], trained["num_workers"], store,
+                       shuffle_seed=None, training=trained)
+
+
+def packed_summary(storage: Storage, name: str) -> dict[str, Any]:
+    """The summary stored with a packed dataset."""
+    manifest = read_manifest(storage, name)
+    if manifest.kind != PACKED_KIND:
+        raise PreprocessError(f"dataset {name!r} is not a packed dataset (kind "
+                              f"{manifest.kind!r})")
+    summary: dict[str, Any] = manifest.extra["summary"]
+    return summary
+
+
+def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
+                independent: str | Sequence[str], buffer_size: int | None,
+                normalizing_const: float, num_classes: Any, distribution_rules: str,
+                num_workers: int, storage: str | Storage | None, shuffle_seed: int | None,
+                training: dict[str, Any] | None) -> dict[str, Any]:
+    validate_dataset_name(output_table)
+    store = storage if isinstance(storage, Storage) else open_storage(storage)
+    columns, source_name = load_source(source)
+    y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
+    ys = {n: _column(columns, n) for n in y_names}
+    xs = {n: _column(columns, n) for n in x_names}
+    rows = len(next(iter(xs.values())))
+    if rows == 0:
+        raise PreprocessError(f"source {source_name} has no rows")
+    order = (np.random.default_rng(shuffle_seed).permutation(rows) if shuffle_seed is not None
+             else np.arange(rows))
+    widths = list(num_classes) if isinstance(num_classes, list | tuple) else \
+        [num_classes] * len(y_names)
+    if len(widths) != len(y_names):
+        raise PreprocessError(f"num_classes has {len(widths)} entries for {len(y_names)} "
+                              f"dependent variables")
+    vartypes: dict[str, str] = {}
+    classes: dict[str, list[Any] | None] = {}
+    for i, name in enumerate(y_names):
+        vartypes[name] = dependent_vartype(ys[name])
+        if vartypes[name] == "array":
+            classes[name] = None  # already one-hot
+        elif training is not None:
+            classes[name] = training["class_values"][name]
+        else:
+            classes[name] = class_values(ys[name], name, widths[i])
+    first = {n: stack_arrays(xs[n][:1], n) for n in x_names}
+    row_bytes = sum(a[0].nbytes for a in first.values())
+    sizes = plan_buffers(rows, num_workers, buffer_size, row_bytes)
+
+    buffers: list[list[bytes | str]] = []
+    start = 0
+    for size in sizes:  # encode everything first: a bad row must not leave half a dataset
+        picked = order[start:start + size]
+        row_ids = picked.tolist()  # source rows, for errors
+        values: list[bytes | str] = []
+        shapes: list[bytes | str] = []
+        for name in x_names:
+            array = stack_arrays([xs[name][i] for i in picked], name, normalizing_const,
+                                 row_ids)
+            values.append(array.tobytes())
+            shapes.append(json.dumps(list(array.shape)))
+        for name in y_names:
+            picked_values = [ys[name][i] for i in picked]
+            known = classes[name]
+            if known is None:
+                array = stack_arrays(picked_values, name, 1.0, row_ids, ONE_HOT_DTYPE)
+            else:
+                array = one_hot(picked_values, known, name, row_ids)
+            values.append(array.tobytes())
+            shapes.append(json.dumps(list(array.shape)))
+        buffers.append(values + shapes)
+        start += size
+
+    summary = {
+        "source_table": source_name, "output_table": output_table,
+        "dependent_varname": y_names, "independent_varname": x_names,
+        "dependent_vartype": [vartypes[n] for n in y_names],
+        "class_values": {n: classes[n] for n in y_names},
+        "buffer_size": sizes[0], "normalizing_const": float(normalizing_const),
+        "num_classes": [len(c) if (c := classes[n]) is not None else None for n in y_names],
+        "distribution_rules": distribution_rules, "num_workers": num_workers,
+        "num_buffers": len(sizes), "num_rows": rows,
+    }
+    tensors = {**{n: "float32" for n in x_names}, **{n: np.dtype(ONE_HOT_DTYPE).name
+                                                     for n in y_names}}
+    _write(store, output_table, x_names + y_names, buffers, summary, tensors)
+    return summary
+
+
+def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[list[bytes | str]],
+           summary: dict[str, Any], tensors: dict[str, str]) -> None:
+    fields = tuple([FieldSpec(n, "binary") for n in tensor_names]
+                   + [FieldSpec(n + SHAPE_SUFFIX, "string") for n in tensor_names])
+    schema = shard_format.arrow_schema(fields)
+    folder = dataset_storage(store, name)
+    digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
+    for values in buffers:
+        for v in values:
+            digest.update(v if isinstance(v, bytes) else v.encode())
+    fingerprint = digest.hexdigest()
+    data_dir = f"data/{fingerprint[:16]}"
+    infos = []
+    for index in range(0, len(buffers), BUFFERS_PER_SHARD):
+        groups = []
+        for buffer_id in range(index, min(index + BUFFERS_PER_SHARD, len(buffers))):
+            group = shard_format.RowGroupBuffer.empty(len(fields))
+            values = buffers[buffer_id]
+            group.add(buffer_id, values, sum(len(v) for v in values if isinstance(v, bytes)))
+            groups.append(group)
+        data, sha = shard_format.encode_shard(schema, groups)
+        rel = f"{data_dir}/shard-{index // BUFFERS_PER_SHARD:05d}.parquet"
+        folder.write_atomic(rel, data)
+        index_array = shard_format.payload_index(data, schema, groups)
+        index_rel = None
+        if index_array is not None:
+            index_rel = rel + ".payload.npy"
+            buf = io.BytesIO()
+            np.save(buf, index_array, allow_pickle=False)
+            folder.write_atomic(index_rel, buf.getvalue())
+        infos.append(ShardInfo(path=rel, num_rows=len(groups), num_bytes=len(data), sha256=sha,
+                               row_groups=tuple(g.info() for g in groups),
+                               payload_index=index_rel))
+    manifest = Manifest(
+        name=name, kind=PACKED_KIND, fields=fields, label_field=None,
+        num_records=len(buffers), num_bytes=sum(g.num_bytes for s in infos
+                                                for g in s.row_groups),
+        shards=tuple(infos), label_histogram={}, fingerprint=fingerprint,
+        source=str(summary["source_table"]),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        extra={"summary": summary, "tensors": tensors})
+    manifest.check()
+    write_manifest(store, manifest)
+
+
+def decode_buffer(row: Mapping[str, Any], tensors: Mapping[str, str],
+                  buffer_id: int) -> dict[str, Any]:
+    """One packed row as MADlib's output columns: arrays reshaped, shapes, buffer_id."""
+    out: dict[str, Any] = {}
+    for name, dtype in tensors.items():
+        shape = json.loads(row[name + SHAPE_SUFFIX])
+        out[name] = np.frombuffer(row[name], dtype=dtype).reshape(shape)
+        out[name + SHAPE_SUFFIX] = np.array(shape, dtype=np.int64)
+    out["buffer_id"] = buffer_id
+    return out

@@ -9,7 +9,7 @@ import pytest
 
 from trainfeed.cli.main import build_parser, main
 
-COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo"]
+COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess"]
 
 
 def test_every_command_has_help() -> None:
@@ -20,6 +20,10 @@ def test_every_command_has_help() -> None:
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert f"usage: trainfeed {command}" in result.stdout
+    for step in ("train", "validate"):
+        result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "preprocess", step,
+                                 "--help"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and f"trainfeed preprocess {step}" in result.stdout
 
 
 def test_upload_ls_info(image_list: Path, storage_dir: str,

@@ -2,6 +2,7 @@
 (52 rows of 2x2 RGB images, species {bird, cat, dog}), read back buffer by buffer."""
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from pathlib import Path
@@ -141,3 +142,26 @@ def test_bad_input_names_the_column_or_row_and_publishes_nothing(tmp_path: Path)
         training_preprocessor(text, "bad", "species", "rgb", storage=storage)
     with pytest.raises(DatasetNotFoundError):
         read_manifest(open_storage(storage), "bad")
+
+
+def test_the_cli_packs_a_csv_with_json_array_cells(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfeed.cli.main import main
+
+    rows = ["rgb,species"] + [f'"[{i}, {i + 1}, {i + 2}]",{SPECIES[i % 3]}' for i in range(9)]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "val.csv").write_text('rgb,species\n"[1, 2, 3]",cat\n')
+    storage = str(tmp_path / "storage")
+    assert main(["preprocess", "train", str(tmp_path / "train.csv"), "packed", "--dependent",
+                 "species", "--independent", "rgb", "--num-workers", "3", "--storage",
+                 storage]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_buffers"] == 3 and summary["class_values"]["species"] == list(SPECIES)
+    assert main(["preprocess", "validate", str(tmp_path / "val.csv"), "val", "--dependent",
+                 "species", "--independent", "rgb", "--training", "packed", "--storage",
+                 storage]) == 0
+    [buffer] = list(dist.reader("val", local=True, storage=storage)())
+    assert buffer["species"].tolist() == [[0, 1, 0]] and buffer["rgb"].tolist() == [[1, 2, 3]]
+    assert main(["preprocess", "train", str(tmp_path / "train.csv"), "bad", "--dependent",
+                 "nope", "--independent", "rgb", "--storage", storage]) == 2
+    assert "no column 'nope'" in capsys.readouterr().err

@@ -7,10 +7,17 @@ import sys
 from collections.abc import Sequence
 
 from trainfeed import __version__
-from trainfeed.cli import builtin_cmd, datasets_cmd, demo_cmd, master_cmd, upload_cmd
+from trainfeed.cli import (
+    builtin_cmd,
+    datasets_cmd,
+    demo_cmd,
+    master_cmd,
+    preprocess_cmd,
+    upload_cmd,
+)
 from trainfeed.errors import TrainfeedError
 
-COMMANDS = (upload_cmd, master_cmd, datasets_cmd, builtin_cmd, demo_cmd)
+COMMANDS = (upload_cmd, master_cmd, datasets_cmd, builtin_cmd, demo_cmd, preprocess_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

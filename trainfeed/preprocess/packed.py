@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from trainfeed.formats import shards as shard_format
@@ -53,13 +54,21 @@ Columns = dict[str, list[Any]]
 
 def load_source(source: Any) -> tuple[Columns, str]:
     """The source's columns as Python lists, and a name for the summary. Accepts a pyarrow
-    Table, a pandas DataFrame, a dict of columns, or a Parquet file path or fsspec URL."""
+    Table, a pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV
+    cells holding JSON arrays, "[1, 2, 3]", are decoded), or a SQL source (trainfeed.sql)."""
+    if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
+        table = source.read()
+        return {c: table.column(c).to_pylist() for c in table.column_names}, str(source.query)
     if isinstance(source, str):
         storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
         name = source.rsplit("/", 1)[-1]
         with storage.fs.open(storage.path(name), "rb") as f:
-            table = pq.read_table(f)
-        return {c: table.column(c).to_pylist() for c in table.column_names}, source
+            table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
+        columns = {c: table.column(c).to_pylist() for c in table.column_names}
+        for c, values in columns.items():
+            if values and isinstance(values[0], str) and values[0].lstrip().startswith("["):
+                columns[c] = [_json_array(v, c, row) for row, v in enumerate(values)]
+        return columns, source
     if isinstance(source, pa.Table):
         return {c: source.column(c).to_pylist() for c in source.column_names}, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
@@ -69,6 +78,13 @@ def load_source(source: Any) -> tuple[Columns, str]:
         return {str(k): list(v) for k, v in source.items()}, "dict"
     raise TypeError(f"unsupported source {type(source).__name__}: pass a pyarrow Table, a "
                     f"pandas DataFrame, a dict of columns or a Parquet path/URL")
+
+
+def _json_array(value: str | None, column: str, row: int) -> Any:
+    try:
+        return json.loads(value) if value is not None else None
+    except ValueError as e:
+        raise PreprocessError(f"column {column!r}, row {row}: not a JSON array ({e})") from None
 
 
 def _names(value: str | Sequence[str], role: str) -> list[str]:

@@ -28,6 +28,7 @@ from integration.services import (  # noqa: E402 (after the sys.path set-up)
     ServiceUnavailable,
     etcd_server,
     glusterfs_volume,
+    postgres_server,
     seaweedfs_s3,
 )
 
@@ -88,6 +89,14 @@ def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Client URL ("http://127.0.0.1:PORT") of a single-member etcd."""
     with ExitStack() as stack:
         yield _start(stack, etcd_server(tmp_path_factory.mktemp("etcd")))
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL ("postgresql://postgres@127.0.0.1:PORT/postgres") of a private PostgreSQL cluster:
+    superuser, trust authentication, no password. Tests create their own uniquely named tables."""
+    with ExitStack() as stack:
+        yield _start(stack, postgres_server(tmp_path_factory.mktemp("postgres")))
 
 
 # --- small datasets -------------------------------------------------------------------------

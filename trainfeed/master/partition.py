@@ -11,6 +11,12 @@ from dataclasses import dataclass
 
 from trainfeed.formats.manifest import Manifest
 
+# A SQL dataset's partitions are hash buckets of its query's rows (trainfeed.sql_dataset): the
+# task names this pseudo-shard, bucket `row_group_start` of `row_group_stop`; each worker runs
+# its bucket's query itself.
+SQL_SHARD = "<sql>"
+SQL_KIND = "sql"
+
 # "≥ 16 partitions per expected worker" (the design): 16 × an expected 4 workers.
 PARTITIONS_PER_WORKER = 16
 DEFAULT_EXPECTED_WORKERS = 4
@@ -35,6 +41,9 @@ def plan_partitions(manifest: Manifest,
     """
     if target < 1:
         raise ValueError(f"target partitions must be ≥ 1, got {target}")
+    if manifest.kind == SQL_KIND:  # fixed at registration: the buckets are part of the dataset
+        buckets = int(manifest.extra["sql"]["num_partitions"])
+        return tuple(Partition(m, SQL_SHARD, m, buckets, 0) for m in range(buckets))
     per_partition = max(1, manifest.num_row_groups // target)
     partitions: list[Partition] = []
     for shard in manifest.shards:

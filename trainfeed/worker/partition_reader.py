@@ -7,7 +7,9 @@ I/O. Shards without an index fall back to reading whole row groups.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -20,7 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
-from trainfeed.formats.manifest import ID_COLUMN
+from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
+from trainfeed.master.partition import SQL_SHARD
 from trainfeed.storage import Storage, access_error
 from trainfeed.worker.prefetch import TaskRef
 
@@ -58,6 +61,7 @@ class PartitionReader:
         self.stats = stats or ReadStats()
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
         self._indexes: dict[str, np.ndarray | None] = {}
+        self._sql: Any = None  # trainfeed.sql.SqlSource of a SQL dataset, on first use
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:
@@ -133,6 +137,21 @@ class PartitionReader:
                               for c in self.columns})
         return table.append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
 
+    def read_sql(self, bucket: int, buckets: int) -> pa.Table:
+        """One hash bucket of a SQL dataset's query, run on its database by this worker, sorted
+        by the key columns (a stable order: progress within it skips a prefix), with a stable
+        `_id` from the key values."""
+        if self._sql is None:
+            from trainfeed.sql import SqlSource  # a database driver is an optional extra
+            manifest = json.loads(self.dataset.read_bytes(MANIFEST_NAME))
+            spec = manifest["extra"]["sql"]
+            self._sql = SqlSource(spec["query"], spec["url"], tuple(spec["key_columns"]))
+        table = self._sql.read_partition(bucket, buckets)
+        keys = list(self._sql.key_columns) or table.column_names
+        table = table.sort_by([(k, "ascending") for k in keys])
+        ids = pa.array(stable_ids(table, keys), pa.int64())
+        return pa.table([ids, *(table.column(c) for c in self.columns[1:])], names=self.columns)
+
     def _index(self, shard: str) -> np.ndarray | None:
         if shard not in self._indexes:
             try:
@@ -170,9 +189,25 @@ class PartitionReader:
             self._close_one(parquet, handle)
 
 
+def stable_ids(table: pa.Table, keys: Sequence[str]) -> list[int]:
+    """A 63-bit id per row from its key values: the same row gets the same id in every read."""
+    columns = [table.column(k).to_pylist() for k in keys]
+    return [int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(),
+                           "little") >> 1 for values in zip(*columns)]
+
+
 def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None) -> pa.Table:
     """A task's rows minus the `task.skip` an earlier holder's trainer already got; with a
     selector, only the rows it keeps (and a COPIES_COLUMN), payloads fetched for those alone."""
+    if task.shard == SQL_SHARD:
+        table = reader.read_sql(task.row_group_start, task.row_group_stop)
+        if selector is not None:
+            copies = np.array(selector(task, table), dtype=np.int64)
+            copies[:task.skip] = 0
+            rows = np.flatnonzero(copies)
+            return table.take(rows).append_column(COPIES_COLUMN,
+                                                  pa.array(copies[rows], pa.int64()))
+        return table.slice(task.skip) if task.skip else table
     if selector is None:
         table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
                             task.num_records)

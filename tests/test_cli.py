@@ -9,7 +9,8 @@ import pytest
 
 from trainfeed.cli.main import build_parser, main
 
-COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess"]
+COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess",
+            "sql"]
 
 
 def test_every_command_has_help() -> None:

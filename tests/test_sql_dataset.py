@@ -84,3 +84,17 @@ def test_a_bad_query_fails_at_registration_and_publishes_nothing(tmp_path: Path)
                              storage)
     with pytest.raises(DatasetNotFoundError):
         read_manifest(open_storage(storage), "bad")
+
+
+def test_the_cli_registers_a_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfeed.cli.main import main
+
+    url = make_db(tmp_path / "shop.db")
+    storage = str(tmp_path / "storage")
+    assert main(["sql", "cheap", "--query", "SELECT id, name FROM orders WHERE value < 0",
+                 "--db", url, "--key", "id", "--partitions", "8", "--storage", storage]) == 0
+    assert "published 'cheap': 20 rows in 8 buckets, columns id, name" in capsys.readouterr().out
+    assert sorted(read_ids(dist.reader("cheap", local=True, storage=storage))) == list(range(20))
+    assert main(["sql", "broken", "--query", "SELECT nope FROM orders", "--db", url,
+                 "--storage", storage]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -13,11 +13,13 @@ from trainfeed.cli import (
     demo_cmd,
     master_cmd,
     preprocess_cmd,
+    sql_cmd,
     upload_cmd,
 )
 from trainfeed.errors import TrainfeedError
 
-COMMANDS = (upload_cmd, master_cmd, datasets_cmd, builtin_cmd, demo_cmd, preprocess_cmd)
+COMMANDS = (upload_cmd, master_cmd, datasets_cmd, builtin_cmd, demo_cmd, preprocess_cmd,
+            sql_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -52,30 +53,33 @@ BUFFERS_PER_SHARD = 64
 Columns = dict[str, list[Any]]
 
 
-def load_source(source: Any) -> tuple[Columns, str]:
-    """The source's columns as Python lists, and a name for the summary. Accepts a pyarrow
-    Table, a pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV
-    cells holding JSON arrays, "[1, 2, 3]", are decoded), or a SQL source (trainfeed.sql)."""
+def load_source(source: Any) -> tuple[pa.Table, str]:
+    """The source as an Arrow table, and a name for the summary. Accepts a pyarrow Table, a
+    pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV cells
+    holding JSON arrays, "[1, 2, 3]", are decoded), or a SQL source (trainfeed.sql)."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
-        table = source.read()
-        return {c: table.column(c).to_pylist() for c in table.column_names}, str(source.query)
+        return source.read(), str(source.query)
     if isinstance(source, str):
         storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
         name = source.rsplit("/", 1)[-1]
         with storage.fs.open(storage.path(name), "rb") as f:
             table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
-        columns = {c: table.column(c).to_pylist() for c in table.column_names}
-        for c, values in columns.items():
-            if values and isinstance(values[0], str) and values[0].lstrip().startswith("["):
-                columns[c] = [_json_array(v, c, row) for row, v in enumerate(values)]
-        return columns, source
+        for i, c in enumerate(table.column_names):
+            values = table.column(c)
+            if (pa.types.is_string(values.type) and len(values)
+                    and str(values[0].as_py() or "").lstrip().startswith("[")):
+                decoded = [_json_array(v, c, row) for row, v in enumerate(values.to_pylist())]
+                table = table.set_column(i, c, pa.array(decoded))
+        return table, source
     if isinstance(source, pa.Table):
-        return {c: source.column(c).to_pylist() for c in source.column_names}, "arrow table"
+        return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
-        table = pa.Table.from_pandas(source, preserve_index=False)
-        return {c: table.column(c).to_pylist() for c in table.column_names}, "DataFrame"
+        return pa.Table.from_pandas(source, preserve_index=False), "DataFrame"
     if isinstance(source, Mapping):
-        return {str(k): list(v) for k, v in source.items()}, "dict"
+        try:
+            return pa.table({str(k): list(v) for k, v in source.items()}), "dict"
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise PreprocessError(f"cannot tabulate the source dict: {e}") from None
     raise TypeError(f"unsupported source {type(source).__name__}: pass a pyarrow Table, a "
                     f"pandas DataFrame, a dict of columns or a Parquet path/URL")
 
@@ -94,10 +98,36 @@ def _names(value: str | Sequence[str], role: str) -> list[str]:
     return names
 
 
-def _column(columns: Columns, name: str) -> list[Any]:
-    if name not in columns:
-        raise PreprocessError(f"source has no column {name!r} (columns: {sorted(columns)})")
-    return columns[name]
+def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise PreprocessError(f"source has no column {name!r} (columns: "
+                              f"{sorted(table.column_names)})")
+    return table.column(name)
+
+
+def dense_array(column: pa.ChunkedArray) -> np.ndarray | None:
+    """A column of equally shaped numeric (nested) lists as one numpy array (n, ...), without a
+    Python object per value; None if it is not that (ragged, nulls, not numeric): the row-wise
+    path then names the offending row."""
+    array = column.combine_chunks()
+    shape = [len(array)]
+    while (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+           or pa.types.is_fixed_size_list(array.type)):
+        if array.null_count or not len(array):
+            return None
+        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+        if (lengths != lengths[0]).any():
+            return None
+        shape.append(int(lengths[0]))
+        array = pc.list_flatten(array)
+    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+        return None
+    if array.null_count:
+        return None
+    values = array.to_numpy(zero_copy_only=False)
+    if len(shape) == 1:
+        shape.append(1)  # a scalar per row: a 1-element array, as stack_arrays makes it
+    return values.reshape(shape)
 
 
 def training_preprocessor(source: Any, output_table: str,
@@ -145,11 +175,14 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                 training: dict[str, Any] | None) -> dict[str, Any]:
     validate_dataset_name(output_table)
     store = storage if isinstance(storage, Storage) else open_storage(storage)
-    columns, source_name = load_source(source)
+    table, source_name = load_source(source)
     y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
-    ys = {n: _column(columns, n) for n in y_names}
-    xs = {n: _column(columns, n) for n in x_names}
-    rows = len(next(iter(xs.values())))
+    ys = {n: _column(table, n).to_pylist() for n in y_names}
+    x_columns = {n: _column(table, n) for n in x_names}
+    dense = {n: dense_array(c) for n, c in x_columns.items()}
+    # Row-wise lists only where the fast path does not apply (they give row-level errors).
+    xs = {n: c.to_pylist() if dense[n] is None else [] for n, c in x_columns.items()}
+    rows = table.num_rows
     if rows == 0:
         raise PreprocessError(f"source {source_name} has no rows")
     order = (np.random.default_rng(shuffle_seed).permutation(rows) if shuffle_seed is not None
@@ -169,8 +202,9 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
             classes[name] = training["class_values"][name]
         else:
             classes[name] = class_values(ys[name], name, widths[i])
-    first = {n: stack_arrays(xs[n][:1], n) for n in x_names}
-    row_bytes = sum(a[0].nbytes for a in first.values())
+    row_bytes = sum(4 * (int(np.prod(d.shape[1:])) if d is not None
+                         else stack_arrays(xs[n][:1], n)[0].size)
+                    for n, d in dense.items())
     sizes = plan_buffers(rows, num_workers, buffer_size, row_bytes)
 
     buffers: list[list[bytes | str]] = []
@@ -181,8 +215,16 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
         values: list[bytes | str] = []
         shapes: list[bytes | str] = []
         for name in x_names:
-            array = stack_arrays([xs[name][i] for i in picked], name, normalizing_const,
-                                 row_ids)
+            block = dense[name]
+            array = None
+            if block is not None:
+                array = (block[picked] / normalizing_const).astype(np.float32)
+                if not np.isfinite(array).all():
+                    array = None  # the row-wise path names the row
+                    xs[name] = xs[name] or x_columns[name].to_pylist()
+            if array is None:
+                array = stack_arrays([xs[name][i] for i in picked], name, normalizing_const,
+                                     row_ids)
             values.append(array.tobytes())
             shapes.append(json.dumps(list(array.shape)))
         for name in y_names:

@@ -3,11 +3,10 @@ PostgreSQL variant is in tests/integration/test_sql_postgres_dataset.py)."""
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from threaded_readers import ids_per_epoch
 
 from trainfeed import dist
 from trainfeed.errors import DatasetNotFoundError, TrainfeedError
@@ -54,21 +53,7 @@ def test_readers_through_a_master_split_every_epoch_exactly_once(tmp_path: Path)
     register_sql_dataset("orders", sql("SELECT * FROM orders", url), storage,
                          num_partitions=24)
     with MasterProcess(storage) as master:
-        got: dict[int, Counter[int]] = {}
-        lock = threading.Lock()
-
-        def work() -> None:
-            with dist.reader("orders", local=False, master=master.address, job="sql") as r:
-                for _ in range(2):
-                    ids = read_ids(r)
-                    with lock:
-                        got.setdefault(r.epoch or 0, Counter()).update(ids)
-
-        threads = [threading.Thread(target=work) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = ids_per_epoch("orders", master.address, job="sql")
     assert sorted(got) == [0, 1]
     for epoch, counts in got.items():
         assert set(counts) == set(range(ROWS)) and max(counts.values()) == 1, epoch

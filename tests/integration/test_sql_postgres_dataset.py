@@ -3,14 +3,13 @@ per epoch, each running its buckets' queries itself; and a table of arrays packe
 training preprocessor straight from SQL."""
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
+from threaded_readers import ids_per_epoch
 
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
@@ -38,21 +37,7 @@ def test_three_readers_split_a_postgres_query_exactly_once_per_epoch(
     assert manifest.extra["statistics"]["columns"]["kind"]["vocabulary"] == [
         "buy", "click", "view"]
     with MasterProcess(storage) as master:
-        got: dict[int, Counter[int]] = {}
-        lock = threading.Lock()
-
-        def work() -> None:
-            with dist.reader("events", local=False, master=master.address, job="pg") as r:
-                for _ in range(2):
-                    ids = [row[0] for row in r()]
-                    with lock:
-                        got.setdefault(r.epoch or 0, Counter()).update(ids)
-
-        threads = [threading.Thread(target=work) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = ids_per_epoch("events", master.address, job="pg")
     assert sorted(got) == [0, 1]
     for epoch, counts in got.items():
         assert set(counts) == set(range(ROWS)) and max(counts.values()) == 1, epoch

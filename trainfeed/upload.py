@@ -337,7 +337,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), skipped=skipped)
     manifest.check()
     write_manifest(store, manifest)
-    _remove_stale_data(folder, keep=data_dir)
+    remove_stale_data(folder, keep=data_dir)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), skipped, False, len(resumed),
                         time.monotonic() - started)
@@ -350,7 +350,7 @@ def _published_fingerprint(folder: Storage) -> str | None:
         return None
 
 
-def _remove_stale_data(folder: Storage, keep: str) -> None:
+def remove_stale_data(folder: Storage, keep: str) -> None:
     """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live."""
     try:
         found = folder.fs.ls(folder.path("data"), detail=False)

@@ -165,3 +165,30 @@ def test_the_cli_packs_a_csv_with_json_array_cells(tmp_path: Path,
     assert main(["preprocess", "train", str(tmp_path / "train.csv"), "bad", "--dependent",
                  "nope", "--independent", "rgb", "--storage", storage]) == 2
     assert "no column 'nope'" in capsys.readouterr().err
+
+
+def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainfeed.errors import JobError
+
+    storage = str(tmp_path / "storage")
+    training_preprocessor(madlib_table(), "ruled", "species", "rgb", num_workers=2,
+                          distribution_rules="node-a", storage=storage)
+    with MasterProcess(storage) as master:
+        monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-b")
+        with pytest.raises(JobError, match="node-a"):
+            list(dist.reader("ruled", local=False, master=master.address, job="j")())
+        monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-a")
+        with dist.reader("ruled", local=False, master=master.address, job="j") as reader:
+            assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
+
+
+def test_packing_a_name_again_replaces_it_and_leaves_no_old_data(tmp_path: Path) -> None:
+    storage = str(tmp_path)
+    first = training_preprocessor(madlib_table(), "again", "species", "rgb", storage=storage)
+    second = training_preprocessor(madlib_table(rows=30), "again", "species", "rgb",
+                                   num_workers=2, storage=storage)
+    assert (first["num_rows"], second["num_rows"]) == (52, 30)
+    assert len(list((tmp_path / "again" / "data").iterdir())) == 1
+    buffers = list(dist.reader("again", local=True, storage=storage)())
+    assert sum(len(b["species"]) for b in buffers) == 30

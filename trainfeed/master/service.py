@@ -32,6 +32,7 @@ from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
 from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
 from trainfeed.master.state_store import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.preprocess.packed import PACKED_KIND
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
@@ -277,6 +278,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
             job = self.jobs.get(request.job)  # another OpenJob may have won while we read
             if job is None:
+                if not request.distribution_rules and manifest.kind == PACKED_KIND:
+                    # MADlib's distribution_rules, given to the preprocessor, travel with the
+                    # packed dataset: a reader that names none gets them.
+                    rules = DistributionRules.parse(
+                        manifest.extra.get("summary", {}).get("distribution_rules"))
                 partitions = plan_partitions(manifest, self.config.target_partitions)
                 ledger = Ledger(len(partitions), seed=request.seed,
                                 max_failures=self.config.max_failures)

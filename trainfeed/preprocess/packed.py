@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ from trainfeed.preprocess.encoding import (
     stack_arrays,
 )
 from trainfeed.storage import Storage, open_storage
+from trainfeed.upload import remove_stale_data
 
 PACKED_KIND = "packed"
 SHAPE_SUFFIX = "_shape"
@@ -261,12 +263,9 @@ def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[lis
                    + [FieldSpec(n + SHAPE_SUFFIX, "string") for n in tensor_names])
     schema = shard_format.arrow_schema(fields)
     folder = dataset_storage(store, name)
-    digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
-    for values in buffers:
-        for v in values:
-            digest.update(v if isinstance(v, bytes) else v.encode())
-    fingerprint = digest.hexdigest()
-    data_dir = f"data/{fingerprint[:16]}"
+    # A fresh folder per run; the fingerprint comes from the shards' checksums (computed anyway)
+    # rather than from hashing every buffer once more.
+    data_dir = f"data/{uuid.uuid4().hex[:16]}"
     infos = []
     for index in range(0, len(buffers), BUFFERS_PER_SHARD):
         groups = []
@@ -288,6 +287,10 @@ def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[lis
         infos.append(ShardInfo(path=rel, num_rows=len(groups), num_bytes=len(data), sha256=sha,
                                row_groups=tuple(g.info() for g in groups),
                                payload_index=index_rel))
+    digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
+    for info in infos:
+        digest.update(info.sha256.encode())
+    fingerprint = digest.hexdigest()
     manifest = Manifest(
         name=name, kind=PACKED_KIND, fields=fields, label_field=None,
         num_records=len(buffers), num_bytes=sum(g.num_bytes for s in infos
@@ -298,6 +301,7 @@ def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[lis
         extra={"summary": summary, "tensors": tensors})
     manifest.check()
     write_manifest(store, manifest)
+    remove_stale_data(folder, keep=data_dir)  # an earlier packing of the same name
 
 
 def decode_buffer(row: Mapping[str, Any], tensors: Mapping[str, str],

@@ -101,7 +101,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         return Reader(lambda resume: LocalBackend(name, store, seed, prefetch, resume), name,
                       "local", state, options)
     job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
-    rules = str(DistributionRules.parse(distribution_rules))  # a bad value fails here, early
+    # A bad value fails here, early; none given ("") lets the master apply the dataset's own
+    # (a packed dataset's summary) or "all".
+    rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
     return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, prefetch, rules,
                                                     resume), name, "distributed", state,
                   options)

@@ -192,3 +192,29 @@ def test_packing_a_name_again_replaces_it_and_leaves_no_old_data(tmp_path: Path)
     assert len(list((tmp_path / "again" / "data").iterdir())) == 1
     buffers = list(dist.reader("again", local=True, storage=storage)())
     assert sum(len(b["species"]) for b in buffers) == 30
+
+
+def test_an_uploaded_image_dataset_is_a_source(tmp_path: Path) -> None:
+    from PIL import Image
+    from sample_data import make_image_list
+
+    from trainfeed.upload import UploadOptions, upload
+
+    storage = str(tmp_path / "storage")
+    source = make_image_list(tmp_path / "images", 20, labels=("cat", "dog"), size=4)
+    upload(str(source), "pets", storage, UploadOptions(row_group_rows=8), progress=False)
+    summary = training_preprocessor("pets", "pets_packed", "label", "image",
+                                    normalizing_const=255.0, num_workers=2, storage=storage)
+    assert summary["class_values"] == {"label": ["cat", "dog"]}
+    assert summary["source_table"] == "dataset pets"
+    buffers = list(dist.reader("pets_packed", local=True, storage=storage)())
+    assert sorted(len(b["label"]) for b in buffers) == [10, 10]
+    assert all(b["image"].shape[1:] == (4, 4, 3) and b["image"].dtype == np.float32
+               for b in buffers)
+    # every image arrives once: compare with the decoded source images
+    want = sorted(tuple(np.asarray(Image.open(p)).reshape(-1))
+                  for p in sorted((tmp_path / "images" / "images").iterdir()))
+    got = sorted(tuple(np.rint(x * 255).astype(np.uint8).reshape(-1))
+                 for b in buffers for x in b["image"])
+    assert len(got) == 20 and all(np.abs(np.subtract(g, w, dtype=int)).max() <= 2
+                                  for g, w in zip(got, want))

@@ -55,12 +55,16 @@ BUFFERS_PER_SHARD = 64
 Columns = dict[str, list[Any]]
 
 
-def load_source(source: Any) -> tuple[pa.Table, str]:
+def load_source(source: Any, storage: Storage | None = None) -> tuple[pa.Table, str]:
     """The source as an Arrow table, and a name for the summary. Accepts a pyarrow Table, a
     pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV cells
-    holding JSON arrays, "[1, 2, 3]", are decoded), or a SQL source (trainfeed.sql)."""
+    holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql), or the name
+    of a trainfeed dataset in `storage` (an uploaded image list: images decoded to uint8
+    arrays, labels as written)."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
         return source.read(), str(source.query)
+    if isinstance(source, str) and storage is not None and _is_dataset_name(source):
+        return _dataset_table(source, storage), f"dataset {source}"
     if isinstance(source, str):
         storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
         name = source.rsplit("/", 1)[-1]
@@ -84,6 +88,45 @@ def load_source(source: Any) -> tuple[pa.Table, str]:
             raise PreprocessError(f"cannot tabulate the source dict: {e}") from None
     raise TypeError(f"unsupported source {type(source).__name__}: pass a pyarrow Table, a "
                     f"pandas DataFrame, a dict of columns or a Parquet path/URL")
+
+
+def _is_dataset_name(source: str) -> bool:
+    """A name like "flowers" or "public/digits", not a file path or URL."""
+    return ("://" not in source and not source.lower().endswith((".parquet", ".csv"))
+            and not source.startswith((".", "/")))
+
+
+def _dataset_table(name: str, storage: Storage) -> pa.Table:
+    """A trainfeed dataset as a table: binary (image) fields decoded to uint8 arrays, kept as
+    fixed-size lists (no Python object per pixel), other fields as they are."""
+    from trainfeed import dist  # the reader stack, only for this kind of source
+
+    manifest = read_manifest(storage, name)
+    images = {f.name for f in manifest.fields if f.type == "binary"}
+    parts: dict[str, list[Any]] = {f.name: [] for f in manifest.fields}
+    with dist.reader(name, local=True, storage=storage.url, decode=bool(images), batch_size=1024,
+                     mode="score") as reader:
+        labels = reader.class_values if manifest.label_field else ()
+        for batch in reader():
+            for field_name, chunk in parts.items():
+                values = batch[field_name]
+                if field_name in images:
+                    chunk.append(values)
+                elif field_name == manifest.label_field:
+                    chunk.append([labels[i] for i in values.tolist()])
+                else:
+                    chunk.append(values.tolist())
+    columns = {}
+    for field_name, chunks in parts.items():
+        if field_name in images:
+            block = np.concatenate(chunks)
+            array: pa.Array = pa.array(block.reshape(-1))
+            for size in reversed(block.shape[1:]):
+                array = pa.FixedSizeListArray.from_arrays(array, size)
+            columns[field_name] = array
+        else:
+            columns[field_name] = pa.array([v for chunk in chunks for v in chunk])
+    return pa.table(columns)
 
 
 def _json_array(value: str | None, column: str, row: int) -> Any:
@@ -177,7 +220,7 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                 training: dict[str, Any] | None) -> dict[str, Any]:
     validate_dataset_name(output_table)
     store = storage if isinstance(storage, Storage) else open_storage(storage)
-    table, source_name = load_source(source)
+    table, source_name = load_source(source, store)
     y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
     ys = {n: _column(table, n).to_pylist() for n in y_names}
     x_columns = {n: _column(table, n) for n in x_names}

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from trainfeed.formats.manifest import FieldSpec, Manifest, write_manifest
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, SQL_KIND
+from trainfeed.formats.manifest import SQL_KIND, FieldSpec, Manifest, write_manifest
+from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
 from trainfeed.names import validate_dataset_name
 from trainfeed.storage import Storage, open_storage
 

@@ -9,7 +9,6 @@ nothing.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -20,7 +19,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 from tqdm import tqdm
 
 from trainfeed.errors import DatasetExistsError, ListFileError, MissingFilesError
@@ -199,19 +197,9 @@ class _ShardWriter:
             self._write_shard(next_entry)
 
     def _write_shard(self, next_entry: int) -> None:
-        data, sha = shard_format.encode_shard(self.schema, self.groups)
-        rel = f"{self.data_dir}/shard-{self.shard_index:05d}.parquet"
-        self.folder.write_atomic(rel, data)
-        index = shard_format.payload_index(data, self.schema, self.groups)
-        index_rel = None
-        if index is not None and index.shape[1]:
-            index_rel = rel + ".payload.npy"
-            buffer = io.BytesIO()
-            np.save(buffer, index, allow_pickle=False)
-            self.folder.write_atomic(index_rel, buffer.getvalue())
-        info = ShardInfo(path=rel, num_rows=sum(len(g) for g in self.groups), num_bytes=len(data),
-                         sha256=sha, row_groups=tuple(g.info() for g in self.groups),
-                         payload_index=index_rel)
+        info = shard_format.write_shard(
+            self.folder, f"{self.data_dir}/shard-{self.shard_index:05d}.parquet", self.schema,
+            self.groups)
         progress = _ShardProgress(info, next_entry, dict(self.labels),
                                   sum(g.payload_bytes for g in self.groups))
         # The progress record is written after the shard: its presence proves the shard complete.

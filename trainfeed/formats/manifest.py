@@ -18,6 +18,10 @@ from trainfeed.storage import Storage
 MANIFEST_NAME = "manifest.json"
 FORMAT = "trainfeed.dataset"
 VERSION = 1
+# Dataset kinds beyond uploaded lists: records are MADlib-style buffers (trainfeed.preprocess),
+# or rows of a SQL query read from its database in hash buckets (trainfeed.sql_dataset).
+PACKED_KIND = "packed"
+SQL_KIND = "sql"
 # Reserved Parquet column with the stable record id (the instance's ordinal in the .list file).
 ID_COLUMN = "_id"
 
@@ -92,7 +96,7 @@ class Manifest:
 
     def check(self) -> None:
         """Raises CorruptDatasetError if the counts do not add up."""
-        if self.kind == "sql":  # rows live in a database; the count is the query's at the time
+        if self.kind == SQL_KIND:  # rows live in a database; the count is the query's at the time
             return
         rows = sum(s.num_rows for s in self.shards)
         if rows != self.num_records or any(

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo
+from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
+from trainfeed.storage import Storage
 
 # 256 rows gives ~80 row groups for 20k small images (≥ 16 partitions for each of 4 workers) while
 # one row group of 64x64 JPEGs (~650 KB) is still one large sequential read.
@@ -116,3 +117,25 @@ def payload_index(data: bytes, schema: pa.Schema,
                 out[first_row + row, k] = (at + 4, len(value))
         first_row += len(group)
     return out
+
+
+# Beside each shard: its payload index (see `payload_index`), an int64 .npy.
+PAYLOAD_INDEX_SUFFIX = ".payload.npy"
+
+
+def write_shard(folder: Storage, rel: str, schema: pa.Schema,
+                row_groups: Sequence[RowGroupBuffer]) -> ShardInfo:
+    """Encodes `row_groups` as shard `rel` of a dataset folder, writes it and its payload index
+    (where it has binary fields), each atomically, and returns what the manifest lists."""
+    data, sha = encode_shard(schema, row_groups)
+    folder.write_atomic(rel, data)
+    index = payload_index(data, schema, row_groups)
+    index_rel = None
+    if index is not None and index.shape[1]:
+        index_rel = rel + PAYLOAD_INDEX_SUFFIX
+        buffer = io.BytesIO()
+        np.save(buffer, index, allow_pickle=False)
+        folder.write_atomic(index_rel, buffer.getvalue())
+    return ShardInfo(path=rel, num_rows=sum(len(g) for g in row_groups), num_bytes=len(data),
+                     sha256=sha, row_groups=tuple(g.info() for g in row_groups),
+                     payload_index=index_rel)

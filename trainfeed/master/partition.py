@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfeed.formats.manifest import Manifest
+from trainfeed.formats.manifest import SQL_KIND, Manifest
 
 # A SQL dataset's partitions are hash buckets of its query's rows (trainfeed.sql_dataset): the
 # task names this pseudo-shard, bucket `row_group_start` of `row_group_stop`; each worker runs
 # its bucket's query itself.
 SQL_SHARD = "<sql>"
-SQL_KIND = "sql"
 
 # "≥ 16 partitions per expected worker" (the design): 16 × an expected 4 workers.
 PARTITIONS_PER_WORKER = 16

@@ -13,7 +13,6 @@ nothing.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 import uuid
@@ -28,9 +27,9 @@ import pyarrow.parquet as pq
 
 from trainfeed.formats import shards as shard_format
 from trainfeed.formats.manifest import (
+    PACKED_KIND,
     FieldSpec,
     Manifest,
-    ShardInfo,
     dataset_storage,
     read_manifest,
     write_manifest,
@@ -48,7 +47,6 @@ from trainfeed.preprocess.encoding import (
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import remove_stale_data
 
-PACKED_KIND = "packed"
 SHAPE_SUFFIX = "_shape"
 # Buffers per shard file: each buffer is its own row group (one partition reads whole buffers).
 BUFFERS_PER_SHARD = 64
@@ -317,19 +315,9 @@ def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[lis
             values = buffers[buffer_id]
             group.add(buffer_id, values, sum(len(v) for v in values if isinstance(v, bytes)))
             groups.append(group)
-        data, sha = shard_format.encode_shard(schema, groups)
-        rel = f"{data_dir}/shard-{index // BUFFERS_PER_SHARD:05d}.parquet"
-        folder.write_atomic(rel, data)
-        index_array = shard_format.payload_index(data, schema, groups)
-        index_rel = None
-        if index_array is not None:
-            index_rel = rel + ".payload.npy"
-            buf = io.BytesIO()
-            np.save(buf, index_array, allow_pickle=False)
-            folder.write_atomic(index_rel, buf.getvalue())
-        infos.append(ShardInfo(path=rel, num_rows=len(groups), num_bytes=len(data), sha256=sha,
-                               row_groups=tuple(g.info() for g in groups),
-                               payload_index=index_rel))
+        infos.append(shard_format.write_shard(
+            folder, f"{data_dir}/shard-{index // BUFFERS_PER_SHARD:05d}.parquet", schema,
+            groups))
     digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
     for info in infos:
         digest.update(info.sha256.encode())

@@ -180,8 +180,8 @@ class Pipeline:
             spec[WEIGHT_FIELD] = ((None,), np.dtype(np.float32))
         return spec
 
-    def _convert(self, table: pa.Table, where: Callable[[int], str]) -> tuple[Batch, np.ndarray]:
-        """Arrays of one batch; also the mask of rows kept (decode failures under "skip")."""
+    def _convert(self, table: pa.Table, where: Callable[[int], str]) -> Batch:
+        """Arrays of one batch, without the rows that failed to decode (under "skip")."""
         keep = np.ones(table.num_rows, dtype=bool)
         out: Batch = {}
         for name in self.image_fields:
@@ -215,7 +215,7 @@ class Pipeline:
         out[ID_COLUMN] = table.column(ID_COLUMN).to_numpy()
         if not keep.all():
             out = {k: v[keep] for k, v in out.items()}
-        return out, keep
+        return out
 
     # -- the producer ------------------------------------------------------------------------
     def _produce(self, stream: PassStream, batch_size: int, emit: Callable[[_Ready], None],
@@ -259,15 +259,11 @@ class Pipeline:
                 cut(everything=True)
                 continue
             table = part.table
-            if COPIES_COLUMN in table.column_names:  # resampled at read time (`selector`)
+            # Resampling decided at read time (`selector`, passed with every pass): emit each
+            # kept row as many times as it says.
+            if COPIES_COLUMN in table.column_names:
                 copies = table.column(COPIES_COLUMN).to_numpy()
                 table = table.drop_columns([COPIES_COLUMN])
-                table = table.take(np.repeat(np.arange(table.num_rows), copies))
-            elif self.resampler is not None and self.label_field is not None:
-                assert self.classes is not None
-                ids = self.classes.ids(table.column(self.label_field),
-                                       where=f"shard {part.task.shard}")
-                copies = self.resampler.copies(ids, part.task.epoch, part.task.partition)
                 table = table.take(np.repeat(np.arange(table.num_rows), copies))
             slot, next_slot = next_slot, next_slot + 1
             shard_of[slot] = part.task.shard
@@ -286,8 +282,8 @@ class Pipeline:
         slots = piece.column("_slot").to_numpy()
         piece = piece.drop_columns(["_slot"])
         ids = piece.column(ID_COLUMN).to_numpy()
-        batch, _ = self._convert(piece, lambda i: f"record {ids[i]} of shard "
-                                                  f"{shard_of[int(slots[i])]}")
+        batch = self._convert(piece, lambda i: f"record {ids[i]} of shard "
+                                               f"{shard_of[int(slots[i])]}")
         if self.transformer is not None:
             batch = self.transformer.apply(batch)
         if self.augmentor is not None:

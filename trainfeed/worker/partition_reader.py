@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
+from trainfeed.formats.shards import PAYLOAD_INDEX_SUFFIX
 from trainfeed.master.partition import SQL_SHARD
 from trainfeed.storage import Storage, access_error
 from trainfeed.worker.prefetch import TaskRef
@@ -30,7 +31,6 @@ from trainfeed.worker.prefetch import TaskRef
 # Shards stay open between partitions (their footers parsed once); a handful covers the shards a
 # worker moves between in one epoch without holding many file handles.
 OPEN_SHARDS = 8
-PAYLOAD_INDEX_SUFFIX = ".payload.npy"
 # The column that carries how many times a selected row is to be emitted (over-sampling).
 COPIES_COLUMN = "_copies"
 
@@ -96,13 +96,20 @@ class PartitionReader:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url} has {parquet.num_row_groups} row groups, "
                 f"the manifest promised at least {row_group_stop}")
-        table = parquet.read_row_groups(range(row_group_start, row_group_stop),
-                                        columns=self.columns, use_threads=False)
+        table = self._row_groups(shard, row_group_start, row_group_stop, num_records,
+                                 self.columns)
+        self.stats.payload_bytes += self._payload_size(table)
+        return table
+
+    def _row_groups(self, shard: str, row_group_start: int, row_group_stop: int,
+                    num_records: int, columns: Sequence[str]) -> pa.Table:
+        """`columns` of row groups [start, stop), checked against the manifest's row count."""
+        table = self._shard(shard).read_row_groups(range(row_group_start, row_group_stop),
+                                                   columns=list(columns), use_threads=False)
         if table.num_rows != num_records:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
                 f"{row_group_stop}) hold {table.num_rows} rows, the manifest says {num_records}")
-        self.stats.payload_bytes += self._payload_size(table)
         return table
 
     def _payload_size(self, table: pa.Table) -> int:
@@ -115,26 +122,26 @@ class PartitionReader:
 
         `choose` gets the partition without its binary fields (`_id` and the small columns) and
         returns an int count per row (0: drop). Only the kept rows' payloads are fetched."""
-        parquet = self._shard(shard)
         small = [c for c in self.columns if c not in self.binary]
-        meta = parquet.read_row_groups(range(row_group_start, row_group_stop), columns=small,
-                                       use_threads=False)
-        if meta.num_rows != num_records:
-            raise CorruptDatasetError(
-                f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
-                f"{row_group_stop}) hold {meta.num_rows} rows, the manifest says {num_records}")
+        meta = self._row_groups(shard, row_group_start, row_group_stop, num_records, small)
         copies = np.asarray(choose(meta), dtype=np.int64)
         rows = np.flatnonzero(copies)
         index = self._index(shard)
-        if index is None or not self.binary:
-            table = self.read(shard, row_group_start, row_group_stop, num_records).take(rows)
+        if not self.binary:
+            payloads = {}
+        elif index is None:  # an older shard: its payload columns are read whole
+            whole = self._row_groups(shard, row_group_start, row_group_stop, num_records,
+                                     self.binary)
+            self.stats.payload_bytes += self._payload_size(whole)
+            payloads = {name: whole.column(name).take(rows) for name in self.binary}
         else:
+            parquet = self._shard(shard)
             first = sum(parquet.metadata.row_group(i).num_rows for i in range(row_group_start))
-            kept = meta.take(rows)
             payloads = {name: self._fetch(shard, index[first + rows, k])
                         for k, name in enumerate(self.binary)}
-            table = pa.table({c: payloads[c] if c in payloads else kept.column(c)
-                              for c in self.columns})
+        kept = meta.take(rows)
+        table = pa.table({c: payloads[c] if c in payloads else kept.column(c)
+                          for c in self.columns})
         return table.append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
 
     def read_sql(self, bucket: int, buckets: int) -> pa.Table:
@@ -199,23 +206,21 @@ def stable_ids(table: pa.Table, keys: Sequence[str]) -> list[int]:
 def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None) -> pa.Table:
     """A task's rows minus the `task.skip` an earlier holder's trainer already got; with a
     selector, only the rows it keeps (and a COPIES_COLUMN), payloads fetched for those alone."""
-    if task.shard == SQL_SHARD:
-        table = reader.read_sql(task.row_group_start, task.row_group_stop)
-        if selector is not None:
-            copies = np.array(selector(task, table), dtype=np.int64)
-            copies[:task.skip] = 0
-            rows = np.flatnonzero(copies)
-            return table.take(rows).append_column(COPIES_COLUMN,
-                                                  pa.array(copies[rows], pa.int64()))
-        return table.slice(task.skip) if task.skip else table
     if selector is None:
-        table = reader.read(task.shard, task.row_group_start, task.row_group_stop,
-                            task.num_records)
+        table = (reader.read_sql(task.row_group_start, task.row_group_stop)
+                 if task.shard == SQL_SHARD else
+                 reader.read(task.shard, task.row_group_start, task.row_group_stop,
+                             task.num_records))
         return table.slice(task.skip) if task.skip else table
 
     def choose(meta: pa.Table) -> np.ndarray:
         copies = np.array(selector(task, meta), dtype=np.int64)
         copies[:task.skip] = 0
         return copies
+    if task.shard == SQL_SHARD:  # the rows come whole from the database anyway
+        table = reader.read_sql(task.row_group_start, task.row_group_stop)
+        copies = choose(table)
+        rows = np.flatnonzero(copies)
+        return table.take(rows).append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
     return reader.read_selected(task.shard, task.row_group_start, task.row_group_stop,
                                 task.num_records, choose)

@@ -1,27 +1,36 @@
 """Packing throughput: MADlib-style buffers from a table of arrays, and reading them back.
 
-What it measures, in one run, on a Parquet table of N rows of 3x32x32 uint8 arrays (flat lists
-of 3,072 values) with a 10-class label:
+What it measures, in one run, on N rows of 3x32x32 arrays (flat, 3,072 values in 0..255) with a
+10-class label, from one of two sources:
 
-- baseline: a plain loop over the rows (pyarrow `to_pylist`, one numpy array per row, stacked per
-  buffer, divided by 255, one-hot labels): what a hand-written preprocessing script does;
-- `training_preprocessor(...)` (normalizing_const=255, 2 workers): rows/s from reading the source
-  to the published packed dataset (encoding, shards, manifest);
-- reading the packed dataset back: locally, and through a master with 2 worker processes (a
-  fresh job; rows/s over the whole epoch, first worker start to last worker end).
+- ``--source postgresql`` (the issue's benchmark): a PostgreSQL table ``(id int, rgb
+  smallint[], species text)``, MADlib's layout, on a private server started for the run (or
+  ``--db URL``). Baseline: the plain script, ``pandas.read_sql`` in chunks of one buffer + a
+  numpy loop (one array per row, stacked, / 255, one-hot labels), buffers kept in memory.
+  trainfeed: ``training_preprocessor(trainfeed.sql(query, url, key_columns=["id"]), ...)``,
+  from the query to the published packed dataset.
+- ``--source parquet``: the same table as a Parquet file of uint8 lists; baseline the same
+  loop over ``to_pylist``.
 
-    python benchmarks/pack_throughput.py --rows 200000
+Then the packed dataset is read back: locally, and through a master with 2 worker processes (a
+fresh job; rows/s over the whole epoch, first worker start to last worker end).
+
+    python benchmarks/pack_throughput.py --source postgresql --rows 1000000
+    python benchmarks/pack_throughput.py --source parquet --rows 200000
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +40,7 @@ from trainfeed import dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.preprocess.buffers import plan_buffers
+from trainfeed.sql import sql
 
 WIDTH = 3 * 32 * 32
 CLASSES = 10
@@ -52,14 +62,87 @@ def baseline(path: str, workers: int) -> float:
     table = pq.read_table(path)
     rgb, species = table.column("rgb").to_pylist(), table.column("species").to_pylist()
     classes = sorted(set(species))
-    eye = np.eye(len(classes), dtype=np.int16)
-    index = {c: i for i, c in enumerate(classes)}
     start = 0
     for size in plan_buffers(len(rgb), workers):
-        x = np.stack([np.asarray(r, dtype=np.float32) for r in rgb[start:start + size]]) / 255
-        y = eye[[index[s] for s in species[start:start + size]]]
-        assert x.shape[0] == y.shape[0] == size
+        pack_plainly(rgb[start:start + size], species[start:start + size], classes, size)
         start += size
+    return time.perf_counter() - t0
+
+
+def pack_plainly(rgb: Sequence, species: Sequence, classes: list[str], size: int) -> None:
+    eye = np.eye(len(classes), dtype=np.int16)
+    index = {c: i for i, c in enumerate(classes)}
+    x = np.stack([np.asarray(r, dtype=np.float32) for r in rgb]) / 255
+    y = eye[[index[s] for s in species]]
+    assert x.shape[0] == y.shape[0] == size
+
+
+# --- the PostgreSQL source -------------------------------------------------------------------
+
+TABLE = "images"
+
+
+@contextlib.contextmanager
+def postgres(url: str | None, workdir: str) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from integration.services import postgres_server  # the test suite's measured starter
+
+    with postgres_server(Path(workdir) / "postgres") as started:
+        yield started
+
+
+def load_postgres(url: str, rows: int, chunk: int = 10_000) -> float:
+    """Creates the table with binary COPY (each row a fixed-size record built by numpy);
+    returns seconds."""
+    import psycopg
+
+    t0 = time.perf_counter()
+    row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i4"), ("rgb_len", ">i4"),
+                    ("ndim", ">i4"), ("has_null", ">i4"), ("elem", ">i4"), ("dim", ">i4"),
+                    ("lbound", ">i4"), ("rgb", [("len", ">i4"), ("v", ">i2")], (WIDTH,)),
+                    ("species_len", ">i4"), ("species", "S6")])
+    rng = np.random.default_rng(0)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        conn.execute(f"CREATE UNLOGGED TABLE {TABLE} (id int PRIMARY KEY, rgb smallint[], "
+                     f"species text)")
+        with conn.cursor() as cur, cur.copy(f"COPY {TABLE} FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(b"PGCOPY\n\xff\r\n\0" + bytes(8))
+            for start in range(0, rows, chunk):
+                n = min(chunk, rows - start)
+                block = np.zeros(n, row)
+                block["fields"], block["id_len"], block["id"] = 3, 4, np.arange(start, start + n)
+                block["rgb_len"] = 20 + 6 * WIDTH
+                block["ndim"], block["elem"], block["dim"], block["lbound"] = 1, 21, WIDTH, 1
+                block["rgb"]["len"] = 2
+                block["rgb"]["v"] = rng.integers(0, 256, (n, WIDTH))
+                block["species_len"] = 6
+                block["species"] = [f"class{i % CLASSES}".encode() for i in range(start,
+                                                                                  start + n)]
+                copy.write(block.tobytes())
+            copy.write(b"\xff\xff")
+        conn.execute(f"ANALYZE {TABLE}")
+    return time.perf_counter() - t0
+
+
+def baseline_pandas(url: str, rows: int, workers: int) -> float:
+    """The plain script: pandas.read_sql in chunks of one buffer, then the numpy loop."""
+    import pandas as pd
+    import psycopg
+
+    t0 = time.perf_counter()
+    sizes = plan_buffers(rows, workers)
+    classes = [f"class{i}" for i in range(CLASSES)]
+    seen = 0
+    with psycopg.connect(url) as conn, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # pandas names SQLAlchemy as its favourite
+        for chunk in pd.read_sql(f"SELECT * FROM {TABLE}", conn, chunksize=sizes[0]):
+            pack_plainly(chunk["rgb"], chunk["species"], classes, len(chunk))
+            seen += len(chunk)
+    assert seen == rows
     return time.perf_counter() - t0
 
 
@@ -103,27 +186,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--source", choices=("postgresql", "parquet"), default="postgresql")
+    p.add_argument("--db", metavar="URL", help="an existing PostgreSQL server to use (its table "
+                   f"{TABLE!r} is replaced); default: start a private one")
     p.add_argument("--_worker", metavar="JOB", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._worker:
         return worker_main(args._worker)
+    n = args.rows
     with tempfile.TemporaryDirectory(prefix="trainfeed-pack-") as tmp:
-        source, storage = os.path.join(tmp, "source.parquet"), os.path.join(tmp, "storage")
-        make_source(source, args.rows)
-        base_s = baseline(source, args.workers)
-        t0 = time.perf_counter()
-        summary = training_preprocessor(source, "packed", "species", "rgb",
-                                        normalizing_const=255.0, num_workers=args.workers,
-                                        storage=storage)
-        pack_s = time.perf_counter() - t0
+        storage = os.path.join(tmp, "storage")
+        setup = ""
+        if args.source == "postgresql":
+            with postgres(args.db, tmp) as url:
+                load_s = load_postgres(url, n)
+                setup = f"loading {n:,} rows into PostgreSQL (binary COPY): {load_s:.1f} s"
+                print(setup, flush=True)
+                base_s = baseline_pandas(url, n, args.workers)
+                base_name = "plain script: pandas.read_sql (chunks) + numpy loop"
+                print(f"baseline: {base_s:.1f} s", flush=True)
+                t0 = time.perf_counter()
+                summary = training_preprocessor(
+                    sql(f"SELECT * FROM {TABLE}", url, key_columns=["id"]), "packed", "species",
+                    "rgb", normalizing_const=255.0, num_workers=args.workers, storage=storage)
+                pack_s = time.perf_counter() - t0
+        else:
+            source = os.path.join(tmp, "source.parquet")
+            make_source(source, n)
+            base_s = baseline(source, args.workers)
+            base_name = "plain loop: to_pylist + numpy per row"
+            t0 = time.perf_counter()
+            summary = training_preprocessor(source, "packed", "species", "rgb",
+                                            normalizing_const=255.0, num_workers=args.workers,
+                                            storage=storage)
+            pack_s = time.perf_counter() - t0
+        print(f"packed: {pack_s:.1f} s", flush=True)
         local_s, local_rows = read_local(storage)
         dist_s, dist_rows = read_dist(storage, args.workers)
-    assert local_rows == dist_rows == args.rows
-    n = args.rows
-    print(f"{n:,} rows of 3x32x32, {summary['num_buffers']} buffers of {summary['buffer_size']}")
-    print("| step | seconds | rows/s | vs plain loop |")
+    assert local_rows == dist_rows == n
+    print(f"{n:,} rows of 3x32x32 from {args.source}, {summary['num_buffers']} buffers of "
+          f"{summary['buffer_size']}; {os.cpu_count()} CPUs")
+    if setup:
+        print(f"(setup, untimed in the table: {setup})")
+    print("| step | seconds | rows/s | vs baseline |")
     print("|---|---:|---:|---:|")
-    print(f"| plain loop (to_pylist + numpy per row) | {base_s:.2f} | {n / base_s:,.0f} | 1.00x |")
+    print(f"| {base_name} | {base_s:.2f} | {n / base_s:,.0f} | 1.00x |")
     print(f"| training_preprocessor (read, pack, publish) | {pack_s:.2f} | {n / pack_s:,.0f} | "
           f"{base_s / pack_s:.2f}x |")
     print(f"| read packed, local reader | {local_s:.2f} | {n / local_s:,.0f} | - |")

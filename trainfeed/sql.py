@@ -32,6 +32,7 @@ reading a partition.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -47,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.errors import TrainfeedError
+from trainfeed.sql_arrays import ARRAY_ELEMENT_TYPES, arrow_column, register_numeric_array_loaders
 
 if TYPE_CHECKING:
     from psycopg import sql as pgsql
@@ -163,10 +165,20 @@ class SqlSource:
         with self._session() as session:
             return session.count()
 
-    def read(self) -> pa.Table:
-        """The whole result as an Arrow table, columns in query order, rows in the database's
-        order. The result is held in memory twice while converting; use
-        :meth:`read_partition` for anything large."""
+    def read(self, parallel: int = 1) -> pa.Table:
+        """The whole result as an Arrow table, columns in query order.
+
+        With ``parallel > 1`` and key columns, the result is read as that many hash partitions
+        over as many connections at once (each its own server process), which is faster on a
+        multi-core server but gives the rows partition by partition, not in the query's order.
+        Otherwise rows come in the database's order, over one connection. Each fetched batch
+        is converted as it arrives; use :meth:`read_partition` for results larger than memory.
+        """
+        if parallel > 1 and self.key_columns:
+            with concurrent.futures.ThreadPoolExecutor(parallel, "trainfeed-sql") as pool:
+                parts = list(pool.map(lambda m: self.read_partition(m, parallel),
+                                      range(parallel)))
+            return _concat(parts, self.url)
         with self._session() as session:
             return session.select()
 
@@ -497,6 +509,7 @@ class _PostgresSession:
         # Values are hashed in their text form, which depends on these settings (a worker
         # with PGTZ set differently would put timestamptz rows in other partitions): pin them.
         self._conn.execute(_PG_PINNED_SETTINGS)
+        register_numeric_array_loaders(self._conn.adapters)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -535,17 +548,32 @@ class _PostgresSession:
         elif limit is not None:
             tail, params = pgsql.SQL(" LIMIT %s"), (int(limit),)
         # A server-side cursor streams the rows in FETCH_ROWS batches instead of libpq
-        # buffering the whole result before the first one is returned.
-        with self._conn.cursor(name="trainfeed_sql") as cur:
+        # buffering the whole result before the first one is returned. Each batch becomes
+        # Arrow at once, so the rows are never all held as Python objects.
+        binary = self._binary_loadable()
+        with self._conn.cursor(name="trainfeed_sql", binary=binary) as cur:
             cur.execute(self._wrapped("SELECT *", tail), params)
             description = cur.description
             names = [d.name for d in description]
-            values: list[list[Any]] = [[] for _ in names]
+            types = [_pg_arrow_type(d.type_code, d.precision, d.scale) for d in description]
+            batches = []
             while rows := cur.fetchmany(FETCH_ROWS):
-                for column, cells in zip(values, zip(*rows)):
-                    column.extend(cells)
-        types = [_pg_arrow_type(d.type_code, d.precision, d.scale) for d in description]
-        return _to_arrow(names, values, types, self._url)
+                batches.append(_to_arrow(names, [list(c) for c in zip(*rows)], types,
+                                         self._url))
+        if not batches:
+            return _to_arrow(names, [[] for _ in names], types, self._url)
+        return _concat(batches, self._url)
+
+    def _binary_loadable(self) -> bool:
+        """Whether every result column has a binary loader: binary results are what lets
+        numeric arrays load as numpy (see trainfeed.sql_arrays); a type without one (an enum,
+        an extension's type) would load as raw bytes, so such a query stays in text."""
+        from psycopg.pq import Format
+
+        with self._conn.cursor() as cur:
+            cur.execute(self._wrapped("SELECT *", _pg_sql(" LIMIT 0")), ())
+            return all(self._conn.adapters.get_loader(d.type_code, Format.BINARY) is not None
+                       for d in cur.description)
 
 
 _PG_PINNED_SETTINGS = (
@@ -592,6 +620,8 @@ _PG_NUMERIC = 1700
 def _pg_arrow_type(oid: int, precision: int | None, scale: int | None) -> pa.DataType | None:
     if oid == _PG_NUMERIC and precision is not None and 0 < precision <= 38:
         return pa.decimal128(precision, scale or 0)
+    if oid in ARRAY_ELEMENT_TYPES:  # 1-D, the usual case; a batch of nested ones says so itself
+        return pa.list_(pa.from_numpy_dtype(ARRAY_ELEMENT_TYPES[oid].newbyteorder("=")))
     return _PG_TYPES.get(oid)
 
 
@@ -671,13 +701,28 @@ def _to_arrow(names: list[str], values: list[list[Any]], types: list[pa.DataType
     arrays = []
     for name, column, type_ in zip(names, values, types):
         try:
-            arrays.append(pa.array(column, type=type_, from_pandas=False))
+            arrays.append(arrow_column(column, type_))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise SqlError(
-                f"column {name!r} of the query on {_redact(url)} cannot be converted to "
-                f"Arrow ({exc}); it probably mixes types or has a type Arrow does not know: "
-                f"CAST it in the query") from None
+            raise _unconvertible(name, url, exc) from None
     return pa.Table.from_arrays(arrays, names=names)
+
+
+def _concat(batches: list[pa.Table], url: str) -> pa.Table:
+    """Fetched batches as one table (chunked, not copied). A column whose type was inferred may
+    be all-null in one batch: "permissive" promotes that to the other batches' type."""
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        name = next((n for n in batches[0].column_names
+                     if len({b.schema.field(n).type for b in batches} - {pa.null()}) > 1), "?")
+        raise _unconvertible(name, url, exc) from None
+
+
+def _unconvertible(name: str, url: str, exc: Exception) -> SqlError:
+    return SqlError(
+        f"column {name!r} of the query on {_redact(url)} cannot be converted to Arrow ({exc}); "
+        f"it probably mixes types (or array dimensions) or has a type Arrow does not know: "
+        f"CAST it in the query")
 
 
 # --------------------------------------------------------------------------------------------

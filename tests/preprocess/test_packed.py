@@ -218,3 +218,42 @@ def test_an_uploaded_image_dataset_is_a_source(tmp_path: Path) -> None:
                  for b in buffers for x in b["image"])
     assert len(got) == 20 and all(np.abs(np.subtract(g, w, dtype=int)).max() <= 2
                                   for g, w in zip(got, want))
+
+
+def test_large_outputs_stream_shard_by_shard_and_a_late_bad_row_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainfeed.preprocess import packed
+
+    # One buffer per shard: the output is written while later buffers are still being encoded.
+    monkeypatch.setattr(packed, "SHARD_TARGET_BYTES", 1)
+    storage = str(tmp_path)
+    summary = training_preprocessor(madlib_table(), "streamed", "species", "rgb",
+                                    buffer_size=10, num_workers=3, normalizing_const=255,
+                                    storage=storage)
+    manifest = read_manifest(open_storage(storage), "streamed")
+    assert len(manifest.shards) == summary["num_buffers"] == 6
+    buffers = list(dist.reader("streamed", local=True, storage=storage)())
+    assert instances(buffers) == source_instances(madlib_table(), list(SPECIES))
+
+    # Validation keeps the source order, so the bad last row is met after 5 shards are written.
+    rows = [[1, 2, 3]] * 51 + [[1, float("nan"), 3]]
+    bad = pa.table({"rgb": rows, "species": ["cat"] * 52})
+    with pytest.raises(PreprocessError, match=r"'rgb', row 51: NaN"):
+        validation_preprocessor(bad, "late", "species", "rgb",
+                                training_preprocessor_table="streamed", storage=storage)
+    assert not (tmp_path / "late").exists() or not any((tmp_path / "late").rglob("*.parquet"))
+    with pytest.raises(DatasetNotFoundError):
+        read_manifest(open_storage(storage), "late")
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("const", [255.0, 1.0, 0.1, 3.0])
+def test_normalize_equals_a_float64_division_rounded_once(dtype: type, const: float) -> None:
+    from trainfeed.preprocess.packed import normalize
+
+    rng = np.random.default_rng(1)
+    block = (rng.integers(0, 256, 4096) if np.dtype(dtype).kind in "iu"
+             else rng.random(4096) * 300).astype(dtype)
+    got = normalize(block, const)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, (block.astype(np.float64) / const).astype(np.float32))

@@ -76,8 +76,8 @@ def stack_arrays(values: Sequence[Any], column: str, normalizing_const: float = 
             raise PreprocessError(f"{_where(column, row, row_ids)}: shape "
                                   f"{array.shape}, but earlier rows have {shape}")
         if not np.isfinite(array).all():
-            raise PreprocessError(f"{_where(column, row, row_ids)}: NaN or infinite "
-                                  f"values")
+            raise PreprocessError(f"{_where(column, row, row_ids)}: NaN, infinite or "
+                                  f"missing (NULL) values")
         arrays.append(array)
     if not arrays:
         raise PreprocessError(f"column {column!r}: no rows")

@@ -6,17 +6,18 @@ dependent variable their one-hot int16 array, the shapes, and the buffer id (the
 Its manifest carries the MADlib summary. A reader serves it buffer by buffer: each buffer is one
 ready mini-batch (see `decode_buffer`).
 
-Everything is encoded in memory and checked before the first byte is written; shards then go
-out one by one and the manifest last, atomically, as with uploads: a failed run publishes
-nothing.
+Buffers are encoded and written a shard at a time into a fresh data folder, and the manifest
+goes last, atomically, as with uploads: a run that meets a bad row removes what it wrote and
+publishes nothing.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,17 +51,24 @@ from trainfeed.upload import remove_stale_data
 SHAPE_SUFFIX = "_shape"
 # Buffers per shard file: each buffer is its own row group (one partition reads whole buffers).
 BUFFERS_PER_SHARD = 64
+# A shard is built in memory before its atomic write: close it past this many payload bytes, so
+# packing a large table (1M rows of 3x32x32 are 12 GB of float32) never holds more than this.
+SHARD_TARGET_BYTES = 512 << 20
 Columns = dict[str, list[Any]]
 
 
-def load_source(source: Any, storage: Storage | None = None) -> tuple[pa.Table, str]:
+def load_source(source: Any, storage: Storage | None = None,
+                ordered: bool = True) -> tuple[pa.Table, str]:
     """The source as an Arrow table, and a name for the summary. Accepts a pyarrow Table, a
     pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV cells
     holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql), or the name
     of a trainfeed dataset in `storage` (an uploaded image list: images decoded to uint8
-    arrays, labels as written)."""
+    arrays, labels as written).
+
+    `ordered=False` (training output is shuffled anyway) lets a SQL source with key columns
+    be read as one hash partition per core, over parallel connections."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
-        return source.read(), str(source.query)
+        return source.read(1 if ordered else os.cpu_count() or 1), str(source.query)
     if isinstance(source, str) and storage is not None and _is_dataset_name(source):
         return _dataset_table(source, storage), f"dataset {source}"
     if isinstance(source, str):
@@ -218,7 +226,7 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                 training: dict[str, Any] | None) -> dict[str, Any]:
     validate_dataset_name(output_table)
     store = storage if isinstance(storage, Storage) else open_storage(storage)
-    table, source_name = load_source(source, store)
+    table, source_name = load_source(source, store, ordered=shuffle_seed is None)
     y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
     ys = {n: _column(table, n).to_pylist() for n in y_names}
     x_columns = {n: _column(table, n) for n in x_names}
@@ -250,10 +258,20 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                     for n, d in dense.items())
     sizes = plan_buffers(rows, num_workers, buffer_size, row_bytes)
 
-    buffers: list[list[bytes | str]] = []
-    start = 0
-    for size in sizes:  # encode everything first: a bad row must not leave half a dataset
-        picked = order[start:start + size]
+    summary = {
+        "source_table": source_name, "output_table": output_table,
+        "dependent_varname": y_names, "independent_varname": x_names,
+        "dependent_vartype": [vartypes[n] for n in y_names],
+        "class_values": {n: classes[n] for n in y_names},
+        "buffer_size": sizes[0], "normalizing_const": float(normalizing_const),
+        "num_classes": [len(c) if (c := classes[n]) is not None else None for n in y_names],
+        "distribution_rules": distribution_rules, "num_workers": num_workers,
+        "num_buffers": len(sizes), "num_rows": rows,
+    }
+    tensors = {**{n: "float32" for n in x_names}, **{n: np.dtype(ONE_HOT_DTYPE).name
+                                                     for n in y_names}}
+
+    def encode(picked: np.ndarray) -> list[bytes | str]:
         row_ids = picked.tolist()  # source rows, for errors
         values: list[bytes | str] = []
         shapes: list[bytes | str] = []
@@ -261,7 +279,7 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
             block = dense[name]
             array = None
             if block is not None:
-                array = (block[picked] / normalizing_const).astype(np.float32)
+                array = normalize(block[picked], normalizing_const)
                 if not np.isfinite(array).all():
                     array = None  # the row-wise path names the row
                     xs[name] = xs[name] or x_columns[name].to_pylist()
@@ -279,27 +297,40 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                 array = one_hot(picked_values, known, name, row_ids)
             values.append(array.tobytes())
             shapes.append(json.dumps(list(array.shape)))
-        buffers.append(values + shapes)
-        start += size
+        return values + shapes
 
-    summary = {
-        "source_table": source_name, "output_table": output_table,
-        "dependent_varname": y_names, "independent_varname": x_names,
-        "dependent_vartype": [vartypes[n] for n in y_names],
-        "class_values": {n: classes[n] for n in y_names},
-        "buffer_size": sizes[0], "normalizing_const": float(normalizing_const),
-        "num_classes": [len(c) if (c := classes[n]) is not None else None for n in y_names],
-        "distribution_rules": distribution_rules, "num_workers": num_workers,
-        "num_buffers": len(sizes), "num_rows": rows,
-    }
-    tensors = {**{n: "float32" for n in x_names}, **{n: np.dtype(ONE_HOT_DTYPE).name
-                                                     for n in y_names}}
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    buffers = (encode(order[bounds[i]:bounds[i + 1]]) for i in range(len(sizes)))
     _write(store, output_table, x_names + y_names, buffers, summary, tensors)
     return summary
 
 
-def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[list[bytes | str]],
-           summary: dict[str, Any], tensors: dict[str, str]) -> None:
+def normalize(block: np.ndarray, normalizing_const: float) -> np.ndarray:
+    """`block / normalizing_const` as float32, equal to dividing in float64 and rounding once.
+
+    When the values and the constant are exact in float32 (8- and 16-bit integers, float32),
+    dividing in float32 is that same correctly rounded result (double rounding is harmless for
+    a division when the wider format has at least 2p+2 bits, 53 ≥ 2·24+2) without a float64
+    temporary twice the output's size; otherwise the division goes through float64.
+    """
+    const32 = np.float32(normalizing_const)
+    if block.dtype in _EXACT_IN_FLOAT32 and float(const32) == float(normalizing_const):
+        return np.divide(block, const32, dtype=np.float32)
+    return np.divide(block, normalizing_const, dtype=np.float64).astype(np.float32)
+
+
+_EXACT_IN_FLOAT32 = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.float32)}
+
+
+def _write(store: Storage, name: str, tensor_names: list[str],
+           buffers: Iterable[list[bytes | str]], summary: dict[str, Any],
+           tensors: dict[str, str]) -> None:
+    """Writes buffers as they are encoded, a shard at a time, then the manifest.
+
+    Memory stays at one shard's buffers however large the output. A bad row found while
+    encoding stops the run before the manifest: the shards already written, in this run's own
+    fresh folder that no manifest names, are removed, so nothing is published.
+    """
     fields = tuple([FieldSpec(n, "binary") for n in tensor_names]
                    + [FieldSpec(n + SHAPE_SUFFIX, "string") for n in tensor_names])
     schema = shard_format.arrow_schema(fields)
@@ -307,25 +338,36 @@ def _write(store: Storage, name: str, tensor_names: list[str], buffers: list[lis
     # A fresh folder per run; the fingerprint comes from the shards' checksums (computed anyway)
     # rather than from hashing every buffer once more.
     data_dir = f"data/{uuid.uuid4().hex[:16]}"
-    infos = []
-    for index in range(0, len(buffers), BUFFERS_PER_SHARD):
-        groups = []
-        for buffer_id in range(index, min(index + BUFFERS_PER_SHARD, len(buffers))):
+    infos: list[shard_format.ShardInfo] = []
+    groups: list[shard_format.RowGroupBuffer] = []
+
+    def flush() -> None:
+        infos.append(shard_format.write_shard(
+            folder, f"{data_dir}/shard-{len(infos):05d}.parquet", schema, groups))
+        groups.clear()
+
+    try:
+        for buffer_id, values in enumerate(buffers):
             group = shard_format.RowGroupBuffer.empty(len(fields))
-            values = buffers[buffer_id]
             group.add(buffer_id, values, sum(len(v) for v in values if isinstance(v, bytes)))
             groups.append(group)
-        infos.append(shard_format.write_shard(
-            folder, f"{data_dir}/shard-{index // BUFFERS_PER_SHARD:05d}.parquet", schema,
-            groups))
+            if (len(groups) == BUFFERS_PER_SHARD
+                    or sum(g.payload_bytes for g in groups) >= SHARD_TARGET_BYTES):
+                flush()
+        if groups:
+            flush()
+    except BaseException:
+        if folder.exists(data_dir):
+            folder.fs.rm(folder.path(data_dir), recursive=True)
+        raise
     digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
     for info in infos:
         digest.update(info.sha256.encode())
     fingerprint = digest.hexdigest()
     manifest = Manifest(
         name=name, kind=PACKED_KIND, fields=fields, label_field=None,
-        num_records=len(buffers), num_bytes=sum(g.num_bytes for s in infos
-                                                for g in s.row_groups),
+        num_records=sum(s.num_rows for s in infos),
+        num_bytes=sum(g.num_bytes for s in infos for g in s.row_groups),
         shards=tuple(infos), label_histogram={}, fingerprint=fingerprint,
         source=str(summary["source_table"]),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -257,3 +257,16 @@ def test_normalize_equals_a_float64_division_rounded_once(dtype: type, const: fl
     got = normalize(block, const)
     assert got.dtype == np.float32
     assert np.array_equal(got, (block.astype(np.float64) / const).astype(np.float32))
+
+
+def test_a_pandas_dataframe_is_a_source(tmp_path: Path) -> None:
+    import pandas as pd
+
+    table = madlib_table(rows=20, flat=True)
+    frame = pd.DataFrame({"rgb": [np.array(v) for v in table.column("rgb").to_pylist()],
+                          "species": table.column("species").to_pylist()})
+    summary = training_preprocessor(frame, "from_pandas", "species", "rgb",
+                                    normalizing_const=255, num_workers=2, storage=str(tmp_path))
+    assert summary["source_table"] == "DataFrame" and summary["num_rows"] == 20
+    buffers = list(dist.reader("from_pandas", local=True, storage=str(tmp_path))())
+    assert instances(buffers) == source_instances(table, list(SPECIES))

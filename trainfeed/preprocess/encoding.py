@@ -49,7 +49,7 @@ def one_hot(values: Sequence[Any], classes: Sequence[Any], column: str,
     return out
 
 
-def stack_arrays(values: Sequence[Any], column: str, normalizing_const: float = 1.0,
+def stack_arrays(values: Sequence[Any] | np.ndarray, column: str, normalizing_const: float = 1.0,
                  row_ids: Sequence[int] | None = None, dtype: type = np.float32) -> np.ndarray:
     """The rows' arrays stacked into one (n, ...) array, divided by `normalizing_const`.
 

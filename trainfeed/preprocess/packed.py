@@ -229,11 +229,15 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
     table, source_name = load_source(source, store, ordered=shuffle_seed is None)
     y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
     ys = {n: _column(table, n).to_pylist() for n in y_names}
-    x_columns = {n: _column(table, n) for n in x_names}
-    dense = {n: dense_array(c) for n, c in x_columns.items()}
-    # Row-wise lists only where the fast path does not apply (they give row-level errors).
-    xs = {n: c.to_pylist() if dense[n] is None else [] for n, c in x_columns.items()}
     rows = table.num_rows
+    dense: dict[str, np.ndarray | None] = {}
+    xs: dict[str, Sequence[Any] | np.ndarray] = {}
+    for name in x_names:
+        block = dense[name] = dense_array(_column(table, name))
+        # Row-wise lists only where the fast path does not apply (they give row-level errors);
+        # a dense block's own rows serve that purpose for it.
+        xs[name] = _column(table, name).to_pylist() if block is None else block
+    del table  # the source's columns: the dense blocks hold what is needed, once
     if rows == 0:
         raise PreprocessError(f"source {source_name} has no rows")
     order = (np.random.default_rng(shuffle_seed).permutation(rows) if shuffle_seed is not None
@@ -253,9 +257,7 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
             classes[name] = training["class_values"][name]
         else:
             classes[name] = class_values(ys[name], name, widths[i])
-    row_bytes = sum(4 * (int(np.prod(d.shape[1:])) if d is not None
-                         else stack_arrays(xs[n][:1], n)[0].size)
-                    for n, d in dense.items())
+    row_bytes = 4 * sum(int(stack_arrays(xs[n][:1], n)[0].size) for n in x_names)
     sizes = plan_buffers(rows, num_workers, buffer_size, row_bytes)
 
     summary = {
@@ -282,7 +284,6 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
                 array = normalize(block[picked], normalizing_const)
                 if not np.isfinite(array).all():
                     array = None  # the row-wise path names the row
-                    xs[name] = xs[name] or x_columns[name].to_pylist()
             if array is None:
                 array = stack_arrays([xs[name][i] for i in picked], name, normalizing_const,
                                      row_ids)

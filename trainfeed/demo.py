@@ -1,5 +1,8 @@
 """The quickstart: make a small image dataset, upload it, run a master and two readers locally.
 
+The master requires a token, generated per run and handed to the readers in $TRAINFEED_TOKEN:
+the path a cluster takes (there from a Secret), not a shortcut that works only here.
+
 Everything runs on the embedded default (a local storage folder, the master's SQLite state file,
 local processes), so `trainfeed demo` works on a fresh machine with nothing else running.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -16,6 +20,7 @@ import numpy as np
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.master.state_store import DEFAULT_STATE_PATH
+from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 from trainfeed.storage import Storage
 from trainfeed.upload import upload
 
@@ -77,10 +82,16 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
     result = upload(list_path, DEMO_DATASET, storage)
     state = "already uploaded" if result.already_published else "uploaded"
     print(f"{state}: dataset {DEMO_DATASET!r}, {result.num_records} records at {result.url}")
-    with MasterProcess(storage.url, state=DEFAULT_STATE_PATH) as master:
-        print(f"master running at {master.address}; starting {workers} reader processes")
-        env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "demo"}
+    # As on a cluster: the master requires a token, and its readers get it from their
+    # environment (a fresh one per run; the job's state does not depend on it).
+    token = secrets.token_urlsafe(32)
+    with MasterProcess(storage.url, state=DEFAULT_STATE_PATH, token=token) as master:
+        print(f"master running at {master.address} (token required, metrics at "
+              f"{master.metrics_url}); starting {workers} reader processes")
+        env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "demo",
+               TOKEN_ENV: token}
         env.pop("TRAIN_LOCAL", None)
+        env.pop(TOKEN_FILE_ENV, None)
         command = [sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET]
         procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, env=env) for _ in range(workers)]

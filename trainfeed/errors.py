@@ -51,6 +51,15 @@ class JobError(TrainfeedError):
     """The master refused a job request (unknown dataset, job bound to another dataset, …)."""
 
 
+class AuthenticationError(JobError):
+    """The master refused the caller's token (missing or wrong): retrying cannot help."""
+
+
+class ConfigurationError(TrainfeedError, ValueError):
+    """A setting that cannot work (no token, an unreadable certificate, flags that exclude each
+    other); the message names the setting and what to set instead."""
+
+
 class PartitionReadError(TrainfeedError):
     """A reader could not read any partition it was given in a pass (bad credentials, a storage
     it cannot reach): raised rather than yielding empty epochs forever."""
@@ -64,3 +73,8 @@ class LeadershipError(TrainfeedError):
 class StateStoreError(TrainfeedError):
     """The master's state store did not take a change (etcd unreachable, disk full): the call
     that made it fails, and the change is retried with the next one."""
+
+
+class ClusterError(TrainfeedError):
+    """Kubernetes refused or cannot run a job (no kubeconfig, unknown job, exceeded quota, an image
+    that cannot be pulled); the message says what to change."""

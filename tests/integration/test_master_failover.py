@@ -40,7 +40,7 @@ class Standby:
     def __init__(self, storage: str, state: str, port: int):
         args = [sys.executable, "-m", "trainfeed.cli.main", "master", "--host", "127.0.0.1",
                 "--port", str(port), "--storage", storage, "--state", state,
-                "--exit-with-parent"]
+                "--exit-with-parent", "--insecure", "--metrics-port", "0"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.log: list[str] = []

@@ -270,3 +270,17 @@ def test_a_pandas_dataframe_is_a_source(tmp_path: Path) -> None:
     assert summary["source_table"] == "DataFrame" and summary["num_rows"] == 20
     buffers = list(dist.reader("from_pandas", local=True, storage=str(tmp_path))())
     assert instances(buffers) == source_instances(table, list(SPECIES))
+
+
+def test_dense_array_reads_a_chunked_column_chunk_by_chunk() -> None:
+    from trainfeed.preprocess.packed import dense_array
+
+    first = pa.array([[[1, 2]], [[3, 4]]], pa.list_(pa.list_(pa.int16())))
+    second = pa.array([[[5, 6]]], pa.list_(pa.list_(pa.int16())))
+    empty = pa.array([], pa.list_(pa.list_(pa.int16())))
+    block = dense_array(pa.chunked_array([first, empty, second]))
+    assert block is not None and block.dtype == np.int16
+    assert block.tolist() == [[[1, 2]], [[3, 4]], [[5, 6]]]
+    other_shape = pa.array([[[5, 6, 7]]], pa.list_(pa.list_(pa.int16())))
+    assert dense_array(pa.chunked_array([first, other_shape])) is None  # the row-wise path
+    assert dense_array(pa.chunked_array([empty])) is None

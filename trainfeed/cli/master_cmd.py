@@ -1,15 +1,36 @@
-"""`trainfeed master`: serve tasks over gRPC."""
+"""`trainfeed master`: serve tasks over gRPC (token, TLS, size limit and metrics flags here)."""
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.errors import ConfigurationError
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
 from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
-from trainfeed.master.server import run_master
+from trainfeed.master.server import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_METRICS_PORT,
+    MIN_MESSAGE_BYTES,
+    ServerOptions,
+    Serving,
+    run_master,
+)
 from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
 from trainfeed.master.state_store import STATE_ENV, open_state_store
+from trainfeed.security import (
+    HOW_TO_MAKE_A_TOKEN,
+    MIN_TOKEN_CHARS,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ServerTLS,
+    load_token,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,18 +59,92 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_TARGET_PARTITIONS}; capped by the dataset's row groups)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits (for masters spawned by scripts)")
+    security = p.add_argument_group(
+        "security", f"Every call must carry the job's token (metadata 'authorization: Bearer "
+                    f"TOKEN') unless the master runs with --insecure; the token comes from "
+                    f"--token-file, else ${TOKEN_ENV}, else the file named by ${TOKEN_FILE_ENV} "
+                    f"(never from the command line, where ps shows it). Readers send "
+                    f"${TOKEN_ENV} / ${TOKEN_FILE_ENV}. The gRPC health service needs no token. "
+                    f"Make one with: {HOW_TO_MAKE_A_TOKEN}")
+    security.add_argument("--token-file", metavar="PATH",
+                          help="file holding the token (e.g. a mounted Kubernetes Secret)")
+    security.add_argument("--insecure", action="store_true",
+                          help="serve without a token: anyone who can reach the port can read "
+                               "and change every job (local use only)")
+    security.add_argument("--tls-cert", metavar="PEM",
+                          help="serve TLS with this certificate (chain); needs --tls-key. "
+                               f"Readers then set ${TLS_CA_ENV} to the CA that signed it")
+    security.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    security.add_argument("--tls-client-ca", metavar="PEM",
+                          help="require a client certificate signed by this CA (mutual TLS; "
+                               f"readers set ${TLS_CERT_ENV} and ${TLS_KEY_ENV})")
+    security.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                          metavar="N",
+                          help=f"largest request (and answer) accepted; a larger request is "
+                               f"refused with RESOURCE_EXHAUSTED before it is parsed (default "
+                               f"{DEFAULT_MAX_MESSAGE_BYTES}, at least {MIN_MESSAGE_BYTES})")
+    p.add_argument("--metrics-port", type=_metrics_port, default=DEFAULT_METRICS_PORT,
+                   metavar="PORT|none",
+                   help=f"serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
+                        f"(default {DEFAULT_METRICS_PORT}; 0 picks a free port, printed at "
+                        f"start; 'none' exports none)")
     p.set_defaults(run=run)
 
 
+def _metrics_port(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a port number or 'none', got {text!r}") from None
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """The listening options the flags and the environment describe; ConfigurationError for
+    settings that cannot work together, saying what to set."""
+    found = load_token(args.token_file)
+    if args.insecure and found:
+        raise ConfigurationError(f"--insecure and a token ({found[1]}) exclude each other: "
+                                 f"drop --insecure to require the token, or unset it")
+    if not args.insecure and not found:
+        raise ConfigurationError(
+            f"no token: the master's API requires one. Set ${TOKEN_ENV} (or "
+            f"${TOKEN_FILE_ENV}, or --token-file PATH) to a secret shared with the readers, "
+            f"made e.g. with {HOW_TO_MAKE_A_TOKEN}; or pass --insecure to serve without one "
+            f"(local use only)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigurationError("TLS needs both --tls-cert and --tls-key; only one is set")
+    if args.tls_client_ca and not args.tls_cert:
+        raise ConfigurationError("--tls-client-ca (mutual TLS) needs the master's own "
+                                 "certificate too: set --tls-cert and --tls-key")
+    token, source = found if found else (None, "")
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        logger.warning("the token (%s) is only %d characters long: a short token can be "
+                       "guessed; make one with %s", source, len(token), HOW_TO_MAKE_A_TOKEN)
+    tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    return ServerOptions(host=args.host, port=args.port, token=token, tls=tls,
+                         max_message_bytes=args.max_message_bytes,
+                         metrics_port=args.metrics_port)
+
+
 def run(args: argparse.Namespace) -> int:
+    options = server_options(args)  # before anything else: a bad setting fails at once
     config = MasterConfig(storage=storage_from(args), lease_timeout_s=args.lease_timeout,
                           max_failures=args.max_failures, target_partitions=args.partitions)
     store = open_state_store(args.state)
+    json_logs = getattr(args, "log_format", "text") == "json"
 
-    def ready(port: int) -> None:
-        print(f"trainfeed master listening on {args.host}:{port} (storage {config.storage.url})",
-              flush=True)
-        sys.stdout.flush()
-    run_master(config, store, args.host, args.port, on_ready=ready,
-               exit_with_parent=args.exit_with_parent)
+    def ready(serving: Serving) -> None:
+        metrics = (f"metrics on http://{args.host}:{serving.metrics_port}/metrics"
+                   if serving.metrics_port is not None else "no metrics")
+        line = (f"trainfeed master listening on {args.host}:{serving.port} (storage "
+                f"{config.storage.url}, {options.transport}, "
+                f"{'token required' if options.token else 'no token'}, {metrics})")
+        if json_logs:  # one JSON object per line, this one included
+            logger.info("%s", line)
+        else:
+            print(line, flush=True)
+    run_master(config, store, options, on_ready=ready, exit_with_parent=args.exit_with_parent)
     return 0

@@ -74,6 +74,9 @@ class Ledger:
         self.max_failures = max_failures
         # Ops not yet handed to the state store (see `take_journal`).
         self.journal: list[list[Any]] = []
+        # Partitions whose lease expired since this object was made: a metric, not state (not
+        # saved; a restarted master counts from 0, as Prometheus counters may).
+        self.expired_leases = 0
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
@@ -173,6 +176,7 @@ class Ledger:
                 del self.deadlines[worker]
         if overdue:
             self._apply(["B", overdue])
+            self.expired_leases += len(overdue)
         return overdue
 
     def release(self, worker: str) -> list[int]:

@@ -29,6 +29,9 @@ class Partition:
     row_group_start: int
     row_group_stop: int  # exclusive
     num_records: int
+    # Payload bytes of its rows (the manifest's row-group figures); 0 for SQL buckets, whose
+    # rows are unknown until a worker runs the query.
+    num_bytes: int = 0
 
 
 def plan_partitions(manifest: Manifest,
@@ -51,5 +54,6 @@ def plan_partitions(manifest: Manifest,
             stop = min(start + per_partition, len(groups))
             partitions.append(Partition(
                 index=len(partitions), shard=shard.path, row_group_start=start,
-                row_group_stop=stop, num_records=sum(g.num_rows for g in groups[start:stop])))
+                row_group_stop=stop, num_records=sum(g.num_rows for g in groups[start:stop]),
+                num_bytes=sum(g.num_bytes for g in groups[start:stop])))
     return tuple(partitions)

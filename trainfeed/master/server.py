@@ -1,4 +1,5 @@
-"""Running the master: the gRPC server, the health service and the lease timer."""
+"""Running the master: the gRPC server (with its token check, TLS and size limits), the health
+service, the metrics endpoint and the lease timer."""
 from __future__ import annotations
 
 import asyncio
@@ -7,73 +8,163 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
-from trainfeed.errors import LeadershipError
+from trainfeed.errors import ConfigurationError, LeadershipError
+from trainfeed.master.auth import TokenInterceptor
+from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
 from trainfeed.master.service import MasterConfig, MasterServicer
 from trainfeed.master.state_store import StateStore
+from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "trainfeed.v1.Master"
-# Large enough for any single response we send (tasks are small); rejects abusive requests early.
-MAX_MESSAGE_BYTES = 4 << 20
+# Large enough for any single message we send or expect (tasks are small; an OpenJob answer
+# lists a dataset's fields); rejects abusive requests before they are parsed.
+DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
+# Below this a legitimate OpenJob answer (a dataset with very many fields) might not fit.
+MIN_MESSAGE_BYTES = 64 << 10
+# The port Prometheus' own examples give their first exporter.
+DEFAULT_METRICS_PORT = 9090
+# A scrape waits this long for the event loop to read the jobs' figures.
+SCRAPE_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
-async def serve(config: MasterConfig, store: StateStore, host: str = "0.0.0.0", port: int = 50051,
-                on_ready: Callable[[int], None] | None = None,
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the master listens. Validated on creation.
+
+    `token` None runs without authentication (`--insecure`); `tls` None serves plaintext;
+    `metrics_port` None exports no metrics, 0 picks a free port.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 50051
+    token: str | None = None
+    tls: ServerTLS | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    metrics_port: int | None = DEFAULT_METRICS_PORT
+
+    def __post_init__(self) -> None:
+        for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigurationError(f"{name} must be in 0..65535, got {port}")
+        if self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ConfigurationError(f"max message bytes must be ≥ {MIN_MESSAGE_BYTES}, got "
+                                     f"{self.max_message_bytes}")
+        if self.token is not None:
+            check_token(self.token, "the master's token")
+
+    @property
+    def transport(self) -> str:
+        """"plaintext", "TLS" or "TLS with client certificates", for logs."""
+        if self.tls is None:
+            return "plaintext"
+        return "TLS with client certificates" if self.tls.client_ca_file else "TLS"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Where a started master listens (what `on_ready` is given)."""
+
+    port: int
+    metrics_port: int | None
+
+
+async def serve(config: MasterConfig, store: StateStore,
+                options: ServerOptions = ServerOptions(),
+                on_ready: Callable[[Serving], None] | None = None,
                 stop: asyncio.Event | None = None, exit_with_parent: bool = False) -> None:
     """Serves until `stop` is set (or SIGTERM/SIGINT when run from `run_master`).
 
     Args:
-        on_ready: called with the bound port once the server accepts calls (port 0 picks one).
+        on_ready: called once the server accepts calls, with the bound ports (port 0 picks one).
         exit_with_parent: stop when the process that started this one is gone, so a master
             spawned by a demo, benchmark or test never outlives it (the kernel's parent-death
             signal is not honoured in every sandbox, so the parent is polled instead).
     """
     stop = stop or asyncio.Event()
+    credentials = options.tls.credentials() if options.tls else None  # fail before waiting
     owner = f"{socket.gethostname()}:{os.getpid()}"
     logger.info("taking the leadership of state %s as %s", store.url, owner)
     await asyncio.to_thread(store.acquire, owner)
     servicer = MasterServicer(config, store, on_leadership_lost=stop.set)
     await asyncio.to_thread(servicer.restore)
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    auth = TokenInterceptor(options.token) if options.token is not None else None
+    if auth is not None:  # first: a refused call reaches nothing else
+        interceptors.append(auth)
+    registry = CollectorRegistry(auto_describe=False)
+    if options.metrics_port is not None:
+        interceptors.append(RpcLatencyInterceptor(registry))
+        loop = asyncio.get_running_loop()
+        registry.register(MasterCollector(
+            lambda: _on_loop(loop, servicer.job_stats),
+            (lambda: auth.rejected) if auth is not None else None))
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port} (in use?)")
-    await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))
-    watchdog = asyncio.create_task(_watch_parent(os.getppid(), stop)) if exit_with_parent else None
-    logger.info("master serving on %s:%d, storage %s", host, bound, config.storage.url)
-    if on_ready:
-        on_ready(bound)
+    address = f"{options.host}:{options.port}"
+    metrics: MetricsServer | None = None
+    timer: asyncio.Task[None] | None = None
+    watchdog: asyncio.Task[None] | None = None
     lost = False
     try:
+        bound = (server.add_secure_port(address, credentials) if credentials
+                 else server.add_insecure_port(address))
+        if bound == 0:
+            raise OSError(f"cannot listen on {address} (in use?)")
+        if options.metrics_port is not None:
+            metrics = MetricsServer(registry, options.host, options.metrics_port)
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))
+        if exit_with_parent:
+            watchdog = asyncio.create_task(_watch_parent(os.getppid(), stop))
+        logger.info("master serving on %s:%d (%s, %s), storage %s, metrics %s", options.host,
+                    bound, options.transport, "token required" if auth else "NO authentication",
+                    config.storage.url, f"on port {metrics.port}" if metrics else "off")
+        if auth is None:
+            logger.warning("running without a token (--insecure): anyone who can reach port %d "
+                           "can read and change every job; use this for local runs only", bound)
+        if on_ready:
+            on_ready(Serving(bound, metrics.port if metrics else None))
         await stop.wait()
         lost = servicer.leadership_lost or not store.leading()
     finally:
+        if metrics is not None:  # first: a scrape must not wait on a loop that is stopping
+            metrics.close()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        timer.cancel()
-        if watchdog is not None:
-            watchdog.cancel()
+        for task in (timer, watchdog):
+            if task is not None:
+                task.cancel()
         await server.stop(grace=1.0)
         store.close()
     if lost:  # exit non-zero: a supervisor restarts this master as a standby
         raise LeadershipError(f"this master lost the leadership of state {store.url}; another "
                               f"master may serve it now")
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> T:
+    """Runs `fn` on `loop` (where the servicer's state lives) from another thread; waits."""
+    async def call() -> T:
+        return fn()
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(SCRAPE_TIMEOUT_S)
 
 
 async def _lease_timer(servicer: MasterServicer, lease_timeout_s: float,
@@ -101,8 +192,9 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
             stop.set()
 
 
-def run_master(config: MasterConfig, store: StateStore, host: str = "0.0.0.0",
-               port: int = 50051, on_ready: Callable[[int], None] | None = None,
+def run_master(config: MasterConfig, store: StateStore,
+               options: ServerOptions = ServerOptions(),
+               on_ready: Callable[[Serving], None] | None = None,
                exit_with_parent: bool = False) -> None:
     """Blocks serving until SIGTERM or SIGINT, then stops gracefully."""
     async def main() -> None:
@@ -110,5 +202,5 @@ def run_master(config: MasterConfig, store: StateStore, host: str = "0.0.0.0",
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, store, host, port, on_ready, stop, exit_with_parent)
+        await serve(config, store, options, on_ready, stop, exit_with_parent)
     asyncio.run(main())

@@ -70,6 +70,24 @@ class MasterConfig:
             raise ValueError(f"target partitions must be ≥ 1, got {self.target_partitions}")
 
 
+@dataclass(frozen=True)
+class JobStats:
+    """One job's figures for the metrics exporter, read at scrape time (see `job_stats`)."""
+
+    job: str
+    dataset: str
+    epoch: int
+    num_partitions: int
+    todo: int
+    pending: int
+    done: int
+    failed: int
+    workers_alive: int
+    leases_expired: int
+    records_served: int
+    bytes_served: int
+
+
 @dataclass
 class Job:
     """One job: a dataset, its partition plan, its ledger and the workers seen."""
@@ -84,6 +102,9 @@ class Job:
     journal_ops: int = 0  # ops appended since the last snapshot
     live_workers: int = 1
     live_workers_at: float = 0.0
+    # Of partitions reported done (all epochs, since this master started): metrics.
+    records_served: int = 0
+    bytes_served: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -161,6 +182,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 self._save(job)
                 job.notify()
 
+    def job_stats(self) -> list[JobStats]:
+        """Every job's figures. O(jobs + workers): called per scrape, not per call; like every
+        method here, on the server's event loop only (the ledgers are not thread-safe)."""
+        now = time.time()
+        alive_since = now - 3 * self.config.lease_timeout_s
+        return [JobStats(job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
+                         num_partitions=len(job.partitions), **job.ledger.counts(),
+                         workers_alive=sum(1 for seen in job.workers.values()
+                                           if seen >= alive_since),
+                         leases_expired=job.ledger.expired_leases,
+                         records_served=job.records_served, bytes_served=job.bytes_served)
+                for job in self.jobs.values()]
+
     def _snapshot(self, job: Job) -> None:
         job.ledger.take_journal()  # the snapshot includes these ops
         self.store.save_snapshot(job.name, job.state())
@@ -203,8 +237,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _job(self, name: str, context: grpc.aio.ServicerContext) -> Job:
+        """The job named by a request: INVALID_ARGUMENT for a name no job can have, NOT_FOUND
+        for one not here. (A known name was validated when its job was created, so the check
+        costs nothing on the hot path.)"""
         job = self.jobs.get(name)
         if job is None:
+            try:
+                validate_job_name(name)
+            except ValueError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no job {name!r} on this master (jobs: {sorted(self.jobs)}); "
                                 f"a reader creates its job with OpenJob")
@@ -215,7 +256,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         changed = False
         for report in reports:
             if report.outcome == pb.TaskReport.DONE:
-                changed |= job.ledger.report_done(report.epoch, report.partition, worker)
+                if job.ledger.report_done(report.epoch, report.partition, worker):
+                    changed = True
+                    served = job.partitions[report.partition]
+                    job.records_served += served.num_records
+                    job.bytes_served += served.num_bytes
             elif report.outcome == pb.TaskReport.PROGRESS:
                 changed |= job.ledger.report_progress(report.epoch, report.partition,
                                                       report.consumed)

@@ -159,8 +159,23 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
 def dense_array(column: pa.ChunkedArray) -> np.ndarray | None:
     """A column of equally shaped numeric (nested) lists as one numpy array (n, ...), without a
     Python object per value; None if it is not that (ragged, nulls, not numeric): the row-wise
-    path then names the offending row."""
-    array = column.combine_chunks()
+    path then names the offending row.
+
+    Chunk by chunk: a large column (1M rows of 3,072 values) has more values than the 32-bit
+    offsets of one list array can address, so the chunks are never combined in Arrow."""
+    blocks: list[np.ndarray] = []
+    for chunk in column.chunks:
+        if len(chunk):
+            block = _dense_chunk(chunk)
+            if block is None or (blocks and block.shape[1:] != blocks[0].shape[1:]):
+                return None
+            blocks.append(block)
+    if not blocks:
+        return None
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+
+def _dense_chunk(array: pa.Array) -> np.ndarray | None:
     shape = [len(array)]
     while (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
            or pa.types.is_fixed_size_list(array.type)):

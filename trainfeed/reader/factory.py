@@ -46,6 +46,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     `$TRAINFEED_STORAGE`, else `./trainfeed-data`); otherwise it joins job `job` (else
     `$TRAINFEED_JOB`, else "default") on the master at `master` (else `$TRAINFEED_MASTER`), and
     readers of the same job split each epoch between them. Nothing connects until the first pass.
+    The master's token comes from `$TRAINFEED_TOKEN` (or the file named by
+    `$TRAINFEED_TOKEN_FILE`), TLS settings from `$TRAINFEED_TLS_*` (see docs/security.md); a
+    refused token raises AuthenticationError.
     `distribution_rules` ("all", "gpu", or a comma-separated list of worker names) restricts
     which workers may take the job's tasks; the reader that creates the job sets them, and a
     worker they exclude is refused with the reason. `prefetch` is how many partitions are

@@ -6,8 +6,10 @@ MasterUnavailableError naming the address. Other errors are the master's answer 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -15,7 +17,19 @@ from typing import TypeVar
 
 import grpc
 
-from trainfeed.errors import JobError, MasterUnavailableError
+from trainfeed.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    JobError,
+    MasterUnavailableError,
+)
+from trainfeed.security import (
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TLS_SERVER_NAME_ENV,
+    ClientSecurity,
+)
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 from trainfeed.worker.resources import detect_resources
@@ -27,6 +41,9 @@ DEFAULT_GIVE_UP_S = 120.0
 # Per-call deadline on top of any long-poll wait the call asks for.
 CALL_TIMEOUT_S = 10.0
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
+# (A master that refuses this client's certificate just closes the connection: "Socket closed".)
+_TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
 T = TypeVar("T")
 
 
@@ -40,13 +57,25 @@ def default_master_address() -> str:
 
 
 class MasterClient:
-    """One channel to the master. Thread-safe (gRPC channels and stubs are); close() idempotent."""
+    """One channel to the master. Thread-safe (gRPC channels and stubs are); close() idempotent.
 
-    def __init__(self, address: str | None = None, give_up_s: float | None = None):
+    Credentials: `security` (by default from the environment: `$TRAINFEED_TOKEN` or
+    `$TRAINFEED_TOKEN_FILE`, and `$TRAINFEED_TLS_*`, see trainfeed.security); `token`, if given,
+    replaces its token. A refused token raises AuthenticationError at once (never retried).
+    """
+
+    def __init__(self, address: str | None = None, give_up_s: float | None = None,
+                 token: str | None = None, security: ClientSecurity | None = None):
         self.address = address or default_master_address()
         self.give_up_s = give_up_s if give_up_s is not None else float(
             os.environ.get(GIVE_UP_ENV, DEFAULT_GIVE_UP_S))
-        self._channel = grpc.insecure_channel(self.address)
+        if security is None:
+            security = ClientSecurity.from_env(token=token)
+        elif token is not None:
+            security = dataclasses.replace(security, token=token)
+        self.security = security
+        self._metadata = security.metadata
+        self._channel = security.open_channel(self.address)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
@@ -54,20 +83,37 @@ class MasterClient:
         delay = 0.05
         while True:
             try:
-                return method(request, timeout=timeout)
+                return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
                 details = e.details()  # type: ignore[attr-defined]
+                if code is grpc.StatusCode.UNAUTHENTICATED:
+                    sent = "a token" if self._metadata else "no token"
+                    raise AuthenticationError(
+                        f"master {self.address} refused the call, which carried {sent} "
+                        f"(UNAUTHENTICATED: {details})") from None
                 if code not in _RETRYABLE:
                     raise JobError(f"master {self.address}: {code.name}: {details}") from None
+                if _TLS_REFUSED.search(details or ""):  # this client's settings: no retry helps
+                    raise ConfigurationError(
+                        f"master {self.address}: the TLS handshake failed ({details}); check "
+                        f"${TLS_CA_ENV} (the CA that signed the master's certificate) and "
+                        f"${TLS_SERVER_NAME_ENV} (a name that certificate holds)") from None
                 waited = time.monotonic() - started
                 if waited >= self.give_up_s:
                     raise MasterUnavailableError(
                         f"master {self.address} unreachable for {waited:.0f} s ({details}); "
                         f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
-                    ) from None
+                        f"{self._unreachable_hint()}") from None
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 2.0)
+
+    def _unreachable_hint(self) -> str:
+        # A master that closes the connection at once may want TLS, or a client certificate.
+        if not self.security.tls:
+            return f"; if it serves TLS, set ${TLS_CA_ENV}"
+        return (f"; if it requires client certificates, set ${TLS_CERT_ENV} and ${TLS_KEY_ENV} "
+                f"to one that its --tls-client-ca signed")
 
     def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
                  resume: pb.ResumePosition | None = None) -> pb.OpenJobResponse:

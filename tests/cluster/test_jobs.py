@@ -1,0 +1,172 @@
+"""`trainfeed submit`, `scale`, `status` and `delete` through the real `kubernetes` client, against
+the stand-in API server of apiserver.py (there is no Kubernetes cluster here): the calls, paths
+and bodies the CLI sends, and what it makes of the answers."""
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster.apiserver import FakeApiServer
+
+from trainfeed.cli.main import main
+from trainfeed.cluster.objects import job_objects
+from trainfeed.cluster.spec import JobSpec
+
+NS = "team-a"
+SUBMIT = ["submit", "--name", "resnet", "--image", "reg/trainfeed-torch:0.1.0", "--workers", "2",
+          "--dataset", "flowers", "--storage-pvc", "datasets", "--", "python", "train.py"]
+
+
+@pytest.fixture
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path, namespace=NS)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield server
+
+
+def stored_token(kube: FakeApiServer) -> str:
+    secret = kube.objects("secrets", NS)["resnet-trainfeed-auth"]
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def test_submit_creates_the_objects_in_the_context_namespace(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SUBMIT) == 0
+    out = capsys.readouterr().out
+    assert f"submitted job 'resnet' to namespace '{NS}'" in out
+    assert f"kubectl port-forward -n {NS} svc/resnet-master 50051:50051" in out
+    posts = [path for method, path, _ in kube.requests if method == "POST"]
+    assert posts == [f"/api/v1/namespaces/{NS}/secrets",
+                     f"/api/v1/namespaces/{NS}/persistentvolumeclaims",
+                     f"/api/v1/namespaces/{NS}/services",
+                     f"/apis/apps/v1/namespaces/{NS}/deployments",
+                     f"/apis/batch/v1/namespaces/{NS}/jobs"]
+    token = stored_token(kube)
+    assert len(token) >= 43
+    expected = job_objects(JobSpec(name="resnet", image="reg/trainfeed-torch:0.1.0", workers=2,
+                                   dataset="flowers", command=("python", "train.py"),
+                                   storage_pvc="datasets", namespace=NS), token)
+    for obj, resource in zip(expected[1:], ["persistentvolumeclaims", "services", "deployments",
+                                            "jobs"]):
+        sent = kube.objects(resource, NS)[obj["metadata"]["name"]]
+        # What arrived is what was built (the server adds uid, resourceVersion, …).
+        assert sent["spec"] == obj["spec"]
+        assert obj["metadata"].items() <= sent["metadata"].items()
+
+
+def test_submitting_an_existing_job_changes_nothing(kube: FakeApiServer,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SUBMIT) == 0
+    token = stored_token(kube)
+    assert main(SUBMIT) == 2
+    err = capsys.readouterr().err
+    assert "a trainfeed job 'resnet' already exists in namespace 'team-a'" in err
+    assert stored_token(kube) == token and len(kube.objects("jobs", NS)) == 1
+    assert not [r for r in kube.requests if r[0] == "DELETE"]
+
+
+def test_a_refused_submit_leaves_nothing_behind(kube: FakeApiServer,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    kube.refuse["jobs"] = (403, "Forbidden", 'jobs.batch "resnet-workers" is forbidden: '
+                           'exceeded quota: jobs, requested: count/jobs.batch=1, used: '
+                           'count/jobs.batch=4, limited: count/jobs.batch=4')
+    assert main(SUBMIT) == 2
+    err = capsys.readouterr().err
+    assert "trainfeed submit: error: create Job resnet-workers: the ResourceQuota of namespace " \
+           "'team-a' is exceeded" in err
+    assert "limited: count/jobs.batch=4" in err
+    assert kube.store == {}  # the Secret, PVC, Service and Deployment were deleted again
+
+
+def test_scale_sets_parallelism_and_completions(kube: FakeApiServer,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SUBMIT) == 0
+    assert main(["scale", "resnet", "--workers", "5"]) == 0
+    assert "job 'resnet': workers 2 -> 5" in capsys.readouterr().out
+    spec = kube.objects("jobs", NS)["resnet-workers"]["spec"]
+    assert (spec["parallelism"], spec["completions"]) == (5, 5)
+    patch = [r for r in kube.requests if r[0] == "PATCH"]
+    assert patch == [("PATCH", f"/apis/batch/v1/namespaces/{NS}/jobs/resnet-workers",
+                      "application/json-patch+json")]
+    assert main(["scale", "resnet", "--workers", "1"]) == 0
+    assert kube.objects("jobs", NS)["resnet-workers"]["spec"]["parallelism"] == 1
+    # Zero completions would complete the Indexed Job, ending the training: refused.
+    assert main(["scale", "resnet", "--workers", "0"]) == 2
+    assert "--workers must be at least 1, got 0 (to pause a job" in capsys.readouterr().err
+    assert kube.objects("jobs", NS)["resnet-workers"]["spec"]["completions"] == 1
+
+
+def test_scale_refuses_unknown_and_finished_jobs(kube: FakeApiServer,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scale", "ghost", "--workers", "3"]) == 2
+    assert "no trainfeed job 'ghost' in namespace 'team-a'" in capsys.readouterr().err
+    assert main(SUBMIT) == 0
+    kube.objects("jobs", NS)["resnet-workers"]["status"] = {
+        "conditions": [{"type": "Complete", "status": "True"}], "succeeded": 2}
+    assert main(["scale", "resnet", "--workers", "3"]) == 2
+    assert "have finished (Complete)" in capsys.readouterr().err
+
+
+def test_delete_removes_every_object_of_the_job_and_only_those(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SUBMIT) == 0
+    assert main([*SUBMIT[:2], "other", *SUBMIT[3:]]) == 0
+    assert main(["delete", "resnet"]) == 0
+    out = capsys.readouterr().out
+    assert "deleted job 'resnet' from namespace 'team-a': Job/resnet-workers, " \
+           "Deployment/resnet-master, Service/resnet-master, " \
+           "PersistentVolumeClaim/resnet-master-state, Secret/resnet-trainfeed-auth" in out
+    remaining = {name for (_, _, name) in kube.store}
+    assert remaining == {"other-trainfeed-auth", "other-master-state", "other-master",
+                         "other-workers"}
+    deletes = [path for method, path, _ in kube.requests if method == "DELETE"]
+    assert all(path.endswith("?propagationPolicy=Background") for path in deletes)
+    assert main(["delete", "resnet"]) == 2
+    assert "no trainfeed job 'resnet' in namespace 'team-a'" in capsys.readouterr().err
+
+
+def test_status_shows_pods_and_fails_on_image_pull_problems(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SUBMIT) == 0
+    labels = {"trainfeed.io/job": "resnet", "app.kubernetes.io/component": "workers"}
+    for i, state in enumerate([
+            {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+            {"waiting": {"reason": "ImagePullBackOff",
+                         "message": 'Back-off pulling image "reg/trainfeed-torch:0.1.0"'}}]):
+        kube.add("pods", NS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"resnet-workers-{i}-abcde", "labels": labels},
+            "spec": {"containers": [{"name": "worker", "image": "reg/trainfeed-torch:0.1.0"}]},
+            "status": {"phase": "Running" if i == 0 else "Pending", "containerStatuses": [{
+                "name": "worker", "image": "reg/trainfeed-torch:0.1.0", "imageID": "",
+                "ready": i == 0, "restartCount": 0, "state": state}]}})
+    capsys.readouterr()
+    assert main(["status", "resnet"]) == 2
+    captured = capsys.readouterr()
+    assert "master pods no pods" in captured.out
+    assert "workers pods 1 Pending, 1 Running" in captured.out
+    assert "problem     pod resnet-workers-1-abcde: cannot pull image" in captured.out
+    assert "progress    not shown: give --master localhost:50051 after `kubectl " \
+           "port-forward -n team-a svc/resnet-master 50051:50051`" in captured.out
+    assert "trainfeed status: error: job 'resnet' cannot run as it is: pod " \
+           "resnet-workers-1-abcde: cannot pull image 'reg/trainfeed-torch:0.1.0'" \
+           in captured.err
+
+
+def test_status_of_an_unknown_job(kube: FakeApiServer,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "ghost"]) == 2
+    assert "no trainfeed job 'ghost' in namespace 'team-a'" in capsys.readouterr().err
+
+
+def test_cluster_api_down_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeApiServer() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+        url = server.url
+    assert main(["delete", "resnet"]) == 2  # the server is gone now
+    err = capsys.readouterr().err
+    assert f"cannot reach the Kubernetes API at {url}" in err

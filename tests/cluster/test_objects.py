@@ -1,0 +1,173 @@
+"""The objects `trainfeed submit` creates, field by field: what the pods need to find each other,
+the token, the storage and the GPUs, and what keeps them safe."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainfeed.cluster.objects import job_objects
+from trainfeed.cluster.spec import JobSpec, Toleration
+
+TOKEN = "t0k3n-for-tests-only-0123456789"
+
+
+def build(**changes: Any) -> dict[str, dict[str, Any]]:
+    base: dict[str, Any] = dict(
+        name="resnet", image="reg/trainfeed-torch:0.1.0", master_image="reg/trainfeed:0.1.0",
+        workers=3, dataset="public/flowers", command=("python", "train.py", "--epochs", "3"),
+        gpus_per_worker=2, namespace="ml", storage_pvc="datasets")
+    base.update(changes)
+    return {o["kind"]: o for o in job_objects(JobSpec(**base), TOKEN)}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def pod(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def test_objects_come_in_creation_order_with_the_job_labels() -> None:
+    objs = job_objects(JobSpec(name="resnet", image="i", workers=1, dataset="d",
+                               command=("x",), storage_pvc="p"), TOKEN)
+    assert [o["kind"] for o in objs] == ["Secret", "PersistentVolumeClaim", "Service",
+                                         "Deployment", "Job"]
+    for o in objs:
+        assert o["metadata"]["labels"]["trainfeed.io/job"] == "resnet"
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "trainfeed"
+        assert o["metadata"]["annotations"] == {"trainfeed.io/dataset": "d"}
+        assert "namespace" not in o["metadata"]  # dry runs: `kubectl apply -n` decides
+    for o in build().values():
+        assert o["metadata"]["namespace"] == "ml"
+
+
+def test_token_secret() -> None:
+    secret = build()["Secret"]
+    assert secret["metadata"]["name"] == "resnet-trainfeed-auth"
+    assert secret["stringData"] == {"token": TOKEN} and secret["type"] == "Opaque"
+
+
+def test_workers_find_the_master_service_and_get_the_job_token_and_storage() -> None:
+    objs = build()
+    service, job = objs["Service"], objs["Job"]
+    container = pod(job)["containers"][0]
+    env = env_of(container)
+    # TRAINFEED_MASTER names the Service, on its gRPC port, and the Service selects the master.
+    host, port = env["TRAINFEED_MASTER"].split(":")
+    assert host == service["metadata"]["name"] == objs["Deployment"]["metadata"]["name"]
+    assert int(port) == next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert service["spec"]["selector"].items() <= \
+        objs["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    assert env["TRAINFEED_JOB"] == "resnet"
+    assert env["TRAINFEED_DATASET"] == "public/flowers"
+    assert env["TRAINFEED_STORAGE"] == "/data"
+    assert env["TRAINFEED_TOKEN"] == {"secretKeyRef": {"name": "resnet-trainfeed-auth",
+                                                       "key": "token"}}
+    assert env["TRAINFEED_GPUS"] == "2"
+    assert env["TRAINFEED_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "TRAIN_LOCAL" not in env and "envFrom" not in container
+    assert container["command"] == ["python", "train.py", "--epochs", "3"]
+    assert container["image"] == "reg/trainfeed-torch:0.1.0"
+
+
+def test_workers_are_an_indexed_job_of_n_pods_with_gpus() -> None:
+    job = build()["Job"]
+    assert job["metadata"]["name"] == "resnet-workers"
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["parallelism"], spec["completions"]) == \
+        ("Indexed", 3, 3)
+    assert pod(job)["restartPolicy"] == "Never"
+    resources = pod(job)["containers"][0]["resources"]
+    assert resources == {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}
+    cpu = build(gpus_per_worker=0, cpus_per_worker="8", memory_per_worker="32Gi")["Job"]
+    assert pod(cpu)["containers"][0]["resources"] == {
+        "requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "32Gi"}}
+    assert env_of(pod(cpu)["containers"][0])["TRAINFEED_GPUS"] == "0"
+
+
+def test_node_selectors_and_tolerations_go_to_the_workers_only() -> None:
+    objs = build(node_selector={"nvidia.com/gpu.product": "A100"},
+                 tolerations=(Toleration.parse("nvidia.com/gpu:NoSchedule"),))
+    assert pod(objs["Job"])["nodeSelector"] == {"nvidia.com/gpu.product": "A100"}
+    assert pod(objs["Job"])["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "nodeSelector" not in pod(objs["Deployment"])
+    assert "nodeSelector" not in pod(build()["Job"]) and "tolerations" not in pod(build()["Job"])
+
+
+def test_master_runs_one_replica_recreated_with_its_state_on_a_claim() -> None:
+    objs = build()
+    deployment, claim = objs["Deployment"], objs["PersistentVolumeClaim"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = pod(deployment)["containers"][0]
+    assert container["image"] == "reg/trainfeed:0.1.0"
+    args = container["args"]
+    assert args[0] == "master"
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert flags == {"--host": "0.0.0.0", "--port": "50051",
+                     "--state": "/var/lib/trainfeed/master.db", "--metrics-port": "9090"}
+    assert "--insecure" not in args
+    env = env_of(container)
+    assert env["TRAINFEED_TOKEN"]["secretKeyRef"]["name"] == "resnet-trainfeed-auth"
+    assert env["TRAINFEED_STORAGE"] == "/data"
+    # The state claim is mounted where --state points.
+    assert claim["metadata"]["name"] == "resnet-master-state"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    volumes = {v["name"]: v for v in pod(deployment)["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == "resnet-master-state"
+    assert mounts["state"]["mountPath"] == "/var/lib/trainfeed"
+    assert mounts["tmp"]["mountPath"] == "/tmp" and "emptyDir" in volumes["tmp"]
+
+
+def test_master_probes_use_the_grpc_health_service_on_the_grpc_port() -> None:
+    container = pod(build()["Deployment"])["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": 50051, "metrics": 9090}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": 50051}, probe
+    resources = container["resources"]
+    assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
+    service_ports = {p["name"]: (p["port"], p["targetPort"])
+                     for p in build()["Service"]["spec"]["ports"]}
+    assert service_ports == {"grpc": (50051, "grpc"), "metrics": (9090, "metrics")}
+
+
+def test_shared_volume_is_mounted_read_only_in_master_and_workers() -> None:
+    objs = build()
+    for kind in ("Deployment", "Job"):
+        volumes = {v["name"]: v for v in pod(objs[kind])["volumes"]}
+        mounts = {m["name"]: m for m in pod(objs[kind])["containers"][0]["volumeMounts"]}
+        assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "datasets",
+                                                            "readOnly": True}
+        assert mounts["data"] == {"name": "data", "mountPath": "/data", "readOnly": True}
+    job_volumes = {v["name"]: v for v in pod(objs["Job"])["volumes"]}
+    assert job_volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+
+
+def test_s3_storage_has_no_volume_and_takes_credentials_from_the_secret() -> None:
+    objs = build(storage_pvc=None, storage="s3://bucket/datasets", s3_secret="s3-creds",
+                 s3_endpoint="http://seaweedfs:8333")
+    for kind in ("Deployment", "Job"):
+        container = pod(objs[kind])["containers"][0]
+        env = env_of(container)
+        assert env["TRAINFEED_STORAGE"] == "s3://bucket/datasets"
+        assert env["TRAINFEED_S3_ENDPOINT"] == "http://seaweedfs:8333"
+        assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+        assert "data" not in {v["name"] for v in pod(objs[kind])["volumes"]}
+        assert "AWS_SECRET_ACCESS_KEY" not in env  # never a literal value
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job"])
+def test_pods_run_as_non_root_without_privileges_or_api_token(kind: str) -> None:
+    spec = pod(build()[kind])
+    assert spec["automountServiceAccountToken"] is False
+    security = spec["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = spec["containers"][0]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"] == {"drop": ["ALL"]}

@@ -1,0 +1,276 @@
+"""`trainfeed submit`, `scale`, `status` and `delete`: a job on Kubernetes.
+
+See docs/cluster.md. The objects are built by trainfeed.cluster.objects and sent by
+trainfeed.cluster.jobs; this module only parses flags and prints.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import secrets
+import sys
+from typing import Any
+
+from trainfeed.cluster import diagnose, progress
+from trainfeed.cluster.jobs import Cluster
+from trainfeed.cluster.kube import connect, current_namespace, require_kubernetes
+from trainfeed.cluster.objects import job_objects
+from trainfeed.cluster.spec import (
+    GRPC_PORT,
+    JobSpec,
+    ObjectNames,
+    Toleration,
+    parse_node_selector,
+    validate_cluster_job_name,
+)
+from trainfeed.errors import ClusterError, TrainfeedError
+from trainfeed.formats.manifest import read_manifest
+from trainfeed.security import load_token
+from trainfeed.storage import STORAGE_ENV, open_storage
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.worker.client import MasterClient
+
+# secrets.token_urlsafe(32): 256 random bits, 43 URL-safe characters.
+TOKEN_BYTES = 32
+# Two status samples this far apart give the rate; long enough to see a partition finish.
+DEFAULT_INTERVAL_S = 2.0
+# How long `status` waits for a master before saying it is unreachable.
+STATUS_GIVE_UP_S = 10.0
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--namespace", metavar="NS",
+                   help="Kubernetes namespace (default: the kubeconfig context's, else default)")
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"expected seconds ≥ 0, got {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "submit", help="run a training job on Kubernetes (master + GPU workers)",
+        description="Create a job's token Secret, master (Deployment, Service, state PVC) and "
+                    "workers (an Indexed Job running the command after '--'), wired with "
+                    "TRAINFEED_MASTER, TRAINFEED_JOB, TRAINFEED_TOKEN and TRAINFEED_STORAGE.",
+        epilog="example: trainfeed submit --name resnet --image registry/trainfeed-torch:0.1.0 "
+               "--workers 4 --dataset flowers --storage-pvc datasets -- python train.py")
+    p.add_argument("--name", required=True, metavar="JOB",
+                   help="job name: TRAINFEED_JOB and the prefix of every object's name")
+    p.add_argument("--image", required=True, metavar="IMG", help="the workers' image")
+    p.add_argument("--workers", required=True, type=int, metavar="N", help="worker pods")
+    p.add_argument("--gpus-per-worker", type=int, default=1, metavar="G",
+                   help="nvidia.com/gpu per worker pod (default 1; 0 for CPU pods)")
+    p.add_argument("--dataset", required=True, metavar="NAME",
+                   help="the dataset the job reads (TRAINFEED_DATASET in the workers)")
+    p.add_argument("--storage", metavar="URL",
+                   help="storage root as the pods see it: s3://bucket/prefix, or a path under "
+                        "/data with --storage-pvc (default /data)")
+    p.add_argument("--storage-pvc", metavar="NAME",
+                   help="an RWX PersistentVolumeClaim holding the datasets (GlusterFS, NFS, "
+                        "CephFS), mounted read-only at /data")
+    p.add_argument("--s3-secret", metavar="NAME",
+                   help="a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the pods")
+    p.add_argument("--s3-endpoint", metavar="URL",
+                   help="a non-AWS S3 endpoint (TRAINFEED_S3_ENDPOINT in the pods)")
+    p.add_argument("--master-image", metavar="IMG",
+                   help="the master's image (default --image; the master needs no framework)")
+    p.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule workers on matching nodes (repeatable)")
+    p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
+                   help="let workers run on tainted nodes, e.g. nvidia.com/gpu:NoSchedule "
+                        "(repeatable)")
+    p.add_argument("--cpus-per-worker", metavar="Q", help="CPU request per worker, e.g. 8")
+    p.add_argument("--memory-per-worker", metavar="Q",
+                   help="memory request and limit per worker, e.g. 32Gi")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the objects as YAML (token included: treat it as a secret) and "
+                        "touch no cluster")
+    _cluster_options(p)
+    # Not `command`: main() reads args.command as the subcommand's name.
+    p.add_argument("train_command", nargs="*", metavar="-- COMMAND",
+                   help="the training command, after '--': -- python train.py --epochs 10")
+    p.set_defaults(run=run_submit)
+
+    p = sub.add_parser(
+        "scale", help="change the number of worker pods of a job",
+        description="Set the workers' parallelism (and an Indexed Job's completions with it). "
+                    "Elastic: the master hands partitions to whichever workers are there; a "
+                    "stopped worker's leases go back to the others.")
+    p.add_argument("job", help="job name")
+    p.add_argument("--workers", required=True, type=int, metavar="N", help="worker pods")
+    _cluster_options(p)
+    p.set_defaults(run=run_scale)
+
+    p = sub.add_parser(
+        "status", help="a job's progress (from its master) and pods (from Kubernetes)",
+        description="Epoch, partitions todo/pending/done/failed, workers and rate from the "
+                    "job's master; pod phases and problems (image pulls, scheduling, quota) "
+                    "from Kubernetes when a cluster is configured.")
+    p.add_argument("job", help="job name")
+    p.add_argument("--master", metavar="HOST:PORT",
+                   help="the master's address; from outside the cluster run `kubectl "
+                        "port-forward svc/JOB-master 50051:50051` and give localhost:50051 "
+                        "(default inside a cluster: the job's Service)")
+    p.add_argument("--interval", type=_seconds, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                   help=f"time between the two samples that give the rate (default "
+                        f"{DEFAULT_INTERVAL_S:g})")
+    p.add_argument("--storage", metavar="URL",
+                   help="the storage, to read the dataset's size for records/s (optional)")
+    p.add_argument("--s3-endpoint", metavar="URL", help="endpoint of a non-AWS S3 storage")
+    _cluster_options(p)
+    p.set_defaults(run=run_status)
+
+    p = sub.add_parser("delete", help="delete a job's objects from Kubernetes",
+                       description="Delete every object labelled with the job: workers, master, "
+                                   "its state PVC (the job's progress) and its token Secret.")
+    p.add_argument("job", help="job name")
+    _cluster_options(p)
+    p.set_defaults(run=run_delete)
+
+
+def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
+    try:
+        return JobSpec(
+            name=args.name, image=args.image, workers=args.workers, dataset=args.dataset,
+            command=tuple(args.train_command), gpus_per_worker=args.gpus_per_worker,
+            namespace=namespace, storage=args.storage, storage_pvc=args.storage_pvc,
+            s3_secret=args.s3_secret, s3_endpoint=args.s3_endpoint,
+            master_image=args.master_image,
+            node_selector=parse_node_selector(args.node_selector),
+            tolerations=tuple(Toleration.parse(t) for t in args.toleration),
+            cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker)
+    except TrainfeedError:
+        raise
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+
+
+def _dump_yaml(objects: list[dict[str, Any]]) -> str:
+    try:
+        import yaml
+    except ImportError:
+        raise ClusterError("--dry-run prints YAML and needs PyYAML: pip install "
+                           "'trainfeed[k8s]'") from None
+    return str(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
+
+
+def _port_forward_hint(job: str, namespace: str) -> str:
+    return (f"kubectl port-forward -n {namespace} svc/{ObjectNames(job).master} "
+            f"{GRPC_PORT}:{GRPC_PORT}")
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    if args.dry_run:  # no kubeconfig needed, not even the kubernetes package
+        sys.stdout.write(_dump_yaml(job_objects(_spec(args, args.namespace), token)))
+        return 0
+    spec = _spec(args, args.namespace)  # every flag checked before any cluster call
+    api = connect(args.context)
+    namespace = args.namespace or current_namespace(args.context)
+    spec = dataclasses.replace(spec, namespace=namespace)
+    with Cluster(api, namespace) as cluster:
+        created = cluster.create(spec.name, job_objects(spec, token))
+    print(f"submitted job {spec.name!r} to namespace {namespace!r}: {', '.join(created)}")
+    print(f"progress: {_port_forward_hint(spec.name, namespace)} &\n"
+          f"          trainfeed status {spec.name} -n {namespace} --master localhost:{GRPC_PORT}")
+    return 0
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    validate_cluster_job_name(args.job)
+    api = connect(args.context)
+    namespace = args.namespace or current_namespace(args.context)
+    with Cluster(api, namespace) as cluster:
+        before = cluster.scale(args.job, args.workers)
+    print(f"job {args.job!r}: workers {before} -> {args.workers}")
+    return 0
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    validate_cluster_job_name(args.job)
+    api = connect(args.context)
+    namespace = args.namespace or current_namespace(args.context)
+    with Cluster(api, namespace) as cluster:
+        deleted = cluster.delete(args.job)
+    print(f"deleted job {args.job!r} from namespace {namespace!r}: {', '.join(deleted)}")
+    return 0
+
+
+def _cluster_or_none(args: argparse.Namespace) -> Cluster | None:
+    """The cluster if one is configured; None (pods not shown) when only --master is given."""
+    try:
+        require_kubernetes()
+        api = connect(args.context)
+    except ClusterError:
+        if args.master:
+            return None
+        raise
+    return Cluster(api, args.namespace or current_namespace(args.context))
+
+
+def _records_per_partition(args: argparse.Namespace, status: pb.JobStatus) -> float | None:
+    """Records per partition, on average, from the dataset's manifest if the storage is known
+    (the master reports partitions, not records)."""
+    storage_url = args.storage or os.environ.get(STORAGE_ENV)
+    if not storage_url or not status.num_partitions:
+        return None
+    manifest = read_manifest(open_storage(storage_url, s3_endpoint=args.s3_endpoint),
+                             status.dataset)
+    return manifest.num_records / status.num_partitions
+
+
+def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
+    pods = cluster.pods(job)
+    by_component = diagnose.phases(pods)
+    if not pods and not cluster.objects_of(job, "Job") and \
+            not cluster.objects_of(job, "Deployment"):
+        raise ClusterError(f"no trainfeed job {job!r} in namespace {cluster.namespace!r}")
+    for component in ("master", "workers"):
+        counts = by_component.get(component)
+        shown = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) \
+            if counts else "no pods"
+        print(f"{component + ' pods':<11} {shown}")
+    found = diagnose.problems(pods, cluster.events(job))
+    for problem in found:
+        print(f"problem     {problem}")
+    return found
+
+
+def run_status(args: argparse.Namespace) -> int:
+    validate_cluster_job_name(args.job)
+    cluster = _cluster_or_none(args)
+    problems: list[diagnose.Problem] = []
+    try:
+        if cluster is not None:
+            problems = _print_pods(cluster, args.job)
+        address = args.master
+        if address is None and os.environ.get("KUBERNETES_SERVICE_HOST") and cluster:
+            address = f"{ObjectNames(args.job).master}.{cluster.namespace}.svc:{GRPC_PORT}"
+        if address is None:
+            assert cluster is not None  # _cluster_or_none raised otherwise
+            print(f"progress    not shown: give --master localhost:{GRPC_PORT} after "
+                  f"`{_port_forward_hint(args.job, cluster.namespace)}`")
+        else:
+            # $TRAINFEED_TOKEN[_FILE] if set, else the job's own Secret (RBAC: get secrets).
+            token = cluster.token(args.job) if cluster and load_token() is None else None
+            with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
+                first, second = progress.sample_twice(lambda: client.job_status(args.job),
+                                                      args.interval)
+            rate = progress.partition_rate(first, second)
+            for line in progress.render(second.status, rate,
+                                        _records_per_partition(args, second.status)):
+                print(line)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    blocking = [p for p in problems if p.blocking]
+    if blocking:
+        raise ClusterError(f"job {args.job!r} cannot run as it is: "
+                           + "; ".join(str(p) for p in blocking))
+    return 0

@@ -1,0 +1,254 @@
+"""The Kubernetes objects of one job, as plain dicts (what `kubectl apply` takes).
+
+Pure functions of a JobSpec and a token: no cluster, no client library. `submit --dry-run` prints
+them and `submit` creates them, so what a user reads is what runs. deploy/k8s/ holds the same
+objects for an example job (a test keeps them equal).
+
+Security choices, the same for every pod: a non-root uid (the image's `trainfeed` user), no
+privilege escalation, no capabilities, the runtime's seccomp profile, and no Kubernetes API token
+mounted (neither the master nor the workers call the Kubernetes API).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from trainfeed.cluster.spec import (
+    COMPONENT_LABEL,
+    DATA_MOUNT,
+    DATASET_ANNOTATION,
+    GRPC_PORT,
+    JOB_LABEL,
+    MANAGED_BY_LABEL,
+    METRICS_PORT,
+    PART_OF_LABEL,
+    RUN_AS_USER,
+    STATE_DIR,
+    STATE_FILE,
+    TOKEN_KEY,
+    JobSpec,
+)
+
+Obj = dict[str, Any]
+
+# How long one worker index may fail before the Job marks it failed (Indexed Jobs, k8s >= 1.29);
+# a crash loop of one index does not stop the others, and is visible in `trainfeed status`.
+BACKOFF_LIMIT_PER_INDEX = 3
+# The master's requests: an asyncio gRPC server handing out partitions uses little; the limit is
+# a guard against a leak, not a sizing (metadata of very large datasets lives in memory).
+MASTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
+                    "limits": {"cpu": "2", "memory": "1Gi"}}
+# PyTorch DataLoader workers pass batches through /dev/shm, which container runtimes cap at 64Mi
+# by default ("bus error" in the trainer); a memory-backed emptyDir lifts the cap.
+SHM_SIZE = "2Gi"
+
+
+def labels(spec: JobSpec, component: str) -> dict[str, str]:
+    """The labels of every object of the job; `selector_labels` is the part selectors use."""
+    return {PART_OF_LABEL: "trainfeed", MANAGED_BY_LABEL: "trainfeed",
+            **selector_labels(spec.name, component)}
+
+
+def selector_labels(job: str, component: str) -> dict[str, str]:
+    return {JOB_LABEL: job, COMPONENT_LABEL: component}
+
+
+def job_selector(job: str) -> str:
+    """The label selector that finds every object of a job (`status`, `delete`)."""
+    return f"{JOB_LABEL}={job}"
+
+
+def _meta(spec: JobSpec, name: str, component: str) -> Obj:
+    meta: Obj = {"name": name, "labels": labels(spec, component),
+                 "annotations": {DATASET_ANNOTATION: spec.dataset}}
+    if spec.namespace is not None:
+        meta["namespace"] = spec.namespace
+    return meta
+
+
+def _pod_security() -> Obj:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+            # The state PVC is writable by the pod's group whatever uid its provisioner uses.
+            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security(read_only_root: bool) -> Obj:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": read_only_root,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def _storage_env(spec: JobSpec) -> list[Obj]:
+    """What both the master and the workers need to reach the datasets, and the job's token."""
+    env: list[Obj] = [
+        {"name": "TRAINFEED_STORAGE", "value": spec.storage_url},
+        {"name": "TRAINFEED_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.names.auth, "key": TOKEN_KEY}}},
+    ]
+    if spec.s3_endpoint:
+        env.append({"name": "TRAINFEED_S3_ENDPOINT", "value": spec.s3_endpoint})
+    return env
+
+
+def _env_from(spec: JobSpec) -> list[Obj]:
+    # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and any AWS_* the Secret holds) as they are.
+    return [{"secretRef": {"name": spec.s3_secret}}]
+
+
+def _data_volume(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
+    """The shared dataset volume, read-only: trainfeed only reads datasets in a job."""
+    if spec.storage_pvc is None:
+        return [], []
+    return ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.storage_pvc,
+                                                        "readOnly": True}}],
+            [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}])
+
+
+def token_secret(spec: JobSpec, token: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(spec, spec.names.auth, "auth"),
+            "type": "Opaque", "stringData": {TOKEN_KEY: token}}
+
+
+def state_claim(spec: JobSpec) -> Obj:
+    # ReadWriteOnce: one master at a time writes the SQLite file (the Deployment is Recreate).
+    # No storageClassName: the cluster's default class.
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(spec, spec.names.state, "master"),
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": spec.state_size}}}}
+
+
+def master_service(spec: JobSpec) -> Obj:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(spec, spec.names.master, "master"),
+            "spec": {"type": "ClusterIP", "selector": selector_labels(spec.name, "master"),
+                     "ports": [
+                         {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc",
+                          "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+                         {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics",
+                          "protocol": "TCP", "appProtocol": "http"}]}}
+
+
+def _grpc_probe(**timing: int) -> Obj:
+    # Kubernetes' own gRPC probe calls grpc.health.v1.Health/Check, which the master serves
+    # without a token. With TLS on, replace it by exec `trainfeed health --master
+    # localhost:50051` (docs/cluster.md).
+    return {"grpc": {"port": GRPC_PORT}, **timing}
+
+
+def master_deployment(spec: JobSpec) -> Obj:
+    data_volumes, data_mounts = _data_volume(spec)
+    container: Obj = {
+        "name": "master",
+        "image": spec.master_image or spec.image,
+        "args": ["master", "--host", "0.0.0.0", "--port", str(GRPC_PORT), "--state", STATE_FILE,
+                 "--metrics-port", str(METRICS_PORT)],
+        "env": _storage_env(spec),
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        # Restoring a large ledger from SQLite takes a while: up to 2 minutes before liveness
+        # checks start.
+        "startupProbe": _grpc_probe(periodSeconds=5, failureThreshold=24),
+        "readinessProbe": _grpc_probe(periodSeconds=10, failureThreshold=3),
+        "livenessProbe": _grpc_probe(periodSeconds=20, timeoutSeconds=5, failureThreshold=3),
+        "resources": MASTER_RESOURCES,
+        "securityContext": _container_security(read_only_root=True),
+        "volumeMounts": [{"name": "state", "mountPath": STATE_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"}, *data_mounts],
+    }
+    if spec.s3_secret:
+        container["envFrom"] = _env_from(spec)
+    pod_labels = labels(spec, "master")
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(spec, spec.names.master, "master"),
+        "spec": {
+            "replicas": 1,
+            # Never two masters on one SQLite file: the old pod stops before the new one starts.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector_labels(spec.name, "master")},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [{"name": "state",
+                                 "persistentVolumeClaim": {"claimName": spec.names.state}},
+                                {"name": "tmp", "emptyDir": {}}, *data_volumes],
+                },
+            },
+        },
+    }
+
+
+def _worker_resources(spec: JobSpec) -> Obj:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.cpus_per_worker:
+        requests["cpu"] = spec.cpus_per_worker
+    if spec.memory_per_worker:
+        requests["memory"] = limits["memory"] = spec.memory_per_worker
+    if spec.gpus_per_worker:
+        # Extended resources: requests must equal limits (the device plugin hands out whole GPUs).
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.gpus_per_worker)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def workers_job(spec: JobSpec) -> Obj:
+    data_volumes, data_mounts = _data_volume(spec)
+    env = [
+        {"name": "TRAINFEED_MASTER", "value": spec.names.master_address},
+        {"name": "TRAINFEED_JOB", "value": spec.name},
+        {"name": "TRAINFEED_DATASET", "value": spec.dataset},
+        *_storage_env(spec),
+        # The master's "gpu" distribution rule admits workers that declare GPUs; the NVIDIA
+        # device plugin sets NVIDIA_VISIBLE_DEVICES, not CUDA_VISIBLE_DEVICES, so say it here.
+        {"name": "TRAINFEED_GPUS", "value": str(spec.gpus_per_worker)},
+        {"name": "TRAINFEED_WORKER_NAME", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.name"}}},
+    ]
+    container: Obj = {
+        "name": "worker",
+        "image": spec.image,
+        "command": list(spec.command),
+        "env": env,
+        "resources": _worker_resources(spec),
+        # Trainers write caches (~/.cache, compiled kernels): the root filesystem stays writable.
+        "securityContext": _container_security(read_only_root=False),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *data_mounts],
+    }
+    if spec.s3_secret:
+        container["envFrom"] = _env_from(spec)
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+                    *data_volumes],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.to_dict() for t in spec.tolerations]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _meta(spec, spec.names.workers, "workers"),
+        "spec": {
+            # Indexed, with completions == parallelism: `trainfeed scale` changes both (elastic
+            # Indexed Jobs, Kubernetes >= 1.27); each index runs the training script once.
+            "completionMode": "Indexed",
+            "completions": spec.workers,
+            "parallelism": spec.workers,
+            "backoffLimitPerIndex": BACKOFF_LIMIT_PER_INDEX,
+            "template": {"metadata": {"labels": labels(spec, "workers")}, "spec": pod_spec},
+        },
+    }
+
+
+def job_objects(spec: JobSpec, token: str) -> list[Obj]:
+    """Every object of the job, in the order they are created: what a pod refers to first."""
+    return [token_secret(spec, token), state_claim(spec), master_service(spec),
+            master_deployment(spec), workers_job(spec)]
+

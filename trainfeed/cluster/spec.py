@@ -1,0 +1,214 @@
+"""What a trainfeed job on Kubernetes is: its settings (JobSpec) and the names of its objects.
+
+A job is a master (Deployment + Service + a PVC for its SQLite state), its workers (an Indexed
+Job) and a Secret with the job's token. Every object's name derives from the job's name here and
+nowhere else, so that `submit`, `scale`, `status` and `delete` agree on them.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainfeed.errors import InvalidNameError
+from trainfeed.names import validate_dataset_name, validate_job_name
+
+# The ports the image's master listens on (the contract with `trainfeed master`).
+GRPC_PORT = 50051
+METRICS_PORT = 9090
+# Where the pods see things.
+DATA_MOUNT = "/data"  # the shared dataset volume (--storage-pvc)
+STATE_DIR = "/var/lib/trainfeed"  # the master's state PVC
+STATE_FILE = f"{STATE_DIR}/master.db"
+# The uid/gid of the Dockerfile's `trainfeed` user; pods run as it even if an image has no USER.
+RUN_AS_USER = 10001
+
+# The key of the token in the job's Secret.
+TOKEN_KEY = "token"
+
+# Label keys that tie a job's objects together (`delete` and `status` select on JOB_LABEL).
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+JOB_LABEL = "trainfeed.io/job"
+# Dataset names may hold '/', which label values may not: the dataset is an annotation.
+DATASET_ANNOTATION = "trainfeed.io/dataset"
+
+_SUFFIXES = {"master": "-master", "state": "-master-state", "workers": "-workers",
+             "auth": "-trainfeed-auth"}
+# Kubernetes names of Services, Jobs and label values are DNS-1123 labels of at most 63
+# characters; the longest suffix above must still fit.
+MAX_JOB_NAME = 63 - max(len(s) for s in _SUFFIXES.values())
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def validate_cluster_job_name(name: str) -> str:
+    """A job name that is also a DNS-1123 label short enough for every derived object name.
+
+    Kubernetes is stricter than trainfeed (`validate_job_name`): lower case, no '.' or '_',
+    starting with a letter (Service names are DNS-1035 labels).
+    """
+    validate_job_name(name)
+    if not _DNS_LABEL.fullmatch(name) or len(name) > MAX_JOB_NAME:
+        raise InvalidNameError(
+            f"invalid job name {name!r} for Kubernetes: use at most {MAX_JOB_NAME} lower-case "
+            f"letters, digits and '-', starting with a letter and ending with a letter or digit "
+            f"(it names the job's Service, Job and Secret)")
+    return name
+
+
+@dataclass(frozen=True)
+class ObjectNames:
+    """The names of one job's objects, all derived from the job's name."""
+
+    job: str
+
+    @property
+    def master(self) -> str:
+        """The master's Deployment and Service (TRAINFEED_MASTER=<this>:50051)."""
+        return self.job + _SUFFIXES["master"]
+
+    @property
+    def state(self) -> str:
+        return self.job + _SUFFIXES["state"]
+
+    @property
+    def workers(self) -> str:
+        return self.job + _SUFFIXES["workers"]
+
+    @property
+    def auth(self) -> str:
+        return self.job + _SUFFIXES["auth"]
+
+    @property
+    def master_address(self) -> str:
+        # The short Service name resolves from every pod of the same namespace.
+        return f"{self.master}:{GRPC_PORT}"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """`KEY[=VALUE][:EFFECT]`, as `kubectl taint` writes a taint: `nvidia.com/gpu:NoSchedule`."""
+
+    key: str
+    value: str | None = None
+    effect: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Toleration:
+        rest, _, effect = text.partition(":")
+        key, eq, value = rest.partition("=")
+        if not key or (eq and not value) or (effect and effect not in _TAINT_EFFECTS):
+            raise ValueError(f"invalid toleration {text!r}: expected KEY[=VALUE][:EFFECT] with "
+                             f"EFFECT one of {', '.join(_TAINT_EFFECTS)}, e.g. "
+                             f"nvidia.com/gpu:NoSchedule")
+        return cls(key, value if eq else None, effect or None)
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"key": self.key, "operator": "Equal" if self.value is not None else "Exists"}
+        if self.value is not None:
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        return out
+
+
+def parse_node_selector(items: Sequence[str]) -> dict[str, str]:
+    """`["k=v", …]` → `{"k": "v"}`; a ValueError naming the bad item otherwise."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not key or not eq:
+            raise ValueError(f"invalid node selector {item!r}: expected KEY=VALUE, e.g. "
+                             f"nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything `trainfeed submit` needs to lay out one job. Validates itself.
+
+    Storage is either a shared volume (`storage_pvc`, an RWX PersistentVolumeClaim mounted
+    read-only at /data in the master and the workers) or a remote URL (`storage`, e.g.
+    s3://bucket/prefix, with credentials from the Secret `s3_secret`). A local path without a
+    volume would name each pod's own empty disk, so it is refused.
+    """
+
+    name: str
+    image: str
+    workers: int
+    dataset: str
+    command: tuple[str, ...]
+    # The issue's users train on GPUs: one per worker unless told otherwise (0 for CPU pods).
+    gpus_per_worker: int = 1
+    # None: no namespace in the objects, so that `kubectl apply -n NS` places them (dry runs);
+    # `submit` fills in the kubeconfig context's namespace.
+    namespace: str | None = None
+    storage: str | None = None
+    storage_pvc: str | None = None
+    s3_secret: str | None = None
+    s3_endpoint: str | None = None
+    # The master needs no ML framework: a smaller image (EXTRAS=s3,etcd,sql) may serve it.
+    master_image: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    cpus_per_worker: str | None = None
+    memory_per_worker: str | None = None
+    # A SQLite ledger of a few jobs takes kilobytes; 1Gi is the smallest size most
+    # provisioners hand out.
+    state_size: str = "1Gi"
+
+    def __post_init__(self) -> None:
+        validate_cluster_job_name(self.name)
+        validate_dataset_name(self.dataset)
+        if self.namespace is not None and (not _DNS_LABEL.fullmatch(self.namespace)
+                                           or len(self.namespace) > 63):
+            raise InvalidNameError(f"invalid namespace {self.namespace!r}: a Kubernetes "
+                                   f"namespace is a DNS-1123 label (lower-case letters, digits, "
+                                   f"'-', at most 63)")
+        for what, image in (("--image", self.image), ("--master-image", self.master_image)):
+            if image is not None and (not image or any(c.isspace() for c in image)):
+                raise ValueError(f"{what}: invalid image {image!r}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.gpus_per_worker < 0:
+            raise ValueError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
+        if not self.command:
+            raise ValueError("no training command: give it after '--', e.g. "
+                             "`trainfeed submit … -- python train.py`")
+        for what, quantity in (("--cpus-per-worker", self.cpus_per_worker),
+                               ("--memory-per-worker", self.memory_per_worker),
+                               ("state size", self.state_size)):
+            if quantity is not None and not _QUANTITY.fullmatch(quantity):
+                raise ValueError(f"{what}: {quantity!r} is not a Kubernetes quantity "
+                                 f"(e.g. 4, 500m, 16Gi)")
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        if self.storage_pvc is not None:
+            if not _DNS_LABEL.fullmatch(self.storage_pvc):
+                raise InvalidNameError(f"--storage-pvc: invalid claim name {self.storage_pvc!r}")
+            if self.storage is not None and not (
+                    self.storage == DATA_MOUNT or self.storage.startswith(DATA_MOUNT + "/")):
+                raise ValueError(f"--storage {self.storage!r}: with --storage-pvc the volume is "
+                                 f"mounted at {DATA_MOUNT}; give a path under it (or leave "
+                                 f"--storage out to use {DATA_MOUNT})")
+        elif self.storage is None or "://" not in self.storage or \
+                self.storage.startswith("file://"):
+            given = "no storage" if self.storage is None else f"--storage {self.storage!r}"
+            raise ValueError(
+                f"{given}: pods share no local disk; give a remote URL with --storage "
+                f"(s3://bucket/prefix, with --s3-secret for its credentials) or a shared "
+                f"volume with --storage-pvc NAME (an RWX claim: GlusterFS, NFS, CephFS)")
+
+    @property
+    def names(self) -> ObjectNames:
+        return ObjectNames(self.name)
+
+    @property
+    def storage_url(self) -> str:
+        """The storage URL as the pods see it."""
+        return self.storage or DATA_MOUNT

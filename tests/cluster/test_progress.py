@@ -41,26 +41,36 @@ def test_two_samples_an_interval_apart() -> None:
 
 
 def test_render_counts_rate_records_and_bar() -> None:
-    lines = render(status(3, 6, failed=1, reasons=("partition 4: bad shard",)), 2.0, 500.0)
+    lines = render(status(3, 6, failed=1, reasons=("partition 4: bad shard",)), 2.0, 1000.0)
     text = "\n".join(lines)
     assert "job         resnet (dataset flowers)" in text
     assert "epoch       3" in text
     assert "partitions  todo 3 · pending 0 · done 6 · failed 1  (of 10)" in text
     assert "workers     3" in text
-    assert "rate        2.00 partitions/s ≈ 1,000 records/s" in text
+    assert "rate        2.00 partitions/s · 1,000 records/s" in text
     bar = next(line for line in lines if line.startswith("epoch 3:"))
     assert "70%" in bar and "7/10 partitions" in bar and "00:01 left" in bar
     assert "failed      partition 4: bad shard" in text
 
 
-def test_render_without_storage_says_how_to_get_records() -> None:
-    text = "\n".join(render(status(0, 0), 0.0, None))
-    assert "0.00 partitions/s (records/s: give --storage" in text
+def test_render_before_anything_finished() -> None:
+    text = "\n".join(render(status(0, 0), 0.0, 0.0))
+    assert "0.00 partitions/s · 0 records/s" in text
     assert "0/10 partitions [? left]" in text
+
+
+def test_record_rate_from_the_masters_count_and_a_restart() -> None:
+    from trainfeed.cluster.progress import Sample, record_rate
+
+    first, second = status(0, 1), status(0, 3)
+    first.records_served, second.records_served = 100, 400
+    assert record_rate(Sample(10.0, first), Sample(12.0, second)) == 150.0
+    second.records_served = 20  # the master restarted: its count began again
+    assert record_rate(Sample(10.0, first), Sample(12.0, second)) == 0.0
 
 
 def test_failed_reasons_are_capped() -> None:
     reasons = tuple(f"partition {i}: x" for i in range(8))
-    lines = render(status(0, 0, failed=8, reasons=reasons), 0.0, None)
+    lines = render(status(0, 0, failed=8, reasons=reasons), 0.0, 0.0)
     assert sum(line.startswith("failed ") for line in lines) == 6
     assert lines[-1] == "failed      … and 3 more"

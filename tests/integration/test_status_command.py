@@ -49,14 +49,13 @@ def test_status_reports_the_masters_view_of_a_job(storage: str, no_cluster: None
     monkeypatch.setenv("TRAINFEED_TOKEN", TOKEN)  # the reader's and the status command's
     with MasterProcess(storage, token=TOKEN) as master:
         assert read_one_epoch(master.address) == 100
-        assert main(["status", "resnet", "--master", master.address, "--interval", "0.1",
-                     "--storage", storage]) == 0
+        assert main(["status", "resnet", "--master", master.address, "--interval", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "job         resnet (dataset flowers)" in out
     assert "epoch       0" in out
     assert "partitions  todo 0 · pending 0 · done 10 · failed 0  (of 10)" in out
     assert "workers     1" in out
-    assert "rate        0.00 partitions/s ≈ 0 records/s" in out
+    assert "rate        0.00 partitions/s · 0 records/s" in out
     assert "100%" in out and "10/10 partitions" in out
     assert "pods" not in out  # no cluster configured: the master's view only
 
@@ -71,10 +70,14 @@ def test_status_rate_from_two_answers_of_a_master_being_read(storage: str) -> No
                                                sleep=lambda _: sum(1 for _ in batches))
         reader.close()
     assert first.finished < second.finished == 10
+    # Records of partitions reported done: the first sample may already count some.
+    assert first.status.records_served < second.status.records_served == 100
     rate = progress.partition_rate(first, second)
-    assert rate > 0
-    line = progress.render(second.status, rate, 10.0)[4]
-    assert line.startswith("rate        ") and "records/s" in line
+    records = progress.record_rate(first, second)
+    assert rate > 0 and records == pytest.approx(
+        (100 - first.status.records_served) / (second.at - first.at))
+    line = progress.render(second.status, rate, records)[4]
+    assert line.startswith("rate        ") and f"{records:,.0f} records/s" in line
 
 
 def test_status_takes_the_token_from_the_jobs_secret(
@@ -102,7 +105,7 @@ def test_status_takes_the_token_from_the_jobs_secret(
             out = capsys.readouterr().out
             assert "master pods no pods" in out  # the stand-in runs no pods
             assert "done 10 · failed 0  (of 10)" in out
-            assert "records/s: give --storage" in out
+            assert "partitions/s · " in out and " records/s" in out
             # A wrong token is refused, and said so.
             kube.objects("secrets", "ml")["resnet-trainfeed-auth"]["data"]["token"] = \
                 base64.b64encode(b"not-the-token-0123456789").decode()

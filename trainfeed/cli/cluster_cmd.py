@@ -25,10 +25,7 @@ from trainfeed.cluster.spec import (
     validate_cluster_job_name,
 )
 from trainfeed.errors import ClusterError, TrainfeedError
-from trainfeed.formats.manifest import read_manifest
 from trainfeed.security import load_token
-from trainfeed.storage import STORAGE_ENV, open_storage
-from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
 
 # secrets.token_urlsafe(32): 256 random bits, 43 URL-safe characters.
@@ -120,9 +117,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=_seconds, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help=f"time between the two samples that give the rate (default "
                         f"{DEFAULT_INTERVAL_S:g})")
-    p.add_argument("--storage", metavar="URL",
-                   help="the storage, to read the dataset's size for records/s (optional)")
-    p.add_argument("--s3-endpoint", metavar="URL", help="endpoint of a non-AWS S3 storage")
     _cluster_options(p)
     p.set_defaults(run=run_status)
 
@@ -214,17 +208,6 @@ def _cluster_or_none(args: argparse.Namespace) -> Cluster | None:
     return Cluster(api, args.namespace or current_namespace(args.context))
 
 
-def _records_per_partition(args: argparse.Namespace, status: pb.JobStatus) -> float | None:
-    """Records per partition, on average, from the dataset's manifest if the storage is known
-    (the master reports partitions, not records)."""
-    storage_url = args.storage or os.environ.get(STORAGE_ENV)
-    if not storage_url or not status.num_partitions:
-        return None
-    manifest = read_manifest(open_storage(storage_url, s3_endpoint=args.s3_endpoint),
-                             status.dataset)
-    return manifest.num_records / status.num_partitions
-
-
 def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
     pods = cluster.pods(job)
     by_component = diagnose.phases(pods)
@@ -262,9 +245,8 @@ def run_status(args: argparse.Namespace) -> int:
             with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
                 first, second = progress.sample_twice(lambda: client.job_status(args.job),
                                                       args.interval)
-            rate = progress.partition_rate(first, second)
-            for line in progress.render(second.status, rate,
-                                        _records_per_partition(args, second.status)):
+            for line in progress.render(second.status, progress.partition_rate(first, second),
+                                        progress.record_rate(first, second)):
                 print(line)
     finally:
         if cluster is not None:

@@ -2,9 +2,8 @@
 
 The master's JobStatus is a snapshot (epoch, partitions todo/pending/done/failed, workers); a rate
 needs two of them. Partitions finished so far count across epochs (epoch × partitions + done +
-failed), so a sample pair that straddles an epoch's end still gives the right rate. JobStatus
-carries no record counts: records/s is estimated from the dataset's manifest (records per
-partition, on average) when the caller can read the storage.
+failed), so a sample pair that straddles an epoch's end still gives the right rate; records/s
+comes from the master's count of records served (of partitions reported done).
 """
 from __future__ import annotations
 
@@ -36,8 +35,18 @@ class Sample:
 
 def partition_rate(first: Sample, second: Sample) -> float:
     """Partitions finished per second between two samples (0 if no time passed)."""
+    return _rate(first, second, second.finished - first.finished)
+
+
+def record_rate(first: Sample, second: Sample) -> float:
+    """Records served per second between two samples (0 if no time passed, or if the master
+    restarted in between and its count began again)."""
+    return _rate(first, second, second.status.records_served - first.status.records_served)
+
+
+def _rate(first: Sample, second: Sample, change: float) -> float:
     elapsed = second.at - first.at
-    return max(0.0, (second.finished - first.finished) / elapsed) if elapsed > 0 else 0.0
+    return max(0.0, change / elapsed) if elapsed > 0 else 0.0
 
 
 def sample_twice(job_status: Callable[[], pb.JobStatus], interval_s: float,
@@ -48,16 +57,10 @@ def sample_twice(job_status: Callable[[], pb.JobStatus], interval_s: float,
     return first, Sample(time.monotonic(), job_status())
 
 
-def render(status: pb.JobStatus, partitions_per_s: float,
-           records_per_partition: float | None) -> list[str]:
+def render(status: pb.JobStatus, partitions_per_s: float, records_per_s: float) -> list[str]:
     """The lines `trainfeed status` prints about the master's view of the job."""
     s = status
-    if records_per_partition is None:
-        rate = f"{partitions_per_s:.2f} partitions/s (records/s: give --storage to read the " \
-               f"dataset's size)"
-    else:
-        rate = f"{partitions_per_s:.2f} partitions/s ≈ " \
-               f"{partitions_per_s * records_per_partition:,.0f} records/s"
+    rate = f"{partitions_per_s:.2f} partitions/s · {records_per_s:,.0f} records/s"
     lines = [
         f"job         {s.job} (dataset {s.dataset})",
         f"epoch       {s.epoch}",

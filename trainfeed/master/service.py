@@ -442,4 +442,4 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
             num_partitions=len(job.partitions), workers=self._live_workers(job, time.time()),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
-            **counts)
+            records_served=job.records_served, bytes_served=job.bytes_served, **counts)

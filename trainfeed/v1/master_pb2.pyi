@@ -219,7 +219,7 @@ class GetJobStatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons")
+    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons", "records_served", "bytes_served")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,8 @@ class JobStatus(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     FAILED_REASONS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     epoch: int
@@ -240,4 +242,6 @@ class JobStatus(_message.Message):
     failed: int
     workers: int
     failed_reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    records_served: int
+    bytes_served: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ...) -> None: ...

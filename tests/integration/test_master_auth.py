@@ -19,7 +19,6 @@ from trainfeed import dist
 from trainfeed.errors import AuthenticationError, ConfigurationError, MasterUnavailableError
 from trainfeed.master.process import MasterProcess
 from trainfeed.security import ClientSecurity, bearer_metadata
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 from trainfeed.worker.client import MasterClient
@@ -29,13 +28,6 @@ SERVER_NAME = "trainfeed-master.test"  # the only name the test server certifica
 RECORDS = 100
 CREDENTIAL_VARIABLES = ("TRAINFEED_TOKEN", "TRAINFEED_TOKEN_FILE", "TRAINFEED_TLS_CA",
                         "TRAINFEED_TLS_CERT", "TRAINFEED_TLS_KEY", "TRAINFEED_TLS_SERVER_NAME")
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
-           progress=False)
-    return storage_dir
 
 
 @pytest.fixture

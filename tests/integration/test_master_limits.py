@@ -2,26 +2,16 @@
 dataset names that no job can have, on every RPC."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 
 from trainfeed.master.process import MasterProcess
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 LIMIT = 64 << 10  # the smallest limit the master takes
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
-           progress=False)
-    return storage_dir
 
 
 def code_of(call: grpc.UnaryUnaryMultiCallable, request: object) -> grpc.StatusCode:

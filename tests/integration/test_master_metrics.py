@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,7 +16,6 @@ from trainfeed import dist
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
@@ -25,13 +23,6 @@ RECORDS = 100
 PARTITIONS = 10  # 100 records in row groups of 10, one partition per row group
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
-           progress=False)
-    return storage_dir
 
 
 def scrape(master: MasterProcess) -> Samples:

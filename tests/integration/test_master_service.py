@@ -16,19 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trainfeed import dist
 from trainfeed.errors import JobError
 from trainfeed.master.process import MasterProcess
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
-           progress=False)
-    return storage_dir
 
 
 def test_health_service_reports_serving(storage: str) -> None:

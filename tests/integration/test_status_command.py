@@ -12,20 +12,11 @@ from trainfeed import dist
 from trainfeed.cli.main import main
 from trainfeed.cluster import progress
 from trainfeed.master.process import MasterProcess
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "status-test-token-0123456789abcdef"
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    # 100 records in row groups of 10: 10 partitions.
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
-           progress=False)
-    return storage_dir
 
 
 @pytest.fixture

@@ -492,6 +492,7 @@ class _PostgresSession:
         self._query = query.replace("%", "%%")
         self._url = url
         self._conn: Any = None
+        self._columns: list[Any] | None = None
 
     def __enter__(self) -> _PostgresSession:
         try:
@@ -525,10 +526,17 @@ class _PostgresSession:
             parts.append(tail)
         return pgsql.Composed(parts)
 
+    def _description(self) -> list[Any]:
+        """The result's column descriptions (the query run with ``LIMIT 0``), asked once per
+        session: a partition read needs them both to check its keys and to pick the format."""
+        if self._columns is None:
+            with self._conn.cursor() as cur:
+                cur.execute(self._wrapped("SELECT *", _pg_sql(" LIMIT 0")), ())
+                self._columns = list(cur.description)
+        return self._columns
+
     def columns(self) -> list[str]:
-        with self._conn.cursor() as cur:
-            cur.execute(self._wrapped("SELECT *", _pg_sql(" LIMIT 0")), ())
-            return [d.name for d in cur.description]
+        return [d.name for d in self._description()]
 
     def count(self) -> int:
         with self._conn.cursor() as cur:
@@ -570,10 +578,8 @@ class _PostgresSession:
         an extension's type) would load as raw bytes, so such a query stays in text."""
         from psycopg.pq import Format
 
-        with self._conn.cursor() as cur:
-            cur.execute(self._wrapped("SELECT *", _pg_sql(" LIMIT 0")), ())
-            return all(self._conn.adapters.get_loader(d.type_code, Format.BINARY) is not None
-                       for d in cur.description)
+        return all(self._conn.adapters.get_loader(d.type_code, Format.BINARY) is not None
+                   for d in self._description())
 
 
 _PG_PINNED_SETTINGS = (

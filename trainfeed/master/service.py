@@ -186,11 +186,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Every job's figures. O(jobs + workers): called per scrape, not per call; like every
         method here, on the server's event loop only (the ledgers are not thread-safe)."""
         now = time.time()
-        alive_since = now - 3 * self.config.lease_timeout_s
         return [JobStats(job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
                          num_partitions=len(job.partitions), **job.ledger.counts(),
-                         workers_alive=sum(1 for seen in job.workers.values()
-                                           if seen >= alive_since),
+                         workers_alive=self._count_live_workers(job, now),
                          leases_expired=job.ledger.expired_leases,
                          records_served=job.records_served, bytes_served=job.bytes_served)
                 for job in self.jobs.values()]
@@ -285,10 +283,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Workers heard from within three lease timeouts (those that left are forgotten);
         recounted at most every LIVE_WORKERS_REFRESH_S."""
         if now - job.live_workers_at >= LIVE_WORKERS_REFRESH_S:
-            alive_since = now - 3 * self.config.lease_timeout_s
-            job.live_workers = sum(1 for seen in job.workers.values() if seen >= alive_since)
+            job.live_workers = self._count_live_workers(job, now)
             job.live_workers_at = now
         return max(1, job.live_workers)
+
+    def _count_live_workers(self, job: Job, now: float) -> int:
+        """Workers heard from within three lease timeouts, counted now."""
+        alive_since = now - 3 * self.config.lease_timeout_s
+        return sum(1 for seen in job.workers.values() if seen >= alive_since)
 
     def _task(self, job: Job, epoch: int, partition: int) -> pb.Task:
         p = job.partitions[partition]

@@ -10,7 +10,7 @@ import pytest
 from trainfeed.cli.main import build_parser, main
 
 COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess",
-            "sql", "health", "submit", "scale", "status", "delete"]
+            "sql", "health", "submit", "scale", "status", "delete", "doctor"]
 
 
 def test_every_command_has_help() -> None:

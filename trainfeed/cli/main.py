@@ -12,6 +12,7 @@ from trainfeed.cli import (
     cluster_cmd,
     datasets_cmd,
     demo_cmd,
+    doctor_cmd,
     health_cmd,
     master_cmd,
     preprocess_cmd,
@@ -28,7 +29,7 @@ from trainfeed.errors import TrainfeedError
 
 logger = logging.getLogger("trainfeed.cli")
 COMMANDS = (upload_cmd, master_cmd, health_cmd, datasets_cmd, builtin_cmd, demo_cmd,
-            preprocess_cmd, sql_cmd, cluster_cmd)
+            preprocess_cmd, sql_cmd, cluster_cmd, doctor_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

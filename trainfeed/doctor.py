@@ -1,0 +1,121 @@
+"""What this installation is: the report a user pastes into a bug report (`trainfeed doctor`).
+
+Speed and behaviour depend on things a user cannot see from their script: which library decodes
+JPEGs (simplejpeg, once undeclared, made a fresh install 4-6x slower than every published
+figure), which extras are installed and whether they satisfy what trainfeed declares, and which
+storage, master and state settings the environment selects. Nothing here imports an ML framework
+(versions come from package metadata) and no secret is ever printed: a token shows as set or
+unset.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from trainfeed import __version__
+from trainfeed.master.state_store import DEFAULT_STATE_PATH, STATE_ENV
+from trainfeed.storage import DEFAULT_STORAGE, S3_ENDPOINT_ENV, STORAGE_ENV
+from trainfeed.worker.decode import decoders
+
+DISTRIBUTION = "trainfeed"
+# The packages whose versions decide speed or wire compatibility, core first, then the extras'.
+PACKAGES = ("numpy", "pyarrow", "grpcio", "protobuf", "fsspec", "pillow", "simplejpeg",
+            "tqdm", "prometheus-client", "s3fs", "etcd3gw", "psycopg", "tensorflow",
+            "tensorflow-cpu", "keras", "torch", "torchdata", "kubernetes", "scikit-learn")
+# Environment variables that select where data and the master are, as the README's table.
+# Secret ones are shown as set/unset only.
+SETTINGS = ("TRAIN_LOCAL", STORAGE_ENV, S3_ENDPOINT_ENV, "AWS_ENDPOINT_URL", "TRAINFEED_MASTER",
+            "TRAINFEED_JOB", STATE_ENV, "TRAINFEED_MASTER_GIVE_UP_S", "TRAINFEED_GPUS",
+            "CUDA_VISIBLE_DEVICES", "TRAINFEED_WORKER_NAME", "TRAINFEED_TOKEN",
+            "TRAINFEED_TOKEN_FILE", "TRAINFEED_TLS_CA", "TRAINFEED_TLS_CERT", "TRAINFEED_TLS_KEY",
+            "TRAINFEED_TLS_SERVER_NAME", "TRAINFEED_LOG_FORMAT", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY")
+SECRETS = frozenset({"TRAINFEED_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
+# Distributions that provide the same modules under another name (a CPU-only machine installs
+# tensorflow-cpu for the `tf` extra's tensorflow, as the README says).
+ALTERNATIVES = {"tensorflow": ("tensorflow-cpu",)}
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def extras_status() -> dict[str, dict[str, Any]]:
+    """Each extra of the trainfeed distribution: installed (every requirement satisfied) or not,
+    and what is missing or at a version outside what trainfeed declares."""
+    meta = metadata.metadata(DISTRIBUTION)
+    requirements = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    status: dict[str, dict[str, Any]] = {}
+    for extra in meta.get_all("Provides-Extra") or []:
+        problems = []
+        for req in requirements:
+            if req.marker is None or not req.marker.evaluate({"extra": extra}):
+                continue
+            have = next((v for v in map(installed_version,
+                                        (req.name, *ALTERNATIVES.get(req.name, ())))
+                         if v is not None), None)
+            if have is None:
+                problems.append(f"{req.name} not installed")
+            elif req.specifier and not req.specifier.contains(have, prereleases=True):
+                problems.append(f"{req.name} {have} does not satisfy {req.specifier}")
+        status[extra] = {"installed": not problems, "problems": problems}
+    return status
+
+
+def settings_in_effect(environ: dict[str, str] | None = None) -> dict[str, str | None]:
+    """The environment's settings, secrets redacted, plus what they resolve to."""
+    env = dict(os.environ if environ is None else environ)
+    shown: dict[str, str | None] = {}
+    for name in SETTINGS:
+        value = env.get(name)
+        shown[name] = ("set" if value else "unset") if name in SECRETS else value
+    local = env.get("TRAIN_LOCAL", "") not in ("", "0")
+    shown["mode (resolved)"] = ("local: readers read storage, no master" if local else
+                                f"cluster: readers ask the master at "
+                                f"{env.get('TRAINFEED_MASTER') or '(TRAINFEED_MASTER unset)'}")
+    shown["storage (resolved)"] = env.get(STORAGE_ENV) or DEFAULT_STORAGE
+    shown["master state (resolved)"] = env.get(STATE_ENV) or DEFAULT_STATE_PATH
+    return shown
+
+
+def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything `trainfeed doctor` prints, as one JSON-able dict."""
+    return {
+        "trainfeed": __version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}, "
+                    f"{os.cpu_count()} CPUs",
+        "virtualenv": sys.prefix if sys.prefix != sys.base_prefix else None,
+        "packages": {p: installed_version(p) for p in PACKAGES},
+        "decoders": decoders(),
+        "extras": extras_status(),
+        "settings": settings_in_effect(environ),
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    """The report as aligned text, one fact per line."""
+    lines = [f"trainfeed {info['trainfeed']}",
+             f"python     {info['python']}",
+             f"platform   {info['platform']}",
+             f"venv       {info['virtualenv'] or '(none: system or user site-packages)'}",
+             "", "packages"]
+    lines += [f"  {name:<18} {version or '-'}" for name, version in info["packages"].items()]
+    lines += ["", "decoders"]
+    lines += [f"  {fmt:<6} {how}" for fmt, how in info["decoders"].items()]
+    lines += ["", "extras"]
+    for extra, st in info["extras"].items():
+        lines.append(f"  {extra:<10} {'yes' if st['installed'] else 'no'}"
+                     + (f"  ({'; '.join(st['problems'])})" if st["problems"] else ""))
+    lines += ["", "settings"]
+    lines += [f"  {name:<28} {value if value is not None else '-'}"
+              for name, value in info["settings"].items()]
+    return "\n".join(lines)

@@ -27,6 +27,20 @@ class MissingFilesError(ListFileError):
             f"(use --skip-missing to publish the rest):\n{shown}{more}")
 
 
+class UndecodableImagesError(ListFileError):
+    """`upload --check-images` found files that are not decodable images; all are listed."""
+
+    def __init__(self, list_path: str, bad: list[tuple[int, str, str]]):
+        self.list_path = list_path
+        self.bad = bad
+        shown = "\n".join(f"  {list_path}:{line}: {path}: {reason}"
+                          for line, path, reason in bad[:50])
+        more = f"\n  … and {len(bad) - 50} more" if len(bad) > 50 else ""
+        super().__init__(
+            f"{len(bad)} file(s) named in {list_path} are not decodable images; nothing was "
+            f"published:\n{shown}{more}")
+
+
 class StorageAccessError(TrainfeedError, PermissionError):
     """Storage refused access (wrong or missing credentials); names the URL and what to set."""
 

@@ -86,3 +86,37 @@ def test_column_names_override_and_are_validated(tmp_path: Path) -> None:
 def test_unknown_kind(tmp_path: Path) -> None:
     with pytest.raises(ListFileError, match="unknown list kind 'csv'"):
         parse_list(str(write(tmp_path, "a\tb\n")), kind="csv")  # type: ignore[arg-type]
+
+
+def test_comment_lines_are_skipped_and_do_not_flip_kind_detection(tmp_path: Path) -> None:
+    """A `#` comment on line 1 once made the list a text list and the error point at line 2."""
+    (tmp_path / "img").mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / "img" / name).write_bytes(b"x")
+    parsed = parse_list(str(write(tmp_path, "# flowers, v2\nimg/a.jpg\tcat\n"
+                                            "#img/old.jpg\tcat\nimg/b.jpg\tdog\n")))
+    assert parsed.kind == "file"
+    assert [(e.record_id, e.line) for e in parsed.entries] == [(0, 2), (1, 4)]
+
+
+def test_errors_after_comments_name_the_true_line(tmp_path: Path) -> None:
+    with pytest.raises(ListFileError, match=r"train_data.list:3: expected 2 tab-separated"):
+        parse_list(str(write(tmp_path, "# header\na\tb\nc\td\te\n")), kind="text")
+
+
+def test_comments_off_keeps_hash_lines_as_data(tmp_path: Path) -> None:
+    parsed = parse_list(str(write(tmp_path, "#tag\tlabel\nplain\tx\n")), kind="text",
+                        comments=False)
+    assert [e.columns for e in parsed.entries] == [("#tag", "label"), ("plain", "x")]
+
+
+def test_a_list_of_only_comments_is_empty(tmp_path: Path) -> None:
+    with pytest.raises(ListFileError, match="no instances.*# comment"):
+        parse_list(str(write(tmp_path, "# nothing yet\n\n")))
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    parsed = parse_list(str(write(tmp_path, "\ufeffa.jpg\tcat\n".encode())))
+    assert parsed.kind == "file"
+    assert parsed.entries[0].columns == (str(tmp_path / "a.jpg"), "cat")

@@ -51,6 +51,24 @@ def test_status_reports_the_masters_view_of_a_job(storage: str, no_cluster: None
     assert "pods" not in out  # no cluster configured: the master's view only
 
 
+def test_status_with_master_accepts_every_job_name_the_master_does(
+        storage: str, no_cluster: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`paddleD-xmap` is no Kubernetes name, but readers and the master accept it."""
+    monkeypatch.setenv("TRAINFEED_TOKEN", TOKEN)
+    with MasterProcess(storage, token=TOKEN) as master:
+        reader = dist.reader("flowers", master=master.address, job="paddleD-xmap")
+        try:
+            assert sum(len(b["_id"]) for b in reader.column_batches(10)) == 100
+        finally:
+            reader.close()
+        assert main(["status", "paddleD-xmap", "--master", master.address,
+                     "--interval", "0.1"]) == 0
+    assert "job         paddleD-xmap (dataset flowers)" in capsys.readouterr().out
+    # Without --master the name must be one `submit` could have made.
+    assert main(["status", "paddleD-xmap"]) == 2
+
+
 def test_status_rate_from_two_answers_of_a_master_being_read(storage: str) -> None:
     with MasterProcess(storage) as master, MasterClient(master.address) as client:
         reader = dist.reader("flowers", master=master.address, job="resnet")

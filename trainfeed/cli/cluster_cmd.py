@@ -25,6 +25,7 @@ from trainfeed.cluster.spec import (
     validate_cluster_job_name,
 )
 from trainfeed.errors import ClusterError, TrainfeedError
+from trainfeed.names import validate_job_name
 from trainfeed.security import load_token
 from trainfeed.worker.client import MasterClient
 
@@ -196,6 +197,14 @@ def run_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_cluster_job_name(job: str) -> bool:
+    try:
+        validate_cluster_job_name(job)
+    except TrainfeedError:
+        return False
+    return True
+
+
 def _cluster_or_none(args: argparse.Namespace) -> Cluster | None:
     """The cluster if one is configured; None (pods not shown) when only --master is given."""
     try:
@@ -226,8 +235,14 @@ def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    validate_cluster_job_name(args.job)
-    cluster = _cluster_or_none(args)
+    # With --master, any name the master and readers accept is a job to ask about (readers
+    # started by hand may use `paddleD-xmap`); the Kubernetes naming rule applies to jobs
+    # `submit` made, so pods are looked up only for names that could be one.
+    if args.master:
+        validate_job_name(args.job)
+    else:
+        validate_cluster_job_name(args.job)
+    cluster = _cluster_or_none(args) if _is_cluster_job_name(args.job) else None
     problems: list[diagnose.Problem] = []
     try:
         if cluster is not None:

@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "file lists; text0,text1,… for text lists)")
     p.add_argument("--skip-missing", action="store_true",
                    help="publish without the files that do not exist, and report them")
+    p.add_argument("--check-images", action="store_true",
+                   help="decode every image before publishing; undecodable files fail the "
+                        "upload, each named with its list line (file lists)")
+    p.add_argument("--no-comments", action="store_true",
+                   help="treat lines starting with '#' as data (default: they are comments)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -32,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     options = UploadOptions(
         kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
-        skip_missing=args.skip_missing, overwrite=args.overwrite)
+        skip_missing=args.skip_missing, overwrite=args.overwrite,
+        check_images=args.check_images, comments=not args.no_comments)
     result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:

@@ -4,6 +4,11 @@ Two kinds exist. File lists (`path<TAB>label`) name files relative to the list's
 raw bytes become the `image` field. Text lists (`source<TAB>target`, …) are all text. Parsing is
 strict and reports `file:line` with the offending line, because a silently dropped or misaligned
 row is a training bug that is very hard to find later.
+
+A line whose first character is `#` is a comment and a blank line is skipped; neither gets a
+record id, and every error still names the line's number in the file. A UTF-8 byte-order mark
+(which some Windows editors write) is dropped. Text lists whose data may start with `#` pass
+`comments=False`.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ Kind = Literal["file", "text"]
 KINDS: tuple[Kind, ...] = ("file", "text")
 # A file list has exactly these columns; their default field names follow Paddle's image readers.
 FILE_LIST_COLUMNS = ("image", "label")
+COMMENT = "#"
+BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ def _read_lines(path: str) -> list[str]:
         except UnicodeDecodeError as e:
             raise ListFileError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte "
                                 f"{e.start}): {line[:200]!r}") from None
+    if decoded and decoded[0].startswith(BOM):
+        decoded[0] = decoded[0][len(BOM):]
     return decoded
 
 
@@ -71,7 +80,8 @@ def _looks_like_file(first_column: str, base_dir: str) -> bool:
 
 
 def parse_list(path: str, kind: Kind | None = None,
-               field_names: tuple[str, ...] | None = None) -> ParsedList:
+               field_names: tuple[str, ...] | None = None,
+               comments: bool = True) -> ParsedList:
     """Reads and validates a `.list` file.
 
     Args:
@@ -79,6 +89,7 @@ def parse_list(path: str, kind: Kind | None = None,
         kind: "file" or "text"; None detects it (a first column naming an existing file ⇒ file).
         field_names: names for the columns; default `image, label` for file lists and
             `text0, text1, …` for text lists.
+        comments: skip lines that start with `#` (the default); False keeps them as data.
 
     Raises:
         ListFileError: naming `path:line` and the line, for an unreadable file, wrong column
@@ -88,9 +99,11 @@ def parse_list(path: str, kind: Kind | None = None,
     if kind is not None and kind not in KINDS:
         raise ListFileError(f"unknown list kind {kind!r}; expected one of {sorted(KINDS)}")
     base_dir = os.path.dirname(os.path.abspath(path))
-    rows = [(n, line) for n, line in enumerate(_read_lines(path), start=1) if line.strip()]
+    rows = [(n, line) for n, line in enumerate(_read_lines(path), start=1)
+            if line.strip() and not (comments and line.startswith(COMMENT))]
     if not rows:
-        raise ListFileError(f"{path}: the list has no instances (every line is empty)")
+        raise ListFileError(f"{path}: the list has no instances (every line is empty"
+                            f"{' or a # comment' if comments else ''})")
     first_line, first = rows[0]
     if kind is None:
         kind = "file" if _looks_like_file(first.split("\t")[0], base_dir) else "text"

@@ -69,6 +69,9 @@ class Manifest:
     created_at: str
     skipped: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    # Path (in the dataset folder) of the records' sources: file and list line per record id
+    # (trainfeed.formats.sources); None for datasets uploaded before it existed, or not from a list.
+    sources: str | None = None
 
     def to_json(self) -> bytes:
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}

@@ -1,13 +1,13 @@
 """Decode throughput: JPEG files to float32 batches with one-hot labels, trainfeed beside its peers.
 
-What it measures: one epoch of the shared 20,000-JPEG dataset (64x64, 10 classes), each image
+What it measures: one epoch of the generated 20,000-JPEG dataset (64x64, 10 classes), each image
 decoded to uint8 HxWx3, converted to float32 / 255, its label one-hot encoded, handed to a
 consumer loop in batches of 128 that checks the shapes, counts the images and sums the labels
 (`check`: count and checksum match the list). Rows, all measured in this run:
 
-- peers, run by the shared baseline script (`/work/shared/bench/baselines.py`, unchanged): a
-  plain Python loop with Pillow (the baseline of the ratios), a tuned local `tf.data` pipeline
-  (`map(decode, AUTOTUNE)`, batch, prefetch) and `tf.data` service with 2 worker processes;
+- peers (benchmarks/peers.py, each in a process of its own): a plain Python loop with Pillow
+  (the baseline of the ratios), a tuned local `tf.data` pipeline (`map(decode, AUTOTUNE)`,
+  batch, prefetch) and `tf.data` service with 2 worker processes;
 - trainfeed's local reader: `dist.reader(..., local=True, decode=True, normalizing_const=255,
   one_hot=True, batch_size=128)`;
 - trainfeed's `dist.reader` with 2 worker processes on one master (the same options), the
@@ -19,10 +19,11 @@ and reports the last one (warm page cache, TF graphs built), as the baseline scr
 workers and the master) / wall seconds; the machine's ceiling is its core count. Peers need
 TensorFlow (`pip install tensorflow-cpu`); a row whose tool is missing says so.
 
-Rebalancing (`--rebalance`): the same pipeline over an imbalanced set of 20,000 JPEGs (the shared
-generator's `--imbalanced`: class k has weight 2^-k), read locally without and with
-`resample="uniform"`: images delivered, distinct records kept, payload bytes fetched from
-storage (`reader.payload_bytes_read`) against the dataset's, and the rate.
+The dataset (20,000 64x64 JPEGs, 10 classes) is generated on first use by
+benchmarks/make_dataset.py. Rebalancing (`--rebalance`): the same pipeline over an imbalanced
+set of 20,000 JPEGs (`make_dataset.py --imbalanced`: class k has weight 2^-k), read locally
+without and with `resample="uniform"`: images delivered, distinct records kept, payload bytes
+fetched from storage (`reader.payload_bytes_read`) against the dataset's, and the rate.
 
     python benchmarks/decode_throughput.py                 # all rows, ~3 minutes
     python benchmarks/decode_throughput.py --rows trainfeed-local trainfeed-dist
@@ -41,21 +42,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from make_dataset import ensure_dataset
 from proc_stats import process_cpu_s
-from read_throughput import DEFAULT_DATA, DEFAULT_GENERATOR, DEFAULT_ROOT, ensure_dataset
+from read_throughput import DEFAULT_DATA, DEFAULT_ROOT
 
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 
-BASELINES = "/work/shared/bench/baselines.py"
-DEFAULT_STORAGE = f"{DEFAULT_ROOT}/storage"
-DEFAULT_JSON = f"{DEFAULT_ROOT}/decode_throughput.json"
+PEERS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers.py")
+DEFAULT_STORAGE = os.path.join(DEFAULT_ROOT, "storage")
+DEFAULT_JSON = os.path.join(DEFAULT_ROOT, "decode_throughput.json")
 DATASET = "bench-images"
 IMBALANCED = "bench-images-imbalanced"
-DEFAULT_IMBALANCED_DATA = f"{DEFAULT_ROOT}/imbalanced"
-PEERS = {"plain-loop": ["naive"], "tf.data": ["tfdata-local"],
+DEFAULT_IMBALANCED_DATA = os.path.join(DEFAULT_ROOT, "imbalanced")
+PEERS = {"plain-loop": ["plain"], "tf.data": ["tfdata"],
          "tf.data service (2 workers)": ["tfdata-service", "--workers", "2"]}
 ROWS = (*PEERS, "trainfeed-local", "trainfeed-dist")
 PIPELINE = {"decode": True, "normalizing_const": 255.0, "one_hot": True}
@@ -128,10 +130,7 @@ def run_local(args: argparse.Namespace, dataset: str = DATASET,
 
 def run_rebalance(args: argparse.Namespace) -> str:
     """Rows without and with resampling over the imbalanced set; returns the Markdown table."""
-    list_path = os.path.join(args.imbalanced_data, "train_data.list")
-    if not os.path.exists(list_path):
-        subprocess.run([sys.executable, DEFAULT_GENERATOR, "--out", args.imbalanced_data,
-                        "--imbalanced"], check=True)
+    list_path = ensure_dataset(args.imbalanced_data, imbalanced=True)
     upload(list_path, IMBALANCED, args.storage, UploadOptions(), progress=False)
     total = sum(os.path.getsize(os.path.join(args.imbalanced_data, line.split("\t")[0]))
                 for line in open(list_path) if line.strip())
@@ -178,7 +177,7 @@ def run_dist(args: argparse.Namespace, workers: int = 2) -> dict[str, Any]:
 
 
 def run_peer(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, BASELINES, *argv, "--data", args.data,
+    proc = subprocess.run([sys.executable, PEERS_SCRIPT, *argv, "--data", args.data,
                            "--repeat", str(args.repeat), "--batch", str(args.batch)],
                           capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -194,7 +193,7 @@ def run_peer(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 # -- the run ---------------------------------------------------------------------------------------
 def ensure_uploaded(data_dir: str, storage: str) -> tuple[int, int]:
     """Uploads the list once; returns (records, label checksum) of the list."""
-    list_path = ensure_dataset(data_dir, DEFAULT_GENERATOR)
+    list_path = ensure_dataset(data_dir)
     upload(list_path, DATASET, storage, UploadOptions(), progress=False)  # no-op when done
     with open(list_path) as f:
         labels = [int(line.rstrip("\n").split("\t")[1]) for line in f if line.strip()]

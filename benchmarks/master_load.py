@@ -98,7 +98,8 @@ from trainfeed.master.partition import plan_partitions
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
 
-DEFAULT_ROOT = "/tmp/trainfeed-bench"
+# Generated data and results live in the system's temporary folder, never in the repository.
+DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench")
 DEFAULT_STORAGE = f"{DEFAULT_ROOT}/master-load-storage"
 DEFAULT_STATE_DIR = f"{DEFAULT_ROOT}/master-load-state"
 DEFAULT_JSON = f"{DEFAULT_ROOT}/master_load.json"
@@ -881,8 +882,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=["memory", "sqlite"],
                    help="state stores to measure (default: memory sqlite; etcd needs --etcd)")
     p.add_argument("--etcd", default="", metavar="HOST:PORT",
-                   help="a running etcd for the etcd backend (e.g. started as in "
-                        "../shared/SERVICES.md)")
+                   help="a running etcd for the etcd backend (e.g. `etcd --listen-client-urls "
+                        "http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790`"
+                        ", see docs/benchmarks.md)")
     p.add_argument("--partitions", type=int, nargs="+", default=[1000, 10_000, 100_000],
                    help="partition counts (default 1000 10000 100000); each gets a data set "
                         "of that many row groups")

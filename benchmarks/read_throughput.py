@@ -42,6 +42,7 @@ import queue
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -50,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+import make_dataset
 from proc_stats import process_cpu_s
 
 import trainfeed
@@ -62,11 +64,11 @@ from trainfeed.storage import open_storage
 if TYPE_CHECKING:
     from typing import Self  # Python ≥ 3.11; annotations are not evaluated at run time
 
-DEFAULT_ROOT = "/tmp/trainfeed-bench"
+# Generated data and results live in the system's temporary folder, never in the repository.
+DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench")
 DEFAULT_DATA = f"{DEFAULT_ROOT}/data"
 DEFAULT_STORAGE = f"{DEFAULT_ROOT}/storage"
 DEFAULT_JSON = f"{DEFAULT_ROOT}/read_throughput.json"
-DEFAULT_GENERATOR = "/work/shared/bench/make_dataset.py"
 DEFAULT_DATASET = "bench-images"
 LIST_NAME = "train_data.list"
 MB = 1e6
@@ -133,13 +135,9 @@ class Measurement:
 
 
 # -- dataset -----------------------------------------------------------------------------------
-def ensure_dataset(data_dir: str, generator: str) -> str:
-    """Generates the JPEGs with the shared generator unless DIR/train_data.list exists."""
-    list_path = os.path.join(data_dir, LIST_NAME)
-    if not os.path.exists(list_path):
-        print(f"generating the dataset in {data_dir} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, generator, "--out", data_dir], check=True)
-    return list_path
+def ensure_dataset(data_dir: str) -> str:
+    """Generates the JPEGs (benchmarks/make_dataset.py) unless DIR/train_data.list exists."""
+    return make_dataset.ensure_dataset(data_dir)
 
 
 def list_paths(list_path: str) -> list[str]:
@@ -490,7 +488,7 @@ def targets(rows: Sequence[Measurement]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
-    list_path = ensure_dataset(args.data, args.generator)
+    list_path = ensure_dataset(args.data)
     uploaded = trainfeed.upload(list_path, args.dataset, args.storage, progress=False)
     paths = list_paths(list_path)
     shards = shard_paths(args.storage, args.dataset)
@@ -586,8 +584,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"dataset folder; generated if it has no {LIST_NAME} "
                         f"(default {DEFAULT_DATA})")
-    p.add_argument("--generator", default=DEFAULT_GENERATOR,
-                   help=f"the dataset generator script (default {DEFAULT_GENERATOR})")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help=f"trainfeed storage folder (default {DEFAULT_STORAGE})")
     p.add_argument("--dataset", default=DEFAULT_DATASET,

@@ -41,6 +41,35 @@ class UndecodableImagesError(ListFileError):
             f"published:\n{shown}{more}")
 
 
+class OutsidePathsError(ListFileError):
+    """A file list names files outside its own folder; all are listed."""
+
+    def __init__(self, list_path: str, outside: list[tuple[int, str]]):
+        self.list_path = list_path
+        self.outside = outside
+        shown = "\n".join(f"  {list_path}:{line}: {path}" for line, path in outside[:50])
+        more = f"\n  … and {len(outside) - 50} more" if len(outside) > 50 else ""
+        super().__init__(
+            f"{len(outside)} file(s) named in {list_path} lie outside its folder (absolute "
+            f"paths, '..', or symlinks pointing out); nothing was published (use "
+            f"--allow-outside if that is intended):\n{shown}{more}")
+
+
+class OversizeRecordsError(ListFileError):
+    """Files larger than the upload's per-record limit; all are listed."""
+
+    def __init__(self, list_path: str, limit: int, big: list[tuple[int, str, int]]):
+        self.list_path = list_path
+        self.big = big
+        shown = "\n".join(f"  {list_path}:{line}: {path} ({size:,} bytes)"
+                          for line, path, size in big[:50])
+        more = f"\n  … and {len(big) - 50} more" if len(big) > 50 else ""
+        super().__init__(
+            f"{len(big)} file(s) named in {list_path} are larger than the record limit of "
+            f"{limit:,} bytes; nothing was published (raise --max-record-bytes if they are "
+            f"meant to be records):\n{shown}{more}")
+
+
 class StorageAccessError(TrainfeedError, PermissionError):
     """Storage refused access (wrong or missing credentials); names the URL and what to set."""
 

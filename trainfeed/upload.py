@@ -23,12 +23,15 @@ from tqdm import tqdm
 
 from trainfeed.errors import (
     DatasetExistsError,
+    InvalidNameError,
     ListFileError,
     MissingFilesError,
+    OutsidePathsError,
+    OversizeRecordsError,
     UndecodableImagesError,
 )
 from trainfeed.formats import shards as shard_format
-from trainfeed.formats.listfile import Kind, ListEntry, ParsedList, parse_list
+from trainfeed.formats.listfile import Kind, ListEntry, ParsedList, outside_paths, parse_list
 from trainfeed.formats.manifest import (
     MANIFEST_NAME,
     FieldSpec,
@@ -36,6 +39,7 @@ from trainfeed.formats.manifest import (
     RowGroupInfo,
     ShardInfo,
     dataset_storage,
+    list_datasets,
     write_manifest,
 )
 from trainfeed.formats.sources import write_sources
@@ -46,6 +50,12 @@ logger = logging.getLogger(__name__)
 # File reads are I/O-bound and release the GIL; on network mounts (GlusterFS, NFS) latency, not
 # bandwidth, limits them, so many more threads than cores pay off.
 DEFAULT_READ_THREADS = min(32, 8 * (os.cpu_count() or 1))
+# A record is read whole into memory (and by readers, into a batch): a file above this is almost
+# always a mistake in the list (a video, an archive), refused before anything is written.
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+# Bytes of files read ahead of the shard writer, beyond one file: keeps the upload's memory at a
+# stated multiple of the layout's budgets whatever the files' sizes (see `upload`).
+READ_AHEAD_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -69,10 +79,13 @@ class UploadOptions:
     check_images: bool = False
     # Lines starting with `#` are comments (see trainfeed.formats.listfile).
     comments: bool = True
+    # Pack files outside the list's folder (absolute paths, '..', symlinks out): off by default.
+    allow_outside: bool = False
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         for name in ("row_group_rows", "row_group_bytes", "shard_bytes", "shard_row_groups",
-                     "read_threads"):
+                     "read_threads", "max_record_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"UploadOptions.{name} must be ≥ 1, got {getattr(self, name)}")
 
@@ -133,8 +146,9 @@ def _fingerprint(parsed: ParsedList, list_bytes: bytes, stats: list, options: Up
                  skipped: tuple[str, ...]) -> str:
     """Identifies an upload's input: same list, same files (size, mtime), same layout ⇒ same id."""
     digest = hashlib.sha256(list_bytes)
-    layout = (parsed.kind, parsed.field_names, options.row_group_rows, options.row_group_bytes,
-              options.shard_bytes, options.shard_row_groups, skipped)
+    layout: tuple[object, ...] = (parsed.kind, parsed.field_names, options.row_group_rows,
+                                  options.row_group_bytes, options.shard_bytes,
+                                  options.shard_row_groups, skipped)
     if not options.comments:  # only when not the default, so existing datasets keep their id
         layout += ("comments kept as data",)
     digest.update(repr(layout).encode())
@@ -142,9 +156,28 @@ def _fingerprint(parsed: ParsedList, list_bytes: bytes, stats: list, options: Up
     return digest.hexdigest()
 
 
-def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...],
-              threads: int) -> Iterator[tuple[ListEntry, tuple[bytes | str, ...], int]]:
-    """Yields (entry, field values, payload bytes) in list order, reading files in parallel."""
+def _read_ahead_windows(entries: tuple[ListEntry, ...], sizes: list[int] | None,
+                        threads: int) -> Iterator[tuple[ListEntry, ...]]:
+    """Consecutive slices of `entries` read together: at most threads * 8 files and, when the
+    sizes are known, at most READ_AHEAD_BYTES (but always at least one file)."""
+    start = 0
+    while start < len(entries):
+        stop, total = start, 0
+        while stop < len(entries) and stop - start < threads * 8:
+            size = sizes[stop] if sizes is not None else 0
+            if stop > start and total + size > READ_AHEAD_BYTES:
+                break
+            total += size
+            stop += 1
+        yield entries[start:stop]
+        start = stop
+
+
+def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
+              sizes: list[int] | None = None,
+              ) -> Iterator[tuple[ListEntry, tuple[bytes | str, ...], int]]:
+    """Yields (entry, field values, payload bytes) in list order, reading files in parallel;
+    `sizes` (of the entries' files) bounds the read-ahead in bytes."""
     if parsed.kind == "text":
         for entry in entries:
             yield entry, entry.columns, sum(len(c.encode()) for c in entry.columns)
@@ -160,13 +193,13 @@ def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...],
         return entry, (data, *entry.columns[1:]), len(data) + sum(
             len(c.encode()) for c in entry.columns[1:])
 
-    window = threads * 8  # bounded read-ahead: memory stays at a few MB however long the list
     with ThreadPoolExecutor(threads) as pool:
-        for start in range(0, len(entries), window):
-            yield from pool.map(load, entries[start:start + window])
+        for window in _read_ahead_windows(entries, sizes, threads):
+            yield from pool.map(load, window)
 
 
-def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int) -> None:
+def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
+                 sizes: list[int] | None = None) -> None:
     """Decodes every file of a file list; raises UndecodableImagesError listing all failures."""
     from trainfeed.worker.decode import ImageDecoder  # Pillow/simplejpeg only when asked
 
@@ -184,7 +217,7 @@ def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: in
         chunk.clear()
 
     try:
-        for entry, values, _ in _payloads(parsed, entries, threads):
+        for entry, values, _ in _payloads(parsed, entries, threads, sizes):
             chunk.append((entry, values[0]))  # type: ignore[arg-type]
             if len(chunk) >= 256:
                 flush()
@@ -317,6 +350,15 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             logger.debug("skipping %d missing file(s) of %s", len(missing), parsed.path)
             entries = tuple(e for e, s in zip(entries, stats) if s is not None)
             stats = [s for s in stats if s is not None]
+        if not options.allow_outside:
+            outside = outside_paths(entries, os.path.dirname(parsed.path))
+            if outside:
+                raise OutsidePathsError(parsed.path, outside)
+        big = [(e.line, e.columns[0], s[0]) for e, s in zip(entries, stats)
+               if s[0] > options.max_record_bytes]
+        if big:
+            raise OversizeRecordsError(parsed.path, options.max_record_bytes, big)
+    sizes = [s[0] for s in stats] if parsed.kind == "file" else None
     fingerprint = _fingerprint(parsed, list_bytes, stats, options, skipped)
 
     previous = _published_fingerprint(folder)
@@ -329,8 +371,10 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             f"dataset {dataset!r} already exists in {store.url} with different content; "
             f"use --overwrite to replace it, or upload under another name")
 
+    check_name_is_free(store, dataset)
+    remove_temporary_files(folder)
     if options.check_images and parsed.kind == "file":
-        check_images(parsed, entries, options.read_threads)
+        check_images(parsed, entries, options.read_threads, sizes)
 
     data_dir = f"data/{fingerprint[:16]}"
     resumed = _load_progress(folder, data_dir)
@@ -344,7 +388,9 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     read_bytes = 0
     with bar:
         for i, (entry, values, size) in enumerate(
-                _payloads(parsed, entries[start_entry:], options.read_threads), start=start_entry):
+                _payloads(parsed, entries[start_entry:], options.read_threads,
+                          sizes[start_entry:] if sizes is not None else None),
+                start=start_entry):
             shards_before = writer.shard_index
             writer.add(i, entry, values, size)
             read_bytes += size
@@ -382,6 +428,36 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), skipped, False, len(resumed),
                         time.monotonic() - started)
+
+
+def check_name_is_free(storage: Storage, name: str) -> None:
+    """Refuses a dataset name that would nest inside another dataset's folder, or hold one.
+
+    `dup/data` once landed inside dataset `dup` (its data folder) and was deleted when `dup` was
+    re-uploaded. A name's first segment is either a dataset or a namespace, never both.
+    """
+    head, _, tail = name.partition("/")
+    if tail and storage.exists(f"{head}/{MANIFEST_NAME}"):
+        raise InvalidNameError(f"dataset name {name!r} would lie inside dataset {head!r}'s "
+                               f"folder; choose a name outside it")
+    if not tail:
+        nested = [n for n in list_datasets(storage) if n.startswith(f"{name}/")]
+        if nested:
+            raise InvalidNameError(f"{name!r} is a namespace holding dataset(s) "
+                                   f"{', '.join(nested[:5])}; choose another dataset name")
+
+
+def remove_temporary_files(folder: Storage) -> None:
+    """Deletes the temporary files of an upload that was killed while writing one (an atomic
+    write is a temporary sibling renamed over its target; a kill between the two leaves it).
+    Uploads of one dataset are not meant to run concurrently (the second would replace the
+    first), so any temporary file here is garbage."""
+    if not folder.is_local or not os.path.isdir(folder.root):
+        return
+    for parent, _, files in os.walk(folder.root):
+        for name in files:
+            if ".tmp-" in name:
+                os.remove(os.path.join(parent, name))
 
 
 def _published_fingerprint(folder: Storage) -> str | None:

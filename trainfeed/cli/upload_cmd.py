@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.cli.common import add_storage_options, storage_from
-from trainfeed.upload import UploadOptions, upload
+from trainfeed.upload import DEFAULT_MAX_RECORD_BYTES, UploadOptions, upload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", required=True, help="dataset name, e.g. flowers or public/digits")
     add_storage_options(p)
     p.add_argument("--kind", choices=["file", "text"],
-                   help="force the list kind (default: detected; a first column naming an "
-                        "existing file means file)")
+                   help="force the list kind (default: file if a first column among the first "
+                        "100 lines names an existing file or folder, or looks like a path or a "
+                        "file name; text only when none does)")
     p.add_argument("--columns", help="comma-separated field names (default: image,label for "
                                      "file lists; text0,text1,… for text lists)")
     p.add_argument("--skip-missing", action="store_true",
@@ -28,6 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "upload, each named with its list line (file lists)")
     p.add_argument("--no-comments", action="store_true",
                    help="treat lines starting with '#' as data (default: they are comments)")
+    p.add_argument("--allow-outside", action="store_true",
+                   help="pack files outside the list's folder (absolute paths, '..', symlinks "
+                        "pointing out); refused by default")
+    p.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
+                   metavar="N", help=f"refuse files larger than this (default "
+                                     f"{DEFAULT_MAX_RECORD_BYTES:,} bytes)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -38,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     options = UploadOptions(
         kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
         skip_missing=args.skip_missing, overwrite=args.overwrite,
-        check_images=args.check_images, comments=not args.no_comments)
+        check_images=args.check_images, comments=not args.no_comments,
+        allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes)
     result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:

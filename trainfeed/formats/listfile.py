@@ -13,6 +13,7 @@ record id, and every error still names the line's number in the file. A UTF-8 by
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,8 +76,38 @@ def _read_lines(path: str) -> list[str]:
     return decoded
 
 
-def _looks_like_file(first_column: str, base_dir: str) -> bool:
-    return bool(first_column) and os.path.isfile(os.path.join(base_dir, first_column))
+# A first column ending like a file name ("x.jpg", "scan.tiff"), for kind detection.
+_FILE_SUFFIX = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,4}$")
+# How many rows kind detection looks at.
+_DETECT_ROWS = 100
+
+
+def _looks_like_path(first_column: str, base_dir: str) -> bool:
+    """A column a file list could mean: an existing file or folder, a path with a separator, or
+    a name with a file suffix. Kind detection errs towards "file": a file list detected as text
+    publishes path strings silently, while a text list detected as a file list fails loudly
+    (its "files" are missing)."""
+    column = first_column.strip()
+    if not column:
+        return False
+    return (os.path.exists(os.path.join(base_dir, column)) or "/" in column or "\\" in column
+            or bool(_FILE_SUFFIX.search(column)))
+
+
+def detect_kind(rows: list[tuple[int, str]], base_dir: str) -> Kind:
+    """"file" unless no first column of the first rows looks like a path (see above)."""
+    if any(_looks_like_path(line.split("\t")[0], base_dir) for _, line in rows[:_DETECT_ROWS]):
+        return "file"
+    return "text"
+
+
+def outside_paths(entries: tuple[ListEntry, ...], base_dir: str) -> list[tuple[int, str]]:
+    """(line, path) of file-list entries that resolve outside `base_dir`: `..` climbs, absolute
+    paths, symlinks pointing out. A list must not make an upload pack files its author did not
+    put beside it (`../../etc/passwd` once reached a reader)."""
+    root = os.path.realpath(base_dir)
+    return [(e.line, e.columns[0]) for e in entries
+            if os.path.commonpath([root, os.path.realpath(e.columns[0])]) != root]
 
 
 def parse_list(path: str, kind: Kind | None = None,
@@ -86,7 +117,9 @@ def parse_list(path: str, kind: Kind | None = None,
 
     Args:
         path: the list file.
-        kind: "file" or "text"; None detects it (a first column naming an existing file ⇒ file).
+        kind: "file" or "text"; None detects it: "file" if a first column among the first
+            100 rows names an existing file or folder, has a path separator or a file suffix;
+            "text" only when none does (detect_kind).
         field_names: names for the columns; default `image, label` for file lists and
             `text0, text1, …` for text lists.
         comments: skip lines that start with `#` (the default); False keeps them as data.
@@ -106,7 +139,7 @@ def parse_list(path: str, kind: Kind | None = None,
                             f"{' or a # comment' if comments else ''})")
     first_line, first = rows[0]
     if kind is None:
-        kind = "file" if _looks_like_file(first.split("\t")[0], base_dir) else "text"
+        kind = detect_kind(rows, base_dir)
     width = len(FILE_LIST_COLUMNS) if kind == "file" else len(first.split("\t"))
     if field_names is not None:
         if len(field_names) != width:

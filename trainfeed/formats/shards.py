@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,12 +68,14 @@ def encode_shard(schema: pa.Schema, row_groups: Sequence[RowGroupBuffer]) -> tup
     """Serializes row groups into one Parquet file in memory; returns (bytes, sha256 hex).
 
     Binary payloads (already-compressed JPEG/PNG bytes) are stored uncompressed: compressing them
-    again costs CPU on every read and saves nothing. Text columns use Snappy.
+    again costs CPU on every read and saves nothing. Text columns use Snappy. Every page carries
+    a CRC-32 (Parquet page checksums), which readers verify: a flipped byte is an error, never a
+    wrong record handed to a trainer.
     """
     compression = {f.name: ("NONE" if f.type == pa.binary() else "SNAPPY") for f in schema}
     sink = io.BytesIO()
     with pq.ParquetWriter(sink, schema, compression=compression,
-                          write_statistics=[ID_COLUMN]) as writer:
+                          write_statistics=[ID_COLUMN], write_page_checksum=True) as writer:
         for group in row_groups:
             table = pa.Table.from_arrays(
                 [pa.array(group.ids, pa.int64())]
@@ -86,7 +89,9 @@ def encode_shard(schema: pa.Schema, row_groups: Sequence[RowGroupBuffer]) -> tup
 def payload_index(data: bytes, schema: pa.Schema,
                   row_groups: Sequence[RowGroupBuffer]) -> np.ndarray | None:
     """Where each binary value sits in the encoded shard `data`: an int64 array (rows, binary
-    fields, 2) of (offset, length), rows in shard order; None if a value cannot be located.
+    fields, 3) of (offset, length, CRC-32 of the value), rows in shard order; None if a value
+    cannot be located. A ranged read of one value bypasses Parquet's page checksums, so the
+    index carries a checksum per value (indexes of 2 columns, written before, carry none).
 
     Binary columns are written uncompressed, so each value is in the file verbatim, preceded by
     its 4-byte length (PLAIN encoding, in data pages or, dictionary-encoded, in the dictionary
@@ -95,7 +100,8 @@ def payload_index(data: bytes, schema: pa.Schema,
     """
     meta = pq.read_metadata(io.BytesIO(data))
     binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
-    out = np.zeros((sum(len(g) for g in row_groups), len(binary), 2), dtype=np.int64)
+    out = np.zeros((sum(len(g) for g in row_groups), len(binary), INDEX_COLUMNS),
+                   dtype=np.int64)
     first_row = 0
     for index, group in enumerate(row_groups):
         row_group = meta.row_group(index)
@@ -114,13 +120,15 @@ def payload_index(data: bytes, schema: pa.Schema,
                         return None
                 else:
                     cursor = at + len(needle)
-                out[first_row + row, k] = (at + 4, len(value))
+                out[first_row + row, k] = (at + 4, len(value), zlib.crc32(value))
         first_row += len(group)
     return out
 
 
 # Beside each shard: its payload index (see `payload_index`), an int64 .npy.
 PAYLOAD_INDEX_SUFFIX = ".payload.npy"
+# (offset, length, crc32) per value; older indexes have the first two only.
+INDEX_COLUMNS = 3
 
 
 def write_shard(folder: Storage, rel: str, schema: pa.Schema,

@@ -4,6 +4,11 @@
 rows a chooser keeps, by byte range, using the shard's payload index (see
 trainfeed.formats.shards.payload_index): records that class rebalancing drops cost no payload
 I/O. Shards without an index fall back to reading whole row groups.
+
+Nothing read is trusted: Parquet page checksums are verified on every page read, every ranged
+payload read is bounds-checked against the shard's size and checked against the CRC-32 the
+payload index records for it, and the row counts are checked against the manifest. Any mismatch
+is a CorruptDatasetError naming the dataset, the shard and the rows, never a wrong record.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +29,7 @@ import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
-from trainfeed.formats.shards import PAYLOAD_INDEX_SUFFIX
+from trainfeed.formats.shards import INDEX_COLUMNS, PAYLOAD_INDEX_SUFFIX
 from trainfeed.master.partition import SQL_SHARD
 from trainfeed.storage import Storage, access_error
 from trainfeed.worker.prefetch import TaskRef
@@ -72,16 +78,19 @@ class PartitionReader:
             if self.dataset.is_local:
                 # pyarrow's own file reader: no Python in the read path, the GIL stays free.
                 handle = None
-                parquet = pq.ParquetFile(path, memory_map=False)
+                parquet = pq.ParquetFile(path, memory_map=False, page_checksum_verification=True)
             else:
                 handle = self.dataset.fs.open(path, "rb")
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
         except PermissionError as e:
             raise access_error(self.dataset.url, e) from e
         except FileNotFoundError:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url} is missing (was the dataset deleted or "
                 f"re-uploaded while this job ran?)") from None
+        except (OSError, pa.ArrowException) as e:  # truncated, or not Parquet at all
+            raise CorruptDatasetError(
+                f"shard {shard} of {self.dataset.url} is unreadable: {e}") from None
         self._open[shard] = (parquet, handle)
         while len(self._open) > OPEN_SHARDS:
             _, (old, old_handle) = self._open.popitem(last=False)
@@ -104,8 +113,13 @@ class PartitionReader:
     def _row_groups(self, shard: str, row_group_start: int, row_group_stop: int,
                     num_records: int, columns: Sequence[str]) -> pa.Table:
         """`columns` of row groups [start, stop), checked against the manifest's row count."""
-        table = self._shard(shard).read_row_groups(range(row_group_start, row_group_stop),
-                                                   columns=list(columns), use_threads=False)
+        try:
+            table = self._shard(shard).read_row_groups(range(row_group_start, row_group_stop),
+                                                       columns=list(columns), use_threads=False)
+        except (OSError, pa.ArrowException) as e:  # a page checksum mismatch, a cut-off file
+            raise CorruptDatasetError(
+                f"shard {shard} of {self.dataset.url}, row groups [{row_group_start}, "
+                f"{row_group_stop}): corrupt data: {e}") from None
         if table.num_rows != num_records:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
@@ -137,7 +151,8 @@ class PartitionReader:
         else:
             parquet = self._shard(shard)
             first = sum(parquet.metadata.row_group(i).num_rows for i in range(row_group_start))
-            payloads = {name: self._fetch(shard, index[first + rows, k])
+            ids = meta.column(ID_COLUMN).to_numpy()[rows]
+            payloads = {name: self._fetch(shard, index[first + rows, k], ids)
                         for k, name in enumerate(self.binary)}
         kept = meta.take(rows)
         table = pa.table({c: payloads[c] if c in payloads else kept.column(c)
@@ -163,25 +178,60 @@ class PartitionReader:
         if shard not in self._indexes:
             try:
                 data = self.dataset.read_bytes(shard + PAYLOAD_INDEX_SUFFIX)
-                self._indexes[shard] = np.load(io.BytesIO(data), allow_pickle=False)
+                index = np.load(io.BytesIO(data), allow_pickle=False)
             except FileNotFoundError:
-                self._indexes[shard] = None  # written before payload indexes existed
+                index = None  # written before payload indexes existed
+            except (ValueError, OSError) as e:
+                raise CorruptDatasetError(f"payload index of shard {shard} of "
+                                          f"{self.dataset.url} is unreadable: {e}") from None
+            if index is not None:
+                self._check_index(shard, index)
+            self._indexes[shard] = index
         return self._indexes[shard]
 
-    def _fetch(self, shard: str, ranges: np.ndarray) -> pa.Array:
-        """The byte ranges (offset, length) of one shard, in order."""
+    def _check_index(self, shard: str, index: np.ndarray) -> None:
+        """Every (offset, length) must lie inside the shard: a damaged index must give an
+        error, not a wrong payload or a 2^40-byte allocation."""
+        if (index.ndim != 3 or index.shape[2] not in (2, INDEX_COLUMNS)
+                or index.dtype != np.int64):
+            raise CorruptDatasetError(f"payload index of shard {shard} of {self.dataset.url} "
+                                      f"has shape {index.shape} {index.dtype}")
+        file_size = self._file_size(shard)
+        offsets, lengths = index[..., 0], index[..., 1]
+        bad = np.argwhere((offsets < 4) | (lengths < 0) | (offsets + lengths > file_size))
+        if len(bad):
+            row, field = (int(x) for x in bad[0])
+            raise CorruptDatasetError(
+                f"payload index of shard {shard} of {self.dataset.url}: row {row} points at "
+                f"{int(lengths[row, field])} bytes from offset {int(offsets[row, field])}, "
+                f"outside the shard's {file_size} bytes")
+
+    def _file_size(self, shard: str) -> int:
+        path = self.dataset.path(shard)
+        return os.path.getsize(path) if self.dataset.is_local else int(self.dataset.fs.size(path))
+
+    def _fetch(self, shard: str, ranges: np.ndarray, ids: np.ndarray) -> pa.Array:
+        """The byte ranges (offset, length[, crc32]) of one shard, in order, each checked
+        against its CRC-32 when the index has one (`ids` name the records in errors)."""
         path = self.dataset.path(shard)
         if self.dataset.is_local:
             fd = os.open(path, os.O_RDONLY)
             try:
-                values = [os.pread(fd, int(n), int(at)) for at, n in ranges]
+                values = [os.pread(fd, int(n), int(at)) for at, n in ranges[:, :2]]
             finally:
                 os.close(fd)
         else:
-            starts = [int(at) for at, _ in ranges]
-            ends = [int(at + n) for at, n in ranges]
+            starts = [int(at) for at, _ in ranges[:, :2]]
+            ends = [int(at + n) for at, n in ranges[:, :2]]
             values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
         self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
+        if ranges.shape[1] >= INDEX_COLUMNS:
+            for value, expected, record in zip(values, ranges[:, 2], ids):
+                if zlib.crc32(value) != expected:
+                    raise CorruptDatasetError(
+                        f"record {int(record)} of shard {shard} of {self.dataset.url}: its "
+                        f"payload does not match its checksum (the shard or its index is "
+                        f"corrupt)")
         return pa.array(values, pa.binary())
 
     @staticmethod

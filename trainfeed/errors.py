@@ -14,17 +14,23 @@ class ListFileError(TrainfeedError):
     """A `.list` file that cannot be uploaded; the message names the file and line."""
 
 
+def _listed(list_path: str, lines: list[str], limit: int = 50) -> str:
+    """`list:line: …` rows of a list-wide error, the first `limit` of them."""
+    shown = "\n".join(f"  {list_path}:{line}" for line in lines[:limit])
+    more = f"\n  … and {len(lines) - limit} more" if len(lines) > limit else ""
+    return shown + more
+
+
 class MissingFilesError(ListFileError):
     """Files named by a `.list` file do not exist. Every one is listed, not only the first."""
 
     def __init__(self, list_path: str, missing: list[tuple[int, str]]):
         self.list_path = list_path
         self.missing = missing
-        shown = "\n".join(f"  {list_path}:{line}: {path}" for line, path in missing[:50])
-        more = f"\n  … and {len(missing) - 50} more" if len(missing) > 50 else ""
         super().__init__(
             f"{len(missing)} file(s) named in {list_path} do not exist; nothing was published "
-            f"(use --skip-missing to publish the rest):\n{shown}{more}")
+            f"(use --skip-missing to publish the rest):\n"
+            + _listed(list_path, [f"{line}: {path}" for line, path in missing]))
 
 
 class UndecodableImagesError(ListFileError):
@@ -33,12 +39,10 @@ class UndecodableImagesError(ListFileError):
     def __init__(self, list_path: str, bad: list[tuple[int, str, str]]):
         self.list_path = list_path
         self.bad = bad
-        shown = "\n".join(f"  {list_path}:{line}: {path}: {reason}"
-                          for line, path, reason in bad[:50])
-        more = f"\n  … and {len(bad) - 50} more" if len(bad) > 50 else ""
         super().__init__(
             f"{len(bad)} file(s) named in {list_path} are not decodable images; nothing was "
-            f"published:\n{shown}{more}")
+            f"published:\n"
+            + _listed(list_path, [f"{line}: {path}: {reason}" for line, path, reason in bad]))
 
 
 class OutsidePathsError(ListFileError):
@@ -47,12 +51,11 @@ class OutsidePathsError(ListFileError):
     def __init__(self, list_path: str, outside: list[tuple[int, str]]):
         self.list_path = list_path
         self.outside = outside
-        shown = "\n".join(f"  {list_path}:{line}: {path}" for line, path in outside[:50])
-        more = f"\n  … and {len(outside) - 50} more" if len(outside) > 50 else ""
         super().__init__(
             f"{len(outside)} file(s) named in {list_path} lie outside its folder (absolute "
             f"paths, '..', or symlinks pointing out); nothing was published (use "
-            f"--allow-outside if that is intended):\n{shown}{more}")
+            f"--allow-outside if that is intended):\n"
+            + _listed(list_path, [f"{line}: {path}" for line, path in outside]))
 
 
 class OversizeRecordsError(ListFileError):
@@ -61,13 +64,11 @@ class OversizeRecordsError(ListFileError):
     def __init__(self, list_path: str, limit: int, big: list[tuple[int, str, int]]):
         self.list_path = list_path
         self.big = big
-        shown = "\n".join(f"  {list_path}:{line}: {path} ({size:,} bytes)"
-                          for line, path, size in big[:50])
-        more = f"\n  … and {len(big) - 50} more" if len(big) > 50 else ""
         super().__init__(
             f"{len(big)} file(s) named in {list_path} are larger than the record limit of "
             f"{limit:,} bytes; nothing was published (raise --max-record-bytes if they are "
-            f"meant to be records):\n{shown}{more}")
+            f"meant to be records):\n"
+            + _listed(list_path, [f"{line}: {path} ({size:,} bytes)" for line, path, size in big]))
 
 
 class StorageAccessError(TrainfeedError, PermissionError):

@@ -140,6 +140,17 @@ def ensure_dataset(data_dir: str) -> str:
     return make_dataset.ensure_dataset(data_dir)
 
 
+def repeated_list(list_path: str, times: int) -> str:
+    """A list beside `list_path` naming its files `times` times over (same folder, so the
+    relative paths hold): a longer epoch without more files."""
+    out = os.path.join(os.path.dirname(list_path), f"train_data_x{times}.list")
+    with open(list_path, encoding="utf-8") as f:
+        text = f.read()
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text * times)
+    return out
+
+
 def list_paths(list_path: str) -> list[str]:
     """The file of each line of a `.list` (relative paths are relative to its folder)."""
     base = os.path.dirname(os.path.abspath(list_path))
@@ -489,6 +500,8 @@ def run(args: argparse.Namespace) -> int:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
     list_path = ensure_dataset(args.data)
+    if args.list_times > 1:  # longer epochs from the same files: the list repeated
+        list_path = repeated_list(list_path, args.list_times)
     uploaded = trainfeed.upload(list_path, args.dataset, args.storage, progress=False)
     paths = list_paths(list_path)
     shards = shard_paths(args.storage, args.dataset)
@@ -588,6 +601,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help=f"trainfeed storage folder (default {DEFAULT_STORAGE})")
     p.add_argument("--dataset", default=DEFAULT_DATASET,
                    help=f"dataset name in storage (default {DEFAULT_DATASET})")
+    p.add_argument("--list-times", type=int, default=1, metavar="K",
+                   help="list every generated file K times (a K x 20,000-record dataset; give "
+                        "it its own --dataset name)")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed repetitions after one warm-up; the median is reported (default 3)")
     p.add_argument("--batch", type=int, default=128,

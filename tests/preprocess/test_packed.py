@@ -101,13 +101,13 @@ def test_a_parquet_source_multiple_variables_and_two_readers_through_a_master(
         tmp_path: Path) -> None:
     table = madlib_table(rows=60).append_column(
         "size", pa.array([float(i % 5) for i in range(60)]))
-    table = table.append_column("small", pa.array([i % 2 for i in range(60)]))
+    table = table.append_column("small", pa.array([i % 2 for i in range(60)], pa.int16()))
     pq.write_table(table, tmp_path / "source.parquet")
     storage = str(tmp_path / "storage")
     summary = training_preprocessor(str(tmp_path / "source.parquet"), "multi",
                                     ["species", "small"], ["rgb", "size"], buffer_size=5,
                                     num_workers=2, storage=storage)
-    assert summary["dependent_vartype"] == ["text", "integer"]
+    assert summary["dependent_vartype"] == ["text", "smallint"]
     assert summary["num_buffers"] == 12
     with MasterProcess(storage) as master:
         seen: list[int] = []

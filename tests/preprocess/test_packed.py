@@ -183,6 +183,19 @@ def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
             assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
 
 
+@pytest.mark.parametrize("rules", ["all_segments", "ALL_SEGMENTS", "all", None])
+def test_madlibs_all_segments_admits_every_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules: str | None) -> None:
+    storage = str(tmp_path / "storage")
+    summary = training_preprocessor(madlib_table(), "everyone", "species", "rgb",
+                                    num_workers=2, distribution_rules=rules, storage=storage)
+    assert summary["distribution_rules"] == summary["__internal_gpu_config__"] == "all_segments"
+    monkeypatch.setenv("TRAINFEED_WORKER_NAME", "any-worker")
+    with MasterProcess(storage) as master:
+        with dist.reader("everyone", local=False, master=master.address, job="j") as reader:
+            assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
+
+
 def test_packing_a_name_again_replaces_it_and_leaves_no_old_data(tmp_path: Path) -> None:
     storage = str(tmp_path)
     first = training_preprocessor(madlib_table(), "again", "species", "rgb", storage=storage)

@@ -14,6 +14,7 @@ from typing import Any
 from trainfeed.master.distribution import DistributionRules
 from trainfeed.preprocess.encoding import PreprocessError
 
+
 def split_names(value: str | Sequence[str], role: str, module: str) -> list[str]:
     """Column names from a list, or from MADlib's comma-separated form (its
     `split_quoted_delimited_str`): 'a, b' is two columns, '"a,b"' one column named a,b (the
@@ -34,7 +35,9 @@ def split_names(value: str | Sequence[str], role: str, module: str) -> list[str]
 
 
 def _split_outside_quotes(text: str) -> list[str]:
-    tokens, current, quoted = [], [], False
+    tokens: list[str] = []
+    current: list[str] = []
+    quoted = False
     for char in text:
         if char == '"':
             quoted = not quoted
@@ -105,8 +108,8 @@ def class_widths(module: str, num_classes: int | Sequence[int | None] | None,
                  dependents: Sequence[str]) -> list[int | None]:
     """`num_classes` per dependent variable: one value for all, or one each (MADlib: an
     array, one entry per dependent variable)."""
-    widths = (list(num_classes) if isinstance(num_classes, list | tuple)
-              else [num_classes] * len(dependents))
+    widths: list[Any] = (list(num_classes) if isinstance(num_classes, list | tuple)
+                         else [num_classes] * len(dependents))
     if len(widths) != len(dependents):
         raise PreprocessError(f"{module}: num_classes has {len(widths)} entries for "
                               f"{len(dependents)} dependent variables {list(dependents)}")

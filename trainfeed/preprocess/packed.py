@@ -76,7 +76,10 @@ def load_source(source: Any, storage: Storage | None = None,
     `ordered=False` (training output is shuffled anyway) lets a SQL source with key columns
     be read as one hash partition per core, over parallel connections."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
-        return source.read(1 if ordered else os.cpu_count() or 1), str(source.query)
+        table = source.read(1 if ordered else os.cpu_count() or 1)
+        if source.dialect == "sqlite":  # no array type: arrays are kept as JSON text
+            table = _decode_json_arrays(table)
+        return table, str(source.query)
     if isinstance(source, str) and storage is not None and _is_dataset_name(source):
         return _dataset_table(source, storage), f"dataset {source}"
     if isinstance(source, str):
@@ -84,13 +87,7 @@ def load_source(source: Any, storage: Storage | None = None,
         name = source.rsplit("/", 1)[-1]
         with storage.fs.open(storage.path(name), "rb") as f:
             table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
-        for i, c in enumerate(table.column_names):
-            values = table.column(c)
-            if (pa.types.is_string(values.type) and len(values)
-                    and str(values[0].as_py() or "").lstrip().startswith("[")):
-                decoded = [_json_array(v, c, row) for row, v in enumerate(values.to_pylist())]
-                table = table.set_column(i, c, pa.array(decoded))
-        return table, source
+        return _decode_json_arrays(table), source
     if isinstance(source, pa.Table):
         return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
@@ -141,6 +138,20 @@ def _dataset_table(name: str, storage: Storage) -> pa.Table:
         else:
             columns[field_name] = pa.array([v for chunk in chunks for v in chunk])
     return pa.table(columns)
+
+
+def _decode_json_arrays(table: pa.Table) -> pa.Table:
+    """Text columns whose first value is a JSON array ("[1, 2, 3]") decoded to lists: how CSV
+    files and SQLite tables hold arrays."""
+    for i, c in enumerate(table.column_names):
+        values = table.column(c)
+        if not pa.types.is_string(values.type):
+            continue
+        present = pc.drop_null(values)
+        if len(present) and str(present[0].as_py()).lstrip().startswith("["):
+            decoded = [_json_array(v, c, row) for row, v in enumerate(values.to_pylist())]
+            table = table.set_column(i, c, pa.array(decoded))
+    return table
 
 
 def _json_array(value: str | None, column: str, row: int) -> Any:

@@ -182,6 +182,12 @@ def test_validation_refuses_classes_the_training_output_lacks(tmp_path: Path) ->
                                 storage=storage)
     with pytest.raises(DatasetNotFoundError):
         read_manifest(open_storage(storage), "val")
+    # arrays against class values
+    with pytest.raises(PreprocessError, match=r"column 'y4' holds arrays \(double precision"
+                                              r"\[\]\), but dependent variable 0 of 'batch' "
+                                              r"has class values"):
+        validation_preprocessor(validation_input(), "val", "y4", "x_new", "batch",
+                                storage=storage)
     # two dependent variables against one: they are matched by position
     with pytest.raises(PreprocessError, match=r"2 dependent variable\(s\) \['y_new', 'y1'\], "
                                               r"but 'batch' was packed with 1"):
@@ -377,3 +383,11 @@ def test_the_cli_takes_madlibs_lists_rules_and_num_classes(
                  "y1", "--independent", "x", "--normalizing-const", "-1",
                  "--storage", storage]) == 2
     assert "normalizing constant has to be a positive number" in capsys.readouterr().err
+
+
+def test_sqlite_results_carry_no_column_types(tmp_path: Path) -> None:
+    source = as_sqlite(tmp_path)(madlib_input(), "t")
+    assert source.column_types() == {}  # their values' Arrow types are named instead
+    summary = training_preprocessor(source, "batch", "y1, y2", "x", storage=str(tmp_path))
+    assert summary["dependent_vartype"] == ["bigint", "text"]  # booleans are 0/1 in SQLite
+    assert summary["y1_class_values"] == [0, 1]

@@ -72,6 +72,7 @@ def test_dependent_vartype_is_the_postgres_type(postgres_url: str, madlib_table:
                                                 tmp_path: Path, column: str, vartype: str,
                                                 classes: list | None) -> None:
     source = sql(f"SELECT * FROM {madlib_table}", postgres_url)
+    assert source.column_types()[column] == vartype  # pg_typeof's name, from the type OID
     storage = str(tmp_path)
     summary = training_preprocessor(source, "batch", column, "x", 4, 5, storage=storage)
     assert summary["dependent_vartype"] == [vartype]

@@ -69,7 +69,8 @@ def load_source(source: Any, storage: Storage | None = None,
                 ordered: bool = True) -> tuple[pa.Table, str]:
     """The source as an Arrow table, and a name for the summary. Accepts a pyarrow Table, a
     pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV cells
-    holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql), or the name
+    holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql; SQLite, which
+    has no array type, may hold them as such JSON text too), or the name
     of a trainfeed dataset in `storage` (an uploaded image list: images decoded to uint8
     arrays, labels as written).
 

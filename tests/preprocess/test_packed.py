@@ -297,3 +297,31 @@ def test_dense_array_reads_a_chunked_column_chunk_by_chunk() -> None:
     other_shape = pa.array([[[5, 6, 7]]], pa.list_(pa.list_(pa.int16())))
     assert dense_array(pa.chunked_array([first, other_shape])) is None  # the row-wise path
     assert dense_array(pa.chunked_array([empty])) is None
+
+
+def test_the_madlib_documentation_summaries(tmp_path: Path) -> None:
+    # training_preprocessor_dl's user docs, 52 rows of 2x2 RGB on 3 segments: the summary, the
+    # num_classes=5 example, and the 'segments_to_use' table of two dbids (buffer_size 26).
+    storage = str(tmp_path)
+    summary = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                    255, num_workers=3, storage=storage)
+    assert {k: summary[k] for k in (
+        "dependent_varname", "independent_varname", "dependent_vartype",
+        "species_class_values", "buffer_size", "normalizing_const", "num_classes",
+        "distribution_rules", "__internal_gpu_config__")} == {
+        "dependent_varname": ["species"], "independent_varname": ["rgb"],
+        "dependent_vartype": ["text"], "species_class_values": ["bird", "cat", "dog"],
+        "buffer_size": 18, "normalizing_const": 255, "num_classes": [3],
+        "distribution_rules": "all_segments", "__internal_gpu_config__": "all_segments"}
+    val = validation_preprocessor(madlib_table(), "val_image_data_packed", "species", "rgb",
+                                  "image_data_packed", None, storage=storage)
+    assert val["buffer_size"] == 18 and val["species_class_values"] == ["bird", "cat", "dog"]
+    assert val["normalizing_const"] == 255 and val["num_classes"] == [3]
+    padded = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                   255, [5], num_workers=3, storage=storage)
+    assert padded["species_class_values"] == ["bird", "cat", "dog", None, None]
+    assert padded["buffer_size"] == 18 and padded["num_classes"] == [5]
+    two = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                255, None, ["seg-2", "seg-3"], storage=storage)
+    assert two["buffer_size"] == 26 and two["num_buffers"] == 2
+    assert two["distribution_rules"] == two["__internal_gpu_config__"] == ["seg-2", "seg-3"]

@@ -63,7 +63,7 @@ def baseline(path: str, workers: int) -> float:
     rgb, species = table.column("rgb").to_pylist(), table.column("species").to_pylist()
     classes = sorted(set(species))
     start = 0
-    for size in plan_buffers(len(rgb), workers, row_bytes=4 * WIDTH):
+    for size in plan_buffers(len(rgb), workers, values_per_row=[WIDTH]):
         pack_plainly(rgb[start:start + size], species[start:start + size], classes, size)
         start += size
     return time.perf_counter() - t0
@@ -145,7 +145,7 @@ def baseline_pandas(url: str, rows: int, workers: int) -> float:
     seen = start = 0
     with psycopg.connect(url) as conn, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # pandas names SQLAlchemy as its favourite
-        for size in plan_buffers(rows, workers, row_bytes=4 * WIDTH):
+        for size in plan_buffers(rows, workers, values_per_row=[WIDTH]):
             chunk = pd.read_sql(f"SELECT * FROM {TABLE} WHERE id >= %(lo)s AND id < %(hi)s",
                                 conn, params={"lo": start, "hi": start + size})
             pack_plainly(chunk["rgb"], chunk["species"], classes, size)

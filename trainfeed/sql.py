@@ -165,6 +165,15 @@ class SqlSource:
         with self._session() as session:
             return session.count()
 
+    def column_types(self) -> dict[str, str]:
+        """The result's column types as PostgreSQL names them (``pg_typeof``: 'integer',
+        'double precision[]' …); empty for SQLite, whose results carry no column types."""
+        if self.dialect != "postgresql":
+            return {}
+        with self._session() as session:
+            assert isinstance(session, _PostgresSession)
+            return session.column_types()
+
     def read(self, parallel: int = 1) -> pa.Table:
         """The whole result as an Arrow table, columns in query order.
 
@@ -537,6 +546,14 @@ class _PostgresSession:
 
     def columns(self) -> list[str]:
         return [d.name for d in self._description()]
+
+    def column_types(self) -> dict[str, str]:
+        """Each column's type OID named as ``pg_typeof`` prints it (``oid::regtype``)."""
+        description = self._description()
+        with self._conn.cursor() as cur:
+            cur.execute("SELECT t::regtype::text FROM unnest(%s::oid[]) WITH ORDINALITY "
+                        "AS u(t, i) ORDER BY i", ([d.type_code for d in description],))
+            return {d.name: row[0] for d, row in zip(description, cur.fetchall())}
 
     def count(self) -> int:
         with self._conn.cursor() as cur:

@@ -16,9 +16,35 @@ def test_rules_parse_and_admit() -> None:
     assert DistributionRules.parse(str(named)) == named  # round trip through job state
 
 
+@pytest.mark.parametrize("text,kind", [("all_segments", "all"), ("ALL_SEGMENTS", "all"),
+                                       ("gpu_segments", "gpu"), ("Gpu_Segments", "gpu"),
+                                       ("all", "all"), ("gpu", "gpu"), ("", "all")])
+def test_madlibs_spellings_are_the_keyword_rules(text: str, kind: str) -> None:
+    # training_preprocessor_dl documents 'all_segments' (its default) and 'gpu_segments', and
+    # lower-cases what it is given; they are rules, not the name of one worker.
+    rules = DistributionRules.parse(text)
+    assert rules == DistributionRules(kind)
+    assert rules.admits("any-worker", 1)
+    assert DistributionRules.parse(str(rules)) == rules
+
+
+def test_what_madlibs_summary_stores() -> None:
+    assert DistributionRules.parse("all").madlib_value == "all_segments"
+    assert DistributionRules.parse("all").gpu_config == "all_segments"
+    assert DistributionRules.parse("gpu").madlib_value == "gpu_segments"
+    named = DistributionRules.parse("node-b,node-a")
+    assert named.madlib_value == named.gpu_config == ["node-a", "node-b"]
+    # a summary's list of names parses back to the same rules
+    assert DistributionRules.parse(named.madlib_value) == named
+    assert DistributionRules.parse(["node-a"]).admits("node-a", 0)
+
+
 def test_bad_rules_say_what_is_expected() -> None:
-    with pytest.raises(ValueError, match=r"expected 'all', 'gpu' or a comma-separated list"):
+    with pytest.raises(ValueError, match=r"expected 'all' \('all_segments'\), 'gpu' "
+                                         r"\('gpu_segments'\) or a comma-separated list"):
         DistributionRules.parse("gpu, ../x")
+    with pytest.raises(ValueError, match="an empty list"):
+        DistributionRules.parse([])
 
 
 def test_refusals_say_what_to_set() -> None:

@@ -101,13 +101,13 @@ def test_a_parquet_source_multiple_variables_and_two_readers_through_a_master(
         tmp_path: Path) -> None:
     table = madlib_table(rows=60).append_column(
         "size", pa.array([float(i % 5) for i in range(60)]))
-    table = table.append_column("small", pa.array([i % 2 for i in range(60)]))
+    table = table.append_column("small", pa.array([i % 2 for i in range(60)], pa.int16()))
     pq.write_table(table, tmp_path / "source.parquet")
     storage = str(tmp_path / "storage")
     summary = training_preprocessor(str(tmp_path / "source.parquet"), "multi",
                                     ["species", "small"], ["rgb", "size"], buffer_size=5,
                                     num_workers=2, storage=storage)
-    assert summary["dependent_vartype"] == ["text", "integer"]
+    assert summary["dependent_vartype"] == ["text", "smallint"]
     assert summary["num_buffers"] == 12
     with MasterProcess(storage) as master:
         seen: list[int] = []
@@ -180,6 +180,19 @@ def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
             list(dist.reader("ruled", local=False, master=master.address, job="j")())
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-a")
         with dist.reader("ruled", local=False, master=master.address, job="j") as reader:
+            assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
+
+
+@pytest.mark.parametrize("rules", ["all_segments", "ALL_SEGMENTS", "all", None])
+def test_madlibs_all_segments_admits_every_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules: str | None) -> None:
+    storage = str(tmp_path / "storage")
+    summary = training_preprocessor(madlib_table(), "everyone", "species", "rgb",
+                                    num_workers=2, distribution_rules=rules, storage=storage)
+    assert summary["distribution_rules"] == summary["__internal_gpu_config__"] == "all_segments"
+    monkeypatch.setenv("TRAINFEED_WORKER_NAME", "any-worker")
+    with MasterProcess(storage) as master:
+        with dist.reader("everyone", local=False, master=master.address, job="j") as reader:
             assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
 
 
@@ -284,3 +297,31 @@ def test_dense_array_reads_a_chunked_column_chunk_by_chunk() -> None:
     other_shape = pa.array([[[5, 6, 7]]], pa.list_(pa.list_(pa.int16())))
     assert dense_array(pa.chunked_array([first, other_shape])) is None  # the row-wise path
     assert dense_array(pa.chunked_array([empty])) is None
+
+
+def test_the_madlib_documentation_summaries(tmp_path: Path) -> None:
+    # training_preprocessor_dl's user docs, 52 rows of 2x2 RGB on 3 segments: the summary, the
+    # num_classes=5 example, and the 'segments_to_use' table of two dbids (buffer_size 26).
+    storage = str(tmp_path)
+    summary = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                    255, num_workers=3, storage=storage)
+    assert {k: summary[k] for k in (
+        "dependent_varname", "independent_varname", "dependent_vartype",
+        "species_class_values", "buffer_size", "normalizing_const", "num_classes",
+        "distribution_rules", "__internal_gpu_config__")} == {
+        "dependent_varname": ["species"], "independent_varname": ["rgb"],
+        "dependent_vartype": ["text"], "species_class_values": ["bird", "cat", "dog"],
+        "buffer_size": 18, "normalizing_const": 255, "num_classes": [3],
+        "distribution_rules": "all_segments", "__internal_gpu_config__": "all_segments"}
+    val = validation_preprocessor(madlib_table(), "val_image_data_packed", "species", "rgb",
+                                  "image_data_packed", None, storage=storage)
+    assert val["buffer_size"] == 18 and val["species_class_values"] == ["bird", "cat", "dog"]
+    assert val["normalizing_const"] == 255 and val["num_classes"] == [3]
+    padded = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                   255, [5], num_workers=3, storage=storage)
+    assert padded["species_class_values"] == ["bird", "cat", "dog", None, None]
+    assert padded["buffer_size"] == 18 and padded["num_classes"] == [5]
+    two = training_preprocessor(madlib_table(), "image_data_packed", "species", "rgb", None,
+                                255, None, ["seg-2", "seg-3"], storage=storage)
+    assert two["buffer_size"] == 26 and two["num_buffers"] == 2
+    assert two["distribution_rules"] == two["__internal_gpu_config__"] == ["seg-2", "seg-3"]

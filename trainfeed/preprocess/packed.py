@@ -36,15 +36,23 @@ from trainfeed.formats.manifest import (
     write_manifest,
 )
 from trainfeed.names import validate_dataset_name
+from trainfeed.preprocess.arguments import (
+    Arguments,
+    check_arguments,
+    class_widths,
+    split_names,
+)
 from trainfeed.preprocess.buffers import plan_buffers
 from trainfeed.preprocess.encoding import (
     ONE_HOT_DTYPE,
     PreprocessError,
     class_values,
-    dependent_vartype,
     one_hot,
+    real_classes,
     stack_arrays,
+    unknown_classes,
 )
+from trainfeed.preprocess.sqltypes import arrow_sql_type, is_array_type
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import remove_stale_data
 
@@ -61,14 +69,18 @@ def load_source(source: Any, storage: Storage | None = None,
                 ordered: bool = True) -> tuple[pa.Table, str]:
     """The source as an Arrow table, and a name for the summary. Accepts a pyarrow Table, a
     pandas DataFrame, a dict of columns, a Parquet or CSV file path or fsspec URL (CSV cells
-    holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql), or the name
+    holding JSON arrays, "[1, 2, 3]", are decoded), a SQL source (trainfeed.sql; SQLite, which
+    has no array type, may hold them as such JSON text too), or the name
     of a trainfeed dataset in `storage` (an uploaded image list: images decoded to uint8
     arrays, labels as written).
 
     `ordered=False` (training output is shuffled anyway) lets a SQL source with key columns
     be read as one hash partition per core, over parallel connections."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
-        return source.read(1 if ordered else os.cpu_count() or 1), str(source.query)
+        table = source.read(1 if ordered else os.cpu_count() or 1)
+        if source.dialect == "sqlite":  # no array type: arrays are kept as JSON text
+            table = _decode_json_arrays(table)
+        return table, str(source.query)
     if isinstance(source, str) and storage is not None and _is_dataset_name(source):
         return _dataset_table(source, storage), f"dataset {source}"
     if isinstance(source, str):
@@ -76,13 +88,7 @@ def load_source(source: Any, storage: Storage | None = None,
         name = source.rsplit("/", 1)[-1]
         with storage.fs.open(storage.path(name), "rb") as f:
             table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
-        for i, c in enumerate(table.column_names):
-            values = table.column(c)
-            if (pa.types.is_string(values.type) and len(values)
-                    and str(values[0].as_py() or "").lstrip().startswith("[")):
-                decoded = [_json_array(v, c, row) for row, v in enumerate(values.to_pylist())]
-                table = table.set_column(i, c, pa.array(decoded))
-        return table, source
+        return _decode_json_arrays(table), source
     if isinstance(source, pa.Table):
         return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
@@ -135,18 +141,25 @@ def _dataset_table(name: str, storage: Storage) -> pa.Table:
     return pa.table(columns)
 
 
+def _decode_json_arrays(table: pa.Table) -> pa.Table:
+    """Text columns whose first value is a JSON array ("[1, 2, 3]") decoded to lists: how CSV
+    files and SQLite tables hold arrays."""
+    for i, c in enumerate(table.column_names):
+        values = table.column(c)
+        if not pa.types.is_string(values.type):
+            continue
+        present = pc.drop_null(values)
+        if len(present) and str(present[0].as_py()).lstrip().startswith("["):
+            decoded = [_json_array(v, c, row) for row, v in enumerate(values.to_pylist())]
+            table = table.set_column(i, c, pa.array(decoded))
+    return table
+
+
 def _json_array(value: str | None, column: str, row: int) -> Any:
     try:
         return json.loads(value) if value is not None else None
     except ValueError as e:
         raise PreprocessError(f"column {column!r}, row {row}: not a JSON array ({e})") from None
-
-
-def _names(value: str | Sequence[str], role: str) -> list[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    if not names:
-        raise PreprocessError(f"no {role} variable given")
-    return names
 
 
 def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
@@ -199,28 +212,61 @@ def _dense_chunk(array: pa.Array) -> np.ndarray | None:
 def training_preprocessor(source: Any, output_table: str,
                           dependent_varname: str | Sequence[str],
                           independent_varname: str | Sequence[str],
-                          buffer_size: int | None = None, normalizing_const: float = 1.0,
+                          buffer_size: int | None = None,
+                          normalizing_const: float | None = 1.0,
                           num_classes: int | Sequence[int | None] | None = None,
-                          distribution_rules: str = "all", num_workers: int = 1,
+                          distribution_rules: str | Sequence[str] | None = "all",
+                          num_workers: int | None = None,
                           storage: str | Storage | None = None, seed: int = 0) -> dict[str, Any]:
-    """Packs `source` into buffers for training (shuffled) and returns MADlib's summary."""
-    return _preprocess(source, output_table, dependent_varname, independent_varname,
-                       buffer_size, normalizing_const, num_classes, distribution_rules,
-                       num_workers, storage, shuffle_seed=seed, training=None)
+    """Packs `source` into buffers for training (shuffled) and returns MADlib's summary.
+
+    As MADlib's `training_preprocessor_dl`: `dependent_varname` and `independent_varname` may
+    be comma-separated ('y1, y2'); a NULL dependent value is a class of its own; `num_classes`
+    (one value, or one per dependent variable) pads the one-hot width; `distribution_rules` is
+    'all' / 'all_segments', 'gpu' / 'gpu_segments' or worker names. `num_workers` (MADlib's
+    segment count) defaults to the number of workers named, else 1.
+    """
+    module = "training_preprocessor"
+    args = check_arguments(module, buffer_size, normalizing_const, distribution_rules,
+                           num_workers)
+    y_names = split_names(dependent_varname, "dependent", module)
+    x_names = split_names(independent_varname, "independent", module)
+    widths = class_widths(module, num_classes, y_names)
+    return _preprocess(source, output_table, y_names, x_names, args, widths, storage,
+                       shuffle_seed=seed, training=None)
 
 
 def validation_preprocessor(source: Any, output_table: str,
                             dependent_varname: str | Sequence[str],
                             independent_varname: str | Sequence[str],
                             training_preprocessor_table: str, buffer_size: int | None = None,
+                            distribution_rules: str | Sequence[str] | None = "all",
+                            num_workers: int | None = None,
                             storage: str | Storage | None = None) -> dict[str, Any]:
     """Packs a validation set with the training output's class values and normalizing constant,
-    so that labels line up even where it lacks classes; not shuffled."""
+    so that labels line up even where it lacks classes; not shuffled.
+
+    As MADlib's `validation_preprocessor_dl`, dependent variables are matched to the training
+    output's by position, not by name (a column `y_new` takes the classes of the training's
+    `y`), and its values must be among the training's classes. `distribution_rules` are this
+    output's own (MADlib's default, 'all_segments'); `num_workers` defaults to the number of
+    workers named, else to the training output's.
+    """
+    module = "validation_preprocessor"
     store = storage if isinstance(storage, Storage) else open_storage(storage)
     trained = packed_summary(store, training_preprocessor_table)
-    return _preprocess(source, output_table, dependent_varname, independent_varname,
-                       buffer_size, trained["normalizing_const"], trained["num_classes"],
-                       trained["distribution_rules"], trained["num_workers"], store,
+    args = check_arguments(module, buffer_size, trained["normalizing_const"],
+                           distribution_rules, num_workers, int(trained["num_workers"]))
+    y_names = split_names(dependent_varname, "dependent", module)
+    x_names = split_names(independent_varname, "independent", module)
+    trained_names = list(trained["dependent_varname"])
+    if len(y_names) != len(trained_names):
+        raise PreprocessError(
+            f"{module}: {len(y_names)} dependent variable(s) {y_names}, but "
+            f"{training_preprocessor_table!r} was packed with {len(trained_names)} "
+            f"{trained_names}; they are matched by position")
+    widths = list(trained["num_classes"])
+    return _preprocess(source, output_table, y_names, x_names, args, widths, store,
                        shuffle_seed=None, training=trained)
 
 
@@ -234,15 +280,66 @@ def packed_summary(storage: Storage, name: str) -> dict[str, Any]:
     return summary
 
 
-def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
-                independent: str | Sequence[str], buffer_size: int | None,
-                normalizing_const: float, num_classes: Any, distribution_rules: str,
-                num_workers: int, storage: str | Storage | None, shuffle_seed: int | None,
-                training: dict[str, Any] | None) -> dict[str, Any]:
+def source_vartypes(source: Any, table: pa.Table) -> dict[str, str]:
+    """Each column's SQL type name (MADlib's `dependent_vartype`): PostgreSQL's own for a
+    PostgreSQL query, else named from the Arrow type (trainfeed.preprocess.sqltypes)."""
+    named = source.column_types() if hasattr(source, "column_types") else {}
+    return {field.name: named.get(field.name) or arrow_sql_type(field.type)
+            for field in table.schema}
+
+
+def _dependent_classes(module: str, name: str, values: list[Any], vartype: str,
+                       width: int | None, training: dict[str, Any] | None,
+                       position: int) -> tuple[list[Any] | None, int | None]:
+    """A dependent variable's class values (None: arrays taken as one-hot) and num_classes.
+
+    Training: the column's own sorted classes, NULL included, padded to `width`. Validation:
+    the training output's classes at the same position (MADlib matches by position), after
+    checking the column holds no other class."""
+    if is_array_type(vartype):
+        if training is not None and training["class_values"].get(
+                training["dependent_varname"][position]) is not None:
+            raise PreprocessError(
+                f"{module}: column {name!r} holds arrays ({vartype}), but dependent variable "
+                f"{position} of {training['output_table']!r} has class values: pass the "
+                f"column of class values")
+        one = stack_arrays(values[:1], name, 1.0, None, ONE_HOT_DTYPE)
+        size = int(one[0].size)
+        if width is not None and width != size:
+            raise PreprocessError(
+                f"{module}: num_classes is {width} for column {name!r}, but its one-hot "
+                f"arrays ({vartype}) have {size} values")
+        return None, size
+    if training is None:
+        classes = class_values(values, name, width)
+        return classes, len(classes)
+    trained_name = training["dependent_varname"][position]
+    trained: list[Any] | None = training["class_values"].get(trained_name)
+    if trained is None:
+        raise PreprocessError(
+            f"{module}: column {name!r} holds class values ({vartype}), but dependent "
+            f"variable {trained_name!r} of {training['output_table']!r} was one-hot arrays: "
+            f"pass a column of arrays")
+    unknown = unknown_classes(values, trained, name)
+    if unknown:
+        raise PreprocessError(
+            f"{module}: the class values in column {name!r} ({unknown[:10]}) should be a "
+            f"subset of the class values of {trained_name!r} in "
+            f"{training['output_table']!r} ({real_classes(trained)[:10]})")
+    return list(trained), len(trained)
+
+
+def _preprocess(source: Any, output_table: str, y_names: list[str], x_names: list[str],
+                args: Arguments, widths: list[int | None], storage: str | Storage | None,
+                shuffle_seed: int | None, training: dict[str, Any] | None) -> dict[str, Any]:
+    module = "training_preprocessor" if training is None else "validation_preprocessor"
     validate_dataset_name(output_table)
     store = storage if isinstance(storage, Storage) else open_storage(storage)
     table, source_name = load_source(source, store, ordered=shuffle_seed is None)
-    y_names, x_names = _names(dependent, "dependent"), _names(independent, "independent")
+    for name in y_names + x_names:
+        _column(table, name)  # every missing column is named before any work
+    all_vartypes = source_vartypes(source, table)
+    vartypes = {n: all_vartypes[n] for n in y_names}
     ys = {n: _column(table, n).to_pylist() for n in y_names}
     rows = table.num_rows
     dense: dict[str, np.ndarray | None] = {}
@@ -255,35 +352,30 @@ def _preprocess(source: Any, output_table: str, dependent: str | Sequence[str],
     del table  # the source's columns: the dense blocks hold what is needed, once
     if rows == 0:
         raise PreprocessError(f"source {source_name} has no rows")
+    classes: dict[str, list[Any] | None] = {}
+    num_classes: list[int | None] = []
+    for i, name in enumerate(y_names):
+        classes[name], width = _dependent_classes(module, name, ys[name], vartypes[name],
+                                                  widths[i], training, i)
+        num_classes.append(width)
     order = (np.random.default_rng(shuffle_seed).permutation(rows) if shuffle_seed is not None
              else np.arange(rows))
-    widths = list(num_classes) if isinstance(num_classes, list | tuple) else \
-        [num_classes] * len(y_names)
-    if len(widths) != len(y_names):
-        raise PreprocessError(f"num_classes has {len(widths)} entries for {len(y_names)} "
-                              f"dependent variables")
-    vartypes: dict[str, str] = {}
-    classes: dict[str, list[Any] | None] = {}
-    for i, name in enumerate(y_names):
-        vartypes[name] = dependent_vartype(ys[name])
-        if vartypes[name] == "array":
-            classes[name] = None  # already one-hot
-        elif training is not None:
-            classes[name] = training["class_values"][name]
-        else:
-            classes[name] = class_values(ys[name], name, widths[i])
-    row_bytes = 4 * sum(int(stack_arrays(xs[n][:1], n)[0].size) for n in x_names)
-    sizes = plan_buffers(rows, num_workers, buffer_size, row_bytes)
+    values_per_row = [int(stack_arrays(xs[n][:1], n)[0].size) for n in x_names]
+    sizes = plan_buffers(rows, args.num_workers, args.buffer_size, values_per_row)
+    normalizing_const = args.normalizing_const
 
     summary = {
         "source_table": source_name, "output_table": output_table,
         "dependent_varname": y_names, "independent_varname": x_names,
         "dependent_vartype": [vartypes[n] for n in y_names],
         "class_values": {n: classes[n] for n in y_names},
-        "buffer_size": sizes[0], "normalizing_const": float(normalizing_const),
-        "num_classes": [len(c) if (c := classes[n]) is not None else None for n in y_names],
-        "distribution_rules": distribution_rules, "num_workers": num_workers,
-        "num_buffers": len(sizes), "num_rows": rows,
+        # MADlib's summary has one "<dependent>_class_values" column per dependent variable.
+        **{f"{n}_class_values": classes[n] for n in y_names},
+        "buffer_size": sizes[0], "normalizing_const": normalizing_const,
+        "num_classes": num_classes,
+        "distribution_rules": args.rules.madlib_value,
+        "__internal_gpu_config__": args.rules.gpu_config,
+        "num_workers": args.num_workers, "num_buffers": len(sizes), "num_rows": rows,
     }
     tensors = {**{n: "float32" for n in x_names}, **{n: np.dtype(ONE_HOT_DTYPE).name
                                                      for n in y_names}}

@@ -29,12 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainfeed import settings
 from trainfeed.errors import LeadershipError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STATE_PATH = "trainfeed-master.db"
-STATE_ENV = "TRAINFEED_STATE"
+DEFAULT_STATE_PATH = settings.STATE.default
+STATE_ENV = settings.STATE.name
 # How often a master waiting for the leadership looks again.
 ACQUIRE_POLL_S = 0.5
 
@@ -240,7 +241,7 @@ SCHEMES = ("etcd", "memory", "sqlite")
 
 def open_state_store(url: str | None = None) -> StateStore:
     """Opens the store named by `url` (default: `$TRAINFEED_STATE`, else ./trainfeed-master.db)."""
-    url = url or os.environ.get(STATE_ENV) or DEFAULT_STATE_PATH
+    url = url or settings.STATE.get()
     scheme, sep, rest = url.partition("://")
     if not sep:
         return SQLiteStateStore(url)

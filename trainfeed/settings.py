@@ -9,8 +9,8 @@ embedding program may change `os.environ` between two readers. A blank variable 
 unset, except where the empty value means something (`CUDA_VISIBLE_DEVICES=` hides every GPU).
 A value that does not parse raises ConfigurationError naming the variable and the value.
 
-This module sits at the bottom of the house: it imports nothing of trainfeed but the errors, so
-every layer may import it.
+This module sits at the bottom of the house: it imports nothing of trainfeed but the errors and
+the redaction, so every layer may import it.
 
 Example:
     >>> from trainfeed.settings import JOB
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from trainfeed.errors import ConfigurationError
+from trainfeed.redaction import redact_url
 
 __all__ = [
     "AWS_ENDPOINT_URL",
@@ -98,7 +99,7 @@ class Setting(Generic[T]):
         try:
             return self.parse(text)
         except ValueError as e:
-            shown = "…" if self.secret else repr(text)
+            shown = "…" if self.secret else repr(redact_url(text))
             raise ConfigurationError(f"${self.name}={shown}: {e}") from None
 
     def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
@@ -224,8 +225,9 @@ SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Every setting's value in effect, by variable name, safe to print.
 
-    A secret shows as "set" or "unset", never its value. Other values are shown parsed (the
-    default when unset; a tuple as a list), and a value that does not parse as
+    A secret shows as "set" or "unset", never its value; a URL shows with its password and
+    tokens masked (trainfeed.redaction). Other values are shown parsed (the default when unset;
+    a tuple as a list), and a value that does not parse as
     "invalid: <why>" rather than raising, so a diagnosis can show every problem at once.
     The result is JSON-serializable.
 
@@ -244,5 +246,7 @@ def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, ob
         except ConfigurationError as e:
             shown[name] = f"invalid: {e}"
             continue
+        if isinstance(value, str):
+            value = redact_url(value)
         shown[name] = list(value) if isinstance(value, tuple) else value
     return shown

@@ -28,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfeed.sql import sql  # the database drivers are an optional extra
-    from trainfeed.sql_dataset import register_sql_dataset
+    from trainfeed.sql import register_sql_dataset, sql  # drivers are an optional extra
 
     manifest = register_sql_dataset(args.name, sql(args.query, args.db, args.key),
                                     storage_from(args), args.partitions)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.cli.common import add_storage_options, storage_from
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,8 +5,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfeed import settings
-from trainfeed.master.distribution import DistributionRules
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader

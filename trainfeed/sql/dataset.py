@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfeed.formats.manifest import SQL_KIND, FieldSpec, Manifest, write_manifest
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
 from trainfeed.names import validate_dataset_name
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
 from trainfeed.redaction import redact_url
 from trainfeed.sql.source import SqlSource
 from trainfeed.storage import Storage, open_storage

@@ -1,4 +1,5 @@
-"""The master's state in etcd, so that a standby master takes over when the leader dies.
+"""`etcd://host:port[/prefix][?ttl=S]`: the master's state in etcd, so that a standby master
+takes over when the leader dies (needs the `etcd` extra).
 
 Leadership follows Paddle's master design: the leader holds `<prefix>/leader` (value: its owner
 id) attached to an etcd lease that a background thread keeps alive. When the leader dies the
@@ -36,7 +37,7 @@ from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
 from trainfeed.errors import LeadershipError, TrainfeedError
-from trainfeed.master.state_store import ACQUIRE_POLL_S, SavedJob
+from trainfeed.master.stores.base import SavedJob, wait_for_leadership
 
 logger = logging.getLogger(__name__)
 
@@ -156,30 +157,14 @@ class EtcdStateStore:
                                   f"new store to take it again")
         if self._owner is not None:
             return
-        deadline = None if wait_s is None else time.monotonic() + wait_s
-        logged_holder: str | None = None
-        while True:
-            try:
-                holder = self._try_acquire(owner)
-            except EtcdUnavailableError as e:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                logger.warning("%s; retrying", e)
-                time.sleep(ACQUIRE_POLL_S)
-                continue
-            if holder is None:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise LeadershipError(
-                    f"state {self.url} is held by another master ({holder}); only one master "
-                    f"may serve it (a dead one's leadership expires after "
-                    f"{self.location.ttl_s} s)")
-            if holder != logged_holder:
-                logger.warning("state %s is held by another master (%s); waiting for the "
-                               "leadership (it expires %d s after that master dies)",
-                               self.url, holder, self.location.ttl_s)
-                logged_holder = holder
-            time.sleep(ACQUIRE_POLL_S)
+        wait_for_leadership(
+            lambda: self._try_acquire(owner), wait_s, transient=(EtcdUnavailableError,),
+            refusal=lambda holder: (
+                f"state {self.url} is held by another master ({holder}); only one master may "
+                f"serve it (a dead one's leadership expires after {self.location.ttl_s} s)"),
+            waiting=lambda holder: (
+                f"state {self.url} is held by another master ({holder}); waiting for the "
+                f"leadership (it expires {self.location.ttl_s} s after that master dies)"))
         logger.info("%s holds the leadership of state %s (lease ttl %d s)",
                     owner, self.url, self.location.ttl_s)
         self._stop.clear()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainfeed.errors import LeadershipError
-from trainfeed.master.state_store import (
+from trainfeed.master.stores import (
     MemoryStateStore,
     SavedJob,
     SQLiteStateStore,
@@ -72,7 +72,7 @@ def test_only_one_process_holds_a_sqlite_state(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
-         "from trainfeed.master.state_store import SQLiteStateStore\n"
+         "from trainfeed.master.stores import SQLiteStateStore\n"
          f"s = SQLiteStateStore({str(path)!r}); s.acquire('first:1')\n"
          "print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True)

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from trainfeed import settings
 
-LOG_FORMAT_ENV = "TRAINFEED_LOG_FORMAT"
+LOG_FORMAT_ENV = settings.LOG_FORMAT.name
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

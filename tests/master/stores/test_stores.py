@@ -10,6 +10,7 @@ import pytest
 
 from trainfeed.errors import LeadershipError
 from trainfeed.master.stores import (
+    STORES,
     MemoryStateStore,
     SavedJob,
     SQLiteStateStore,
@@ -56,6 +57,10 @@ def test_memory_store_and_unknown_schemes() -> None:
     assert store.load_jobs() == EXPECTED
     with pytest.raises(ValueError, match=r"unknown state store 'redis'.*\['etcd', 'memory'"):
         open_state_store("redis://x")
+    with pytest.raises(ValueError) as caught:
+        open_state_store("redis://admin:pw-7Hq2@cache:6379")
+    assert "pw-7Hq2" not in str(caught.value) and "admin:***@cache" in str(caught.value)
+    assert sorted(STORES) == ["etcd", "memory", "sqlite"]
 
 
 def test_a_state_file_of_trainfeed_0_1_is_migrated(tmp_path: Path) -> None:

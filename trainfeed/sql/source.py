@@ -71,7 +71,6 @@ class Session(Protocol):
         ...
 
 
-
 @dataclass(frozen=True, repr=False)
 class SqlSource:
     """The result of one SQL query, readable whole or as ``M`` disjoint hash partitions.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-from trainfeed.redaction import REDACTED, redact_url, scrub
+from trainfeed.redaction import redact_url
 
-__all__ = ["REDACTED", "SCHEMES", "dialect", "redact_url", "scrub", "sqlite_path"]
+__all__ = ["SCHEMES", "dialect", "redact_url", "sqlite_path"]
 
 #: URL schemes a SqlSource understands, and the database behind each.
 SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql", "sqlite": "sqlite"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed.errors import LeadershipError
+from trainfeed.errors import ConfigurationError, LeadershipError
 from trainfeed.master.stores import (
     STORES,
     MemoryStateStore,
@@ -93,3 +93,16 @@ def test_only_one_process_holds_a_sqlite_state(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_etcd_client_is_imported_only_by_an_etcd_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = ("import sys, trainfeed.master.stores as s; "
+             "s.open_state_store('memory://'); print('etcd3gw' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "etcd3gw", None)  # as if the extra were not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'trainfeed\[etcd\]'"):
+        open_state_store("etcd://127.0.0.1:1/x")
+

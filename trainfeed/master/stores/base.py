@@ -44,6 +44,11 @@ class StateStore(Protocol):
 
     url: str
 
+    @classmethod
+    def from_url(cls, url: str) -> StateStore:
+        """Opens the store `url` names (its scheme chose this class in `STORES`)."""
+        ...
+
     def acquire(self, owner: str, wait_s: float | None = None) -> None:
         """Blocks until `owner` is the only master serving from this store.
 

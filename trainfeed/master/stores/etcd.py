@@ -29,15 +29,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-import requests
-from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
-
-from trainfeed.errors import LeadershipError, TrainfeedError
+from trainfeed.errors import ConfigurationError, LeadershipError, TrainfeedError
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
+
+if TYPE_CHECKING:
+    from etcd3gw.client import Etcd3Client
+
+__all__ = ["EtcdLocation", "EtcdStateStore", "EtcdUnavailableError"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,11 @@ class EtcdStateStore:
     def __init__(self, url: str):
         self.url = url
         self.location = EtcdLocation.parse(url)
+        try:  # the client is an extra, imported only by a master that uses etcd
+            import etcd3gw  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(f"state {url} needs the etcd client: "
+                                     f"pip install 'trainfeed[etcd]'") from None
         self._keys = _Keys(self.location.prefix)
         # Requests must not hang past the lease: a stuck call would outlive the leadership.
         self._timeout_s = max(1.0, self.location.ttl_s / 2)
@@ -119,7 +125,14 @@ class EtcdStateStore:
         self._last_seq: dict[str, int] = {}
         self._call("/maintenance/status", {})  # fail fast on a wrong address
 
+    @classmethod
+    def from_url(cls, url: str) -> EtcdStateStore:
+        return cls(url)
+
     def _new_client(self) -> Etcd3Client:
+        import requests
+        from etcd3gw.client import Etcd3Client
+
         session = requests.Session()
         # etcd is a cluster-internal service: an HTTP(S)_PROXY set for storage access must not
         # sit between the master and its leadership lease.
@@ -129,6 +142,12 @@ class EtcdStateStore:
 
     def _call(self, path: str, payload: dict[str, Any],
               client: Etcd3Client | None = None) -> dict[str, Any]:
+        from etcd3gw.exceptions import (
+            ConnectionFailedError,
+            ConnectionTimeoutError,
+            Etcd3Exception,
+        )
+
         client = client or self._client
         if client is None:
             raise RuntimeError(f"state store {self.url} is closed")

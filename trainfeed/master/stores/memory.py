@@ -20,6 +20,10 @@ class MemoryStateStore:
         self._snapshots: dict[str, str] = {}
         self._journals: dict[str, list[str]] = {}
 
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStateStore:
+        return cls()
+
     def acquire(self, owner: str, wait_s: float | None = None) -> None:
         pass  # nobody else can see this process's memory
 

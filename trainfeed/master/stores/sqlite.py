@@ -42,6 +42,11 @@ class SQLiteStateStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS journal_job ON journal (job, id)")
         self._migrate_whole_snapshots()
 
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStateStore:
+        """`sqlite:///abs/path` (the path "/abs/path"), `sqlite://rel/path`, or a plain path."""
+        return cls(url.partition("://")[2] if "://" in url else url)
+
     def _migrate_whole_snapshots(self) -> None:
         """State files of trainfeed 0.1 kept one whole snapshot per job in `jobs`."""
         db = self._conn()

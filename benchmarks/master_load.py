@@ -94,8 +94,8 @@ from trainfeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
-from trainfeed.master.partition import plan_partitions
 from trainfeed.master.process import MasterProcess
+from trainfeed.planning.partitions import plan_partitions
 from trainfeed.storage import open_storage
 
 # Generated data and results live in the system's temporary folder, never in the repository.

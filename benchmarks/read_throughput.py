@@ -57,7 +57,7 @@ from proc_stats import process_cpu_s
 import trainfeed
 from trainfeed import dist
 from trainfeed.formats.manifest import dataset_storage, read_manifest
-from trainfeed.master.partition import plan_partitions
+from trainfeed.planning.partitions import plan_partitions
 from trainfeed.reader.reader import Reader
 from trainfeed.storage import open_storage
 

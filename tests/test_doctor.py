@@ -53,7 +53,6 @@ def test_doctor_reports_versions_decoders_extras_and_settings() -> None:
     assert info["extras"]["test"]["installed"], info["extras"]["test"]
     settings = info["settings"]
     assert settings["TRAINFEED_STORAGE"] == "s3://bucket/data"
-    assert settings["storage (resolved)"] == "s3://bucket/data"
     assert "m:50051" in settings["mode (resolved)"]
     assert settings["TRAINFEED_TOKEN"] == "set" and settings["AWS_SECRET_ACCESS_KEY"] == "set"
     assert "hunter2-secret" not in json.dumps(info) and "k3y" not in json.dumps(info)
@@ -61,8 +60,8 @@ def test_doctor_reports_versions_decoders_extras_and_settings() -> None:
 
 def test_doctor_resolves_defaults_and_local_mode() -> None:
     settings = settings_in_effect({"TRAIN_LOCAL": "1"})
-    assert settings["storage (resolved)"] == "./trainfeed-data"
-    assert settings["master state (resolved)"] == "trainfeed-master.db"
+    assert settings["TRAINFEED_STORAGE"] == "./trainfeed-data"
+    assert settings["TRAINFEED_STATE"] == "trainfeed-master.db"
     assert settings["mode (resolved)"].startswith("local")
     assert settings["TRAINFEED_TOKEN"] == "unset"
 

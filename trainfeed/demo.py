@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
+from trainfeed import settings
 from trainfeed.master.process import MasterProcess
-from trainfeed.master.state_store import DEFAULT_STATE_PATH
+from trainfeed.master.stores import DEFAULT_STATE_PATH
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 from trainfeed.storage import Storage
 from trainfeed.upload import upload
@@ -88,9 +89,9 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
     with MasterProcess(storage.url, state=DEFAULT_STATE_PATH, token=token) as master:
         print(f"master running at {master.address} (token required, metrics at "
               f"{master.metrics_url}); starting {workers} reader processes")
-        env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "demo",
+        env = {**os.environ, settings.MASTER.name: master.address, settings.JOB.name: "demo",
                TOKEN_ENV: token}
-        env.pop("TRAIN_LOCAL", None)
+        env.pop(settings.TRAIN_LOCAL.name, None)
         env.pop(TOKEN_FILE_ENV, None)
         command = [sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET]
         procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from packaging.requirements import Requirement
 
-from trainfeed import __version__
-from trainfeed.master.state_store import DEFAULT_STATE_PATH, STATE_ENV
-from trainfeed.storage import DEFAULT_STORAGE, S3_ENDPOINT_ENV, STORAGE_ENV
+from trainfeed import __version__, settings
 from trainfeed.worker.decode import decoders
 
 DISTRIBUTION = "trainfeed"
@@ -27,15 +26,8 @@ DISTRIBUTION = "trainfeed"
 PACKAGES = ("numpy", "pyarrow", "grpcio", "protobuf", "fsspec", "pillow", "simplejpeg",
             "tqdm", "prometheus-client", "s3fs", "etcd3gw", "psycopg", "tensorflow",
             "tensorflow-cpu", "keras", "torch", "torchdata", "kubernetes", "scikit-learn")
-# Environment variables that select where data and the master are, as the README's table.
-# Secret ones are shown as set/unset only.
-SETTINGS = ("TRAIN_LOCAL", STORAGE_ENV, S3_ENDPOINT_ENV, "AWS_ENDPOINT_URL", "TRAINFEED_MASTER",
-            "TRAINFEED_JOB", STATE_ENV, "TRAINFEED_MASTER_GIVE_UP_S", "TRAINFEED_GPUS",
-            "CUDA_VISIBLE_DEVICES", "TRAINFEED_WORKER_NAME", "TRAINFEED_TOKEN",
-            "TRAINFEED_TOKEN_FILE", "TRAINFEED_TLS_CA", "TRAINFEED_TLS_CERT", "TRAINFEED_TLS_KEY",
-            "TRAINFEED_TLS_SERVER_NAME", "TRAINFEED_LOG_FORMAT", "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY")
-SECRETS = frozenset({"TRAINFEED_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
+# Credentials read by libraries (s3fs, botocore), not by trainfeed: shown as set/unset only.
+CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # Distributions that provide the same modules under another name (a CPU-only machine installs
 # tensorflow-cpu for the `tf` extra's tensorflow, as the README says).
 ALTERNATIVES = {"tensorflow": ("tensorflow-cpu",)}
@@ -70,23 +62,21 @@ def extras_status() -> dict[str, dict[str, Any]]:
     return status
 
 
-def settings_in_effect(environ: dict[str, str] | None = None) -> dict[str, str | None]:
-    """The environment's settings, secrets redacted, plus what they resolve to."""
-    env = dict(os.environ if environ is None else environ)
-    shown: dict[str, str | None] = {}
-    for name in SETTINGS:
-        value = env.get(name)
-        shown[name] = ("set" if value else "unset") if name in SECRETS else value
-    local = env.get("TRAIN_LOCAL", "") not in ("", "0")
-    shown["mode (resolved)"] = ("local: readers read storage, no master" if local else
-                                f"cluster: readers ask the master at "
-                                f"{env.get('TRAINFEED_MASTER') or '(TRAINFEED_MASTER unset)'}")
-    shown["storage (resolved)"] = env.get(STORAGE_ENV) or DEFAULT_STORAGE
-    shown["master state (resolved)"] = env.get(STATE_ENV) or DEFAULT_STATE_PATH
+def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """trainfeed's settings in effect (trainfeed.settings: secrets as set/unset, URLs without
+    passwords), the storage credentials' presence, and the mode they select."""
+    env = os.environ if environ is None else environ
+    shown = settings.settings_in_effect(env)
+    for name in CREDENTIALS:
+        shown[name] = "set" if env.get(name) else "unset"
+    master = shown[settings.MASTER.name] or f"(${settings.MASTER.name} unset)"
+    shown["mode (resolved)"] = ("local: readers read storage, no master"
+                                if settings.TRAIN_LOCAL.get(env) else
+                                f"cluster: readers ask the master at {master}")
     return shown
 
 
-def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
+def report(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything `trainfeed doctor` prints, as one JSON-able dict."""
     return {
         "trainfeed": __version__,

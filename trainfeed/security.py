@@ -14,20 +14,20 @@ Nothing here talks to the network: it reads files and builds gRPC credentials.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from trainfeed import settings
 from trainfeed.errors import ConfigurationError
 
-TOKEN_ENV = "TRAINFEED_TOKEN"
-TOKEN_FILE_ENV = "TRAINFEED_TOKEN_FILE"
-TLS_CA_ENV = "TRAINFEED_TLS_CA"
-TLS_CERT_ENV = "TRAINFEED_TLS_CERT"
-TLS_KEY_ENV = "TRAINFEED_TLS_KEY"
-TLS_SERVER_NAME_ENV = "TRAINFEED_TLS_SERVER_NAME"
+TOKEN_ENV = settings.TOKEN.name
+TOKEN_FILE_ENV = settings.TOKEN_FILE.name
+TLS_CA_ENV = settings.TLS_CA.name
+TLS_CERT_ENV = settings.TLS_CERT.name
+TLS_KEY_ENV = settings.TLS_KEY.name
+TLS_SERVER_NAME_ENV = settings.TLS_SERVER_NAME.name
 # gRPC metadata keys are lower case; the value is an RFC 6750 bearer credential.
 AUTH_METADATA_KEY = "authorization"
 BEARER_SCHEME = "Bearer"
@@ -65,14 +65,13 @@ def load_token(token_file: str | None = None,
     named by `$TRAINFEED_TOKEN_FILE`. Surrounding whitespace is not part of the token (a
     Secret made with `echo` ends in a newline).
     """
-    env = os.environ if environ is None else environ
+    token = settings.TOKEN.get(environ)
     if token_file:
         source = f"--token-file {token_file}"
-    elif env.get(TOKEN_ENV):
+    elif token is not None:
         source = f"${TOKEN_ENV}"
-        return check_token(env[TOKEN_ENV].strip(), source), source
-    elif env.get(TOKEN_FILE_ENV):
-        token_file = env[TOKEN_FILE_ENV]
+        return check_token(token.strip(), source), source
+    elif (token_file := settings.TOKEN_FILE.get(environ)) is not None:
         source = f"${TOKEN_FILE_ENV}={token_file}"
     else:
         return None
@@ -134,14 +133,13 @@ class ClientSecurity:
                  token: str | None = None) -> ClientSecurity:
         """Settings from `$TRAINFEED_TOKEN[_FILE]` and `$TRAINFEED_TLS_*`; `token`, if given,
         replaces the environment's."""
-        env = os.environ if environ is None else environ
         if token is None:
-            found = load_token(environ=env)
+            found = load_token(environ=environ)
             token = found[0] if found else None
-        return cls(token=token, ca_file=env.get(TLS_CA_ENV) or None,
-                   cert_file=env.get(TLS_CERT_ENV) or None,
-                   key_file=env.get(TLS_KEY_ENV) or None,
-                   server_name=env.get(TLS_SERVER_NAME_ENV) or None)
+        return cls(token=token, ca_file=settings.TLS_CA.get(environ),
+                   cert_file=settings.TLS_CERT.get(environ),
+                   key_file=settings.TLS_KEY.get(environ),
+                   server_name=settings.TLS_SERVER_NAME.get(environ))
 
     @property
     def tls(self) -> bool:

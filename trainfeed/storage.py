@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from trainfeed import settings
 from trainfeed.errors import StorageAccessError
 
 # A network filesystem's FUSE client (GlusterFS) can refuse an open() that races the rename
@@ -26,14 +27,14 @@ STALE_RETRIES = 5
 STALE_PAUSE_S = 0.02
 
 # The embedded default: a folder in the working directory, so a laptop needs no setup at all.
-DEFAULT_STORAGE = "./trainfeed-data"
-STORAGE_ENV = "TRAINFEED_STORAGE"
-S3_ENDPOINT_ENV = "TRAINFEED_S3_ENDPOINT"
+DEFAULT_STORAGE = settings.STORAGE.default
+STORAGE_ENV = settings.STORAGE.name
+S3_ENDPOINT_ENV = settings.S3_ENDPOINT.name
 
 
 def default_storage_url() -> str:
     """`$TRAINFEED_STORAGE`, else `./trainfeed-data`."""
-    return os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    return settings.STORAGE.get()
 
 
 def _is_local(url: str) -> bool:
@@ -144,8 +145,8 @@ def open_storage(url: str | None = None, *, s3_endpoint: str | None = None,
         local = url[len("file://"):] if url.startswith("file://") else url
         url = os.path.abspath(os.path.expanduser(local))
     elif url.startswith(("s3://", "s3a://")):
-        endpoint = (s3_endpoint or os.environ.get(S3_ENDPOINT_ENV)
-                    or os.environ.get("AWS_ENDPOINT_URL"))
+        endpoint = (s3_endpoint or settings.S3_ENDPOINT.get()
+                    or settings.AWS_ENDPOINT_URL.get())
         if endpoint:
             opts.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
     return Storage(url.rstrip("/") or "/", opts)

@@ -1,6 +1,6 @@
 """trainfeed.sql against a real PostgreSQL server (the `postgres_url` fixture): partitions are
 disjoint and cover the result, errors name the server and the cause, and a password never shows.
-The SQLite twin of these checks is tests/test_sql.py."""
+The SQLite twin of these checks is tests/sql/test_source.py."""
 
 from __future__ import annotations
 

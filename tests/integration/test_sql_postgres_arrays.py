@@ -1,4 +1,4 @@
-"""Numeric PostgreSQL arrays load as numpy (trainfeed.sql_arrays) with exactly the values, shapes
+"""Numeric PostgreSQL arrays load as numpy (trainfeed.sql.arrays) with exactly the values, shapes
 and NULLs that psycopg's own loaders give, and a table of image arrays packs from SQL."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _same(ours: object, theirs: object) -> bool:
 @pytest.mark.parametrize("type_", sorted(ARRAYS))
 def test_binary_numpy_loading_equals_psycopgs_lists(postgres_url: str, conn: psycopg.Connection,
                                                     type_: str) -> None:
-    from trainfeed.sql_arrays import register_numeric_array_loaders
+    from trainfeed.sql.arrays import register_numeric_array_loaders
 
     query = " UNION ALL ".join(f"SELECT {i} AS i, {v}::{type_} AS a"
                                for i, v in enumerate(ARRAYS[type_])) + " ORDER BY i"

@@ -14,8 +14,7 @@ from threaded_readers import ids_per_epoch
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
-from trainfeed.sql import sql
-from trainfeed.sql_dataset import register_sql_dataset
+from trainfeed.sql import register_sql_dataset, sql
 
 pytestmark = pytest.mark.integration
 ROWS = 3000

@@ -7,12 +7,12 @@ the readers. Exits 0 when the master answers SERVING, 1 otherwise (with the reas
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from trainfeed import settings
 from trainfeed.security import TLS_CA_ENV, TLS_SERVER_NAME_ENV, ClientSecurity
 from trainfeed.worker.client import MASTER_ENV
 
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    address = args.master or os.environ.get(MASTER_ENV) or DEFAULT_ADDRESS
+    address = args.master or settings.MASTER.get() or DEFAULT_ADDRESS
     security = ClientSecurity.from_env()
     with security.open_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import datetime, timezone
 
-LOG_FORMAT_ENV = "TRAINFEED_LOG_FORMAT"
+from trainfeed import settings
+
+LOG_FORMAT_ENV = settings.LOG_FORMAT.name
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -40,7 +41,7 @@ class JsonFormatter(logging.Formatter):
 
 def default_log_format() -> str:
     """`$TRAINFEED_LOG_FORMAT`, else "text"; ValueError naming the variable if unknown."""
-    value = os.environ.get(LOG_FORMAT_ENV, "").strip().lower() or "text"
+    value = settings.LOG_FORMAT.get()
     if value not in LOG_FORMATS:
         raise ValueError(f"${LOG_FORMAT_ENV}={value!r}: expected one of {list(LOG_FORMATS)}")
     return value

@@ -7,7 +7,6 @@ import logging
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.errors import ConfigurationError
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
 from trainfeed.master.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_METRICS_PORT,
@@ -17,7 +16,8 @@ from trainfeed.master.server import (
     run_master,
 )
 from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
-from trainfeed.master.state_store import STATE_ENV, open_state_store
+from trainfeed.master.stores import STATE_ENV, open_state_store
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
 from trainfeed.security import (
     HOW_TO_MAKE_A_TOKEN,
     MIN_TOKEN_CHARS,

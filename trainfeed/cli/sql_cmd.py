@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.cli.common import add_storage_options, storage_from
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfeed.sql import sql  # the database drivers are an optional extra
-    from trainfeed.sql_dataset import register_sql_dataset
+    from trainfeed.sql import register_sql_dataset, sql  # drivers are an optional extra
 
     manifest = register_sql_dataset(args.name, sql(args.query, args.db, args.key),
                                     storage_from(args), args.partitions)

@@ -10,6 +10,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainfeed import settings
 from trainfeed.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def require_kubernetes() -> Any:
 def kubeconfig_path() -> str:
     """`$KUBECONFIG` (one path or several joined by ':') now, else ~/.kube/config. Read at
     each call: the client library reads it once, when it is imported."""
-    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return settings.KUBECONFIG.get() or os.path.expanduser("~/.kube/config")
 
 
 def connect(context: str | None = None) -> ApiClient:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfeed import settings
 from trainfeed.cluster.spec import (
     COMPONENT_LABEL,
     DATA_MOUNT,
@@ -79,12 +80,12 @@ def _container_security(read_only_root: bool) -> Obj:
 def _storage_env(spec: JobSpec) -> list[Obj]:
     """What both the master and the workers need to reach the datasets, and the job's token."""
     env: list[Obj] = [
-        {"name": "TRAINFEED_STORAGE", "value": spec.storage_url},
-        {"name": "TRAINFEED_TOKEN", "valueFrom": {"secretKeyRef": {
+        {"name": settings.STORAGE.name, "value": spec.storage_url},
+        {"name": settings.TOKEN.name, "valueFrom": {"secretKeyRef": {
             "name": spec.names.auth, "key": TOKEN_KEY}}},
     ]
     if spec.s3_endpoint:
-        env.append({"name": "TRAINFEED_S3_ENDPOINT", "value": spec.s3_endpoint})
+        env.append({"name": settings.S3_ENDPOINT.name, "value": spec.s3_endpoint})
     return env
 
 
@@ -197,14 +198,14 @@ def _worker_resources(spec: JobSpec) -> Obj:
 def workers_job(spec: JobSpec) -> Obj:
     data_volumes, data_mounts = _data_volume(spec)
     env = [
-        {"name": "TRAINFEED_MASTER", "value": spec.names.master_address},
-        {"name": "TRAINFEED_JOB", "value": spec.name},
-        {"name": "TRAINFEED_DATASET", "value": spec.dataset},
+        {"name": settings.MASTER.name, "value": spec.names.master_address},
+        {"name": settings.JOB.name, "value": spec.name},
+        {"name": settings.DATASET.name, "value": spec.dataset},
         *_storage_env(spec),
         # The master's "gpu" distribution rule admits workers that declare GPUs; the NVIDIA
         # device plugin sets NVIDIA_VISIBLE_DEVICES, not CUDA_VISIBLE_DEVICES, so say it here.
-        {"name": "TRAINFEED_GPUS", "value": str(spec.gpus_per_worker)},
-        {"name": "TRAINFEED_WORKER_NAME", "valueFrom": {"fieldRef": {
+        {"name": settings.GPUS.name, "value": str(spec.gpus_per_worker)},
+        {"name": settings.WORKER_NAME.name, "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.name"}}},
     ]
     container: Obj = {

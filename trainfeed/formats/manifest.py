@@ -19,7 +19,7 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "trainfeed.dataset"
 VERSION = 1
 # Dataset kinds beyond uploaded lists: records are MADlib-style buffers (trainfeed.preprocess),
-# or rows of a SQL query read from its database in hash buckets (trainfeed.sql_dataset).
+# or rows of a SQL query read from its database in hash buckets (trainfeed.sql.dataset).
 PACKED_KIND = "packed"
 SQL_KIND = "sql"
 # Reserved Parquet column with the stable record id (the instance's ordinal in the .list file).

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from trainfeed.planning.order import epoch_order
 
 STATE_VERSION = 2
 # A partition that fails this many times in one epoch is given up on for that epoch: a poisoned
@@ -49,11 +49,6 @@ class LeaseResult:
     status: LeaseStatus
     epoch: int
     partitions: tuple[int, ...] = ()
-
-
-def epoch_order(num_partitions: int, seed: int, epoch: int) -> list[int]:
-    """The partition order of an epoch: a permutation derived from (seed, epoch) alone."""
-    return [int(p) for p in np.random.default_rng((seed, epoch)).permutation(num_partitions)]
 
 
 class Ledger:

@@ -19,7 +19,7 @@ from trainfeed.errors import ConfigurationError, LeadershipError
 from trainfeed.master.auth import TokenInterceptor
 from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
 from trainfeed.master.service import MasterConfig, MasterServicer
-from trainfeed.master.state_store import StateStore
+from trainfeed.master.stores import StateStore
 from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc
 

@@ -27,11 +27,11 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage, read_manifest
-from trainfeed.master.distribution import DistributionRules
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
-from trainfeed.master.state_store import StateStore
+from trainfeed.master.stores import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.planning.distribution import DistributionRules
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainfeed.master.distribution import DistributionRules
+from trainfeed.planning.distribution import DistributionRules
 from trainfeed.preprocess.encoding import PreprocessError
 
 

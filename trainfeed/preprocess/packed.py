@@ -35,6 +35,7 @@ from trainfeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
+from trainfeed.formats.packed import SHAPE_SUFFIX
 from trainfeed.names import validate_dataset_name
 from trainfeed.preprocess.arguments import (
     Arguments,
@@ -56,7 +57,6 @@ from trainfeed.preprocess.sqltypes import arrow_sql_type, is_array_type
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import remove_stale_data
 
-SHAPE_SUFFIX = "_shape"
 # Buffers per shard file: each buffer is its own row group (one partition reads whole buffers).
 BUFFERS_PER_SHARD = 64
 # A shard is built in memory before its atomic write: close it past this many payload bytes, so
@@ -484,14 +484,3 @@ def _write(store: Storage, name: str, tensor_names: list[str],
     write_manifest(store, manifest)
     remove_stale_data(folder, keep=data_dir)  # an earlier packing of the same name
 
-
-def decode_buffer(row: Mapping[str, Any], tensors: Mapping[str, str],
-                  buffer_id: int) -> dict[str, Any]:
-    """One packed row as MADlib's output columns: arrays reshaped, shapes, buffer_id."""
-    out: dict[str, Any] = {}
-    for name, dtype in tensors.items():
-        shape = json.loads(row[name + SHAPE_SUFFIX])
-        out[name] = np.frombuffer(row[name], dtype=dtype).reshape(shape)
-        out[name + SHAPE_SUFFIX] = np.array(shape, dtype=np.int64)
-    out["buffer_id"] = buffer_id
-    return out

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
-from trainfeed.master.ledger import epoch_order
-from trainfeed.master.partition import plan_partitions
+from trainfeed.planning.order import epoch_order
+from trainfeed.planning.partitions import plan_partitions
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb

@@ -1,12 +1,12 @@
 """`dist.reader(name, ...)`: one call for a laptop and a cluster alike."""
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from trainfeed.master.distribution import DistributionRules
+from trainfeed import settings
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
@@ -21,8 +21,7 @@ DEFAULT_JOB = "default"
 
 def train_local() -> bool:
     """Whether `$TRAIN_LOCAL` asks for local reading: any non-empty value other than `0`."""
-    value = os.environ.get(TRAIN_LOCAL_ENV, "")
-    return value not in ("", "0")
+    return settings.TRAIN_LOCAL.get()
 
 
 def reader(name: str, *, job: str | None = None, seed: int = 0,
@@ -103,7 +102,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         store = open_storage(storage)
         return Reader(lambda resume: LocalBackend(name, store, seed, prefetch, resume), name,
                       "local", state, options)
-    job_name = validate_job_name(job or os.environ.get(JOB_ENV) or DEFAULT_JOB)
+    job_name = validate_job_name(job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
     rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
-from trainfeed.preprocess.packed import decode_buffer
+from trainfeed.formats.packed import decode_buffer
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions
 from trainfeed.reader.position import ReaderPosition

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import grpc
 
+from trainfeed import settings
 from trainfeed.errors import (
     AuthenticationError,
     ConfigurationError,
@@ -34,10 +35,9 @@ from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 from trainfeed.worker.resources import detect_resources
 
-MASTER_ENV = "TRAINFEED_MASTER"
-GIVE_UP_ENV = "TRAINFEED_MASTER_GIVE_UP_S"
-# Long enough to ride out a master pod being rescheduled; override for impatient setups.
-DEFAULT_GIVE_UP_S = 120.0
+MASTER_ENV = settings.MASTER.name
+GIVE_UP_ENV = settings.MASTER_GIVE_UP_S.name
+DEFAULT_GIVE_UP_S = settings.MASTER_GIVE_UP_S.default
 # Per-call deadline on top of any long-poll wait the call asks for.
 CALL_TIMEOUT_S = 10.0
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
@@ -48,7 +48,7 @@ T = TypeVar("T")
 
 
 def default_master_address() -> str:
-    address = os.environ.get(MASTER_ENV)
+    address = settings.MASTER.get()
     if not address:
         raise MasterUnavailableError(
             f"${MASTER_ENV} is not set: set it to the master's host:port (e.g. localhost:50051), "
@@ -67,8 +67,7 @@ class MasterClient:
     def __init__(self, address: str | None = None, give_up_s: float | None = None,
                  token: str | None = None, security: ClientSecurity | None = None):
         self.address = address or default_master_address()
-        self.give_up_s = give_up_s if give_up_s is not None else float(
-            os.environ.get(GIVE_UP_ENV, DEFAULT_GIVE_UP_S))
+        self.give_up_s = give_up_s if give_up_s is not None else settings.MASTER_GIVE_UP_S.get()
         if security is None:
             security = ClientSecurity.from_env(token=token)
         elif token is not None:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
 from trainfeed.formats.shards import INDEX_COLUMNS, PAYLOAD_INDEX_SUFFIX
-from trainfeed.master.partition import SQL_SHARD
+from trainfeed.planning.partitions import SQL_SHARD
 from trainfeed.storage import Storage, access_error
 from trainfeed.worker.prefetch import TaskRef
 

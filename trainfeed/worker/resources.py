@@ -1,25 +1,26 @@
 """What a worker declares about itself when it joins a job: host, name and GPU count."""
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 
+from trainfeed import settings
 from trainfeed.v1 import master_pb2 as pb
 
-GPUS_ENV = "TRAINFEED_GPUS"
-NAME_ENV = "TRAINFEED_WORKER_NAME"
+GPUS_ENV = settings.GPUS.name
+NAME_ENV = settings.WORKER_NAME.name
 
 
 def count_gpus() -> int:
     """`$TRAINFEED_GPUS` if set; else the devices in `$CUDA_VISIBLE_DEVICES` if set; else the
     GPUs `nvidia-smi -L` lists; else 0. No ML framework is imported (that costs seconds)."""
-    if os.environ.get(GPUS_ENV, "").strip():
-        return int(os.environ[GPUS_ENV])
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    declared = settings.GPUS.get()
+    if declared is not None:
+        return declared
+    visible = settings.CUDA_VISIBLE_DEVICES.get()
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        return len(visible)
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return 0
@@ -32,5 +33,5 @@ def count_gpus() -> int:
 
 def detect_resources() -> pb.WorkerResources:
     host = socket.gethostname()
-    return pb.WorkerResources(hostname=host, name=os.environ.get(NAME_ENV) or host,
+    return pb.WorkerResources(hostname=host, name=settings.WORKER_NAME.get() or host,
                               gpus=count_gpus())

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed.master.distribution import DistributionRules
+from trainfeed.planning.distribution import DistributionRules
 
 
 def test_rules_parse_and_admit() -> None:

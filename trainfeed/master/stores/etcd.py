@@ -1,4 +1,5 @@
-"""The master's state in etcd, so that a standby master takes over when the leader dies.
+"""`etcd://host:port[/prefix][?ttl=S]`: the master's state in etcd, so that a standby master
+takes over when the leader dies (needs the `etcd` extra).
 
 Leadership follows Paddle's master design: the leader holds `<prefix>/leader` (value: its owner
 id) attached to an etcd lease that a background thread keeps alive. When the leader dies the
@@ -28,15 +29,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-import requests
-from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
+from trainfeed.errors import ConfigurationError, LeadershipError, TrainfeedError
+from trainfeed.master.stores.base import SavedJob, wait_for_leadership
 
-from trainfeed.errors import LeadershipError, TrainfeedError
-from trainfeed.master.state_store import ACQUIRE_POLL_S, SavedJob
+if TYPE_CHECKING:
+    from etcd3gw.client import Etcd3Client
+
+__all__ = ["EtcdLocation", "EtcdStateStore", "EtcdUnavailableError"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,11 @@ class EtcdStateStore:
     def __init__(self, url: str):
         self.url = url
         self.location = EtcdLocation.parse(url)
+        try:  # the client is an extra, imported only by a master that uses etcd
+            import etcd3gw  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(f"state {url} needs the etcd client: "
+                                     f"pip install 'trainfeed[etcd]'") from None
         self._keys = _Keys(self.location.prefix)
         # Requests must not hang past the lease: a stuck call would outlive the leadership.
         self._timeout_s = max(1.0, self.location.ttl_s / 2)
@@ -118,7 +125,14 @@ class EtcdStateStore:
         self._last_seq: dict[str, int] = {}
         self._call("/maintenance/status", {})  # fail fast on a wrong address
 
+    @classmethod
+    def from_url(cls, url: str) -> EtcdStateStore:
+        return cls(url)
+
     def _new_client(self) -> Etcd3Client:
+        import requests
+        from etcd3gw.client import Etcd3Client
+
         session = requests.Session()
         # etcd is a cluster-internal service: an HTTP(S)_PROXY set for storage access must not
         # sit between the master and its leadership lease.
@@ -128,6 +142,12 @@ class EtcdStateStore:
 
     def _call(self, path: str, payload: dict[str, Any],
               client: Etcd3Client | None = None) -> dict[str, Any]:
+        from etcd3gw.exceptions import (
+            ConnectionFailedError,
+            ConnectionTimeoutError,
+            Etcd3Exception,
+        )
+
         client = client or self._client
         if client is None:
             raise RuntimeError(f"state store {self.url} is closed")
@@ -156,30 +176,14 @@ class EtcdStateStore:
                                   f"new store to take it again")
         if self._owner is not None:
             return
-        deadline = None if wait_s is None else time.monotonic() + wait_s
-        logged_holder: str | None = None
-        while True:
-            try:
-                holder = self._try_acquire(owner)
-            except EtcdUnavailableError as e:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                logger.warning("%s; retrying", e)
-                time.sleep(ACQUIRE_POLL_S)
-                continue
-            if holder is None:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise LeadershipError(
-                    f"state {self.url} is held by another master ({holder}); only one master "
-                    f"may serve it (a dead one's leadership expires after "
-                    f"{self.location.ttl_s} s)")
-            if holder != logged_holder:
-                logger.warning("state %s is held by another master (%s); waiting for the "
-                               "leadership (it expires %d s after that master dies)",
-                               self.url, holder, self.location.ttl_s)
-                logged_holder = holder
-            time.sleep(ACQUIRE_POLL_S)
+        wait_for_leadership(
+            lambda: self._try_acquire(owner), wait_s, transient=(EtcdUnavailableError,),
+            refusal=lambda holder: (
+                f"state {self.url} is held by another master ({holder}); only one master may "
+                f"serve it (a dead one's leadership expires after {self.location.ttl_s} s)"),
+            waiting=lambda holder: (
+                f"state {self.url} is held by another master ({holder}); waiting for the "
+                f"leadership (it expires {self.location.ttl_s} s after that master dies)"))
         logger.info("%s holds the leadership of state %s (lease ttl %d s)",
                     owner, self.url, self.location.ttl_s)
         self._stop.clear()

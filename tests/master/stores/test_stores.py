@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed.errors import LeadershipError
-from trainfeed.master.state_store import (
+from trainfeed.errors import ConfigurationError, LeadershipError
+from trainfeed.master.stores import (
+    STORES,
     MemoryStateStore,
     SavedJob,
     SQLiteStateStore,
@@ -56,6 +57,10 @@ def test_memory_store_and_unknown_schemes() -> None:
     assert store.load_jobs() == EXPECTED
     with pytest.raises(ValueError, match=r"unknown state store 'redis'.*\['etcd', 'memory'"):
         open_state_store("redis://x")
+    with pytest.raises(ValueError) as caught:
+        open_state_store("redis://admin:pw-7Hq2@cache:6379")
+    assert "pw-7Hq2" not in str(caught.value) and "admin:***@cache" in str(caught.value)
+    assert sorted(STORES) == ["etcd", "memory", "sqlite"]
 
 
 def test_a_state_file_of_trainfeed_0_1_is_migrated(tmp_path: Path) -> None:
@@ -72,7 +77,7 @@ def test_only_one_process_holds_a_sqlite_state(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
-         "from trainfeed.master.state_store import SQLiteStateStore\n"
+         "from trainfeed.master.stores import SQLiteStateStore\n"
          f"s = SQLiteStateStore({str(path)!r}); s.acquire('first:1')\n"
          "print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True)
@@ -88,3 +93,16 @@ def test_only_one_process_holds_a_sqlite_state(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_etcd_client_is_imported_only_by_an_etcd_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = ("import sys, trainfeed.master.stores as s; "
+             "s.open_state_store('memory://'); print('etcd3gw' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "etcd3gw", None)  # as if the extra were not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'trainfeed\[etcd\]'"):
+        open_state_store("etcd://127.0.0.1:1/x")
+

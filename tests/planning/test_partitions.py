@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
-from trainfeed.master.partition import plan_partitions
+from trainfeed.planning.partitions import plan_partitions
 
 
 def manifest_of(shard_groups: list[list[int]]) -> Manifest:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from trainfeed.formats.manifest import SQL_KIND, Manifest
 
-# A SQL dataset's partitions are hash buckets of its query's rows (trainfeed.sql_dataset): the
+# A SQL dataset's partitions are hash buckets of its query's rows (trainfeed.sql.dataset): the
 # task names this pseudo-shard, bucket `row_group_start` of `row_group_stop`; each worker runs
 # its bucket's query itself.
 SQL_SHARD = "<sql>"

@@ -13,8 +13,7 @@ from trainfeed.errors import DatasetNotFoundError, TrainfeedError
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
 from trainfeed.reader.reader import Reader
-from trainfeed.sql import sql
-from trainfeed.sql_dataset import register_sql_dataset
+from trainfeed.sql import register_sql_dataset, sql
 from trainfeed.storage import open_storage
 
 ROWS = 500

@@ -9,8 +9,8 @@ import etcd3gw
 import pytest
 
 from trainfeed.errors import LeadershipError
-from trainfeed.master.etcd_store import CHUNK_BYTES, EtcdStateStore
-from trainfeed.master.state_store import SavedJob, open_state_store
+from trainfeed.master.stores import SavedJob, open_state_store
+from trainfeed.master.stores.etcd import CHUNK_BYTES, EtcdStateStore
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 worker runs its bucket's query against the database itself (SQLFlow's design).
 
 Registering a query writes a manifest (kind "sql") with the query, the database URL (never a
-password: workers take it from their environment, as libpq does), the key columns that assign
+password or a token: trainfeed.redaction drops them, and workers take them from their own
+environment, `PGPASSWORD` or `~/.pgpass`, as libpq does), the key columns that assign
 rows to buckets, the number of buckets M (fixed, ≫ workers), the row count at registration and
 feature statistics from a LIMIT-ed sample. Readers then use it like any dataset:
 `dist.reader(name)` through a master, or locally with TRAIN_LOCAL.
@@ -14,33 +15,24 @@ import json
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from trainfeed.formats.manifest import SQL_KIND, FieldSpec, Manifest, write_manifest
-from trainfeed.master.partition import DEFAULT_TARGET_PARTITIONS
 from trainfeed.names import validate_dataset_name
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
+from trainfeed.redaction import redact_url
+from trainfeed.sql.source import SqlSource
 from trainfeed.storage import Storage, open_storage
+
+__all__ = ["STATISTICS_SAMPLE_ROWS", "register_sql_dataset"]
 
 # Rows sampled for the statistics stored with the dataset.
 STATISTICS_SAMPLE_ROWS = 1000
 
 
-def without_password(url: str) -> str:
-    """`url` minus any password: manifests are readable by every worker."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def register_sql_dataset(name: str, source: Any, storage: str | Storage | None = None,
+def register_sql_dataset(name: str, source: SqlSource, storage: str | Storage | None = None,
                          num_partitions: int = DEFAULT_TARGET_PARTITIONS,
                          statistics_columns: Sequence[str] | None = None) -> Manifest:
-    """Publishes `source` (a trainfeed.sql.SqlSource) as dataset `name`; returns its manifest.
+    """Publishes `source` (a query on a database) as dataset `name`; returns its manifest.
 
     The query is counted and its columns and statistics taken now, so that a bad query, an
     unreachable database or an unknown key column fails here, with nothing published."""
@@ -52,7 +44,7 @@ def register_sql_dataset(name: str, source: Any, storage: str | Storage | None =
     count = source.count()
     source.read_partition(0, num_partitions)  # the bucket query itself works (key columns)
     statistics = source.sample_statistics(statistics_columns, limit=STATISTICS_SAMPLE_ROWS)
-    spec: dict[str, Any] = {"query": source.query, "url": without_password(source.url),
+    spec: dict[str, Any] = {"query": source.query, "url": redact_url(source.url, drop=True),
                             "key_columns": list(source.key_columns),
                             "num_partitions": num_partitions}
     fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()

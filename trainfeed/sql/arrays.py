@@ -1,4 +1,5 @@
-"""PostgreSQL numeric arrays straight into numpy, and batches of them into Arrow list columns.
+"""Fetched rows into Arrow: PostgreSQL numeric arrays straight into numpy, batches of them into
+Arrow list columns, and fetched batches into one table.
 
 A table of training examples is mostly arrays: MADlib keeps an image as a ``smallint[]`` or
 ``real[]`` column. psycopg loads such a value as a Python list, one int or float object per
@@ -14,7 +15,8 @@ that fetch in binary. An array holding NULLs, which has no fixed layout, is load
 Python lists with ``None`` where the NULLs are, as psycopg would, so later checks can name the
 row. :func:`arrow_column` then turns one fetched batch of a column into an Arrow array: equally
 shaped numpy arrays become nested list arrays over one contiguous block, anything else goes
-through ``pyarrow.array``.
+through ``pyarrow.array``; :func:`to_arrow` and :func:`concat` build a result's table from
+such batches (both databases' sessions use them).
 """
 from __future__ import annotations
 
@@ -25,8 +27,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ARRAY_ELEMENT_TYPES", "arrow_column", "parse_binary_array",
-           "register_numeric_array_loaders"]
+from trainfeed.redaction import redact_url
+from trainfeed.sql.errors import SqlError
+
+__all__ = ["ARRAY_ELEMENT_TYPES", "FETCH_ROWS", "arrow_column", "concat", "parse_binary_array",
+           "register_numeric_array_loaders", "to_arrow"]
+
+# Rows fetched per round trip. 10,000 rows of a few columns is ~1 MB: large enough that the
+# per-call overhead vanishes, small enough that a server-side cursor keeps client memory flat.
+FETCH_ROWS = 10_000
 
 #: Array type OIDs (pg_type.dat) -> the big-endian numpy type of their elements.
 ARRAY_ELEMENT_TYPES: dict[int, np.dtype] = {
@@ -121,3 +130,35 @@ def _nested_lists(block: np.ndarray) -> pa.Array:
         array = (pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray).from_arrays(
             offsets, array)
     return array
+
+
+def to_arrow(names: list[str], values: list[list[Any]], types: list[pa.DataType | None],
+              url: str) -> pa.Table:
+    """One fetched batch (a list of values per column) as a table; `types` are the declared
+    Arrow types (None: inferred). A column that cannot convert raises SqlError naming it."""
+    arrays = []
+    for name, column, type_ in zip(names, values, types):
+        try:
+            arrays.append(arrow_column(column, type_))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise _unconvertible(name, url, exc) from None
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def concat(batches: list[pa.Table], url: str) -> pa.Table:
+    """Fetched batches as one table (chunked, not copied). A column whose type was inferred may
+    be all-null in one batch: "permissive" promotes that to the other batches' type."""
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        name = next((n for n in batches[0].column_names
+                     if len({b.schema.field(n).type for b in batches} - {pa.null()}) > 1), "?")
+        raise _unconvertible(name, url, exc) from None
+
+
+def _unconvertible(name: str, url: str, exc: Exception) -> SqlError:
+    return SqlError(
+        f"column {name!r} of the query on {redact_url(url)} cannot be converted to Arrow ({exc}); "
+        f"it probably mixes types (or array dimensions) or has a type Arrow does not know: "
+        f"CAST it in the query")
+

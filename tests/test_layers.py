@@ -1,0 +1,64 @@
+"""The layers of the house, checked by import-linter (`[tool.importlinter]` in pyproject.toml):
+no import cycles, the reader never imports the master, the master never imports the reader, the
+worker neither, and the foundations (formats, storage, settings, planning) nothing above them.
+
+The contracts pass on the tree; and on a copy of the package with one deliberately bad module
+added, they fail, naming the broken rule, so the check is known to be able to fail."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# import-linter ships only a console script; this runs the same entry point with this Python.
+LINT_IMPORTS = ("import sys; from importlinter.cli import lint_imports_command; "
+                "sys.exit(lint_imports_command())")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` on the `trainfeed` package under `root`, with `root`'s pyproject.toml."""
+    return subprocess.run(
+        [sys.executable, "-c", LINT_IMPORTS, "--no-cache", "--no-logo",
+         "--config", str(root / "pyproject.toml")],
+        cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, capture_output=True, text=True,
+        timeout=300)
+
+
+def copy_with(tmp_path: Path, module: str, source: str) -> Path:
+    """A copy of the package and its configuration, plus `module` holding `source`."""
+    shutil.copytree(ROOT / "trainfeed", tmp_path / "trainfeed",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / (module.replace(".", "/") + ".py")).write_text(source)
+    return tmp_path
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout
+    assert re.search(r"Contracts: \d+ kept, 0 broken", result.stdout), result.stdout
+
+
+def test_a_reader_module_importing_the_master_is_caught(tmp_path: Path) -> None:
+    root = copy_with(tmp_path, "trainfeed.reader.layer_probe",
+                     "from trainfeed.master.ledger import Ledger\n")
+    result = lint_imports(root)
+    assert result.returncode != 0
+    assert "The reader never imports the master BROKEN" in result.stdout, result.stdout
+    assert "trainfeed.reader.layer_probe -> trainfeed.master.ledger" in result.stdout
+
+
+def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
+    # trainfeed.worker imports trainfeed.sql (a SQL bucket's rows); sql importing the worker
+    # back closes a circle that no forbidden-import rule covers: only the acyclic one can fail.
+    root = copy_with(tmp_path, "trainfeed.sql.layer_probe",
+                     "from trainfeed.worker.partition_reader import PartitionReader\n")
+    result = lint_imports(root)
+    assert result.returncode != 0
+    assert "No import cycles between the packages and modules of trainfeed, at any depth " \
+           "BROKEN" in result.stdout, result.stdout
+    assert "The reader never imports the master KEPT" in result.stdout

@@ -1,0 +1,252 @@
+"""Every environment variable trainfeed reads, in one place: name, default, parser and meaning.
+
+Readers, the master, the CLI and the Kubernetes objects (which set these variables in pods) all
+take the names from here, so a variable is spelled once and documented once; the README's
+configuration table lists exactly these (tests/test_settings.py checks both ways).
+
+Values are read from the environment at each `get()`, never cached at import: a test or an
+embedding program may change `os.environ` between two readers. A blank variable (`X=`) counts as
+unset, except where the empty value means something (`CUDA_VISIBLE_DEVICES=` hides every GPU).
+A value that does not parse raises ConfigurationError naming the variable and the value.
+
+This module sits at the bottom of the house: it imports nothing of trainfeed but the errors and
+the redaction, so every layer may import it.
+
+Example:
+    >>> from trainfeed.settings import JOB
+    >>> JOB.get({"TRAINFEED_JOB": "resnet"}), JOB.get({})
+    ('resnet', 'default')
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from trainfeed.errors import ConfigurationError
+from trainfeed.redaction import redact_url
+
+__all__ = [
+    "AWS_ENDPOINT_URL",
+    "CUDA_VISIBLE_DEVICES",
+    "DATASET",
+    "GPUS",
+    "JOB",
+    "KUBECONFIG",
+    "LOG_FORMAT",
+    "MASTER",
+    "MASTER_GIVE_UP_S",
+    "S3_ENDPOINT",
+    "SETTINGS",
+    "STATE",
+    "STORAGE",
+    "TLS_CA",
+    "TLS_CERT",
+    "TLS_KEY",
+    "TLS_SERVER_NAME",
+    "TOKEN",
+    "TOKEN_FILE",
+    "TRAIN_LOCAL",
+    "WORKER_NAME",
+    "Setting",
+    "settings_in_effect",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable: its name, the value when it is unset, how its text becomes a
+    value, and what it means.
+
+    Attributes:
+        name: The variable's name.
+        default: The value when the variable is unset (or blank).
+        parse: Text to value; raises ValueError (with a message saying what is expected) for
+            text that cannot be one.
+        doc: What the variable means, one sentence.
+        secret: Its value must never be shown (logs, `trainfeed doctor`): only set or unset.
+        empty_is_set: `X=` is a value (passed to `parse`) rather than "unset".
+    """
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+    secret: bool = False
+    empty_is_set: bool = False
+
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The variable's text in `environ` (default: this process's environment), or None when
+        it is unset (or empty, unless `empty_is_set`)."""
+        env = os.environ if environ is None else environ
+        value = env.get(self.name)
+        if value is None or (value == "" and not self.empty_is_set):
+            return None
+        return value
+
+    def get(self, environ: Mapping[str, str] | None = None) -> T:
+        """The parsed value, or `default` when unset.
+
+        Raises:
+            ConfigurationError: the text does not parse; the message names the variable.
+        """
+        text = self.raw(environ)
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError as e:
+            shown = "…" if self.secret else repr(redact_url(text))
+            raise ConfigurationError(f"${self.name}={shown}: {e}") from None
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        return self.raw(environ) is not None
+
+
+# --- parsers: each raises ValueError saying what it expected ---------------------------------
+
+
+def _text(value: str) -> str:
+    return value
+
+
+def _optional_count(value: str) -> int | None:
+    """A whole number ≥ 0; blank (spaces only) means "not given"."""
+    if not value.strip():
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError("expected a whole number ≥ 0") from None
+    if count < 0:
+        raise ValueError("expected a whole number ≥ 0")
+    return count
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not seconds >= 0:  # also refuses NaN
+        raise ValueError("expected a number of seconds ≥ 0")
+    return seconds
+
+
+def _flag(value: str) -> bool:
+    """Any non-empty value but `0` turns it on (what `TRAIN_LOCAL=1`, `=yes`, `=true` mean)."""
+    return value.strip() != "0"
+
+
+def _devices(value: str) -> tuple[str, ...]:
+    """CUDA's device list: comma-separated ids; `-1` (and blanks) name no device."""
+    return tuple(d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1")
+
+
+def _lower(value: str) -> str:
+    return value.strip().lower() or "text"
+
+
+# --- the settings ----------------------------------------------------------------------------
+
+# The embedded default: a folder in the working directory, so a laptop needs no setup at all.
+STORAGE: Setting[str] = Setting(
+    "TRAINFEED_STORAGE", "./trainfeed-data", _text,
+    "storage root (fsspec URL) for `upload`, `master` and local readers")
+MASTER: Setting[str | None] = Setting(
+    "TRAINFEED_MASTER", None, _text, "`host:port` of the master, for cluster readers")
+JOB: Setting[str] = Setting(
+    "TRAINFEED_JOB", "default", _text, "job name: readers of one job share epochs")
+TRAIN_LOCAL: Setting[bool] = Setting(
+    "TRAIN_LOCAL", False, _flag, "any non-empty value but `0`: read from storage, no master")
+# The state file sits in the working directory, beside ./trainfeed-data.
+STATE: Setting[str] = Setting(
+    "TRAINFEED_STATE", "trainfeed-master.db", _text,
+    "master state store: SQLite path, `sqlite:///path`, `etcd://host:port[/prefix][?ttl=S]`, "
+    "`memory://`")
+S3_ENDPOINT: Setting[str | None] = Setting(
+    "TRAINFEED_S3_ENDPOINT", None, _text,
+    "S3 endpoint of a non-AWS server (SeaweedFS, MinIO, Ceph RGW); wins over AWS_ENDPOINT_URL")
+AWS_ENDPOINT_URL: Setting[str | None] = Setting(
+    "AWS_ENDPOINT_URL", None, _text,
+    "the AWS SDKs' own endpoint override, used for s3:// storage when TRAINFEED_S3_ENDPOINT is "
+    "unset")
+# Long enough to ride out a master pod being rescheduled; lower it for impatient setups.
+MASTER_GIVE_UP_S: Setting[float] = Setting(
+    "TRAINFEED_MASTER_GIVE_UP_S", 120.0, _seconds,
+    "how long a reader retries an unreachable master, in seconds")
+GPUS: Setting[int | None] = Setting(
+    "TRAINFEED_GPUS", None, _optional_count,
+    "GPUs this worker declares (else CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`)")
+CUDA_VISIBLE_DEVICES: Setting[tuple[str, ...] | None] = Setting(
+    "CUDA_VISIBLE_DEVICES", None, _devices,
+    "CUDA's visible devices; counted as this worker's GPUs when TRAINFEED_GPUS is unset",
+    empty_is_set=True)
+WORKER_NAME: Setting[str | None] = Setting(
+    "TRAINFEED_WORKER_NAME", None, _text,
+    "this worker's name for list distribution rules (else the hostname)")
+DATASET: Setting[str | None] = Setting(
+    "TRAINFEED_DATASET", None, _text,
+    "set by `trainfeed submit` in the workers for the training script to read; trainfeed itself "
+    "does not read it")
+TOKEN: Setting[str | None] = Setting(
+    "TRAINFEED_TOKEN", None, _text, "the job's token (master and readers)", secret=True)
+TOKEN_FILE: Setting[str | None] = Setting(
+    "TRAINFEED_TOKEN_FILE", None, _text,
+    "a file holding the job's token (a mounted Secret), when TRAINFEED_TOKEN is unset")
+TLS_CA: Setting[str | None] = Setting(
+    "TRAINFEED_TLS_CA", None, _text,
+    "readers: CA bundle of the master's certificate; setting it turns TLS on")
+TLS_CERT: Setting[str | None] = Setting(
+    "TRAINFEED_TLS_CERT", None, _text, "readers: client certificate, for mutual TLS")
+TLS_KEY: Setting[str | None] = Setting(
+    "TRAINFEED_TLS_KEY", None, _text, "readers: the client certificate's key, for mutual TLS")
+TLS_SERVER_NAME: Setting[str | None] = Setting(
+    "TRAINFEED_TLS_SERVER_NAME", None, _text,
+    "readers: the name to check in the master's certificate when the address is not one it "
+    "holds")
+LOG_FORMAT: Setting[str] = Setting(
+    "TRAINFEED_LOG_FORMAT", "text", _lower,
+    "`json` for one JSON object per log line (or `trainfeed --log-format json`)")
+KUBECONFIG: Setting[str | None] = Setting(
+    "KUBECONFIG", None, _text,
+    "the Kubernetes client configuration (paths joined by ':'), else ~/.kube/config")
+
+#: Every setting by variable name, in the README table's order.
+SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
+    STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
+    GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
+    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG)}
+
+
+def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Every setting's value in effect, by variable name, safe to print.
+
+    A secret shows as "set" or "unset", never its value; a URL shows with its password and
+    tokens masked (trainfeed.redaction). Other values are shown parsed (the default when unset;
+    a tuple as a list), and a value that does not parse as
+    "invalid: <why>" rather than raising, so a diagnosis can show every problem at once.
+    The result is JSON-serializable.
+
+    Example:
+        >>> shown = settings_in_effect({"TRAINFEED_TOKEN": "s3cret-token-of-the-job"})
+        >>> shown["TRAINFEED_TOKEN"], shown["TRAINFEED_JOB"]
+        ('set', 'default')
+    """
+    shown: dict[str, object] = {}
+    for name, setting in SETTINGS.items():
+        if setting.secret:
+            shown[name] = "set" if setting.is_set(environ) else "unset"
+            continue
+        try:
+            value = setting.get(environ)
+        except ConfigurationError as e:
+            shown[name] = f"invalid: {e}"
+            continue
+        if isinstance(value, str):
+            value = redact_url(value)
+        shown[name] = list(value) if isinstance(value, tuple) else value
+    return shown

@@ -124,3 +124,25 @@ def test_a_killed_uploads_temporary_files_are_removed(tmp_path: Path, storage_di
     upload(str(source), "flowers", storage_dir, progress=False)
     assert not stale.exists()
     assert not [p for p in Path(storage_dir).rglob("*") if ".tmp-" in p.name]
+
+
+def test_every_dataset_writer_refuses_a_nested_name(tmp_path: Path, storage_dir: str) -> None:
+    """SQL datasets and packed outputs are datasets too: the same rule, before any work."""
+    import sqlite3
+
+    import pyarrow as pa
+
+    from trainfeed.preprocess import training_preprocessor
+    from trainfeed.sql import register_sql_dataset, sql
+
+    upload(str(make_image_list(tmp_path / "src", 3)), "dup", storage_dir, progress=False)
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (id INTEGER, y TEXT)")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+    with pytest.raises(InvalidNameError, match="inside dataset 'dup'"):
+        register_sql_dataset("dup/sql", sql("SELECT * FROM t", f"sqlite:///{db}"), storage_dir)
+    table = pa.table({"x": [[1.0, 2.0]] * 4, "y": ["a", "b", "a", "b"]})
+    with pytest.raises(InvalidNameError, match="inside dataset 'dup'"):
+        training_preprocessor(table, "dup/packed", "y", "x", storage=storage_dir)
+    assert list_datasets(open_storage(storage_dir)) == ["dup"]

@@ -23,7 +23,6 @@ from tqdm import tqdm
 
 from trainfeed.errors import (
     DatasetExistsError,
-    InvalidNameError,
     ListFileError,
     MissingFilesError,
     OutsidePathsError,
@@ -38,8 +37,8 @@ from trainfeed.formats.manifest import (
     Manifest,
     RowGroupInfo,
     ShardInfo,
+    check_name_is_free,
     dataset_storage,
-    list_datasets,
     write_manifest,
 )
 from trainfeed.formats.sources import write_sources
@@ -428,23 +427,6 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), skipped, False, len(resumed),
                         time.monotonic() - started)
-
-
-def check_name_is_free(storage: Storage, name: str) -> None:
-    """Refuses a dataset name that would nest inside another dataset's folder, or hold one.
-
-    `dup/data` once landed inside dataset `dup` (its data folder) and was deleted when `dup` was
-    re-uploaded. A name's first segment is either a dataset or a namespace, never both.
-    """
-    head, _, tail = name.partition("/")
-    if tail and storage.exists(f"{head}/{MANIFEST_NAME}"):
-        raise InvalidNameError(f"dataset name {name!r} would lie inside dataset {head!r}'s "
-                               f"folder; choose a name outside it")
-    if not tail:
-        nested = [n for n in list_datasets(storage) if n.startswith(f"{name}/")]
-        if nested:
-            raise InvalidNameError(f"{name!r} is a namespace holding dataset(s) "
-                                   f"{', '.join(nested[:5])}; choose another dataset name")
 
 
 def remove_temporary_files(folder: Storage) -> None:

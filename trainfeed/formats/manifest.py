@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
+from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
 from trainfeed.names import validate_dataset_name
 from trainfeed.storage import Storage
 
@@ -136,8 +136,27 @@ def read_manifest(storage: Storage, name: str) -> Manifest:
     return Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
 
 
+def check_name_is_free(storage: Storage, name: str) -> None:
+    """Refuses a dataset name that would nest inside another dataset's folder, or hold one.
+
+    `dup/data` once landed inside dataset `dup` (its data folder) and was deleted when `dup` was
+    re-uploaded. A name's first segment is either a dataset or a namespace, never both.
+    """
+    head, _, tail = name.partition("/")
+    if tail and storage.exists(f"{head}/{MANIFEST_NAME}"):
+        raise InvalidNameError(f"dataset name {name!r} would lie inside dataset {head!r}'s "
+                               f"folder; choose a name outside it")
+    if not tail:
+        nested = [n for n in list_datasets(storage) if n.startswith(f"{name}/")]
+        if nested:
+            raise InvalidNameError(f"{name!r} is a namespace holding dataset(s) "
+                                   f"{', '.join(nested[:5])}; choose another dataset name")
+
+
 def write_manifest(storage: Storage, manifest: Manifest) -> None:
-    """Publishes `manifest` atomically: the last step of an upload."""
+    """Publishes `manifest` atomically: the last step of an upload. Writers check the name
+    before writing any data (check_name_is_free); this is the last guard."""
+    check_name_is_free(storage, manifest.name)
     dataset_storage(storage, manifest.name).write_atomic(MANIFEST_NAME, manifest.to_json())
 
 

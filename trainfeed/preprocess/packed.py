@@ -31,6 +31,7 @@ from trainfeed.formats.manifest import (
     PACKED_KIND,
     FieldSpec,
     Manifest,
+    check_name_is_free,
     dataset_storage,
     read_manifest,
     write_manifest,
@@ -335,6 +336,7 @@ def _preprocess(source: Any, output_table: str, y_names: list[str], x_names: lis
     module = "training_preprocessor" if training is None else "validation_preprocessor"
     validate_dataset_name(output_table)
     store = storage if isinstance(storage, Storage) else open_storage(storage)
+    check_name_is_free(store, output_table)
     table, source_name = load_source(source, store, ordered=shuffle_seed is None)
     for name in y_names + x_names:
         _column(table, name)  # every missing column is named before any work

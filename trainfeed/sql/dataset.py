@@ -16,7 +16,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trainfeed.formats.manifest import SQL_KIND, FieldSpec, Manifest, write_manifest
+from trainfeed.formats.manifest import (
+    SQL_KIND,
+    FieldSpec,
+    Manifest,
+    check_name_is_free,
+    write_manifest,
+)
 from trainfeed.names import validate_dataset_name
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
 from trainfeed.redaction import redact_url
@@ -40,6 +46,7 @@ def register_sql_dataset(name: str, source: SqlSource, storage: str | Storage | 
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be ≥ 1, got {num_partitions}")
     store = storage if isinstance(storage, Storage) else open_storage(storage)
+    check_name_is_free(store, name)
     columns = source.columns()
     count = source.count()
     source.read_partition(0, num_partitions)  # the bucket query itself works (key columns)

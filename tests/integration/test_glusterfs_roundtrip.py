@@ -73,12 +73,15 @@ def test_upload_publishes_atomically(
     folder = gluster_storage / DATASET
     assert _temporary_files(folder) == []
     manifest = read_manifest(open_storage(str(gluster_storage)), DATASET)
-    assert sorted(s.path for s in manifest.shards) == _parquet_files(folder)
+    assert sorted([*(s.path for s in manifest.shards), manifest.sources]) == \
+        _parquet_files(folder)
     assert manifest.label_histogram == dict(Counter(label for _, _, label in source.records))
 
     # Replace it with half the images while another thread keeps reading the manifest: every
     # read must see one whole manifest, the old or the new, never a half-written file.
-    half = tmp_path / "half.list"
+    # (Beside the original list: its paths are relative to its folder. Written in tmp_path,
+    # this list was once detected as a *text* list of path strings and published silently.)
+    half = source.list_path.with_name("half.list")
     half.write_text("".join(source.list_path.read_text().splitlines(keepends=True)[:150]))
     dataset_folder = open_storage(str(gluster_storage)).child(DATASET)
     seen: Counter[int] = Counter()
@@ -110,8 +113,9 @@ def test_upload_publishes_atomically(
     assert _temporary_files(folder) == []
     replaced = read_manifest(open_storage(str(gluster_storage)), DATASET)
     assert replaced.num_records == 150
-    # The old upload's shards were deleted once the new manifest was live.
-    assert sorted(s.path for s in replaced.shards) == _parquet_files(folder)
+    # The old upload's shards (and record sources) were deleted once the new manifest was live.
+    assert sorted([*(s.path for s in replaced.shards), replaced.sources]) == \
+        _parquet_files(folder)
 
 
 def _files(folder: Path) -> list[str]:

@@ -320,7 +320,12 @@ class WorkerSession:
             reader.close()
 
     def end_pass_early(self) -> None:
-        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back."""
+        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back. Nothing
+        once the session is closed (its close did it; a pass ended after that has no channel)."""
+        if not self._closed:
+            self._hand_back()
+
+    def _hand_back(self) -> None:
         self._send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
         with self._cond:
@@ -337,6 +342,6 @@ class WorkerSession:
             self._cond.notify_all()
         self._reporter.join(10)
         try:
-            self.end_pass_early()
+            self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)

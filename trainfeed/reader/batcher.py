@@ -28,6 +28,7 @@ order: nothing the saved model saw comes again and nothing is skipped.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -141,7 +142,8 @@ class Cutter:
         self._entered: list[tuple[int, LoadedPartition, int]] = []
         self._shards: dict[int, str] = {}
         self._tables: list[pa.Table] = []
-        self._slots: list[np.ndarray] = []  # per table in _tables: the slot of each row
+        self._slots: list[np.ndarray] = []  # shuffling: per table in _tables, each row's slot
+        self._queued: deque[tuple[int, int]] = deque()  # (slot, rows) buffered, in order
         self._buffered = 0
         self._window = 0
         self._cut = 0
@@ -166,7 +168,10 @@ class Cutter:
             return [self._piece(table, [(slot, table.num_rows)] if table.num_rows else [])]
         if table.num_rows:
             self._tables.append(table)
-            self._slots.append(np.full(table.num_rows, slot, np.int64))
+            if self.shuffle is not None:
+                self._slots.append(np.full(table.num_rows, slot, np.int64))
+            else:
+                self._queued.append((slot, table.num_rows))
             self._buffered += table.num_rows
         if self._buffered < self.fill:
             return []
@@ -185,8 +190,10 @@ class Cutter:
         size = self.batch_size
         table = (self._tables[0] if len(self._tables) == 1
                  else pa.concat_tables(self._tables))
+        if self.shuffle is None:
+            return self._cut_in_order(table, everything)
         slots = self._slots[0] if len(self._slots) == 1 else np.concatenate(self._slots)
-        if self.shuffle is not None:
+        if self.shuffle is not None:  # (always, past _cut_in_order)
             rng = np.random.default_rng((self.shuffle[0], WINDOW_STREAM, self._epoch,
                                          self._window))
             self._window += 1
@@ -208,6 +215,32 @@ class Cutter:
         rest = n - usable
         self._tables = [table.slice(usable)] if rest else []
         self._slots = [slots[usable:]] if rest else []
+        self._buffered = rest
+        return pieces
+
+    def _cut_in_order(self, table: pa.Table, everything: bool) -> list[Piece]:
+        """The unshuffled cut: runs follow the buffered partitions (no per-row bookkeeping)."""
+        assert self.batch_size is not None
+        size, n = self.batch_size, table.num_rows
+        usable = n if everything else n // size * size
+        pieces = []
+        for start in range(0, usable, size):
+            rows = min(size, usable - start)
+            runs: list[tuple[int, int]] = []
+            want = rows
+            while want:
+                slot, count = self._queued[0]
+                take = min(want, count)
+                runs.append((slot, take))
+                if take == count:
+                    self._queued.popleft()
+                else:
+                    self._queued[0] = (slot, count - take)
+                want -= take
+            pieces.append(self._piece(table.slice(start, rows), runs,
+                                      self.drop_last and rows < size))
+        rest = n - usable
+        self._tables = [table.slice(usable)] if rest else []
         self._buffered = rest
         return pieces
 

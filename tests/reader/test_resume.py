@@ -125,11 +125,12 @@ def _cases(sha_to_id: dict[str, int], decoded_to_id: dict[bytes, int]) -> dict[s
                                    lambda row: [decoded_to_id[row[0].tobytes()]]),
         "torch": Case({**decode, "batch_size": BATCH}, _torch_units,
                       lambda b: b["_id"].tolist()),
+        "tf": Case({**decode, "batch_size": BATCH}, _tf_units, lambda b: b[0].tolist()),
     }
 
 
 RAW = ("tuples", "batch-lists", "batch-columnar", "packed")
-PIPELINE = ("pipeline-batches", "pipeline-instances", "torch")
+PIPELINE = ("pipeline-batches", "pipeline-instances", "torch", "tf")
 MATRIX = [(path, "none") for path in RAW] + [
     (path, sampling) for path in PIPELINE for sampling in SAMPLING]
 
@@ -139,6 +140,13 @@ def _torch_units(reader: Reader) -> Iterator[Any]:
     del torch
     from torch.utils.data import DataLoader
     return iter(DataLoader(reader.as_torch(), batch_size=None))
+
+
+def _tf_units(reader: Reader) -> Iterator[Any]:
+    """Keras's view: (inputs, targets) elements; the inputs here are the record ids."""
+    pytest.importorskip("tensorflow")
+    return (tuple(x.numpy() for x in element)
+            for element in reader.as_tf_dataset(inputs="_id", targets="label"))
 
 
 @pytest.fixture(scope="module")

@@ -55,16 +55,24 @@ class Case:
 def check_resume(make: Callable[[dict[str, Any] | None], Reader],
                  units: Callable[[Reader], Iterator[Any]], ids: Ids,
                  reference: Counter[int], saved_after: int = SAVED_AFTER,
-                 lost: int = LOST) -> tuple[list[int], list[int]]:
+                 lost: int = LOST, stop: str = "killed") -> tuple[list[int], list[int]]:
     """The checkpoint round trip; asserts exactly-once against `reference` (an uninterrupted
-    epoch's record counts). Returns (ids the saved model saw, ids after the restore)."""
+    epoch's record counts). The first reader stops "killed" (the master hears nothing more) or
+    "left" (closed cleanly: it reports its progress and hands its tasks back). Returns (ids the
+    saved model saw, ids after the restore)."""
     reader = make(None)
     stream = units(reader)
     saw = [i for unit in itertools.islice(stream, saved_after) for i in ids(unit)]
     saved = json.loads(json.dumps(reader.state_dict()))  # what a checkpoint file holds
     crashed = [i for unit in itertools.islice(stream, lost) for i in ids(unit)]
     assert crashed, "the test must lose something after its checkpoint"
-    crash(reader, stream)
+    if stop == "killed":
+        crash(reader, stream)
+    else:
+        end = getattr(stream, "close", None)  # a DataLoader's iterator has none
+        if end is not None:
+            end()
+        reader.close()
     restored = make(saved)
     after = [i for unit in units(restored) for i in ids(unit)]
     restored.close()
@@ -166,7 +174,7 @@ def master(storage: tuple[str, dict[str, int]]) -> Iterator[MasterProcess]:
 
 
 def _run(where: str, path: str, sampling: str, storage: tuple[str, dict[str, int]],
-         decoded_to_id: dict[bytes, int], address: str | None) -> None:
+         decoded_to_id: dict[bytes, int], address: str | None, stop: str = "killed") -> None:
     out, sha_to_id = storage
     case = _cases(sha_to_id, decoded_to_id)[path]
     options = {**case.options, **SAMPLING[sampling], "seed": 7}
@@ -188,8 +196,9 @@ def _run(where: str, path: str, sampling: str, storage: tuple[str, dict[str, int
         assert sorted(reference) == list(range(expected)) and max(reference.values()) == 1
     else:
         assert max(reference.values()) > 1 and len(reference) < N  # copies and drops
-    saw, after = check_resume(make, case.units, case.ids, reference)
-    print(f"{where} {path} {sampling}: saved model saw {len(saw)}, restored read {len(after)}")
+    saw, after = check_resume(make, case.units, case.ids, reference, stop=stop)
+    print(f"{where} {path} {sampling} {stop}: saved model saw {len(saw)}, "
+          f"restored read {len(after)}")
 
 
 @pytest.mark.parametrize("path,sampling", MATRIX)
@@ -200,12 +209,13 @@ def test_local_resume_is_exactly_once(path: str, sampling: str,
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("stop", ["killed", "left"])
 @pytest.mark.parametrize("path,sampling", MATRIX)
-def test_master_fed_resume_is_exactly_once(path: str, sampling: str,
+def test_master_fed_resume_is_exactly_once(path: str, sampling: str, stop: str,
                                            storage: tuple[str, dict[str, int]],
                                            decoded_to_id: dict[bytes, int],
                                            master: MasterProcess) -> None:
-    _run("master", path, sampling, storage, decoded_to_id, master.address)
+    _run("master", path, sampling, storage, decoded_to_id, master.address, stop)
 
 
 def _ids_of(batches: Iterable[dict[str, Any]]) -> list[int]:

@@ -174,12 +174,16 @@ class Credits:
     def take_all(self, at_least: int = 1, starving: Callable[[], bool] = lambda: False,
                  poll_s: float = POLL_S) -> int:
         """Blocks until `at_least` slots are free (or one is and `starving()`, which `poke()`
-        makes it re-check); takes and returns every free slot."""
+        makes it re-check); takes and returns every free slot. Raises Stopped once the
+        consumer closed the stream, free slots or not (a producer that long-polls between two
+        calls would otherwise never notice)."""
         with self._cond:
             self._want = max(1, at_least)
-            while self._free == 0 or (self._free < at_least and not starving()):
+            while True:
                 if self._stop.is_set():
                     raise Stopped
+                if self._free and (self._free >= at_least or starving()):
+                    break
                 self._cond.wait(poll_s)
             self._want = 1
             taken, self._free = self._free, 0

@@ -87,6 +87,9 @@ class Ledger:
         # Records of a partition already handed to a trainer (reported progress): whoever
         # leases it next skips them.
         self.progress: dict[int, int] = {}
+        # Which worker's trainer reported that progress: a restore undoes its worker's progress
+        # made after the checkpoint, also where the partition went back to todo unfinished.
+        self.progress_by: dict[int, str] = {}
 
     @property
     def complete(self) -> bool:
@@ -131,14 +134,15 @@ class Ledger:
         self._apply(["D", partition, worker])
         return True
 
-    def report_progress(self, epoch: int, partition: int, consumed: int) -> bool:
+    def report_progress(self, epoch: int, partition: int, consumed: int,
+                        worker: str = "") -> bool:
         """Records that `consumed` records of a partition were handed to a trainer. Monotonic:
         a smaller figure (a late or reordered report) changes nothing. Returns whether it did."""
         if (epoch != self.epoch or partition in self.done or partition in self.failed
                 or consumed <= self.progress.get(partition, 0)):
             return False
         self._check_partition(partition)
-        self._apply(["P", partition, consumed])
+        self._apply(["P", partition, consumed, worker] if worker else ["P", partition, consumed])
         return True
 
     def skip(self, partition: int) -> int:
@@ -213,6 +217,8 @@ class Ledger:
         back += [p for p in self.by_worker.get(worker, ()) if p not in back]
         back += [p for p in positions if p not in back and p not in self.done
                  and p not in self.failed and 0 <= p < self.num_partitions]
+        back += [p for p, w in self.progress_by.items() if w == worker and p not in back
+                 and p not in keep and p not in self.done and p not in self.failed]
         if not back:
             return []
         self._apply(["U", back])
@@ -241,7 +247,7 @@ class Ledger:
         ["E", epoch]            start `epoch`: a fresh shuffle, every queue empty
         ["L", worker, [p…]]     lease the first len([p…]) todo partitions to worker
         ["D", p, worker]        p done (from pending, or from todo: a late report)
-        ["P", p, n]             the first n records of p were handed to a trainer
+        ["P", p, n(, worker)]   the first n records of p were handed to worker's trainer
         ["F", p, reason]        a failed attempt at pending p
         ["B", [p…]]             pending partitions back to the front of todo, in this order
         ["U", [p…]]             partitions (done, pending or todo) back to the front of todo
@@ -265,8 +271,13 @@ class Ledger:
                 self.todo.remove(partition)
             self.done[partition] = op[2]
             self.progress.pop(partition, None)
+            self.progress_by.pop(partition, None)
         elif kind == "P":
             self.progress[op[1]] = op[2]
+            if len(op) > 3:
+                self.progress_by[op[1]] = op[3]
+            else:
+                self.progress_by.pop(op[1], None)
         elif kind == "F":
             partition = op[1]
             self._unlease(partition)
@@ -274,6 +285,7 @@ class Ledger:
             if self.failures[partition] >= self.max_failures:
                 self.failed[partition] = op[2]
                 self.progress.pop(partition, None)
+                self.progress_by.pop(partition, None)
             else:
                 self.todo.appendleft(partition)
         elif kind in ("B", "U"):
@@ -320,6 +332,7 @@ class Ledger:
             "failed": {str(p): reason for p, reason in self.failed.items()},
             "failures": {str(p): n for p, n in self.failures.items()},
             "progress": {str(p): n for p, n in self.progress.items()},
+            "progress_by": {str(p): w for p, w in self.progress_by.items()},
         }
 
     @classmethod
@@ -340,6 +353,7 @@ class Ledger:
         ledger.failed = {int(p): r for p, r in state["failed"].items()}
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
         ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
+        ledger.progress_by = {int(p): w for p, w in state.get("progress_by", {}).items()}
         return ledger
 
     def refresh_deadlines(self, now: float, lease_timeout: float,

@@ -261,7 +261,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     job.bytes_served += served.num_bytes
             elif report.outcome == pb.TaskReport.PROGRESS:
                 changed |= job.ledger.report_progress(report.epoch, report.partition,
-                                                      report.consumed)
+                                                      report.consumed, worker)
             elif report.outcome == pb.TaskReport.FAILED:
                 if job.ledger.report_failed(report.epoch, report.partition, report.reason):
                     changed = True

@@ -60,6 +60,21 @@ class BatchReader(Protocol):
         ...
 
 
+class StatefulReader(BatchReader, Protocol):
+    """A reader whose position can be saved and restored (`trainfeed.Reader`)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _stateful(reader: BatchReader) -> StatefulReader:
+    if not hasattr(reader, "state_dict") or not hasattr(reader, "load_state_dict"):
+        raise TypeError(f"reader {reader.name!r} ({type(reader).__name__}) has no "
+                        "state_dict()/load_state_dict(): it cannot be checkpointed")
+    return reader  # type: ignore[return-value]
+
+
 def _import(module: str, extra: str, caller: str) -> ModuleType:
     """Imports a framework on first use, or says which extra installs it."""
     try:
@@ -277,10 +292,13 @@ def as_torch(reader: BatchReader) -> torch.utils.data.IterableDataset[dict[str, 
     torch has no tensor for, stay numpy object arrays).
 
     The reader already batches, so use it with `DataLoader(ds, batch_size=None)` or iterate it
-    directly. Each `iter()` is one new pass. It refuses DataLoader worker processes: the reader
-    reads, decodes and batches on background threads already, and each worker would hold its
-    own copy of the reader (every record once per worker when reading locally, and a
-    checkpoint's `reader.state()` would miss what the workers consumed).
+    directly. Each `iter()` is one new pass. The dataset is Stateful (`state_dict()` /
+    `load_state_dict()`, the reader's): `torchdata.stateful_dataloader.StatefulDataLoader(ds,
+    batch_size=None)` checkpoints and resumes it exactly, without replaying batches, and so does
+    `torch.distributed.checkpoint` given `{"data": ds}`. It refuses DataLoader worker
+    processes: the reader reads, decodes and batches on background threads already, and each
+    worker would hold its own copy of the reader (every record once per worker when reading
+    locally, and a checkpoint's `reader.state()` would miss what the workers consumed).
 
     Raises:
         ImportError: PyTorch is not installed (`pip install 'trainfeed[torch]'`).
@@ -301,6 +319,15 @@ def as_torch(reader: BatchReader) -> torch.utils.data.IterableDataset[dict[str, 
                     "decodes and batches in the background, and each worker would read again")
             for batch in reader():
                 yield _torch_batch(torch, batch)
+
+        def state_dict(self) -> dict[str, Any]:
+            """The reader's `state_dict()` (torchdata's Stateful protocol): what
+            `StatefulDataLoader.state_dict()` and `torch.distributed.checkpoint` save."""
+            return _stateful(reader).state_dict()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            """Restores the reader before its next pass (see Reader.load_state_dict)."""
+            _stateful(reader).load_state_dict(state)
 
         def __repr__(self) -> str:
             return f"as_torch({reader.name!r})"

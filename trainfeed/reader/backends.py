@@ -6,6 +6,7 @@ run yield the same instances through the same code.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -16,7 +17,7 @@ from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader, ReadStats, Selector, read_task
+from trainfeed.worker.partition_reader import PartitionReader, ReadStats
 from trainfeed.worker.prefetch import (
     Credits,
     LoadedPartition,
@@ -24,7 +25,7 @@ from trainfeed.worker.prefetch import (
     TaskRef,
     prefetch_depth,
 )
-from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, WorkerSession
+from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, Load, WorkerSession, plain_load
 
 
 class PassStream(Protocol):
@@ -37,6 +38,10 @@ class PassStream(Protocol):
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         """Loaded partitions; None means "nothing is coming for now: flush partial batches"."""
+        ...
+
+    def entered(self, part: LoadedPartition) -> None:
+        """The trainer's side met `part` (its epoch may be a new one: positions start afresh)."""
         ...
 
     def taken(self, part: LoadedPartition) -> None:
@@ -74,8 +79,9 @@ class Backend(Protocol):
         """Where the dataset's shards, manifest and saved transformers are."""
         ...
 
-    def open_pass(self, selector: Selector | None = None) -> PassStream:
-        """Starts a pass; `selector` (resampling) picks rows before their payloads are read."""
+    def open_pass(self, load: Load = plain_load) -> PassStream:
+        """Starts a pass; `load` reads each partition in its delivery order (see
+        trainfeed.reader.batcher.partition_loader)."""
         ...
 
     @property
@@ -107,13 +113,16 @@ class _Pass:
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         for part in self._stream:
-            if part is not None and part.task.epoch != self.epoch:
+            if part is not None:
                 self.epoch = part.task.epoch
-                if self._position.epoch != self.epoch:  # joined another epoch: start afresh
-                    self._position.epoch, self._position.finished = self.epoch, False
-                    self._position.done.clear()
-                    self._position.positions.clear()
             yield part
+
+    def entered(self, part: LoadedPartition) -> None:
+        epoch = part.task.epoch
+        if self._position.epoch != epoch:  # joined another epoch: start afresh
+            self._position.epoch, self._position.finished = epoch, False
+            self._position.done.clear()
+            self._position.positions.clear()
 
     def taken(self, part: LoadedPartition) -> None:
         self._stream.release(part)
@@ -176,7 +185,7 @@ class LocalBackend:
     def read_stats(self) -> ReadStats:
         return self._stats
 
-    def open_pass(self, selector: Selector | None = None) -> PassStream:
+    def open_pass(self, load: Load = plain_load) -> PassStream:
         position = self._position
         if position.finished:
             position = self._position = ReaderPosition("local", position.dataset,
@@ -200,7 +209,7 @@ class LocalBackend:
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
                                        p.row_group_stop, p.num_records, skip.get(index, 0))
-                        out.put(LoadedPartition(task, read_task(reader, task, selector)))
+                        out.put(LoadedPartition(task, load(reader, task)))
             finally:
                 reader.close()
 
@@ -262,13 +271,13 @@ class DistributedBackend:
     def read_stats(self) -> ReadStats:
         return self.session.read_stats
 
-    def open_pass(self, selector: Selector | None = None) -> PassStream:
+    def open_pass(self, load: Load = plain_load) -> PassStream:
         if self._position.finished:
             self._position = ReaderPosition("distributed", self._position.dataset,
                                             self._next_epoch, job=self._position.job,
                                             worker=self.session.worker, seed=self._position.seed)
         stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch,
-                                        selector)
+                                        load)
 
         def on_close(finished: bool) -> None:
             if finished:
@@ -290,9 +299,8 @@ class DistributedBackend:
 
 
 def _copy(position: ReaderPosition) -> ReaderPosition:
-    return ReaderPosition(position.mode, position.dataset, position.epoch, set(position.done),
-                          dict(position.positions), position.finished, position.job,
-                          position.worker, position.seed)
+    return dataclasses.replace(position, done=set(position.done),
+                               positions=dict(position.positions))
 
 
 def _rewind_request(resume: ReaderPosition | None) -> pb.ResumePosition | None:

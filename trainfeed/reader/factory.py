@@ -1,7 +1,7 @@
 """`dist.reader(name, ...)`: one call for a laptop and a cluster alike."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
 from typing import Any
 
 from trainfeed import settings
@@ -10,13 +10,7 @@ from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
-from trainfeed.reader.transforms import AugmentStep, Standardize
 from trainfeed.storage import open_storage
-from trainfeed.worker.resample import Target
-
-TRAIN_LOCAL_ENV = "TRAIN_LOCAL"
-JOB_ENV = "TRAINFEED_JOB"
-DEFAULT_JOB = "default"
 
 
 def train_local() -> bool:
@@ -25,20 +19,13 @@ def train_local() -> bool:
 
 
 def reader(name: str, *, job: str | None = None, seed: int = 0,
-           prefetch: int | None = None, master: str | None = None,
+           prefetch_partitions: int | None = None, master: str | None = None,
            storage: str | None = None, local: bool | None = None,
            distribution_rules: str | None = None,
            state: dict[str, Any] | None = None,
-           decode: bool = False, image_size: tuple[int, int] | None = None,
-           crop: bool = False,
-           channels: int = 3, normalizing_const: float | None = None, one_hot: bool = False,
-           shuffle_buffer: int = 0, resample: Target | None = None,
-           batch_size: int | None = None, decode_errors: str = "raise",
-           decode_threads: int | None = None, prefetch_batches: int = 2,
-           mode: str = "train", transform: str | Standardize | None = None,
-           augment: Sequence[AugmentStep] = (),
-           class_weights: Target | None = None,
-           class_values: Sequence[str] | None = None) -> Reader:
+           pipeline: PipelineOptions | None = None,
+           prefetch: int | None = None,
+           **shortcuts: Any) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -50,18 +37,21 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     refused token raises AuthenticationError.
     `distribution_rules` ("all", "gpu", or a comma-separated list of worker names) restricts
     which workers may take the job's tasks; the reader that creates the job sets them, and a
-    worker they exclude is refused with the reason. `prefetch` is how many partitions are
-    loaded ahead of the trainer; by default as many as fit 64 MiB
-    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32. `state` is a
-    `reader.state()` saved with a checkpoint: the reader continues from there (see
-    Reader.state).
+    worker they exclude is refused with the reason. `prefetch_partitions` is how many partitions
+    are loaded ahead of the trainer; by default as many as fit 64 MiB
+    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32 (`prefetch` is its
+    deprecated old name). `state` is a `reader.state_dict()` (or `state()`) saved with a
+    checkpoint: the reader continues from there (see Reader.state_dict).
 
-    The input pipeline (all optional; without them the reader yields raw Paddle-style tuples):
+    The input pipeline (all optional; without it the reader yields raw Paddle-style tuples) is
+    `pipeline=PipelineOptions(...)` (trainfeed.reader.options: DecodeOptions, LabelOptions,
+    SamplingOptions, BatchOptions, TransformOptions, mode), or these keyword shortcuts, applied
+    on top of `pipeline` (trainfeed.reader.options.KEYWORDS maps them to the groups):
     - `decode`: JPEG/PNG fields to uint8 HxWxC arrays (`channels` 3 or 1), on all cores;
       `image_size=(h, w)` resizes to a fixed shape (`crop=True`: centre-crops to its aspect
       ratio first, nothing stretched); `normalizing_const` divides (float32);
       `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
-      in `reader.decode_failures`).
+      in `reader.decode_failures`); `decode_threads`: None for all cores.
     - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
       `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
       agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
@@ -79,6 +69,10 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       field "_weight" (Keras's sample_weight): "uniform" weights each class by B/A, as resample
       would, a dict or a power likewise.
 
+    Raises:
+        TypeError: an unknown keyword (the message names the closest option).
+        ValueError: an invalid option value (the message names it and the rule).
+
     Example:
         >>> from trainfeed import dist
         >>> reader = dist.reader("flowers")            # doctest: +SKIP
@@ -86,26 +80,27 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         ...     pass
     """
     validate_dataset_name(name)
-    if prefetch is not None and prefetch < 1:
-        raise ValueError(f"prefetch must be ≥ 1 partition, got {prefetch}")
-    options = PipelineOptions(
-        decode=decode, image_size=tuple(image_size) if image_size else None,  # type: ignore
-        crop=crop,
-        channels=channels, normalizing_const=normalizing_const, one_hot=one_hot,
-        shuffle_buffer=shuffle_buffer, resample=resample, batch_size=batch_size,
-        decode_errors=decode_errors, decode_threads=decode_threads,
-        prefetch_batches=prefetch_batches, mode=mode, transform=transform,
-        augment=tuple(augment), class_weights=class_weights,
-        class_values=tuple(class_values) if class_values is not None else None)
+    if prefetch is not None:
+        warnings.warn("dist.reader(prefetch=...) is deprecated: it is prefetch_partitions= "
+                      "(partitions loaded ahead; prefetch_batches= counts prepared batches)",
+                      DeprecationWarning, stacklevel=2)
+        if prefetch_partitions is not None and prefetch_partitions != prefetch:
+            raise ValueError(f"prefetch={prefetch} and prefetch_partitions="
+                             f"{prefetch_partitions} disagree: pass prefetch_partitions alone")
+        prefetch_partitions = prefetch
+    if prefetch_partitions is not None and prefetch_partitions < 1:
+        raise ValueError(f"prefetch_partitions must be ≥ 1 partition, got {prefetch_partitions}")
+    options = PipelineOptions.from_keywords(pipeline, **shortcuts)
+    depth = prefetch_partitions
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)
-        return Reader(lambda resume: LocalBackend(name, store, seed, prefetch, resume), name,
-                      "local", state, options)
+        return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume), name,
+                      "local", state, options, seed)
     job_name = validate_job_name(job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
     rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
-    return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, prefetch, rules,
+    return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, depth, rules,
                                                     resume), name, "distributed", state,
-                  options)
+                  options, seed)

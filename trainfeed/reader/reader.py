@@ -2,8 +2,10 @@
 
 Each call `reader()` is one pass (epoch) yielding one instance at a time, a tuple in the `.list`
 file's column order. `reader.column_batches(n)` is the fast path: dicts of columns, no Python tuple
-per instance. A partition is acknowledged (reported done) only after the trainer was handed its
-last instance and asked for the next one, so a crash never loses records the trainer did not see.
+per instance. Every path runs through the one batcher (trainfeed.reader.batcher): a partition is
+acknowledged (reported done) only after the trainer was handed its last instance and asked for
+the next one, so a crash never loses records the trainer did not see, and `state_dict()` counts
+exactly what the trainer was handed, shuffled or not.
 """
 from __future__ import annotations
 
@@ -17,31 +19,22 @@ import pyarrow as pa
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
 from trainfeed.reader.backends import Backend, PassStream
-from trainfeed.reader.pipeline import Pipeline, PipelineOptions
+from trainfeed.reader.batcher import Cutter, Piece, deliver
+from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.storage import Storage
-from trainfeed.worker.partition_reader import Selector
-from trainfeed.worker.prefetch import LoadedPartition
+from trainfeed.worker.task_loop import Load, plain_load
 
 logger = logging.getLogger(__name__)
 
 ColumnBatch = dict[str, Any]
-# In the tuple path, progress within a partition is noted every this many instances: cheap
-# (one modulo per instance) and a crash repeats at most this many more instances.
-PROGRESS_EVERY = 64
+# The order of the raw paths (tuples, batch(), column batches, packed buffers): as stored.
+STORED = "stored"
 
 
 def _rows(table: pa.Table, names: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
     """The table's instances as tuples of the fields, in order."""
     return zip(*(table.column(n).to_pylist() for n in names))
-
-
-def handed_over(stream: PassStream, batch: list[tuple[LoadedPartition, int, pa.Table]]) -> None:
-    """The trainer is about to get `batch` (pieces: partition, its rows handed with this
-    batch, the slice): from now on `state()` counts them. (The master hears of them only once
-    the trainer asks for more: see `consumed` in `_batched`.)"""
-    for part, handed, _ in batch:
-        stream.positions[part.task.partition] = part.task.skip + handed
 
 
 def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
@@ -57,7 +50,7 @@ class Reader:
 
     def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,
                  mode: str, state: dict[str, Any] | None = None,
-                 options: PipelineOptions | None = None):
+                 options: PipelineOptions | None = None, seed: int = 0):
         self._make_backend = make_backend
         self._backend: Backend | None = None
         self.options = options or PipelineOptions()
@@ -65,8 +58,13 @@ class Reader:
         self._lock = threading.Lock()
         self.name = name
         self.mode = mode
+        self.seed = seed
         self.closed = False
         self._resume: ReaderPosition | None = None
+        self._passes = 0  # passes started
+        # The delivery order of the current or last pass (what positions count in): a pass of
+        # `reader()` with shuffling options, else the stored order.
+        self._order = (delivery_order(self.options, seed) if self.options.active else STORED)
         if state is not None:
             self.restore(state)
 
@@ -80,24 +78,51 @@ class Reader:
                 self._backend = self._make_backend(self._resume)
             return self._backend
 
-    def state(self) -> dict[str, Any]:
-        """Where the trainer stands in the epoch, as a small JSON-able dict to save with a
-        checkpoint; `dist.reader(..., state=saved)` (or `restore`) continues from it.
+    def _position(self) -> ReaderPosition:
+        with self._lock:
+            backend, resume = self._backend, self._resume
+        if backend is None:  # not connected yet: what it would resume from, or the start
+            position = resume or ReaderPosition(self.mode, self.name, -1, seed=self.seed)
+        else:
+            position = backend.position()
+        position.order = self._order
+        return position
 
-        Exact: what the trainer was handed counts, what was prefetched does not. In a cluster
-        the restored reader also gets back what the crashed one consumed after the checkpoint
-        (the master undoes it), so the restored model sees every record of the epoch once."""
-        return self.backend.position().to_dict()
+    def state_dict(self) -> dict[str, Any]:
+        """Where the trainer stands in the epoch (torchdata's `Stateful` protocol): a small
+        JSON-able dict with fixed keys to save with a checkpoint, e.g. through
+        `torchdata.stateful_dataloader.StatefulDataLoader` or `torch.distributed.checkpoint`;
+        `load_state_dict` (or `dist.reader(..., state=saved)`) continues from it.
+
+        Exact on every path: what the trainer was handed counts (per partition, in its delivery
+        order, shuffled or not), what was prefetched or buffered does not. In a cluster the
+        restored reader also gets back what the crashed one consumed after the checkpoint (the
+        master undoes it), so the restored model sees every record of the epoch once. Building
+        it does not connect."""
+        return self._position().to_state_dict()
+
+    def state(self) -> dict[str, Any]:
+        """`state_dict()` in its first shape (`positions` a dict of partition -> records), kept
+        for checkpoints that saved it; either shape restores."""
+        return self._position().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a saved `state_dict()` (or `state()`): see `restore`."""
+        self.restore(state)
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continues from a saved `state()` instead of the job's current position. Only before
-        the first pass (it decides how this reader joins)."""
+        """Continues from a saved state instead of the job's current position. Only before the
+        first pass (it decides how this reader joins); a connection made before it (e.g. by
+        `output_spec()`) is dropped and made again from the state."""
         position = ReaderPosition.from_dict(state, self.name, self.mode)
         with self._lock:
-            if self._backend is not None:
+            if self._passes:
                 raise ValueError("restore() must come before the reader's first pass "
                                  "(or pass state= to dist.reader)")
-            self._resume = position
+            backend, self._backend = self._backend, None
+            self._resume = position if position.epoch >= 0 else None
+        if backend is not None:
+            backend.close()
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -158,15 +183,21 @@ class Reader:
         """Bytes of payload (file bytes) this reader fetched from storage so far."""
         return self.backend.read_stats.payload_bytes
 
-    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]],
-                  selector: Selector | None = None) -> Iterator[Any]:
-        stream = self.backend.open_pass(selector)
-        finished = False
-        try:
-            yield from body(stream)
-            finished = True
-        finally:
-            stream.close(finished)
+    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = plain_load,
+                  order: str = STORED) -> Iterator[Any]:
+        """One pass through `body` (which runs the batcher; it ends the stream)."""
+        saved = self._resume
+        if (not self._passes and saved is not None and saved.order and saved.positions
+                and saved.order != order):
+            raise ValueError(
+                f"reader state counts records of partitions in the {saved.order!r} order, but "
+                f"this pass delivers them in the {order!r} order: restore it into a reader with "
+                "the same seed, shuffle_buffer and resample (and the same path: reader() or "
+                "batch())")
+        stream = self.backend.open_pass(load)
+        self._passes += 1
+        self._order = order
+        yield from body(stream)
 
     def __call__(self) -> Iterator[Any]:
         """One pass. Raw (no pipeline option): each instance as a tuple (bytes for files, str
@@ -174,42 +205,29 @@ class Reader:
         batch_size each instance as a tuple with every option applied."""
         manifest = self.backend.manifest
         if manifest.kind == PACKED_KIND and not self.options.active:
-            return self._run_pass(lambda stream: self._buffers(stream, manifest.extra["tensors"]))
+            tensors = manifest.extra["tensors"]
+
+            def buffers(piece: Piece) -> Iterator[dict[str, Any]]:
+                """A packed dataset (trainfeed.preprocess): one dict of arrays per buffer."""
+                assert piece.table is not None
+                return (decode_buffer(row, tensors, row[ID_COLUMN])
+                        for row in piece.table.to_pylist())
+            # Buffers are big: each one counts as progress.
+            return self._run_pass(lambda stream: deliver(stream, Cutter(None), buffers,
+                                                         unbatch=True, progress_every=1))
         if self.options.active:
             pipeline = self.pipeline
-            size = self.options.batch_size
+            size = self.options.batch.size
             return self._run_pass(
                 (lambda stream: pipeline.batches(stream, size)) if size is not None
-                else pipeline.instances, pipeline.selector)
+                else pipeline.instances, pipeline.loader(), pipeline.order)
         names = self.field_names
 
-        def instances(stream: PassStream) -> Iterator[tuple[Any, ...]]:
-            positions = stream.positions
-            for part in stream:
-                if part is None:
-                    continue
-                partition, skip = part.task.partition, part.task.skip
-                for handed, row in enumerate(_rows(part.table, names), start=1):
-                    positions[partition] = skip + handed  # exact, for state(); a dict store
-                    yield row
-                    if handed % PROGRESS_EVERY == 0:  # the trainer asked for the next one
-                        stream.progress(part, handed)
-                stream.taken(part)
-                stream.consumed(part)
-        return self._run_pass(instances)
-
-    @staticmethod
-    def _buffers(stream: PassStream, tensors: dict[str, str]) -> Iterator[dict[str, Any]]:
-        """A packed dataset (trainfeed.preprocess): one dict of arrays per buffer."""
-        for part in stream:
-            if part is None:
-                continue
-            for handed, row in enumerate(part.table.to_pylist(), start=1):
-                stream.positions[part.task.partition] = part.task.skip + handed
-                yield decode_buffer(row, tensors, row[ID_COLUMN])
-                stream.progress(part, handed)  # buffers are big: each one counts
-            stream.taken(part)
-            stream.consumed(part)
+        def instances(piece: Piece) -> Iterator[tuple[Any, ...]]:
+            assert piece.table is not None
+            return _rows(piece.table, names)
+        return self._run_pass(lambda stream: deliver(stream, Cutter(None), instances,
+                                                     unbatch=True))
 
     def column_batches(self, batch_size: int | None = None,
                        drop_last: bool = False) -> Iterator[ColumnBatch]:
@@ -231,65 +249,9 @@ class Reader:
 
     def _batched(self, batch_size: int | None, drop_last: bool,
                  convert: Callable[[pa.Table], Any]) -> Iterator[Any]:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1 or None, got {batch_size}")
-
-        def per_partition(stream: PassStream) -> Iterator[Any]:
-            for part in stream:
-                if part is not None:
-                    handed_over(stream, [(part, part.table.num_rows, part.table)])
-                    yield convert(part.table)
-                    stream.taken(part)
-                    stream.consumed(part)
-
-        def batches(stream: PassStream) -> Iterator[Any]:
-            assert batch_size is not None
-            # Rows waiting for the next batch: (partition, its rows handed once this batch is
-            # consumed, the slice).
-            pieces: list[tuple[LoadedPartition, int, pa.Table]] = []
-            buffered = 0
-            # Partitions whose every row is in `pieces` or already yielded: acknowledged once the
-            # batch holding their last rows was handed over and the trainer asked for the next.
-            sliced: list[LoadedPartition] = []
-
-            def consumed(batch: list[tuple[LoadedPartition, int, pa.Table]],
-                         acked: list[LoadedPartition]) -> None:
-                for part, handed, _ in batch:
-                    stream.progress(part, handed)
-                for done in acked:
-                    stream.consumed(done)
-
-            for part in stream:
-                if part is None:  # nothing coming for now: hand the partial batch over
-                    batch, acked = pieces, sliced
-                    pieces, buffered, sliced = [], 0, []
-                    if batch and not drop_last:
-                        handed_over(stream, batch)
-                        yield convert(pa.concat_tables([t for _, _, t in batch]))
-                    consumed(batch, acked)
-                    continue
-                offset = 0
-                while offset < part.table.num_rows:
-                    take = min(batch_size - buffered, part.table.num_rows - offset)
-                    pieces.append((part, offset + take, part.table.slice(offset, take)))
-                    buffered += take
-                    offset += take
-                    if buffered == batch_size:
-                        batch, acked = pieces, sliced
-                        pieces, buffered, sliced = [], 0, []
-                        handed_over(stream, batch)
-                        yield convert(pa.concat_tables([t for _, _, t in batch]))
-                        consumed(batch, acked)
-                stream.taken(part)
-                sliced.append(part)
-                if not pieces:  # the partition ended exactly at a batch boundary (or was empty)
-                    consumed([], sliced)
-                    sliced = []
-            if pieces and not drop_last:
-                handed_over(stream, pieces)
-                yield convert(pa.concat_tables([t for _, _, t in pieces]))
-            consumed(pieces, sliced)
-        return self._run_pass(per_partition if batch_size is None else batches)
+        cutter = Cutter(batch_size, drop_last)  # checks batch_size now, not at the first next()
+        return self._run_pass(lambda stream: deliver(
+            stream, cutter, lambda piece: convert(piece.table)))
 
     def close(self) -> None:
         with self._lock:

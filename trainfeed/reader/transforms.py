@@ -101,7 +101,7 @@ class Standardize:
 
 def fit_transformer(reader: Any, transformer: Standardize) -> Standardize:
     """Fits `transformer` on one pass of `reader` (a batching reader over training records)."""
-    if getattr(reader, "options", None) is None or reader.options.batch_size is None:
+    if getattr(reader, "options", None) is None or reader.options.batch.size is None:
         raise ValueError("fit_transformer needs a reader with batch_size set")
     return transformer.fit(reader())
 

@@ -1,16 +1,20 @@
-"""Overlapping I/O with training: a background thread that reads partitions ahead of the consumer.
+"""Overlapping work with training: the one background thread-and-queue helper, and the partition
+prefetcher built on it.
 
-The producer runs in one thread and hands loaded partitions through a bounded queue; `credits`
-bounds how many partitions are loaded or being consumed at once (so a reader never leases work it
-will not start soon). Errors in the producer surface in the consumer, and `close()` stops and joins
-the thread, also when the consumer quits mid-way.
+`Background` runs a producer in a daemon thread and hands what it puts through a queue to a single
+consumer, in order; errors in the producer surface in the consumer, and `close()` stops and joins
+the thread, also when the consumer quits mid-way. Two stages use it: `PrefetchStream` (partitions
+read ahead of the consumer; `credits` bound how many are loaded or being consumed at once, so a
+reader never leases work it will not start soon) and the input pipeline's batch preparation
+(trainfeed.reader.batcher: a bounded queue of decoded batches).
 """
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import pyarrow as pa
 
@@ -21,6 +25,10 @@ import pyarrow as pa
 # of 8 and 0.8x with 32: the window sets how many tasks one GetTasks call carries.
 DEFAULT_PREFETCH_BYTES = 64 << 20
 MIN_PREFETCH, MAX_PREFETCH = 2, 32
+# How often a blocked producer re-checks whether the consumer closed the stream.
+POLL_S = 0.1
+
+T = TypeVar("T")
 
 
 def prefetch_depth(num_bytes: int, num_partitions: int,
@@ -40,7 +48,9 @@ class TaskRef:
     row_group_start: int
     row_group_stop: int
     num_records: int
-    skip: int = 0  # leading records already handed to a trainer by an earlier holder
+    # Leading records (in the partition's delivery order) already handed to a trainer by an
+    # earlier holder or before a checkpoint.
+    skip: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,100 @@ _END = object()
 _FLUSH = object()
 
 
+class Background(Generic[T]):
+    """Runs `produce(self)` in a daemon thread; iterating yields what it `put`s, in order.
+
+    Single producer, single consumer. `maxsize` bounds the queue (0: unbounded, for producers
+    bounded otherwise, such as by credits); a full queue blocks `put` until the consumer takes an
+    item or `close()` is called (then `put` raises Stopped, which ends the producer quietly).
+    Iterating yields None where the producer called `flush()`. `close()` is idempotent.
+    """
+
+    def __init__(self, produce: Callable[[Background[T]], None], maxsize: int = 0,
+                 name: str = "trainfeed-background",
+                 on_empty: Callable[[], None] = lambda: None,
+                 stop: threading.Event | None = None):
+        self._stop = stop or threading.Event()
+        self._queue: queue.Queue[object] = queue.Queue(maxsize)
+        self._produce = produce
+        self._on_empty = on_empty
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def of(cls, items: Iterable[T], maxsize: int, name: str) -> Background[T]:
+        """Iterates `items` in the background, at most `maxsize` ahead of the consumer."""
+        def produce(out: Background[T]) -> None:
+            for item in items:
+                out.put(item)
+        return cls(produce, maxsize, name)
+
+    def put(self, item: T) -> None:
+        """Hands an item to the consumer (producer side); blocks while the queue is full."""
+        while True:
+            if self._stop.is_set():
+                raise Stopped
+            try:
+                self._queue.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    def flush(self) -> None:
+        """Makes the consumer's iteration yield None (see PrefetchStream)."""
+        self.put(_FLUSH)  # type: ignore[arg-type]
+
+    @property
+    def buffered(self) -> int:
+        """Items put but not yet taken by the consumer (approximate)."""
+        return self._queue.qsize()
+
+    def _run(self) -> None:
+        try:
+            self._produce(self)
+            item: object = _END
+        except Stopped:
+            item = _END
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            item = e
+        while True:
+            try:
+                self._queue.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                if self._stop.is_set():  # the consumer is gone: never block for good
+                    return
+
+    def __iter__(self) -> Iterator[T | None]:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                self._on_empty()
+                item = self._queue.get()
+            if item is _END:
+                return
+            if item is _FLUSH:
+                yield None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+
+    def stop(self) -> None:
+        """Tells the producer to stop at its next `put` (or credit wait); does not wait."""
+        self._stop.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the producer and joins it. Idempotent."""
+        self.stop()
+        self._thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
 class Credits:
     """A counter of free prefetch slots that the producer waits on and the consumer refills."""
 
@@ -68,14 +172,18 @@ class Credits:
         self._stop = stop
 
     def take_all(self, at_least: int = 1, starving: Callable[[], bool] = lambda: False,
-                 poll_s: float = 0.1) -> int:
+                 poll_s: float = POLL_S) -> int:
         """Blocks until `at_least` slots are free (or one is and `starving()`, which `poke()`
-        makes it re-check); takes and returns every free slot."""
+        makes it re-check); takes and returns every free slot. Raises Stopped once the
+        consumer closed the stream, free slots or not (a producer that long-polls between two
+        calls would otherwise never notice)."""
         with self._cond:
             self._want = max(1, at_least)
-            while self._free == 0 or (self._free < at_least and not starving()):
+            while True:
                 if self._stop.is_set():
                     raise Stopped
+                if self._free and (self._free >= at_least or starving()):
+                    break
                 self._cond.wait(poll_s)
             self._want = 1
             taken, self._free = self._free, 0
@@ -93,12 +201,11 @@ class Credits:
             self._cond.notify_all()
 
 
-class PrefetchStream:
-    """Runs `produce(stream, credits)` in a thread; iterating yields what it puts, in order.
+class PrefetchStream(Background[LoadedPartition]):
+    """Partitions loaded ahead: runs `produce(stream, credits)` in the background.
 
     `produce` must call `credits.take_all()` before loading partitions and `put` each one; the
-    consumer calls `release(part)` when done with one's rows, which frees its slot. Single
-    consumer.
+    consumer calls `release(part)` when every row of one moved on, which frees its slot.
 
     Iterating yields None where the producer called `flush()`: nothing more is coming for now (the
     epoch's remaining tasks are held by others), so a consumer holding a partial batch should hand
@@ -109,63 +216,17 @@ class PrefetchStream:
                  depth: int, name: str = "trainfeed-prefetch"):
         if depth < 1:
             raise ValueError(f"prefetch depth must be ≥ 1, got {depth}")
-        self._stop = threading.Event()
-        self.credits = Credits(depth, self._stop)
-        self._queue: queue.Queue[object] = queue.Queue()
-        self._produce = produce
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def put(self, item: LoadedPartition) -> None:
-        """Hands a loaded partition to the consumer (producer side)."""
-        if self._stop.is_set():
-            raise Stopped
-        self._queue.put(item)
-
-    @property
-    def buffered(self) -> int:
-        """Partitions loaded but not yet taken by the consumer (approximate)."""
-        return self._queue.qsize()
-
-    def flush(self) -> None:
-        """Tells the consumer that no partition is coming soon (see the class docstring)."""
-        self._queue.put(_FLUSH)
-
-    def _run(self) -> None:
-        try:
-            self._produce(self, self.credits)
-            self._queue.put(_END)
-        except Stopped:
-            self._queue.put(_END)
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            self._queue.put(e)
-
-    def __iter__(self) -> Iterator[LoadedPartition | None]:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                self.credits.poke()  # running dry: the producer should not wait for low water
-                item = self._queue.get()
-            if item is _END:
-                return
-            if item is _FLUSH:
-                yield None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, LoadedPartition)
-            yield item
+        stop = threading.Event()
+        self.credits = Credits(depth, stop)
+        # Running dry: the producer should not wait for its low-water mark.
+        super().__init__(lambda out: produce(self, self.credits), 0, name, self.credits.poke,
+                         stop)
 
     def release(self, part: LoadedPartition) -> None:
         self.credits.give(1)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops the producer and joins it. Idempotent."""
-        self._stop.set()
+        self.stop()
         self.credits.poke()
         self._thread.join(timeout)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()

@@ -22,7 +22,7 @@ from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker import shutdown
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader, ReadStats, Selector, read_task
+from trainfeed.worker.partition_reader import PartitionReader, ReadStats, read_task
 from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,15 @@ COALESCE_S = 0.05
 # can): after a crash a re-leased partition repeats at most the records consumed in this long,
 # plus the batch that was in the trainer's hands.
 PROGRESS_INTERVAL_S = 1.0
+
+# Reads a task's partition as the trainer will get it: its records in delivery order, minus the
+# `task.skip` first ones (trainfeed.reader.batcher.partition_loader builds the pipeline's).
+Load = Callable[[PartitionReader, TaskRef], pa.Table]
+
+
+def plain_load(reader: PartitionReader, task: TaskRef) -> pa.Table:
+    """Records in storage order, minus the leading `task.skip`."""
+    return read_task(reader, task, None)
 
 
 class WorkerSession:
@@ -214,14 +223,15 @@ class WorkerSession:
 
     # -- passes -------------------------------------------------------------------------------
     def open_pass(self, epoch: int, depth: int, on_epoch: Callable[[int], None],
-                  selector: Selector | None = None) -> PrefetchStream:
-        """Starts reading one epoch (or JOIN_CURRENT_EPOCH). `on_epoch` learns its number."""
+                  load: Load = plain_load) -> PrefetchStream:
+        """Starts reading one epoch (or JOIN_CURRENT_EPOCH). `on_epoch` learns its number;
+        `load` reads each task (see Load)."""
         return PrefetchStream(lambda out, credits: self._produce(epoch, out, credits, on_epoch,
-                                                                selector),
+                                                                load),
                               depth, name=f"trainfeed-fetch-{self.worker}")
 
     def _produce(self, epoch: int, out: PrefetchStream, credits: Credits,
-                 on_epoch: Callable[[int], None], selector: Selector | None) -> None:
+                 on_epoch: Callable[[int], None], load: Load) -> None:
         reader = PartitionReader(self.dataset, self.field_names, self.binary_fields,
                                  self.read_stats)
         got_any = False
@@ -295,7 +305,7 @@ class WorkerSession:
                                    t.row_group_stop, t.num_records, t.skip_records)
                     try:
                         # Minus what an earlier holder's trainer already got (task.skip).
-                        table = read_task(reader, task, selector)
+                        table = load(reader, task)
                     except (CorruptDatasetError, OSError, pa.ArrowException) as e:
                         logger.error("partition %d (%s) failed: %s", task.partition, task.shard, e)
                         failures.append(f"{type(e).__name__}: {e}")
@@ -310,7 +320,12 @@ class WorkerSession:
             reader.close()
 
     def end_pass_early(self) -> None:
-        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back."""
+        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back. Nothing
+        once the session is closed (its close did it; a pass ended after that has no channel)."""
+        if not self._closed:
+            self._hand_back()
+
+    def _hand_back(self) -> None:
         self._send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
         with self._cond:
@@ -327,6 +342,6 @@ class WorkerSession:
             self._cond.notify_all()
         self._reporter.join(10)
         try:
-            self.end_pass_early()
+            self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)

@@ -1,0 +1,249 @@
+"""What the input pipeline does to records, as small frozen option groups a user can hold.
+
+`dist.reader(name, pipeline=PipelineOptions(decode=DecodeOptions(image_size=(64, 64)), ...))`
+passes them whole; the keyword shortcuts (`dist.reader(name, decode=True, image_size=(64, 64))`)
+keep working through one table derived from the groups' fields (`KEYWORDS`): a new option is a
+field of its group, with its keyword in the field's metadata when it differs from the field name,
+and nothing else to edit. Each group validates itself in `__post_init__`; defaults say where they
+came from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfeed.reader.transforms import AugmentStep, Standardize
+from trainfeed.worker.decode import DECODE_POLICIES
+from trainfeed.worker.resample import Target
+
+MODES = ("train", "validation", "score")
+
+
+def _keyword(name: str) -> dict[str, str]:
+    """Field metadata: the `dist.reader` keyword of a field whose name differs from it."""
+    return {"keyword": name}
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Images: JPEG/PNG fields to uint8 HxWxC arrays (float32 once normalized), on all cores.
+
+    `image_size=(h, w)` resizes to a fixed shape (`crop`: centre-crops to its aspect ratio first,
+    nothing stretched); `normalizing_const` divides; `errors` "raise" (a DecodeError naming the
+    record) or "skip" (dropped, counted in `reader.decode_failures`); `threads` None: all cores.
+    """
+
+    enabled: bool = field(default=False, metadata=_keyword("decode"))
+    image_size: tuple[int, int] | None = None
+    crop: bool = False
+    channels: int = 3  # RGB, what image models take; 1 for grey
+    normalizing_const: float | None = None
+    errors: str = field(default="raise", metadata=_keyword("decode_errors"))
+    threads: int | None = field(default=None, metadata=_keyword("decode_threads"))
+
+    def __post_init__(self) -> None:
+        if self.image_size is not None:
+            try:
+                size = tuple(operator.index(x) for x in self.image_size)
+            except TypeError:
+                size = ()
+            if len(size) != 2 or min(size) < 1:
+                raise ValueError(f"image_size must be (height, width) of positive ints, got "
+                                 f"{self.image_size!r}")
+            object.__setattr__(self, "image_size", size)
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 3 (RGB) or 1 (grey), got {self.channels!r}")
+        if self.normalizing_const is not None and self.normalizing_const == 0:
+            raise ValueError("normalizing_const must not be 0")
+        if self.errors not in DECODE_POLICIES:
+            raise ValueError(f"decode_errors must be one of {DECODE_POLICIES}, "
+                             f"got {self.errors!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"decode_threads must be ≥ 1 or None (all cores), "
+                             f"got {self.threads}")
+        if ((self.image_size is not None or self.normalizing_const is not None or self.crop)
+                and not self.enabled):
+            raise ValueError("image_size, crop and normalizing_const apply to decoded images: "
+                             "pass decode=True")
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted, or `class_values`,
+    e.g. a training reader's, so that a validation reader lacking classes agrees); `one_hot`:
+    float32 (n, K) instead; `class_weights`: a per-record loss weight "_weight" ("uniform", a dict
+    class -> weight, or a power of the source distribution)."""
+
+    one_hot: bool = False
+    class_values: tuple[str, ...] | None = None
+    class_weights: Target | None = None
+
+    def __post_init__(self) -> None:
+        if self.class_values is not None:
+            if isinstance(self.class_values, str):
+                raise TypeError(f"class_values must be a sequence of labels, not the string "
+                                f"{self.class_values!r}")
+            object.__setattr__(self, "class_values", tuple(self.class_values))
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Which records come, in which order: `shuffle_buffer` records shuffled together beyond the
+    master's partition order; `resample` rebalances classes toward "uniform", a dict class ->
+    weight, or a power of the source distribution. Training mode only."""
+
+    shuffle_buffer: int = 0  # 0: the partition order alone (the master's per-epoch shuffle)
+    resample: Target | None = None
+
+    def __post_init__(self) -> None:
+        if self.shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be ≥ 0, got {self.shuffle_buffer}")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """`size` records per batch (None: one instance at a time); `prefetch` batches prepared
+    ahead of the trainer."""
+
+    size: int | None = field(default=None, metadata=_keyword("batch_size"))
+    # Two: one in the trainer's hands, one ready; more only buys memory when decoding keeps up.
+    prefetch: int = field(default=2, metadata=_keyword("prefetch_batches"))
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {self.size}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch_batches must be ≥ 1, got {self.prefetch}")
+
+
+@dataclass(frozen=True)
+class TransformOptions:
+    """`transform`: a fitted transformer (trainfeed.reader.transforms.Standardize) or the name
+    of one saved with the dataset, applied to every batch; `augment`: importable functions
+    ("module:function" or (path, params)), applied to training batches only."""
+
+    transform: str | Standardize | None = None
+    augment: tuple[AugmentStep, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.augment, str):
+            raise TypeError(f"augment must be a sequence of steps, not the string "
+                            f"{self.augment!r}: pass [{self.augment!r}]")
+        object.__setattr__(self, "augment", tuple(self.augment))
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What `dist.reader(...)` does to records before handing them over, by group.
+
+    `mode` "validation" or "score" never shuffles, resamples or augments.
+
+    Example:
+        >>> options = PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32)),
+        ...                           batch=BatchOptions(size=64))
+        >>> options.batch.size, options.active
+        (64, True)
+        >>> PipelineOptions.from_keywords(batch_size=64) == PipelineOptions(
+        ...     batch=BatchOptions(size=64))
+        True
+    """
+
+    decode: DecodeOptions = DecodeOptions()
+    labels: LabelOptions = LabelOptions()
+    sampling: SamplingOptions = SamplingOptions()
+    batch: BatchOptions = BatchOptions()
+    transform: TransformOptions = TransformOptions()
+    mode: str = "train"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = GROUPS.get(f.name)
+            if kind is not None and not isinstance(value, kind):
+                raise TypeError(f"PipelineOptions.{f.name} must be a {kind.__name__}, got "
+                                f"{type(value).__name__}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+    @classmethod
+    def from_keywords(cls, base: PipelineOptions | None = None,
+                      **keywords: Any) -> PipelineOptions:
+        """`base` (default: no options) with the `dist.reader` keyword shortcuts applied.
+
+        Raises:
+            TypeError: a keyword that is no pipeline option (the message suggests one).
+        """
+        options = base or cls()
+        changes: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        for keyword, value in keywords.items():
+            if keyword not in KEYWORDS:
+                close = difflib.get_close_matches(keyword, KEYWORDS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"unknown reader option {keyword!r}{hint} (options: "
+                                f"{', '.join(sorted(KEYWORDS))})")
+            group, name = KEYWORDS[keyword]
+            if group:
+                changes.setdefault(group, {})[name] = value
+            else:
+                top[name] = value
+        for group, values in changes.items():
+            top[group] = dataclasses.replace(getattr(options, group), **values)
+        return dataclasses.replace(options, **top) if top else options
+
+    @property
+    def active(self) -> bool:
+        """Whether any option asks for more than the raw Paddle-style records."""
+        return self != PipelineOptions()
+
+    @property
+    def shuffles(self) -> bool:
+        """Over-sampled copies are shuffled too (within the buffer, at least within the batches'
+        window), so that replicas of a record do not sit together."""
+        return self.mode == "train" and (self.sampling.shuffle_buffer > 1
+                                         or self.sampling.resample is not None)
+
+    @property
+    def resamples(self) -> bool:
+        return self.mode == "train" and self.sampling.resample is not None
+
+    @property
+    def augments(self) -> bool:
+        return self.mode == "train" and bool(self.transform.augment)
+
+
+GROUPS: dict[str, type] = {"decode": DecodeOptions, "labels": LabelOptions,
+                           "sampling": SamplingOptions, "batch": BatchOptions,
+                           "transform": TransformOptions}
+
+
+def _keywords() -> dict[str, tuple[str, str]]:
+    """`dist.reader` keyword -> (group field of PipelineOptions, or "" for its own; field)."""
+    table: dict[str, tuple[str, str]] = {}
+    for group, kind in GROUPS.items():
+        for f in dataclasses.fields(kind):
+            keyword = f.metadata.get("keyword", f.name)
+            assert keyword not in table, f"two options answer to keyword {keyword!r}"
+            table[keyword] = (group, f.name)
+    for f in dataclasses.fields(PipelineOptions):
+        if f.name not in GROUPS:
+            table[f.name] = ("", f.name)
+    return table
+
+
+KEYWORDS: Mapping[str, tuple[str, str]] = _keywords()
+
+
+def keyword_defaults() -> dict[str, Any]:
+    """Every keyword shortcut with its default (for documentation and tests)."""
+    defaults = PipelineOptions()
+    return {keyword: getattr(getattr(defaults, group), name) if group
+            else getattr(defaults, name) for keyword, (group, name) in KEYWORDS.items()}
+
+
+__all__: Sequence[str] = ["BatchOptions", "DecodeOptions", "LabelOptions", "PipelineOptions",
+                          "SamplingOptions", "TransformOptions"]

@@ -36,12 +36,16 @@ def _rows(table: pa.Table, names: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
     return zip(*(table.column(n).to_pylist() for n in names))
 
 
-def handed_over(stream: PassStream, batch: list[tuple[LoadedPartition, int, pa.Table]]) -> None:
+def handed_over(stream: PassStream, batch: list[tuple[LoadedPartition, int, pa.Table]]
+                ) -> list[tuple[LoadedPartition, int, pa.Table]]:
     """The trainer is about to get `batch` (pieces: partition, its rows handed with this
     batch, the slice): from now on `state()` counts them. (The master hears of them only once
-    the trainer asks for more: see `consumed` in `_batched`.)"""
+    the trainer asks for more: see `consumed` in `_batched`.) Pieces of partitions whose lease
+    the master took away are dropped first; returns what the trainer gets."""
+    batch = [piece for piece in batch if not stream.lost(piece[0])]
     for part, handed, _ in batch:
         stream.positions[part.task.partition] = part.task.skip + handed
+    return batch
 
 
 def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
@@ -237,8 +241,8 @@ class Reader:
         def per_partition(stream: PassStream) -> Iterator[Any]:
             for part in stream:
                 if part is not None:
-                    handed_over(stream, [(part, part.table.num_rows, part.table)])
-                    yield convert(part.table)
+                    if handed_over(stream, [(part, part.table.num_rows, part.table)]):
+                        yield convert(part.table)
                     stream.taken(part)
                     stream.consumed(part)
 
@@ -264,8 +268,9 @@ class Reader:
                     batch, acked = pieces, sliced
                     pieces, buffered, sliced = [], 0, []
                     if batch and not drop_last:
-                        handed_over(stream, batch)
-                        yield convert(pa.concat_tables([t for _, _, t in batch]))
+                        batch = handed_over(stream, batch)
+                        if batch:
+                            yield convert(pa.concat_tables([t for _, _, t in batch]))
                     consumed(batch, acked)
                     continue
                 offset = 0
@@ -277,8 +282,9 @@ class Reader:
                     if buffered == batch_size:
                         batch, acked = pieces, sliced
                         pieces, buffered, sliced = [], 0, []
-                        handed_over(stream, batch)
-                        yield convert(pa.concat_tables([t for _, _, t in batch]))
+                        batch = handed_over(stream, batch)
+                        if batch:
+                            yield convert(pa.concat_tables([t for _, _, t in batch]))
                         consumed(batch, acked)
                 stream.taken(part)
                 sliced.append(part)
@@ -286,8 +292,9 @@ class Reader:
                     consumed([], sliced)
                     sliced = []
             if pieces and not drop_last:
-                handed_over(stream, pieces)
-                yield convert(pa.concat_tables([t for _, _, t in pieces]))
+                pieces = handed_over(stream, pieces)
+                if pieces:
+                    yield convert(pa.concat_tables([t for _, _, t in pieces]))
             consumed(pieces, sliced)
         return self._run_pass(per_partition if batch_size is None else batches)
 

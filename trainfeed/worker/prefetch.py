@@ -41,6 +41,7 @@ class TaskRef:
     row_group_stop: int
     num_records: int
     skip: int = 0  # leading records already handed to a trainer by an earlier holder
+    lease: int = 0  # the master's fencing token of this lease (0: local, no master)
 
 
 @dataclass(frozen=True)

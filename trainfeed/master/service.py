@@ -77,6 +77,9 @@ RESTART_GRACE_LEASES = 2
 STALL_S = 2.0
 # The binary trailing metadata of a FAILED_PRECONDITION answer: a serialized RefusedReports.
 REFUSED_TRAILER = "trainfeed-refused-bin"
+# It lists at most this many (gRPC caps metadata at 16 KiB; a HeldTask takes at most ~25 bytes):
+# a client sending more refused reports learns the rest on its retry.
+MAX_REFUSED_LISTED = 512
 # Workers whose refused reports were logged, per job: once per worker, up to this many (hostile
 # callers can invent ids; past the cap refusals are only counted).
 MAX_REFUSALS_LOGGED = 10_000
@@ -357,7 +360,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                            worker, why)
         trailer = pb.RefusedReports(reports=[
             pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-            for r in refused]).SerializeToString()
+            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                             f"job {job.name!r}: {len(refused)} report(s) of worker {worker} "
                             f"refused: it does not hold their lease (it expired, or the partition "

@@ -125,8 +125,10 @@ class HostileLedgerMachine(RuleBasedStateMachine):
         assert snapshot(self.ledger) == before  # pure
         for claim in claims:
             e, p, t = claim
-            ours = (e == self.ledger.epoch and self.ledger.pending.get(p) == worker
-                    and self.ledger.token_of(p) == t)
+            ledger = self.ledger
+            ours = (e == ledger.epoch and ledger.leases.get(p) == (worker, t)
+                    and (ledger.pending.get(p) == worker or p in ledger.done
+                         or p in ledger.failed))
             assert (claim in revoked) == (not ours)
 
     @rule(compact=st.booleans())

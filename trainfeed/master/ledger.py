@@ -369,10 +369,12 @@ class Ledger:
     def revoked(self, worker: str, held: Iterable[tuple[int, int, int]]) -> list[
             tuple[int, int, int]]:
         """Of the (epoch, partition, token) leases `worker` says it holds, those that are not
-        its own any more: a past epoch, or not pending to it with that token. Pure."""
+        its own any more: a past epoch, leased to another since, or back in todo (expired or
+        handed back). Not those it finished itself (a DONE sent by a concurrent call). Pure."""
         return [(e, p, t) for e, p, t in held
-                if e != self.epoch or self.pending.get(p) != worker
-                or self.leases.get(p) != (worker, t)]
+                if e != self.epoch or self.leases.get(p) != (worker, t)
+                or (self.pending.get(p) != worker and p not in self.done
+                    and p not in self.failed)]
 
     def take_journal(self) -> list[list[Any]]:
         """The ops since the last call, for the state store; clears them."""

@@ -189,6 +189,7 @@ class WorkerSession:
     def _revoke(self, revoked: Sequence[pb.HeldTask], started: float) -> None:
         """A call that started at `started` (monotonic) succeeded: our other leases are renewed
         until a lease timeout after it; `revoked` ones are not ours any more (forget them)."""
+        gone: list[tuple[int, int]] = []
         with self._cond:
             self._leases_sure_until = max(self._leases_sure_until,
                                           started + self.lease_timeout_s)
@@ -202,11 +203,11 @@ class WorkerSession:
                 self._reports = [r for r in self._reports
                                  if (r.epoch, r.partition, r.lease) != (*key, t.lease)]
                 self._lost.add((*key, t.lease))
-        if revoked:
+                gone.append(key)
+        if gone:
             logger.warning("the master took away %d lease(s) of this reader (it was frozen or "
                            "cut off longer than the lease timeout?); their undelivered records "
-                           "are dropped: %s", len(revoked),
-                           [(t.epoch, t.partition) for t in revoked][:10])
+                           "are dropped: %s", len(gone), gone[:10])
 
     def lease_lost(self, task: TaskRef) -> bool:
         """Whether the master took `task`'s lease away, so that its records not yet handed to

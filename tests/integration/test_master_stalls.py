@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from sample_data import file_digests, make_image_list
 from test_chaos import wait_for
+from test_master_metrics import scrape, value
 from test_master_restart import free_port
 from test_multiprocess import delivered, lines, signal_after, start_reader
 
@@ -96,14 +97,13 @@ def test_a_reader_frozen_past_its_lease_delivers_nothing_another_reader_delivere
             time.sleep(2.5 * LEASE_S)  # its leases expire; the others take its partitions
             readers[0].send_signal(signal.SIGCONT)
             assert finish(readers, master) == [0, 0, 0]
+            # The freeze really cost it its leases.
+            assert value(scrape(master), "trainfeed_leases_expired_total", job="train") > 0
         finally:
             for r in readers:
                 if r.poll() is None:
                     r.send_signal(signal.SIGCONT)
                     r.kill()
-    log = "".join(master.log)
-    # The freeze really cost it its leases: its late reports were refused.
-    assert "which does not hold their lease" in log, log[-2000:]
     others = Counter((line["epoch"], i) for out in outs[1:] for line in lines(out)
                      if not line.get("end") for i in line["ids"])
     after = [(line["epoch"], i) for line in lines(outs[0])[frozen_lines:]
@@ -157,10 +157,12 @@ def run_with_master_restarts(storage: str, state: str, outs: list[Path], restart
         if kill_reader:
             assert signal_after(readers[0], outs[0], 3, signal.SIGKILL) == -signal.SIGKILL
             readers.append(start_reader(outs[3], env, *args))
-        for _ in range(restarts):
+        for k in range(restarts):
             time.sleep(1.5)
             master.kill()
-            time.sleep(0.5)
+            # Outages short and long: the long ones outlast the leases (before issue 14, live
+            # readers reconnected seconds after the master was back and found them expired).
+            time.sleep(0.5 if k % 2 else 3 * LEASE_S)
             master = MasterProcess(storage, state=state, port=port, extra_args=master_args)
         survivors = readers[1:] if kill_reader else readers
         codes = finish(survivors, master)

@@ -200,8 +200,8 @@ class WorkerSession:
                 del self._held[key]
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
-                self._reports = [r for r in self._reports
-                                 if (r.epoch, r.partition, r.lease) != (*key, t.lease)]
+                # (A DONE already queued still goes: the master takes it if nobody leased the
+                # partition since, and saves its re-reading; else it refuses it.)
                 self._lost.add((*key, t.lease))
                 gone.append(key)
         if gone:

@@ -70,9 +70,10 @@ def test_reports_not_from_the_lease_holder_are_refused_and_change_nothing(storag
                                  for t in mine]),
             ("wrong token", owner, [pb.TaskReport(epoch=0, partition=t.partition, outcome=DONE,
                                                   lease=t.lease + 1000) for t in mine]),
-            # PROGRESS of 10^9 records on partitions the sender does not hold.
+            # PROGRESS on partitions the sender does not hold (all their records: the next
+            # holder would skip them all).
             ("progress", other, [pb.TaskReport(epoch=0, partition=p, outcome=PROGRESS,
-                                               consumed=10**9, lease=1) for p in range(10)]),
+                                               consumed=10, lease=1) for p in range(10)]),
             # One valid DONE among hostile ones: the call is refused whole.
             ("mixed", owner, [done(mine[0]), pb.TaskReport(epoch=0, partition=never[0],
                                                            outcome=DONE, lease=mine[1].lease)]),
@@ -92,7 +93,7 @@ def test_reports_not_from_the_lease_holder_are_refused_and_change_nothing(storag
                 assert unchanged(client.job_status("j")) == unchanged(before), what
         # One call carrying 100,000 such reports (the issue's: the next epoch delivered 0).
         flood = [pb.TaskReport(epoch=0, partition=i % PARTITIONS, outcome=PROGRESS,
-                               consumed=10**9, lease=i + 7) for i in range(100_000)]
+                               consumed=10, lease=i + 7) for i in range(100_000)]
         error = refusal(stub.Report, pb.ReportRequest(job="j", worker_id=owner, reports=flood))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert 0 < len(refused_in(error)) < len(flood)  # the trailer lists the first ones
@@ -131,6 +132,9 @@ def test_partitions_and_epochs_that_cannot_exist_are_invalid_arguments(storage: 
         before = client.job_status("j")
         assert (before.epoch, before.done) == (0, PARTITIONS)
         bad_reports = [
+            # PROGRESS of 10^9 records of a 10-record partition, even from its holder.
+            pb.TaskReport(epoch=0, partition=tasks[0].partition, outcome=PROGRESS,
+                          consumed=10**9, lease=tasks[0].lease),
             pb.TaskReport(epoch=0, partition=2**32 - 1, outcome=DONE, lease=1),
             pb.TaskReport(epoch=0, partition=PARTITIONS, outcome=PROGRESS, consumed=1, lease=1),
             pb.TaskReport(epoch=2**63 - 1, partition=0, outcome=DONE, lease=1),
@@ -147,6 +151,11 @@ def test_partitions_and_epochs_that_cannot_exist_are_invalid_arguments(storage: 
                                                                epoch=epoch, max_tasks=1)))
         requests.append((stub.Report, pb.ReportRequest(job="j", worker_id=worker, held=[
             pb.HeldTask(epoch=0, partition=2**32 - 1, lease=1)])))
+        for resume in (pb.ResumePosition(epoch=0, worker_id=worker, done=[2**32 - 1]),
+                       pb.ResumePosition(epoch=0, worker_id=worker, positions={2**32 - 1: 1}),
+                       pb.ResumePosition(epoch=0, worker_id=worker, positions={0: 10**9})):
+            requests.append((stub.OpenJob, pb.OpenJobRequest(job="j", dataset="flowers",
+                                                             resume=resume)))
         for call, request in requests:
             error = refusal(call, request)
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (request, error)

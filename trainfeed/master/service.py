@@ -333,6 +333,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if verdict is Verdict.INVALID:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
                     job, f"report on partition {r.partition} of epoch {r.epoch}"))
+            if outcome is Outcome.PROGRESS and r.consumed > job.partitions[r.partition].num_records:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"job {job.name!r}: report on partition {r.partition}: "
+                                    f"{r.consumed} records consumed of "
+                                    f"{job.partitions[r.partition].num_records}")
             if verdict is Verdict.REFUSE:
                 refused.append(r)
             verdicts.append(verdict)
@@ -490,6 +495,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
         worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
+        if request.HasField("resume"):
+            await self._check_resume(job, request.resume, context)
         self._touch(job, worker)
         resumed: list[int] = []
         if request.HasField("resume"):
@@ -502,6 +509,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
             current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
             num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed))
+
+    async def _check_resume(self, job: Job, resume: pb.ResumePosition,
+                            context: grpc.aio.ServicerContext) -> None:
+        """INVALID_ARGUMENT, before anything changed, for a resume position naming a partition
+        that does not exist or more records of one than it has."""
+        for p in (*resume.done, *resume.positions):
+            if p >= len(job.partitions):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
+                    job, f"resume position names partition {p}"))
+        for p, n in resume.positions.items():
+            if n > job.partitions[p].num_records:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"job {job.name!r}: resume position: {n} records consumed of "
+                                    f"partition {p}, which has {job.partitions[p].num_records}")
 
     async def _resume(self, job: Job, worker: str, resume: pb.ResumePosition,
                       context: grpc.aio.ServicerContext) -> list[int]:

@@ -274,7 +274,8 @@ async def _worker(index: int, stub: Any, worker_id: str, cfg: dict[str, Any],
             call = stub.Check
         else:
             reports: list[Any] = [pb.TaskReport(
-                epoch=task.epoch, partition=task.partition, outcome=pb.TaskReport.DONE)
+                epoch=task.epoch, partition=task.partition, outcome=pb.TaskReport.DONE,
+                lease=task.lease)
                 for task in held]
             # Like a reader: it holds nothing but the tasks it reports (reconcile costs too).
             request = pb.GetTasksRequest(job=cfg["job"], worker_id=worker_id, epoch=epoch,

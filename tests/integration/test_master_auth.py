@@ -73,7 +73,8 @@ def test_calls_without_or_with_a_wrong_token_are_refused_and_change_nothing(
         leased = owner.get_tasks("j", opened.worker_id, 0, max_tasks=3, wait_ms=0)
         assert len(leased.tasks) == 3
         before = owner.job_status("j")
-        done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE)
+        done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE,
+                              lease=t.lease)
                 for t in leased.tasks]
         # Every RPC, each one a change if it were accepted: a new job, the owner's tasks
         # reported done, handed back, or its worker gone.

@@ -90,7 +90,7 @@ def test_the_standby_serves_only_after_the_leader_dies(tmp_path: Path, etcd_url:
             assert got.status == pb.GetTasksResponse.TASKS
             client.report("train", "w1", [
                 pb.TaskReport(epoch=t.epoch, partition=t.partition,
-                              outcome=pb.TaskReport.DONE) for t in got.tasks])
+                              outcome=pb.TaskReport.DONE, lease=t.lease) for t in got.tasks])
             before = client.job_status("train")
         assert before.done == len(got.tasks) > 0
 

@@ -32,7 +32,8 @@ def test_requests_over_the_configured_size_limit_are_refused_without_a_change(
         before = client.job_status("j")
         stub = master_pb2_grpc.MasterStub(channel)
         big = "x" * (LIMIT + 1024)  # over the flag's limit, far under the 4 MiB default
-        done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE)
+        done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE,
+                              lease=t.lease)
                 for t in leased.tasks]
         assert code_of(stub.OpenJob, pb.OpenJobRequest(
             job="k", dataset="flowers", worker_name=big)) == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -82,15 +82,15 @@ def test_leases_whose_answer_was_lost_to_a_restart_are_handed_back(tmp_path: Pat
             master.kill()
             master = MasterProcess(storage, state=state, port=port,
                                    extra_args=["--lease-timeout", "60"])
-            held: list[tuple[int, int]] = []
+            held: list[tuple[int, int, int]] = []
             seen: list[int] = []
             while True:  # the worker, knowing only the answers it got
                 reply = client.get_tasks("train", worker, 0, 2, 0, held=held, reports=[
-                    pb.TaskReport(epoch=e, partition=p, outcome=pb.TaskReport.DONE)
-                    for e, p in held])
+                    pb.TaskReport(epoch=e, partition=p, outcome=pb.TaskReport.DONE, lease=t)
+                    for e, p, t in held])
                 if reply.status != pb.GetTasksResponse.TASKS:
                     break
-                held = [(t.epoch, t.partition) for t in reply.tasks]
+                held = [(t.epoch, t.partition, t.lease) for t in reply.tasks]
                 seen += [t.partition for t in reply.tasks]
             assert reply.status == pb.GetTasksResponse.EPOCH_DONE  # not WAIT for 60 s
             assert sorted(seen) == list(range(4))  # the lost partitions came round again

@@ -17,6 +17,11 @@ the master drains to its state store after each call. Replaying a snapshot's ops
 rebuilds the ledger exactly, so the store never has to save the whole ledger per change. Lease
 deadlines are not journaled: a restarted master gives every lease a fresh one anyway.
 
+Fencing: every lease gets a token (`leases`, from a counter that is part of the state, so replay
+gives the same tokens). A report counts only from the partition's latest holder with that lease's
+token (`check_report`); anything else is refused and changes nothing, so a reader whose lease
+expired and went to another reader can neither finish, fail nor advance the partition.
+
 Costs: leasing, reporting and renewing are O(tasks touched), not O(partitions) or O(workers):
 deadlines are per worker (a heartbeat renews all of a worker's leases at once) and expiries come
 from a heap, so 1,000 workers over 100,000 partitions cost the same per call as one over ten.
@@ -32,7 +37,7 @@ from typing import Any
 
 from trainfeed.planning.order import epoch_order
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 # A partition that fails this many times in one epoch is given up on for that epoch: a poisoned
 # shard must not stall training, and three tries ride out transient storage errors.
 DEFAULT_MAX_FAILURES = 3
@@ -42,6 +47,21 @@ class LeaseStatus(enum.Enum):
     TASKS = "tasks"
     WAIT = "wait"
     EPOCH_DONE = "epoch_done"
+
+
+class Verdict(enum.Enum):
+    """What a report deserves (see `Ledger.check_report`)."""
+
+    APPLY = "apply"  # from the holder with its token: apply it
+    REPEAT = "repeat"  # from the holder, but already in effect (a retried call): nothing to do
+    REFUSE = "refuse"  # not from the partition's latest holder with its token, or a past epoch
+    INVALID = "invalid"  # names a partition or epoch that cannot exist
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    FAILED = "failed"
+    PROGRESS = "progress"
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,8 @@ class Ledger:
         # Partitions whose lease expired since this object was made: a metric, not state (not
         # saved; a restarted master counts from 0, as Prometheus counters may).
         self.expired_leases = 0
+        # The fencing token the next lease gets (tokens are never reused, across epochs too).
+        self.next_token = 1
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
@@ -90,6 +112,9 @@ class Ledger:
         # Which worker's trainer reported that progress: a restore undoes its worker's progress
         # made after the checkpoint, also where the partition went back to todo unfinished.
         self.progress_by: dict[int, str] = {}
+        # partition -> (worker, token) of its latest lease this epoch; kept after an expiry or a
+        # hand-back until the partition is leased again (see `check_report`).
+        self.leases: dict[int, tuple[str, int]] = {}
 
     @property
     def complete(self) -> bool:
@@ -265,6 +290,7 @@ class Ledger:
                     self.todo.remove(partition)
                 self.pending[partition] = worker
                 held[partition] = None
+                self._fence(partition, worker)
         elif kind == "D":
             partition = op[1]
             if not self._unlease(partition):
@@ -290,6 +316,9 @@ class Ledger:
                 self.todo.appendleft(partition)
         elif kind in ("B", "U"):
             back = op[1]
+            if kind == "U":  # a rewind: the old holder's reports must not count any more
+                for partition in back:
+                    self.leases.pop(partition, None)
             for partition in back:
                 if not self._unlease(partition) and self.done.pop(partition, None) is None:
                     self.todo.remove(partition)
@@ -309,6 +338,50 @@ class Ledger:
             del self.by_worker[worker]
             self.deadlines.pop(worker, None)
         return True
+
+    # -- fencing -------------------------------------------------------------------------------
+    def _fence(self, partition: int, worker: str) -> None:
+        """Gives the lease of `partition` just made to `worker` the next token (within `_apply`,
+        so replaying the journal gives every lease the token it had)."""
+        self.leases[partition] = (worker, self.next_token)
+        self.next_token += 1
+
+    def token_of(self, partition: int) -> int:
+        """The fencing token of the latest lease of `partition` this epoch (0: never leased)."""
+        return self.leases.get(partition, ("", 0))[1]
+
+    def check_report(self, worker: str, epoch: int, partition: int, token: int,
+                     outcome: Outcome) -> Verdict:
+        """Whether a report of `worker` on (`epoch`, `partition`) with lease `token` may count.
+
+        INVALID for a partition out of [0, num_partitions) or an epoch out of [0, current].
+        REFUSE unless the partition's latest lease this epoch is `worker`'s with `token`: a past
+        epoch, a partition never leased, leased to another, or leased again since (a stale
+        token). From the latest holder: APPLY while it is pending; after an expiry or a
+        hand-back that nobody followed with a new lease, DONE and PROGRESS still APPLY (nobody
+        else reads it, and it saves re-reading what the trainer had), FAILED is a REPEAT (it is
+        in todo already); on a done or failed partition any report is a REPEAT (a retried call).
+        Pure: changes nothing.
+        """
+        if not 0 <= partition < self.num_partitions or not 0 <= epoch <= self.epoch:
+            return Verdict.INVALID
+        if epoch != self.epoch or token <= 0 or self.leases.get(partition) != (worker, token):
+            return Verdict.REFUSE
+        if self.pending.get(partition) == worker:
+            return Verdict.APPLY
+        if partition in self.done or partition in self.failed or outcome is Outcome.FAILED:
+            return Verdict.REPEAT
+        return Verdict.APPLY
+
+    def revoked(self, worker: str, held: Iterable[tuple[int, int, int]]) -> list[
+            tuple[int, int, int]]:
+        """Of the (epoch, partition, token) leases `worker` says it holds, those that are not
+        its own any more: a past epoch, leased to another since, or back in todo (expired or
+        handed back). Not those it finished itself (a DONE sent by a concurrent call). Pure."""
+        return [(e, p, t) for e, p, t in held
+                if e != self.epoch or self.leases.get(p) != (worker, t)
+                or (self.pending.get(p) != worker and p not in self.done
+                    and p not in self.failed)]
 
     def take_journal(self) -> list[list[Any]]:
         """The ops since the last call, for the state store; clears them."""
@@ -333,12 +406,14 @@ class Ledger:
             "failures": {str(p): n for p, n in self.failures.items()},
             "progress": {str(p): n for p, n in self.progress.items()},
             "progress_by": {str(p): w for p, w in self.progress_by.items()},
+            "next_token": self.next_token,
+            "leases": {str(p): [worker, token] for p, (worker, token) in self.leases.items()},
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Ledger:
         version = state.get("version")
-        if version not in (1, STATE_VERSION):
+        if version not in (1, 2, STATE_VERSION):
             raise ValueError(f"ledger state version {version!r}, expected {STATE_VERSION}")
         ledger = cls(state["num_partitions"], state["seed"], state["max_failures"],
                      state["epoch"])
@@ -354,7 +429,18 @@ class Ledger:
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
         ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
         ledger.progress_by = {int(p): w for p, w in state.get("progress_by", {}).items()}
+        ledger._restore_fencing(state)
         return ledger
+
+    def _restore_fencing(self, state: dict[str, Any]) -> None:
+        """Tokens from a v3 state; a v1/v2 state had none: its pending leases get fresh ones
+        (in partition order, so that every restore of the same state agrees)."""
+        self.next_token = state.get("next_token", 1)
+        self.leases = {int(p): (worker, token)
+                       for p, (worker, token) in state.get("leases", {}).items()}
+        for p in sorted(self.pending):
+            if p not in self.leases:
+                self._fence(p, self.pending[p])
 
     def refresh_deadlines(self, now: float, lease_timeout: float,
                           workers: Iterable[str] | None = None) -> None:

@@ -15,6 +15,8 @@ Exported (per job unless said otherwise):
 - `trainfeed_records_served_total`, `trainfeed_bytes_served_total`: of partitions reported done
   (bytes are the manifest's payload bytes of their rows: file bytes and UTF-8 text, not the
   Parquet bytes read; 0 for SQL datasets, whose sizes are unknown until a query runs);
+- `trainfeed_reports_refused_total`: reports refused because their sender does not hold the
+  partition's lease with that token (a reader that lost its lease, or a hostile call);
 - `trainfeed_rpc_duration_seconds{method}` (histogram, all jobs): time in the handler, long-polls
   included; `trainfeed_rpc_unauthenticated_total` (all jobs): calls refused for their token.
 """
@@ -77,6 +79,7 @@ class MasterCollector:
             f.expired.add_metric(job, s.leases_expired)
             f.records.add_metric(job, s.records_served)
             f.bytes.add_metric(job, s.bytes_served)
+            f.refused.add_metric(job, s.reports_refused)
         if self._rejected_calls is not None:
             f.rejected.add_metric([], self._rejected_calls())
         yield from f.all()
@@ -111,12 +114,15 @@ class _Families:
         self.bytes = CounterMetricFamily(
             "trainfeed_bytes_served", "Payload bytes (manifest figures) of partitions reported "
             "done", labels=job)
+        self.refused = CounterMetricFamily(
+            "trainfeed_reports_refused", "Reports refused: not from the partition's lease holder "
+            "with its token", labels=job)
         self.rejected = CounterMetricFamily("trainfeed_rpc_unauthenticated",
                                             "Calls refused for a missing or wrong token")
 
     def all(self) -> list[Metric]:
         families = [self.info, self.epoch, self.partitions, self.tasks, self.progress,
-                    self.workers, self.expired, self.records, self.bytes]
+                    self.workers, self.expired, self.records, self.bytes, self.refused]
         return [*families, self.rejected] if self.auth else families
 
 

@@ -130,6 +130,7 @@ async def serve(config: MasterConfig, store: StateStore,
         if options.metrics_port is not None:
             metrics = MetricsServer(registry, options.host, options.metrics_port)
         await server.start()
+        servicer.grant_grace()  # restored leases live from now on, not from the restore
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))

@@ -7,6 +7,16 @@ about as much as reading a snapshot, and a snapshot's O(partitions) cost is amor
 calls). GetTasks long-polls: when the epoch's remaining
 partitions are leased to others it waits (up to the caller's `wait_ms`) for a change (a report, an
 expiry, a leave) instead of making readers spin.
+
+Trust: a report counts only from the partition's current lease holder with the lease's fencing
+token (Ledger.check_report). A call carrying any other report is refused whole with
+FAILED_PRECONDITION (the refused reports listed in its trailing metadata, counted, logged once per
+worker) and changes nothing; partition ids and epochs that cannot exist get INVALID_ARGUMENT.
+
+Outages: a master that restarts, or whose process was stalled (SIGSTOP, a swapped-out host),
+could not hear the readers' heartbeats meanwhile. So it gives every outstanding lease a grace of
+RESTART_GRACE_LEASES lease timeouts counted from when it serves again, instead of expiring the
+leases of live readers that had no way to renew them.
 """
 from __future__ import annotations
 
@@ -27,7 +37,13 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage, read_manifest
-from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, LeaseStatus, Ledger
+from trainfeed.master.ledger import (
+    DEFAULT_MAX_FAILURES,
+    LeaseStatus,
+    Ledger,
+    Outcome,
+    Verdict,
+)
 from trainfeed.master.stores import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
@@ -50,6 +66,25 @@ OPS_PER_PARTITION_PER_SNAPSHOT = 2
 MIN_OPS_PER_SNAPSHOT = 4096
 # How stale the count of live workers (the fair-share divisor) may be: counting is O(workers).
 LIVE_WORKERS_REFRESH_S = 1.0
+# After a restart or a stall, outstanding leases live this many lease timeouts from the moment the
+# master serves again: one timeout is the contract (a reader heartbeats at a third of it), the
+# second covers readers that were still backing off (at most ~1 s, see worker/client.py) or that
+# queued behind a crowd of reconnecting readers on a small master.
+RESTART_GRACE_LEASES = 2
+# The lease timer ticks at most every second: a gap of this many seconds between two signs of life
+# of the event loop means the process did not run (stopped, or blocked), so the readers could not
+# reach it either.
+STALL_S = 2.0
+# The binary trailing metadata of a FAILED_PRECONDITION answer: a serialized RefusedReports.
+REFUSED_TRAILER = "trainfeed-refused-bin"
+# It lists at most this many (gRPC caps metadata at 16 KiB; a HeldTask takes at most ~25 bytes):
+# a client sending more refused reports learns the rest on its retry.
+MAX_REFUSED_LISTED = 512
+# Workers whose refused reports were logged, per job: once per worker, up to this many (hostile
+# callers can invent ids; past the cap refusals are only counted).
+MAX_REFUSALS_LOGGED = 10_000
+_OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
+             pb.TaskReport.PROGRESS: Outcome.PROGRESS}
 
 
 @dataclass(frozen=True)
@@ -86,6 +121,7 @@ class JobStats:
     leases_expired: int
     records_served: int
     bytes_served: int
+    reports_refused: int = 0
 
 
 @dataclass
@@ -105,6 +141,9 @@ class Job:
     # Of partitions reported done (all epochs, since this master started): metrics.
     records_served: int = 0
     bytes_served: int = 0
+    # Reports refused (not from the holder with its token) since this master started: metrics.
+    reports_refused: int = 0
+    refusals_logged: set[str] = field(default_factory=set)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -143,6 +182,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         # Manifest reads in flight for jobs being created, so that workers joining a new job
         # at once share one read instead of each reading a (possibly large) manifest again.
         self._manifest_reads: dict[tuple[str, str], asyncio.Future[Manifest]] = {}
+        # When the event loop last ran (time.time): a longer gap is a stall (see `alive`).
+        self._alive_at = time.time()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self) -> None:
@@ -171,9 +212,32 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             logger.info("restored job %r (dataset %r, epoch %d, %s; %d journaled ops replayed)",
                         name, manifest.name, ledger.epoch, ledger.counts(), len(saved.journal))
 
+    def grant_grace(self, now: float | None = None) -> None:
+        """Gives every outstanding lease RESTART_GRACE_LEASES lease timeouts from `now` (default:
+        the present): called when the master starts serving after a restart, and after a stall."""
+        now = time.time() if now is None else now
+        self._alive_at = now
+        grace = RESTART_GRACE_LEASES * self.config.lease_timeout_s
+        for job in self.jobs.values():
+            job.ledger.refresh_deadlines(now, grace)
+
+    def alive(self) -> float:
+        """Notes that the event loop runs, and returns the time. After a gap of more than STALL_S
+        (this process was stopped or blocked, so readers could not renew their leases) every
+        lease first gets its grace. Called by the lease timer and at the start of every call,
+        before any lease can expire."""
+        now = time.time()
+        if now - self._alive_at > STALL_S:
+            logger.warning("the master did not run for %.1f s (stopped or blocked); outstanding "
+                           "leases get %g s of grace", now - self._alive_at,
+                           RESTART_GRACE_LEASES * self.config.lease_timeout_s)
+            self.grant_grace(now)
+        self._alive_at = now
+        return now
+
     def expire_leases(self) -> None:
         """Called by the lease timer: overdue leases go back to todo."""
-        now = time.time()
+        now = self.alive()
         for job in self.jobs.values():
             overdue = job.ledger.expire(now)
             if overdue:
@@ -190,7 +254,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                          num_partitions=len(job.partitions), **job.ledger.counts(),
                          workers_alive=self._count_live_workers(job, now),
                          leases_expired=job.ledger.expired_leases,
-                         records_served=job.records_served, bytes_served=job.bytes_served)
+                         records_served=job.records_served, bytes_served=job.bytes_served,
+                         reports_refused=job.reports_refused)
                 for job in self.jobs.values()]
 
     def _snapshot(self, job: Job) -> None:
@@ -250,9 +315,80 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         assert job is not None  # abort raised
         return job
 
-    def _apply_reports(self, job: Job, worker: str, reports: Any) -> bool:
+    async def _check_reports(self, job: Job, worker: str, reports: Any,
+                             context: grpc.aio.ServicerContext) -> list[Verdict]:
+        """Each report's verdict. Aborts the call, before anything changed, with
+        INVALID_ARGUMENT if a report names what cannot exist, or FAILED_PRECONDITION (the refused
+        reports in the REFUSED_TRAILER metadata) if one is not from the holder with its token."""
+        verdicts: list[Verdict] = []
+        refused: list[Any] = []
+        for r in reports:
+            outcome = _OUTCOMES.get(r.outcome)
+            if outcome is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"report on partition {r.partition}: outcome {r.outcome} is "
+                                    f"not DONE, FAILED or PROGRESS")
+            assert outcome is not None  # abort raised
+            verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome)
+            if verdict is Verdict.INVALID:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
+                    job, f"report on partition {r.partition} of epoch {r.epoch}"))
+            if outcome is Outcome.PROGRESS and r.consumed > max_delivered(job, r.partition):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"job {job.name!r}: report on partition {r.partition}: "
+                                    f"{r.consumed} records consumed of "
+                                    f"{job.partitions[r.partition].num_records}")
+            if verdict is Verdict.REFUSE:
+                refused.append(r)
+            verdicts.append(verdict)
+        if refused:
+            await self._refuse(job, worker, refused, context)
+        return verdicts
+
+    @staticmethod
+    def _out_of_range(job: Job, what: str) -> str:
+        return (f"job {job.name!r}: {what}: partitions are 0..{len(job.partitions) - 1} and "
+                f"reports name an epoch from 0 to the current one, {job.ledger.epoch}")
+
+    async def _refuse(self, job: Job, worker: str, refused: list[Any],
+                      context: grpc.aio.ServicerContext) -> None:
+        job.reports_refused += len(refused)
+        first = refused[0]
+        holder = job.ledger.leases.get(first.partition)
+        why = (f"partition {first.partition} of epoch {first.epoch} with lease {first.lease}: "
+               f"the job is at epoch {job.ledger.epoch}, and the partition's latest lease is "
+               + (f"{holder[1]}, of {holder[0]}" if holder else "none"))
+        if worker not in job.refusals_logged and len(job.refusals_logged) < MAX_REFUSALS_LOGGED:
+            job.refusals_logged.add(worker)
+            logger.warning("job %r: refused %d report(s) of worker %s, which does not hold their "
+                           "lease (logged once per worker); first: %s", job.name, len(refused),
+                           worker, why)
+        trailer = pb.RefusedReports(reports=[
+            pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"job {job.name!r}: {len(refused)} report(s) of worker {worker} "
+                            f"refused: it does not hold their lease (it expired, or the partition "
+                            f"went to another reader); first: {why}",
+                            trailing_metadata=((REFUSED_TRAILER, trailer),))
+
+    async def _check_held(self, job: Job, held: Any,
+                          context: grpc.aio.ServicerContext) -> list[tuple[int, int, int]]:
+        """The (epoch, partition, lease) triples a request says it holds; INVALID_ARGUMENT for a
+        partition that cannot exist."""
+        triples = [(t.epoch, t.partition, t.lease) for t in held]
+        for _, p, _ in triples:
+            if p >= len(job.partitions):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    self._out_of_range(job, f"held task on partition {p}"))
+        return triples
+
+    def _apply_reports(self, job: Job, worker: str, reports: Any,
+                       verdicts: list[Verdict]) -> bool:
         changed = False
-        for report in reports:
+        for report, verdict in zip(reports, verdicts):
+            if verdict is not Verdict.APPLY:
+                continue
             if report.outcome == pb.TaskReport.DONE:
                 if job.ledger.report_done(report.epoch, report.partition, worker):
                     changed = True
@@ -271,6 +407,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                    "; giving up on it this epoch" if failed else "",
                                    report.reason)
         return changed
+
+    @staticmethod
+    def _revoked(job: Job, worker: str, held: list[tuple[int, int, int]],
+                 reports: Any) -> list[pb.HeldTask]:
+        """Of `held`, the leases no longer `worker`'s, but for those this call reported."""
+        reported = {(r.epoch, r.partition) for r in reports
+                    if r.outcome != pb.TaskReport.PROGRESS}
+        return [pb.HeldTask(epoch=e, partition=p, lease=t)
+                for e, p, t in job.ledger.revoked(worker, held) if (e, p) not in reported]
 
     def _touch(self, job: Job, worker: str) -> None:
         now = time.time()
@@ -296,7 +441,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         p = job.partitions[partition]
         return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
                        row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
-                       num_records=p.num_records, skip_records=job.ledger.skip(partition))
+                       num_records=p.num_records, skip_records=job.ledger.skip(partition),
+                       lease=job.ledger.token_of(partition))
 
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,
@@ -349,6 +495,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
         worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
+        if request.HasField("resume"):
+            await self._check_resume(job, request.resume, context)
         self._touch(job, worker)
         resumed: list[int] = []
         if request.HasField("resume"):
@@ -361,6 +509,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
             current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
             num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed))
+
+    async def _check_resume(self, job: Job, resume: pb.ResumePosition,
+                            context: grpc.aio.ServicerContext) -> None:
+        """INVALID_ARGUMENT, before anything changed, for a resume position naming a partition
+        that does not exist or more records of one than it has."""
+        for p in (*resume.done, *resume.positions):
+            if p >= len(job.partitions):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
+                    job, f"resume position names partition {p}"))
+        for p, n in resume.positions.items():
+            if n > max_delivered(job, p):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"job {job.name!r}: resume position: {n} records consumed of "
+                                    f"partition {p}, which has {job.partitions[p].num_records}")
 
     async def _resume(self, job: Job, worker: str, resume: pb.ResumePosition,
                       context: grpc.aio.ServicerContext) -> list[int]:
@@ -384,7 +546,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
         job = await self._job(request.job, context)
         worker = request.worker_id
-        changed = self._apply_reports(job, worker, request.reports)
+        if not -1 <= request.epoch <= job.ledger.epoch + 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"job {job.name!r}: cannot lease tasks of epoch {request.epoch}: "
+                                f"the job is at epoch {job.ledger.epoch}; ask for an epoch up to "
+                                f"the next one, {job.ledger.epoch + 1} (-1 joins the current one)")
+        held = await self._check_held(job, request.held, context)
+        self.alive()
+        verdicts = await self._check_reports(job, worker, request.reports, context)
+        changed = self._apply_reports(job, worker, request.reports, verdicts)
+        revoked = self._revoked(job, worker, held, request.reports)
         if request.reconcile:
             orphans = job.ledger.reconcile(worker, ((t.epoch, t.partition) for t in request.held))
             if orphans:
@@ -412,16 +583,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                   LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}[result.status]
         return pb.GetTasksResponse(
             status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
-            tasks=[self._task(job, result.epoch, p) for p in result.partitions])
+            tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked)
 
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
         job = await self._job(request.job, context)
-        if self._apply_reports(job, request.worker_id, request.reports):
+        held = await self._check_held(job, request.held, context)
+        self.alive()
+        verdicts = await self._check_reports(job, request.worker_id, request.reports, context)
+        if self._apply_reports(job, request.worker_id, request.reports, verdicts):
             await self._durably(job, context)
             job.notify()
         self._touch(job, request.worker_id)
-        return pb.ReportResponse(current_epoch=job.ledger.epoch)
+        return pb.ReportResponse(current_epoch=job.ledger.epoch,
+                                 revoked=self._revoked(job, request.worker_id, held,
+                                                       request.reports))
 
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
@@ -444,4 +620,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
             num_partitions=len(job.partitions), workers=self._live_workers(job, time.time()),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
-            records_served=job.records_served, bytes_served=job.bytes_served, **counts)
+            records_served=job.records_served, bytes_served=job.bytes_served,
+            reports_refused=job.reports_refused, **counts)
+
+
+# Positions count records in delivery order, where over-sampling (resample=) repeats records:
+# a partition may deliver more than it holds, but never this many copies of each record.
+MAX_COPIES_PER_RECORD = 1 << 20
+
+
+def max_delivered(job: Job, partition: int) -> int:
+    """The most records a reader can have consumed of `partition` (a PROGRESS or a resume
+    position beyond it is a forged or broken report: INVALID_ARGUMENT)."""
+    return job.partitions[partition].num_records * MAX_COPIES_PER_RECORD

@@ -63,6 +63,16 @@ class PassStream(Protocol):
         """Ends the pass; `finished` tells whether it ran to its end. Idempotent."""
         ...
 
+    def lost(self, part: LoadedPartition) -> bool:
+        """The master took `part`'s lease away: its rows not yet handed to the trainer must be
+        dropped (another reader delivers them). May block on a heartbeat (see
+        WorkerSession.lease_lost)."""
+        ...
+
+    def forget(self, part: LoadedPartition) -> None:
+        """Drops a lost partition from the pass: not done, no report (the lease is gone)."""
+        ...
+
 
 class Backend(Protocol):
     field_names: tuple[str, ...]
@@ -101,7 +111,8 @@ class _Pass:
     def __init__(self, stream: PrefetchStream, position: ReaderPosition,
                  on_consumed: Callable[[TaskRef], None],
                  on_close: Callable[[bool], None],
-                 on_progress: Callable[[TaskRef, int], None] = lambda task, handed: None):
+                 on_progress: Callable[[TaskRef, int], None] = lambda task, handed: None,
+                 on_lost: Callable[[TaskRef], bool] = lambda task: False):
         self._stream = stream
         self._position = position
         self.epoch: int | None = position.epoch if position.epoch >= 0 else None
@@ -109,10 +120,15 @@ class _Pass:
         self._on_consumed = on_consumed
         self._on_progress = on_progress
         self._on_close = on_close
+        self._on_lost = on_lost
         self._closed = False
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         for part in self._stream:
+            if part is not None and self._on_lost(part.task):  # revoked: drop it whole
+                self._stream.release(part)
+                self._on_consumed(part.task)  # (the session sends no report for it)
+                continue
             if part is not None:
                 self.epoch = part.task.epoch
             yield part
@@ -126,6 +142,13 @@ class _Pass:
 
     def taken(self, part: LoadedPartition) -> None:
         self._stream.release(part)
+
+    def lost(self, part: LoadedPartition) -> bool:
+        return self._on_lost(part.task)
+
+    def forget(self, part: LoadedPartition) -> None:
+        self._position.positions.pop(part.task.partition, None)
+        self._on_consumed(part.task)  # frees its place in the session (no report is sent)
 
     def consumed(self, part: LoadedPartition) -> None:
         self._position.done.add(part.task.partition)
@@ -289,7 +312,8 @@ class DistributedBackend:
                 self.session.end_pass_early()
 
         return _Pass(stream, self._position, on_consumed=self.session.report_done,
-                     on_close=on_close, on_progress=self.session.note_progress)
+                     on_close=on_close, on_progress=self.session.note_progress,
+                     on_lost=self.session.lease_lost)
 
     def close(self) -> None:
         try:

@@ -273,6 +273,18 @@ class Acknowledger:
             counts[slot] = counts.get(slot, 0) + n
         return counts
 
+    def lost(self, piece: Piece) -> set[int]:
+        """Slots of `piece` whose lease the master took away (issue 14's fencing): their rows
+        not yet handed over go to another reader, so they are dropped here, at hand-over, and
+        the partition is forgotten (the session reports nothing for a revoked lease)."""
+        lost = {slot for slot, _ in piece.runs
+                if slot in self.parts and self.stream.lost(self.parts[slot])}
+        for slot in lost:
+            part = self.parts.pop(slot)
+            del self.handed[slot], self.left[slot]
+            self.stream.forget(part)
+        return lost
+
     def hand(self, counts: dict[int, int]) -> None:
         """The trainer is about to get these records: from now on `state()` counts them."""
         positions = self.stream.positions
@@ -324,6 +336,14 @@ class Acknowledger:
 Convert = Callable[[Piece], Any]
 
 
+def without(piece: Piece, slots: set[int]) -> Piece:
+    """`piece` minus the rows of `slots` (partitions whose lease was taken away)."""
+    assert piece.table is not None
+    keep = ~np.isin(piece.row_slots(), np.fromiter(slots, np.int64))
+    return dataclasses.replace(piece, table=piece.table.filter(pa.array(keep)),
+                               runs=[(s, n) for s, n in piece.runs if s not in slots])
+
+
 def _pieces(stream: PassStream, cutter: Cutter, convert: Convert) -> Iterator[tuple[Any, Piece]]:
     """The producing half: partitions in, converted pieces out (in the background or inline)."""
     for part in stream:
@@ -363,6 +383,12 @@ def deliver(stream: PassStream, cutter: Cutter, convert: Convert, *, unbatch: bo
             assert item is not None  # flushes are turned into pieces by the cutter
             value, piece = item
             ack.enter(piece.entered)
+            lost = ack.lost(piece)
+            if lost:  # rare: convert again without the revoked partitions' rows
+                piece = without(piece, lost) if piece.table is not None else piece
+                value = convert(piece) if piece.shows and piece.runs else None
+                if not piece.runs:
+                    continue
             counts = ack.totals(piece.runs)
             if not piece.shows:
                 ack.hand(counts)

@@ -91,7 +91,7 @@ class OpenJobResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records")
+    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Task(_message.Message):
     ROW_GROUP_STOP_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SKIP_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     shard: str
@@ -106,10 +107,11 @@ class Task(_message.Message):
     row_group_stop: int
     num_records: int
     skip_records: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ...) -> None: ...
+    lease: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("epoch", "partition", "outcome", "reason", "consumed")
+    __slots__ = ("epoch", "partition", "outcome", "reason", "consumed", "lease")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[TaskReport.Outcome]
@@ -125,12 +127,20 @@ class TaskReport(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     outcome: TaskReport.Outcome
     reason: str
     consumed: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ..., consumed: _Optional[int] = ...) -> None: ...
+    lease: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ..., consumed: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+
+class RefusedReports(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
     __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held")
@@ -153,15 +163,17 @@ class GetTasksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class HeldTask(_message.Message):
-    __slots__ = ("epoch", "partition")
+    __slots__ = ("epoch", "partition", "lease")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
+    lease: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch", "todo_left")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -176,27 +188,33 @@ class GetTasksResponse(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TODO_LEFT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
     todo_left: int
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ...) -> None: ...
+    revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "reports")
+    __slots__ = ("job", "worker_id", "reports", "held")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("current_epoch",)
+    __slots__ = ("current_epoch", "revoked")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
-    def __init__(self, current_epoch: _Optional[int] = ...) -> None: ...
+    revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
     __slots__ = ("job", "worker_id")
@@ -219,7 +237,7 @@ class GetJobStatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons", "records_served", "bytes_served")
+    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons", "records_served", "bytes_served", "reports_refused")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +250,7 @@ class JobStatus(_message.Message):
     FAILED_REASONS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     epoch: int
@@ -244,4 +263,5 @@ class JobStatus(_message.Message):
     failed_reasons: _containers.RepeatedScalarFieldContainer[str]
     records_served: int
     bytes_served: int
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ...) -> None: ...
+    reports_refused: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., reports_refused: _Optional[int] = ...) -> None: ...

@@ -79,7 +79,8 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request, context):
-        """Reports finished or failed tasks and renews the caller's leases (the heartbeat).
+        """Reports finished or failed tasks and renews the caller's leases (the heartbeat); the answer
+        lists which of the caller's held tasks are no longer its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

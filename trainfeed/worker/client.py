@@ -1,8 +1,16 @@
 """A blocking client of the master that rides through restarts.
 
-Every call retries UNAVAILABLE (master restarting, network blip) with exponential backoff and full
-jitter, so a fleet of readers does not hammer a master that comes back; after `give_up_s` it raises
-MasterUnavailableError naming the address. Other errors are the master's answer and raise at once.
+Every call retries the transient statuses (UNAVAILABLE: master restarting or network blip;
+DEADLINE_EXCEEDED: master stalled; RESOURCE_EXHAUSTED: master overloaded; ABORTED, CANCELLED: a call
+cut by a stopping master) with exponential backoff capped at MAX_BACKOFF_S and full jitter, so a
+fleet of readers does not hammer a master that comes back; after `give_up_s` it raises
+MasterUnavailableError naming the address. The channel itself reconnects at most RECONNECT_MS after
+an attempt failed (gRPC's default backoff grows to 120 s: readers came back up to 34 s after the
+master did). Other errors are the master's answer and raise at once.
+
+Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
+reader no longer holds their lease), the call is retried at once without them, and the answer's
+`revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
 """
 from __future__ import annotations
 
@@ -40,7 +48,21 @@ GIVE_UP_ENV = settings.MASTER_GIVE_UP_S.name
 DEFAULT_GIVE_UP_S = settings.MASTER_GIVE_UP_S.default
 # Per-call deadline on top of any long-poll wait the call asks for.
 CALL_TIMEOUT_S = 10.0
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
+              grpc.StatusCode.CANCELLED)
+# RESOURCE_EXHAUSTED for a message over the size limit is this call's fault: no retry helps.
+_TOO_LARGE = re.compile(r"larger than max|message length", re.IGNORECASE)
+# Backoff between retries grows from 50 ms to this (with full jitter): a master that is back is
+# found within about a second.
+MAX_BACKOFF_S = 1.0
+# The channel's own reconnect backoff, bounded the same way (gRPC's default grows to 120 s).
+RECONNECT_MS = 1000
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
+# The master lists refused reports here (trainfeed.master.service.REFUSED_TRAILER).
+REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
 # (A master that refuses this client's certificate just closes the connection: "Socket closed".)
 _TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
@@ -74,7 +96,7 @@ class MasterClient:
             security = dataclasses.replace(security, token=token)
         self.security = security
         self._metadata = security.metadata
-        self._channel = security.open_channel(self.address)
+        self._channel = security.open_channel(self.address, CHANNEL_OPTIONS)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
@@ -91,7 +113,12 @@ class MasterClient:
                     raise AuthenticationError(
                         f"master {self.address} refused the call, which carried {sent} "
                         f"(UNAUTHENTICATED: {details})") from None
-                if code not in _RETRYABLE:
+                if code is grpc.StatusCode.FAILED_PRECONDITION:
+                    refused = _refused(e)
+                    if refused:
+                        raise _Refused(refused, details) from None
+                if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
+                                              and _TOO_LARGE.search(details or "")):
                     raise JobError(f"master {self.address}: {code.name}: {details}") from None
                 if _TLS_REFUSED.search(details or ""):  # this client's settings: no retry helps
                     raise ConfigurationError(
@@ -105,7 +132,29 @@ class MasterClient:
                         f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
                         f"{self._unreachable_hint()}") from None
                 time.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def _fenced(self, method: Callable[..., T], request: pb.GetTasksRequest | pb.ReportRequest,
+                timeout: float) -> T:
+        """`_call`, retried at once without the reports the master refused; the answer's
+        `revoked` then also lists those."""
+        refused: list[pb.HeldTask] = []
+        while True:
+            try:
+                response = self._call(method, request, timeout)
+            except _Refused as e:
+                gone = {(t.epoch, t.partition, t.lease) for t in e.refused}
+                kept = [r for r in request.reports
+                        if (r.epoch, r.partition, r.lease) not in gone]
+                if len(kept) == len(request.reports):  # refused what we did not send?
+                    raise JobError(f"master {self.address}: FAILED_PRECONDITION: "
+                                   f"{e.details}") from None
+                refused.extend(e.refused)
+                del request.reports[:]
+                request.reports.extend(kept)
+                continue
+            response.revoked.extend(refused)  # type: ignore[attr-defined]
+            return response
 
     def _unreachable_hint(self) -> str:
         # A master that closes the connection at once may want TLS, or a client certificate.
@@ -124,19 +173,24 @@ class MasterClient:
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = (),
-                  held: Iterable[tuple[int, int]] | None = None) -> pb.GetTasksResponse:
-        """Leases tasks. `held`, when given, is every (epoch, partition) the caller holds: the
-        master then hands back any other lease it has on the caller (see the proto)."""
-        return self._call(self._stub.GetTasks, pb.GetTasksRequest(
+                  held: Iterable[tuple[int, int, int]] | None = None) -> pb.GetTasksResponse:
+        """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
+        the master then hands back any other lease it has on the caller (see the proto), and
+        the answer's `revoked` lists those of them that are not the caller's any more."""
+        return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
             reports=list(reports), reconcile=held is not None,
-            held=[pb.HeldTask(epoch=e, partition=p) for e, p in held or ()]),
+            held=[pb.HeldTask(epoch=e, partition=p, lease=t) for e, p, t in held or ()]),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
-    def report(self, job: str, worker: str,
-               reports: Iterable[pb.TaskReport] = ()) -> pb.ReportResponse:
-        return self._call(self._stub.Report, pb.ReportRequest(
-            job=job, worker_id=worker, reports=list(reports)), CALL_TIMEOUT_S)
+    def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
+               held: Iterable[tuple[int, int, int]] = ()) -> pb.ReportResponse:
+        """Sends reports and renews this worker's leases; the answer's `revoked` lists the
+        (epoch, partition, lease) of `held` that are not the caller's any more."""
+        return self._fenced(self._stub.Report, pb.ReportRequest(
+            job=job, worker_id=worker, reports=list(reports),
+            held=[pb.HeldTask(epoch=e, partition=p, lease=t) for e, p, t in held]),
+            CALL_TIMEOUT_S)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
         return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(job=job, worker_id=worker),
@@ -154,3 +208,21 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Refused(Exception):
+    """The master refused some of a call's reports (FAILED_PRECONDITION): not this reader's."""
+
+    def __init__(self, refused: list[pb.HeldTask], details: str | None):
+        super().__init__(details)
+        self.refused = refused
+        self.details = details
+
+
+def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:
+    """The reports a FAILED_PRECONDITION answer lists in its REFUSED_TRAILER metadata."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSED_TRAILER and isinstance(value, bytes):
+            return list(pb.RefusedReports.FromString(value).reports)
+    return []

@@ -51,6 +51,7 @@ class TaskRef:
     # Leading records (in the partition's delivery order) already handed to a trainer by an
     # earlier holder or before a checkpoint.
     skip: int = 0
+    lease: int = 0  # the master's fencing token of this lease (0: local, no master)
 
 
 @dataclass(frozen=True)

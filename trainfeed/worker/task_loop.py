@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -82,9 +82,17 @@ class WorkerSession:
         self._progress_dirty: set[tuple[int, int]] = set()
         self._oldest_progress = 0.0
         # (epoch, partition) leased to this worker whose DONE/FAILED the master has not yet
-        # confirmed: sent with each GetTasks so that the master can drop leases we never saw.
-        self._held: set[tuple[int, int]] = set()
+        # confirmed, with the lease's fencing token: sent with each GetTasks so that the master
+        # can drop leases we never saw (and tell which of ours it took away).
+        self._held: dict[tuple[int, int], int] = {}
         self._last_contact = time.monotonic()
+        # -- fencing (issue 14) --
+        # (epoch, partition, lease) the master took away: their undelivered records are dropped.
+        self._lost: set[tuple[int, int, int]] = set()
+        # Until when (monotonic) the master surely still holds our leases: the start of the last
+        # call that renewed them plus a lease timeout. Past it (this process was frozen, or the
+        # master unreachable) records are handed over only after a heartbeat confirmed the lease.
+        self._leases_sure_until = time.monotonic() + opened.lease_timeout_s
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
                                           name=f"trainfeed-reporter-{self.worker}")
@@ -98,8 +106,8 @@ class WorkerSession:
         key = (task.epoch, task.partition)
         consumed = task.skip + handed
         with self._cond:
-            if consumed <= self._progress.get(key, 0):
-                return
+            if consumed <= self._progress.get(key, 0) or self._held.get(key) != task.lease:
+                return  # not news, or the lease is not ours any more
             self._progress[key] = consumed
             if not self._progress_dirty:
                 self._oldest_progress = time.monotonic()
@@ -109,17 +117,21 @@ class WorkerSession:
     def report_done(self, task: TaskRef) -> None:
         with self._cond:
             key = (task.epoch, task.partition)
-            self._progress.pop(key, None)
-            self._progress_dirty.discard(key)
+            lost = (*key, task.lease) in self._lost
+            if not lost:
+                self._progress.pop(key, None)
+                self._progress_dirty.discard(key)
             self._outstanding -= 1
             if self._outstanding <= 0:  # the producer may be waiting for this (epoch tail)
                 self._cond.notify_all()
-        self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
-                                  outcome=pb.TaskReport.DONE))
+        if not lost:  # a revoked lease's partition was dropped, not done
+            self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
+                                      outcome=pb.TaskReport.DONE, lease=task.lease))
 
     def report_failed(self, task: TaskRef, reason: str) -> None:
         self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
-                                  outcome=pb.TaskReport.FAILED, reason=reason[:2000]))
+                                  outcome=pb.TaskReport.FAILED, reason=reason[:2000],
+                                  lease=task.lease))
 
     def _queue(self, report: pb.TaskReport) -> None:
         with self._cond:
@@ -139,7 +151,8 @@ class WorkerSession:
             reports, self._reports = self._reports, []
             reports.extend(pb.TaskReport(epoch=epoch, partition=partition,
                                          outcome=pb.TaskReport.PROGRESS,
-                                         consumed=self._progress[(epoch, partition)])
+                                         consumed=self._progress[(epoch, partition)],
+                                         lease=self._held.get((epoch, partition), 0))
                            for epoch, partition in sorted(self._progress_dirty))
             self._progress_dirty.clear()
             self._cond.notify_all()
@@ -170,25 +183,64 @@ class WorkerSession:
 
     def _send(self) -> None:
         reports = self.drain_reports()
+        started = time.monotonic()
         try:
-            self.client.report(self.job, self.worker, reports)
+            response = self.client.report(self.job, self.worker, reports, self._held_now())
         except BaseException:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
             raise
+        self._revoke(response.revoked, started)
         self._confirmed(reports)
         self._contacted()
+
+    # -- fencing: leases the master took away (issue 14) ----------------------------------------
+    def _revoke(self, revoked: Sequence[pb.HeldTask], started: float) -> None:
+        """A call that started at `started` (monotonic) succeeded: our other leases are renewed
+        until a lease timeout after it; `revoked` ones are not ours any more (forget them)."""
+        gone: list[tuple[int, int]] = []
+        with self._cond:
+            self._leases_sure_until = max(self._leases_sure_until,
+                                          started + self.lease_timeout_s)
+            for t in revoked:
+                key = (t.epoch, t.partition)
+                if self._held.get(key) != t.lease:
+                    continue  # confirmed meanwhile, or leased to us again since
+                del self._held[key]
+                self._progress.pop(key, None)
+                self._progress_dirty.discard(key)
+                # (A DONE already queued still goes: the master takes it if nobody leased the
+                # partition since, and saves its re-reading; else it refuses it.)
+                self._lost.add((*key, t.lease))
+                gone.append(key)
+        if gone:
+            logger.warning("the master took away %d lease(s) of this reader (it was frozen or "
+                           "cut off longer than the lease timeout?); their undelivered records "
+                           "are dropped: %s", len(gone), gone[:10])
+
+    def lease_lost(self, task: TaskRef) -> bool:
+        """Whether the master took `task`'s lease away, so that its records not yet handed to
+        the trainer must be dropped (another reader delivers them). Past the time the lease is
+        sure to live (this process was frozen, or the master unreachable), first confirms with
+        a heartbeat: blocks until the master answers."""
+        key = (task.epoch, task.partition, task.lease)
+        if key in self._lost:
+            return True
+        if time.monotonic() > self._leases_sure_until and (key[:2]) in self._held:
+            self._send()
+        return key in self._lost
 
     def _confirmed(self, reports: list[pb.TaskReport]) -> None:
         """The master took these reports: their tasks are no longer ours."""
         with self._cond:
             for r in reports:
-                if r.outcome != pb.TaskReport.PROGRESS:
-                    self._held.discard((r.epoch, r.partition))
+                if (r.outcome != pb.TaskReport.PROGRESS
+                        and self._held.get((r.epoch, r.partition)) == r.lease):
+                    del self._held[(r.epoch, r.partition)]
 
-    def _held_now(self) -> list[tuple[int, int]]:
+    def _held_now(self) -> list[tuple[int, int, int]]:
         with self._cond:
-            return sorted(self._held)
+            return sorted((e, p, t) for (e, p), t in self._held.items())
 
     def _report_loop(self) -> None:
         interval = max(0.05, self.lease_timeout_s / 3)
@@ -266,6 +318,7 @@ class WorkerSession:
                 if long_poll:
                     self._set_fetching(False)
                 reports = self.drain_reports()
+                started = time.monotonic()
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
                                                      LONG_POLL_MS if long_poll else 0,
@@ -276,9 +329,10 @@ class WorkerSession:
                     raise
                 finally:
                     self._set_fetching(True)
+                self._revoke(response.revoked, started)
                 self._confirmed(reports)
                 with self._cond:
-                    self._held.update((t.epoch, t.partition) for t in response.tasks)
+                    self._held.update(((t.epoch, t.partition), t.lease) for t in response.tasks)
                 self._contacted()
                 credits.give(free - len(response.tasks))
                 if response.status == pb.GetTasksResponse.WAIT and not long_poll:
@@ -302,7 +356,7 @@ class WorkerSession:
                 on_epoch(epoch)
                 for t in response.tasks:
                     task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
-                                   t.row_group_stop, t.num_records, t.skip_records)
+                                   t.row_group_stop, t.num_records, t.skip_records, t.lease)
                     try:
                         # Minus what an earlier holder's trainer already got (task.skip).
                         table = load(reader, task)

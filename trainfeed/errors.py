@@ -104,6 +104,11 @@ class ConfigurationError(TrainfeedError, ValueError):
     other); the message names the setting and what to set instead."""
 
 
+class LostRecordsError(TrainfeedError):
+    """A pass ended without some of its epoch's records: partitions that could not be read by
+    any reader (after the master's --max-failures tries), each named with its last reason."""
+
+
 class PartitionReadError(TrainfeedError):
     """A reader could not read any partition it was given in a pass (bad credentials, a storage
     it cannot reach): raised rather than yielding empty epochs forever."""

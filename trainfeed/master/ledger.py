@@ -94,6 +94,9 @@ class Ledger:
         self.expired_leases = 0
         # The fencing token the next lease gets (tokens are never reused, across epochs too).
         self.next_token = 1
+        # The partitions the previous epoch gave up on, with reasons: a reader whose pass of
+        # that epoch ends after another reader started the next one must still be told.
+        self.previous_failed: dict[int, str] = {}
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
@@ -115,6 +118,15 @@ class Ledger:
         # partition -> (worker, token) of its latest lease this epoch; kept after an expiry or a
         # hand-back until the partition is leased again (see `check_report`).
         self.leases: dict[int, tuple[str, int]] = {}
+
+    def failed_in(self, epoch: int) -> dict[int, str] | None:
+        """The partitions `epoch` gave up on (partition -> reason): this epoch's or the one
+        before it; None for an epoch this ledger no longer knows."""
+        if epoch == self.epoch:
+            return dict(self.failed)
+        if epoch == self.epoch - 1:
+            return dict(self.previous_failed)
+        return None
 
     @property
     def complete(self) -> bool:
@@ -279,6 +291,7 @@ class Ledger:
         """
         kind = op[0]
         if kind == "E":
+            self.previous_failed = dict(self.failed) if op[1] == self.epoch + 1 else {}
             self._start_epoch(op[1])
         elif kind == "L":
             worker, taken = op[1], op[2]
@@ -403,6 +416,7 @@ class Ledger:
             "pending": {str(p): worker for p, worker in self.pending.items()},
             "done": {str(p): worker for p, worker in self.done.items()},
             "failed": {str(p): reason for p, reason in self.failed.items()},
+            "previous_failed": {str(p): r for p, r in self.previous_failed.items()},
             "failures": {str(p): n for p, n in self.failures.items()},
             "progress": {str(p): n for p, n in self.progress.items()},
             "progress_by": {str(p): w for p, w in self.progress_by.items()},
@@ -426,6 +440,8 @@ class Ledger:
         ledger.done = ({int(p): "" for p in done} if version == 1
                        else {int(p): w for p, w in done.items()})
         ledger.failed = {int(p): r for p, r in state["failed"].items()}
+        ledger.previous_failed = {int(p): r
+                                  for p, r in state.get("previous_failed", {}).items()}
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
         ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
         ledger.progress_by = {int(p): w for p, w in state.get("progress_by", {}).items()}

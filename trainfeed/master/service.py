@@ -581,9 +581,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         status = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
                   LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
                   LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}[result.status]
+        failed: list[pb.FailedPartition] = []
+        failed_known = False
+        if result.status is LeaseStatus.EPOCH_DONE:
+            lost = job.ledger.failed_in(epoch)  # the epoch the reader asked for
+            failed_known = lost is not None
+            failed = [pb.FailedPartition(partition=p, reason=r,
+                                         num_records=job.partitions[p].num_records)
+                      for p, r in sorted((lost or {}).items())]
         return pb.GetTasksResponse(
             status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
-            tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked)
+            tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked,
+            failed=failed, failed_known=failed_known)
 
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:

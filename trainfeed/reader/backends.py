@@ -7,9 +7,11 @@ run yield the same instances through the same code.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from trainfeed.errors import LostRecordsError
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
 from trainfeed.planning.order import epoch_order
 from trainfeed.planning.partitions import plan_partitions
@@ -26,6 +28,8 @@ from trainfeed.worker.prefetch import (
     prefetch_depth,
 )
 from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, Load, WorkerSession, plain_load
+
+logger = logging.getLogger(__name__)
 
 
 class PassStream(Protocol):
@@ -248,7 +252,10 @@ class DistributedBackend:
 
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
                  prefetch: int | None, distribution_rules: str = "",
-                 resume: ReaderPosition | None = None):
+                 resume: ReaderPosition | None = None, lost_partitions: str = "raise"):
+        self.lost_policy = check_lost_policy(lost_partitions)
+        # (epoch, partition, records, reason) of every partition a finished pass went without.
+        self.lost: list[tuple[int, int, int, str]] = []
         self.client = MasterClient(master)
         try:
             self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
@@ -306,6 +313,8 @@ class DistributedBackend:
             if finished:
                 self._next_epoch = (self.epoch + 1) if self.epoch is not None \
                     else JOIN_CURRENT_EPOCH
+                if self.epoch is not None:
+                    self._tell_lost(self.epoch)
             else:
                 # Abandoned mid-way: hand back what we hold; the next pass resumes this epoch.
                 self._next_epoch = self.epoch if self.epoch is not None else JOIN_CURRENT_EPOCH
@@ -315,11 +324,40 @@ class DistributedBackend:
                      on_close=on_close, on_progress=self.session.note_progress,
                      on_lost=self.session.lease_lost)
 
+    def _tell_lost(self, epoch: int) -> None:
+        """Raises LostRecordsError if the master gave up on partitions of the epoch this pass
+        read (unless the reader was told to skip them, which only counts them)."""
+        failed = self.session.epoch_failures.pop(epoch, [])
+        if failed is None:
+            logger.warning("epoch %d of job %r ended before this reader's pass did; whether "
+                           "it lost partitions is no longer known", epoch, self._position.job)
+            return
+        lost = [(epoch, f.partition, f.num_records, f.reason) for f in failed]
+        self.lost += lost
+        if lost and self.lost_policy == "raise":
+            records = sum(n for _, _, n, _ in lost)
+            shown = "; ".join(f"partition {p} ({n} records): {reason}"
+                              for _, p, n, reason in lost[:5])
+            raise LostRecordsError(
+                f"epoch {epoch} of job {self._position.job!r} lost {len(lost)} partition(s), "
+                f"{records} records, that no reader could read: {shown}"
+                f"{' …' if len(lost) > 5 else ''} (pass lost_partitions='skip' to train on "
+                f"without them; reader.lost_partitions lists them)")
+
     def close(self) -> None:
         try:
             self.session.close()
         finally:
             self.client.close()
+
+
+LOST_POLICIES = ("raise", "skip")
+
+
+def check_lost_policy(policy: str) -> str:
+    if policy not in LOST_POLICIES:
+        raise ValueError(f"lost_partitions must be one of {LOST_POLICIES}, got {policy!r}")
+    return policy
 
 
 def _copy(position: ReaderPosition) -> ReaderPosition:

@@ -7,7 +7,7 @@ from typing import Any
 from trainfeed import settings
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.reader.backends import DistributedBackend, LocalBackend
+from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.storage import open_storage
@@ -25,6 +25,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            state: dict[str, Any] | None = None,
            pipeline: PipelineOptions | None = None,
            prefetch: int | None = None,
+           lost_partitions: str = "raise",
            **shortcuts: Any) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
@@ -69,6 +70,11 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       field "_weight" (Keras's sample_weight): "uniform" weights each class by B/A, as resample
       would, a dict or a power likewise.
 
+    `lost_partitions`: what a master-fed pass does when the master gave up on partitions of
+    its epoch (no reader could read them, --max-failures times): "raise" (the default) raises
+    LostRecordsError at the end of the pass, naming them and why; "skip" goes on and lists them
+    in `reader.lost_partitions`. A local pass raises at the first unreadable partition.
+
     Raises:
         TypeError: an unknown keyword (the message names the closest option).
         ValueError: an invalid option value (the message names it and the rule).
@@ -101,6 +107,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
     rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
+    check_lost_policy(lost_partitions)
     return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, depth, rules,
-                                                    resume), name, "distributed", state,
-                  options, seed)
+                                                    resume, lost_partitions),
+                  name, "distributed", state, options, seed)

@@ -179,6 +179,13 @@ class Reader:
         return self.backend.dataset_folder
 
     @property
+    def lost_partitions(self) -> list[tuple[int, int, int, str]]:
+        """(epoch, partition, records, reason) of every partition a finished pass went without
+        because no reader could read it (master-fed passes; with lost_partitions="raise", the
+        default, the pass also raised LostRecordsError). Local passes raise at once instead."""
+        return list(getattr(self.backend, "lost", ()))
+
+    @property
     def payload_bytes_read(self) -> int:
         """Bytes of payload (file bytes) this reader fetched from storage so far."""
         return self.backend.read_stats.payload_bytes

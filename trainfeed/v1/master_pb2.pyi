@@ -173,7 +173,7 @@ class HeldTask(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -189,12 +189,26 @@ class GetTasksResponse(_message.Message):
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TODO_LEFT_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_KNOWN_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
     todo_left: int
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    failed: _containers.RepeatedCompositeFieldContainer[FailedPartition]
+    failed_known: bool
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ...) -> None: ...
+
+class FailedPartition(_message.Message):
+    __slots__ = ("partition", "reason", "num_records")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    reason: str
+    num_records: int
+    def __init__(self, partition: _Optional[int] = ..., reason: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("job", "worker_id", "reports", "held")

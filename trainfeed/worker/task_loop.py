@@ -66,6 +66,8 @@ class WorkerSession:
         self.field_names = tuple(f.name for f in opened.fields)
         self.binary_fields = tuple(f.name for f in opened.fields if f.type == "binary")
         self.read_stats = ReadStats()
+        # Per finished epoch: the partitions the master gave up on (None: it no longer knew).
+        self.epoch_failures: dict[int, list[pb.FailedPartition] | None] = {}
         self.num_records = opened.num_records
         self.num_bytes = opened.num_bytes
         self.num_partitions = opened.num_partitions
@@ -340,6 +342,8 @@ class WorkerSession:
                 waiting = response.status == pb.GetTasksResponse.WAIT
                 drained = response.status == pb.GetTasksResponse.TASKS and not response.todo_left
                 if response.status == pb.GetTasksResponse.EPOCH_DONE:
+                    self.epoch_failures[epoch if epoch >= 0 else response.current_epoch] = (
+                        list(response.failed) if response.failed_known else None)
                     if failures and not got_any:
                         raise PartitionReadError(
                             f"this reader could read none of the {len(failures)} partition(s) "

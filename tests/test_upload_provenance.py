@@ -92,3 +92,25 @@ def test_cli_check_images_and_single_messages(image_list: Path, storage_dir: str
     assert output.count("gone.jpg") == 1, output
     output = again.stdout + again.stderr
     assert output.count("already published") == 1, output
+
+
+def test_a_decode_error_names_the_file_and_list_line(image_list: Path,
+                                                     storage_dir: str) -> None:
+    """Once `DecodeError: record 14 of shard data/…/shard-00000.parquet`: now the user learns
+    which file to open and which line of their list to fix."""
+    from trainfeed import dist
+    from trainfeed.worker.decode import DecodeError
+
+    (rel,) = corrupt(image_list, (14,))
+    upload(str(image_list), "flowers", storage_dir, progress=False)
+    reader = dist.reader("flowers", local=True, storage=storage_dir, decode=True,
+                         batch_size=10)
+    with pytest.raises(DecodeError, match=rf"record 14 \({rel}, train_data.list line 15\) "
+                                          r"of shard data/.*: cannot decode image"):
+        for _ in reader():
+            pass
+    reader.close()
+    skipping = dist.reader("flowers", local=True, storage=storage_dir, decode=True,
+                           batch_size=10, decode_errors="skip")
+    assert sum(len(b["_id"]) for b in skipping()) == 99 and skipping.decode_failures == 1
+    skipping.close()

@@ -12,13 +12,14 @@ what it was handed of each partition exactly, shuffled or not.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
+from trainfeed.formats.sources import SourceIndex
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
 from trainfeed.reader.options import MODES, PipelineOptions
@@ -50,6 +51,23 @@ def delivery_order(options: PipelineOptions, seed: int) -> str:
     if options.resamples:
         order += f" resample={options.sampling.resample!r}"
     return order
+
+
+class RecordNames(Sequence[str]):
+    """The names of a batch's records for error messages, each made only when asked for: a
+    name looks up the record's source file, which the hot path must never pay for."""
+
+    def __init__(self, name: Callable[[int], str], count: int):
+        self._name = name
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._name(index)
 
 
 class Pipeline:
@@ -90,6 +108,8 @@ class Pipeline:
         self.transformer = (load_transformer(dataset_folder, transform)
                             if isinstance(transform, str) else transform)
         self.augmentor = (Augmentor(options.transform.augment) if options.augments else None)
+        # Each record's file and list line, looked up only when an error names a record.
+        self.sources = SourceIndex(dataset_folder, manifest.sources, manifest.source)
 
     @property
     def selector(self) -> Selector | None:
@@ -132,7 +152,7 @@ class Pipeline:
         for name in self.image_fields:
             assert self.decoder is not None
             blobs = table.column(name).to_pylist()
-            decoded = self.decoder.decode(blobs, [where(i) for i in range(len(blobs))])
+            decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)))
             if decoded.errors:
                 self.decode_failures += len(decoded.errors)
                 for message in decoded.errors[:3]:
@@ -177,12 +197,18 @@ class Pipeline:
         buffer = self.options.sampling.shuffle_buffer
         return Cutter(batch_size, shuffle=(self.seed, buffer) if self.options.shuffles else None)
 
+    def _name(self, record: int, shard: str) -> str:
+        """A record as an error names it: its id, its source file and list line, its shard."""
+        source = self.sources.describe(record)
+        return f"record {record} ({source}) of shard {shard}" if source else \
+            f"record {record} of shard {shard}"
+
     def _prepare(self, piece: Piece) -> tuple[Batch, np.ndarray]:
         assert piece.table is not None
         ids = piece.table.column(ID_COLUMN).to_numpy()
         slots = piece.row_slots()
-        batch, keep = self._convert(piece.table, lambda i: f"record {ids[i]} of shard "
-                                                           f"{piece.shards[int(slots[i])]}")
+        batch, keep = self._convert(piece.table, lambda i: self._name(
+            int(ids[i]), piece.shards[int(slots[i])]))
         if self.transformer is not None:
             batch = self.transformer.apply(batch)
         if self.augmentor is not None:

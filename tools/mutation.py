@@ -49,7 +49,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     "formats/listfile.py": ("tests/formats/test_listfile*.py",),
     "preprocess/buffers.py": ("tests/preprocess/test_buffer*.py",),
     "worker/resample.py": ("tests/worker/test_resample*.py", "tests/reader/test_pipeline.py"),
+    # Pure too, configured for the next issue that touches them (not yet measured to 90 %).
+    "master/partition.py": ("tests/master/test_partition.py",),
+    "reader/position.py": ("tests/reader/test_reader_state.py",),
 }
+# What a bare `python tools/mutation.py` measures: the modules held to 90 % (docs/testing.md).
+DEFAULT = ("master/ledger.py", "formats/listfile.py", "preprocess/buffers.py",
+           "worker/resample.py")
 KILLED = {1, 3}  # mutmut's exit codes for "a test failed" (3: pytest internal error)
 TIMEOUT = {36, 24, -24, 152, 255}  # mutmut's exit codes for a timeout (36, or SIGXCPU)
 
@@ -148,7 +154,8 @@ def table(scores: list[Score]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", metavar="MODULE",
-                        help=f"paths under trainfeed/ (default: all of {list(MODULES)})")
+                        help=f"paths under trainfeed/, some of {list(MODULES)} (default: "
+                             f"{list(DEFAULT)})")
     # One child by default: a shared machine; mutmut's own default is one per core.
     parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (1)")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
@@ -157,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {unknown}; expected some of {list(MODULES)}")
-    scores = [run(m, args.jobs) for m in (args.modules or list(MODULES))]
+    scores = [run(m, args.jobs) for m in (args.modules or DEFAULT)]
     print()
     print(table(scores))
     for s in scores:

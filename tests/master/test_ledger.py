@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from trainfeed.master.ledger import LeaseStatus, Ledger, epoch_order
+from trainfeed.master.ledger import LeaseResult, LeaseStatus, Ledger, epoch_order
 
 T = 10.0  # lease timeout
 
@@ -369,6 +369,54 @@ def test_the_expired_leases_counter_counts_partitions_not_workers_or_releases() 
     ledger.expire(2 * T)
     assert ledger.expired_leases == 5
     assert Ledger.from_state(ledger.state()).expired_leases == 0  # a metric, not state
+
+
+def test_lease_results_name_the_current_epoch() -> None:
+    ledger = Ledger(2)
+    assert ledger.lease("a", 1, 1, 0.0, T) == LeaseResult(LeaseStatus.WAIT, 0)  # ahead
+    p = ledger.lease("a", 0, 1, 0.0, T).partitions
+    q = ledger.lease("b", 0, 1, 0.0, T).partitions
+    assert ledger.lease("c", 0, 1, 0.0, T) == LeaseResult(LeaseStatus.WAIT, 0)  # all out
+    ledger.report_done(0, p[0])
+    ledger.report_done(0, q[0])
+    assert ledger.done == {p[0]: "", q[0]: ""}  # no worker named: an anonymous report
+    assert ledger.lease("c", 0, 1, 0.0, T) == LeaseResult(LeaseStatus.EPOCH_DONE, 0)
+    assert ledger.lease("c", 2, 1, 0.0, T) == LeaseResult(LeaseStatus.TASKS, 2,
+                                                         (epoch_order(2, 0, 2)[0],))
+    assert ledger.lease("c", 1, 1, 0.0, T) == LeaseResult(LeaseStatus.EPOCH_DONE, 2)
+
+
+def test_a_lease_takes_at_least_one_partition_whatever_it_asks() -> None:
+    ledger = Ledger(4)
+    assert len(ledger.lease("a", 0, 0, 0.0, T).partitions) == 1  # max_tasks 0
+    assert len(ledger.lease("b", 0, 8, 0.0, T, sharers=0).partitions) == 3  # no sharers: alone
+
+
+def test_the_state_is_json_as_it_is() -> None:
+    ledger = Ledger(4, max_failures=2)
+    p, q, r = ledger.lease("a", 0, 3, 0.0, T).partitions
+    ledger.report_done(0, p, "a")
+    ledger.report_progress(0, q, 3)
+    ledger.report_failed(0, r, "x")
+    state = ledger.state()
+    assert json.loads(json.dumps(state)) == state  # no int keys that JSON would turn to str
+    assert state == {
+        "version": 2, "num_partitions": 4, "seed": 0, "max_failures": 2, "epoch": 0,
+        "todo": [r, epoch_order(4, 0, 0)[3]], "pending": {str(q): "a"}, "done": {str(p): "a"},
+        "failed": {}, "failures": {str(r): 1}, "progress": {str(q): 3}}
+
+
+def test_replay_refuses_an_unknown_op() -> None:
+    with pytest.raises(ValueError, match=r"unknown ledger op \['Z', 1\]"):
+        Ledger(2).replay([["Z", 1]])
+
+
+def test_a_failed_partition_drops_its_progress() -> None:
+    ledger = Ledger(2, max_failures=1)
+    p = ledger.lease("a", 0, 1, 0.0, T).partitions[0]
+    ledger.report_progress(0, p, 5)
+    ledger.report_failed(0, p, "bad")
+    assert ledger.skip(p) == 0 and ledger.progress == {}
 
 
 class LedgerMachine(RuleBasedStateMachine):

@@ -3,6 +3,13 @@
 The end-to-end frequency test (4σ over real reads) lives in tests/reader/test_pipeline.py; these
 pin what it cannot see: which target gives which factors, that every record flips its own coin,
 and that the coins come from (seed, epoch, partition) alone.
+
+Equivalent mutants (mutmut, tools/mutation.py), left alive on purpose:
+- `Resampler.copies`: `random() < frac` → `random() <= frac`: differs only when a draw equals
+  the fraction exactly (probability 2^-53 per record).
+- `Resampler.__init__`: `np.asarray(factors, dtype=np.float64)` → `np.asarray(factors)` (two
+  mutants): integer or boolean factors then stay integers, and floor, subtraction and the
+  comparison with float draws give the same counts.
 """
 from __future__ import annotations
 
@@ -75,7 +82,7 @@ def test_a_class_with_a_single_record() -> None:
     ({"a": math.nan}, r"weight of class 'a' is nan"),
     ({"a": math.inf}, r"weight of class 'a' is inf"),
     ({"a": "2"}, r"weight of class 'a' is '2'"),
-    ({"a": 0, "b": 0}, r"gives every class weight 0"),
+    ({"a": 0, "b": 0}, r"^resample target gives every class weight 0$"),
     ({"a": 1, "none": 1}, r"gives class 'none' weight 1, but the dataset has no record of it"),
     ("balanced", r"resample target 'balanced': expected 'uniform', a dict"),
     (math.nan, r"resample target power nan: expected a finite number"),
@@ -91,10 +98,29 @@ def test_a_zero_weight_for_a_class_without_records_is_fine() -> None:
     assert ratio_factors({"a": 2, "none": 0}, {"a": 1, "none": 0}) == {"a": 1.0, "none": 0.0}
 
 
+def test_a_histogram_of_one_record() -> None:
+    assert target_distribution({"a": 1}, "uniform") == {"a": 1.0}
+    assert ratio_factors({"a": 1, "b": 0}, "uniform") == {"a": 1.0, "b": 0.0}
+
+
+def test_long_lists_in_errors_are_cut() -> None:
+    classes = {f"c{i:02d}": 1 for i in range(12)}
+    unknown = {f"x{i}": 1.0 for i in range(7)}
+    with pytest.raises(ConfigurationError) as e:
+        target_distribution(classes, unknown)
+    assert str(e.value) == (
+        "resample target names classes ['x0', 'x1', 'x2', 'x3', 'x4'] that the dataset does not "
+        "have (classes: ['c00', 'c01', 'c02', 'c03', 'c04', 'c05', 'c06', 'c07', 'c08', "
+        "'c09'])")
+    with pytest.raises(ValueError) as e:
+        Resampler(np.array([1.0] * 11 + [-1.0]), seed=0)
+    assert str(e.value).endswith("got [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]")
+
+
 @pytest.mark.parametrize("source, message", [
-    ({}, "at least one record"),
+    ({}, "^resampling needs a label histogram with at least one record$"),
     ({"a": 0, "b": 0}, "at least one record"),
-    ({"a": 5, "b": -1}, r"class 'b' has a negative count -1"),
+    ({"a": 5, "b": -1}, r"^label histogram: class 'b' has a negative count -1$"),
 ])
 def test_bad_histograms_are_refused(source: dict[str, int], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
@@ -158,6 +184,7 @@ def test_copy_counts_average_to_the_factor() -> None:
 def test_an_empty_partition_and_zero_factors() -> None:
     resampler = Resampler(np.array([0.0, 1.0]), seed=0)
     assert resampler.copies(np.array([], np.int64), 0, 0).tolist() == []
+    assert resampler.copies([], 0, 0).tolist() == []  # type: ignore[arg-type]
     assert resampler.copies(np.array([0, 1, 0, 1]), 0, 0).tolist() == [0, 1, 0, 1]
 
 

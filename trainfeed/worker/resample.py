@@ -50,7 +50,7 @@ def target_distribution(source: Mapping[str, int], target: Target) -> dict[str, 
                 f"a power of the source distribution")
         # Only classes with records: an empty class cannot be emitted, and a share of B given
         # to it would shrink every epoch instead of rebalancing it.
-        weights = {c: 1.0 if source[c] > 0 else 0.0 for c in classes}
+        weights = {c: float(source[c] > 0) for c in classes}
     elif isinstance(target, Mapping):
         unknown = sorted(set(target) - set(classes))
         if unknown:

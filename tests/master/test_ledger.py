@@ -1,3 +1,10 @@
+"""The task ledger: unit tests of each behaviour, and a Hypothesis state machine.
+
+Equivalent mutants (mutmut, tools/mutation.py), left alive on purpose:
+- `Ledger.replay`: `_apply(op, record=False)` → `_apply(op, record=None)`: both are false.
+- `Ledger._apply` ("L"): `held[partition] = None` → `= ""`: `by_worker` values are never read
+  (the dict is an insertion-ordered set).
+"""
 from __future__ import annotations
 
 import json
@@ -202,14 +209,15 @@ def test_restored_leases_get_fresh_deadlines_from_the_restart() -> None:
 
 def test_refresh_deadlines_can_be_limited_to_some_workers() -> None:
     ledger = Ledger(4)
-    a = ledger.lease("a", 0, 2, 0.0, T).partitions
-    ledger.lease("b", 0, 2, 0.0, T)
+    a = ledger.lease("reader-a", 0, 2, 0.0, T).partitions
+    b = ledger.lease("reader-b", 0, 2, 0.0, T).partitions
     restored = Ledger.from_state(ledger.state())
-    restored.refresh_deadlines(50.0, T, workers=["a", "ghost"])  # ghost holds nothing
-    assert restored.deadlines == {"a": 50.0 + T}
+    assert restored.held_by("reader-a") == list(a) and restored.held_by("reader-b") == list(b)
+    restored.refresh_deadlines(50.0, T, workers=["reader-a", "ghost"])  # ghost holds nothing
+    assert restored.deadlines == {"reader-a": 50.0 + T}
     assert restored.expire(1e9) == list(a)  # b has no deadline yet
-    restored.refresh_deadlines(60.0, T, workers=iter(["b"]))
-    assert restored.deadlines == {"b": 60.0 + T}
+    restored.refresh_deadlines(60.0, T, workers=iter(["reader-b"]))
+    assert restored.deadlines == {"reader-b": 60.0 + T}
 
 
 def test_a_late_failure_report_for_a_partition_no_longer_pending_changes_nothing() -> None:
@@ -254,12 +262,12 @@ def test_a_reader_joining_mid_epoch_joins_the_current_one() -> None:
 def test_a_version_1_snapshot_restores() -> None:
     # What a master before the journal saved: pending as [worker, deadline], done as a list.
     v1 = {"version": 1, "num_partitions": 5, "seed": 5, "max_failures": 2, "epoch": 3,
-          "todo": [2, 4], "pending": {"1": ["a", 123.5]}, "done": [0],
+          "todo": [2, 4], "pending": {"1": ["reader-a", 123.5]}, "done": [0],
           "failed": {"3": "bad"}, "failures": {"3": 2, "4": 1}, "progress": {"1": 6}}
     ledger = Ledger.from_state(v1)
     assert (ledger.num_partitions, ledger.seed, ledger.max_failures, ledger.epoch) == (5, 5, 2, 3)
-    assert list(ledger.todo) == [2, 4] and ledger.pending == {1: "a"}
-    assert ledger.held_by("a") == [1] and ledger.done == {0: ""}
+    assert list(ledger.todo) == [2, 4] and ledger.pending == {1: "reader-a"}
+    assert ledger.held_by("reader-a") == [1] and ledger.done == {0: ""}
     assert ledger.failed == {3: "bad"} and ledger.failures == {3: 2, 4: 1}
     assert ledger.skip(1) == 6
     assert ledger.deadlines == {}  # the old deadline (another clock) is not trusted

@@ -171,8 +171,8 @@ class Ledger:
         overdue: list[int] = []
         while self._expiry and self._expiry[0][0] <= now:
             deadline, worker = heapq.heappop(self._expiry)
-            if self.deadlines.get(worker) == deadline:
-                overdue.extend(self.by_worker.get(worker, ()))
+            if self.deadlines.get(worker) == deadline:  # a worker with a deadline holds leases
+                overdue.extend(self.by_worker[worker])
                 del self.deadlines[worker]
         if overdue:
             self._apply(["B", overdue])

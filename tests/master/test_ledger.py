@@ -2,8 +2,8 @@
 
 Equivalent mutants (mutmut, tools/mutation.py), left alive on purpose:
 - `Ledger.replay`: `_apply(op, record=False)` → `_apply(op, record=None)`: both are false.
-- `Ledger._apply` ("L"): `held[partition] = None` → `= ""`: `by_worker` values are never read
-  (the dict is an insertion-ordered set).
+- `Ledger._apply` ("L") and `Ledger.from_state`: `…[partition] = None` → `= ""` in `by_worker`
+  (two mutants): its values are never read (each worker's dict is an insertion-ordered set).
 """
 from __future__ import annotations
 

@@ -150,7 +150,8 @@ def test_decode_errors_raise_with_the_record_and_shard_or_are_skipped(tmp_path: 
     storage = str(tmp_path / "storage")
     upload(str(source), "bad", storage, UploadOptions(row_group_rows=8), progress=False)
     strict = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8)
-    with pytest.raises(DecodeError, match=r"record 13 of shard \S+\.parquet: cannot decode"):
+    with pytest.raises(DecodeError, match=r"record 13 \(images/00013\.jpg, train_data\.list "
+                                          r"line 14\) of shard \S+\.parquet: cannot decode"):
         list(strict())
     lenient = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8,
                           decode_errors="skip")

@@ -207,8 +207,8 @@ class Ledger:
         overdue: list[int] = []
         while self._expiry and self._expiry[0][0] <= now:
             deadline, worker = heapq.heappop(self._expiry)
-            if self.deadlines.get(worker) == deadline:
-                overdue.extend(self.by_worker.get(worker, ()))
+            if self.deadlines.get(worker) == deadline:  # a worker with a deadline holds leases
+                overdue.extend(self.by_worker[worker])
                 del self.deadlines[worker]
         if overdue:
             self._apply(["B", overdue])
@@ -219,8 +219,7 @@ class Ledger:
         """Hands every lease of `worker` back to the front of todo (a clean leave)."""
         held = list(self.by_worker.get(worker, ()))
         if held:
-            self._apply(["B", held])
-        self.deadlines.pop(worker, None)
+            self._apply(["B", held])  # its last lease gone, `_unlease` drops its deadline
         return held
 
     def reconcile(self, worker: str, held: Iterable[tuple[int, int]]) -> list[int]:
@@ -297,10 +296,7 @@ class Ledger:
             worker, taken = op[1], op[2]
             held = self.by_worker.setdefault(worker, {})
             for partition in taken:
-                if self.todo and self.todo[0] == partition:
-                    self.todo.popleft()
-                else:
-                    self.todo.remove(partition)
+                self.todo.remove(partition)  # the front of todo: O(1) for a deque
                 self.pending[partition] = worker
                 held[partition] = None
                 self._fence(partition, worker)

@@ -32,6 +32,8 @@ def main() -> None:
                              "(lines hold ids and class ids, no sha)")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' per batch")
     parser.add_argument("--prefetch", type=int, default=None, help="partitions loaded ahead")
+    parser.add_argument("--lost-partitions", choices=["raise", "skip"], default="raise",
+                        help="what a pass does about partitions no reader could read")
     parser.add_argument("--checkpoint-after", type=int, default=0, metavar="K")
     parser.add_argument("--state-file")
     parser.add_argument("--resume", metavar="FILE", help="a saved reader.state() to continue")
@@ -44,7 +46,8 @@ def main() -> None:
     pipeline = {} if args.mode != "pipeline" else {
         "decode": True, "image_size": (16, 16), "normalizing_const": 255.0,
         "batch_size": args.batch, "shuffle_buffer": 4 * args.batch}
-    reader = dist.reader(args.dataset, prefetch=args.prefetch, state=state, **pipeline)
+    reader = dist.reader(args.dataset, prefetch_partitions=args.prefetch, state=state,
+                         lost_partitions=args.lost_partitions, **pipeline)
     handed = 0
     with open(args.out, "a") as out:
         for k in range(args.epochs):

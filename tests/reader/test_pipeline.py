@@ -13,9 +13,9 @@ from sample_data import make_image_list
 
 from trainfeed import dist
 from trainfeed.reader.reader import Reader
+from trainfeed.reader.resample import ratio_factors
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.decode import DecodeError
-from trainfeed.worker.resample import ratio_factors
 
 N = 120
 LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids: bird 0, cat 1, dog 2

@@ -43,7 +43,7 @@ from trainfeed.worker.prefetch import Background, LoadedPartition, TaskRef
 from trainfeed.worker.task_loop import Load, plain_load
 
 # Streams of the seed (seed, STREAM, epoch, ...) so that draws are independent of each other and
-# of resampling's (trainfeed.worker.resample).
+# of resampling's (trainfeed.reader.resample).
 PARTITION_ORDER_STREAM = 0x0D
 WINDOW_STREAM = 0x5F
 # In the instance paths, the master hears of progress inside a partition every this many

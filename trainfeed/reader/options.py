@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfeed.reader.resample import Target
 from trainfeed.reader.transforms import AugmentStep, Standardize
 from trainfeed.worker.decode import DECODE_POLICIES
-from trainfeed.worker.resample import Target
 
 MODES = ("train", "validation", "score")
 

@@ -22,14 +22,14 @@ from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
+from trainfeed.reader.labels import ClassIndex
 from trainfeed.reader.options import MODES, PipelineOptions
+from trainfeed.reader.resample import Resampler, ratio_factors
 from trainfeed.reader.transforms import Augmentor, load_transformer
 from trainfeed.storage import Storage
 from trainfeed.worker.decode import ImageDecoder
-from trainfeed.worker.labels import ClassIndex
 from trainfeed.worker.partition_reader import Selector
 from trainfeed.worker.prefetch import TaskRef
-from trainfeed.worker.resample import Resampler, ratio_factors
 from trainfeed.worker.task_loop import Load
 
 logger = logging.getLogger(__name__)

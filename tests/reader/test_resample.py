@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.worker.resample import Resampler, ratio_factors, target_distribution
+from trainfeed.reader.resample import Resampler, ratio_factors, target_distribution
 
 
 def test_uniform_over_and_under_samples_and_keeps_the_epoch_size() -> None:

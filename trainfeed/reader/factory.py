@@ -39,7 +39,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            mode: str = "train", transform: str | Standardize | None = None,
            augment: Sequence[AugmentStep] = (),
            class_weights: Target | None = None,
-           class_values: Sequence[str] | None = None) -> Reader:
+           class_values: Sequence[str] | None = None,
+           random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None,
+           random_flip: bool = False, resize_shorter: int | None = None) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
     With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
@@ -63,6 +65,13 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       ratio first, nothing stretched); `normalizing_const` divides (float32);
       `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
       in `reader.decode_failures`).
+    - decode-stage crops (each image decoded, cropped, resized to `image_size` and flipped on
+      the decode threads, uint8; docs/imagenet.md): `random_resized_crop=(scale, ratio)`, e.g.
+      `((0.08, 1.0), (3/4, 4/3))`, torchvision's RandomResizedCrop, and `random_flip=True`
+      (probability 0.5), both in mode "train" only and seeded per (seed, epoch, record) so
+      that a re-read makes the same crops; `resize_shorter=256` (or, unset, image_size / 0.875)
+      with a centre crop of `image_size` in modes "validation" and "score" (and in training
+      without random_resized_crop).
     - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
       `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
       agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
@@ -97,7 +106,10 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         decode_errors=decode_errors, decode_threads=decode_threads,
         prefetch_batches=prefetch_batches, mode=mode, transform=transform,
         augment=tuple(augment), class_weights=class_weights,
-        class_values=tuple(class_values) if class_values is not None else None)
+        class_values=tuple(class_values) if class_values is not None else None,
+        random_resized_crop=(tuple(map(tuple, random_resized_crop))  # type: ignore[arg-type]
+                             if random_resized_crop is not None else None),
+        random_flip=random_flip, resize_shorter=resize_shorter)
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)

@@ -28,6 +28,7 @@ from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.transforms import Augmentor, AugmentStep, Standardize, load_transformer
 from trainfeed.storage import Storage
+from trainfeed.worker.crops import CropOptions
 from trainfeed.worker.decode import DECODE_POLICIES, ImageDecoder
 from trainfeed.worker.labels import ClassIndex
 from trainfeed.worker.partition_reader import COPIES_COLUMN, Selector
@@ -65,6 +66,11 @@ class PipelineOptions:
     augment: tuple[AugmentStep, ...] = ()
     class_weights: Target | None = None
     class_values: tuple[str, ...] | None = None
+    # Decode-stage crops (issue 15; trainfeed.worker.crops): ((scale), (ratio)) of torchvision's
+    # RandomResizedCrop, a left-right flip with probability 0.5, the validation resize.
+    random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
+    random_flip: bool = False
+    resize_shorter: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -84,6 +90,37 @@ class PipelineOptions:
                 and not self.decode):
             raise ValueError("image_size and normalizing_const apply to decoded images: "
                              "pass decode=True")
+        self._check_crops()
+
+    def _check_crops(self) -> None:
+        """The decode-stage crop options need decoding and an output size, and replace `crop`."""
+        if self.random_resized_crop is None and self.resize_shorter is None:
+            if self.random_flip:
+                raise ValueError("random_flip is a decode-stage option of random_resized_crop= "
+                                 "or resize_shorter=; to mirror whole batches use "
+                                 "augment=['trainfeed.augment:random_flip']")
+            return
+        if not self.decode or self.image_size is None:
+            raise ValueError("random_resized_crop and resize_shorter crop decoded images to "
+                             "image_size: pass decode=True and image_size=(height, width)")
+        if self.crop:
+            raise ValueError("crop=True and random_resized_crop/resize_shorter both choose the "
+                             "crop: pass one of them")
+        _ = self.crop_options  # CropOptions validates the values
+
+    @property
+    def crop_options(self) -> CropOptions | None:
+        """What the decode threads crop: a random resized crop and flip in training, the
+        resize-shorter-side + centre crop in validation and scoring."""
+        if self.image_size is None or (self.random_resized_crop is None
+                                       and self.resize_shorter is None):
+            return None
+        training = self.mode == "train"
+        return CropOptions(
+            self.image_size,
+            self.random_resized_crop if training else None,
+            self.resize_shorter,
+            0.5 if training and self.random_flip else 0.0)
 
     @property
     def active(self) -> bool:
@@ -139,7 +176,8 @@ class Pipeline:
             self.class_weights = np.array([weights.get(c, 0.0) for c in self.classes.values],
                                           dtype=np.float32)
         self.decoder = (ImageDecoder(options.image_size, options.channels,
-                                     options.decode_threads, options.decode_errors, options.crop)
+                                     options.decode_threads, options.decode_errors, options.crop,
+                                     crops=options.crop_options)
                         if options.decode else None)
         self.decode_failures = 0
         transform = options.transform
@@ -180,14 +218,17 @@ class Pipeline:
             spec[WEIGHT_FIELD] = ((None,), np.dtype(np.float32))
         return spec
 
-    def _convert(self, table: pa.Table, where: Callable[[int], str]) -> Batch:
+    def _convert(self, table: pa.Table, where: Callable[[int], str], epoch: int = 0) -> Batch:
         """Arrays of one batch, without the rows that failed to decode (under "skip")."""
         keep = np.ones(table.num_rows, dtype=bool)
         out: Batch = {}
         for name in self.image_fields:
             assert self.decoder is not None
             blobs = table.column(name).to_pylist()
-            decoded = self.decoder.decode(blobs, [where(i) for i in range(len(blobs))])
+            # Record ids and the epoch seed the decode-stage crops (same crop on a re-read).
+            decoded = self.decoder.decode(blobs, [where(i) for i in range(len(blobs))],
+                                          ids=table.column(ID_COLUMN).to_numpy(),
+                                          seed=self.seed, epoch=epoch)
             if decoded.errors:
                 self.decode_failures += len(decoded.errors)
                 for message in decoded.errors[:3]:
@@ -283,7 +324,7 @@ class Pipeline:
         piece = piece.drop_columns(["_slot"])
         ids = piece.column(ID_COLUMN).to_numpy()
         batch = self._convert(piece, lambda i: f"record {ids[i]} of shard "
-                                               f"{shard_of[int(slots[i])]}")
+                                               f"{shard_of[int(slots[i])]}", epoch)
         if self.transformer is not None:
             batch = self.transformer.apply(batch)
         if self.augmentor is not None:

@@ -50,14 +50,28 @@ class Window:
     height: int
     width: int
 
-    def scaled(self, fy: float, fx: float, height: int, width: int) -> Window:
-        """The same region in an image scaled by (fy, fx) (a DCT-scaled decode) of size
-        (height, width), rounded outwards and clipped to it, never empty."""
-        top = min(height - 1, int(math.floor(self.top * fy)))
-        left = min(width - 1, int(math.floor(self.left * fx)))
-        bottom = max(top + 1, min(height, int(math.ceil((self.top + self.height) * fy))))
-        right = max(left + 1, min(width, int(math.ceil((self.left + self.width) * fx))))
+    def on_grid(self, k: int, height: int, width: int) -> Window:
+        """The window with its edges moved to the nearest multiple of `k` source pixels (the
+        bottom and right edges kept inside an image of (height, width)), never empty: what a
+        1/k DCT-scaled decode can cut out exactly, whole pixels for whole pixels. Each edge
+        moves by at most k/2 pixels."""
+        if k == 1:
+            return self
+
+        def snap(x: int) -> int:
+            return (x + k // 2) // k * k
+
+        top, left = min(snap(self.top), height - 1), min(snap(self.left), width - 1)
+        bottom = max(top + 1, min(height, snap(self.top + self.height)))
+        right = max(left + 1, min(width, snap(self.left + self.width)))
         return Window(top, left, bottom - top, right - left)
+
+    def divided(self, k: int) -> Window:
+        """This window (on the k-grid, see `on_grid`) in an image decoded at 1/k: libjpeg
+        makes ceil(side / k) pixels of a side, so an edge at the image's end maps there too."""
+        top, left = self.top // k, self.left // k
+        return Window(top, left, -(-(self.top + self.height) // k) - top,
+                      -(-(self.left + self.width) // k) - left)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

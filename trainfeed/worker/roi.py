@@ -14,8 +14,9 @@ Decoding less than the whole image:
   on photos), so the window's edges are moved to the nearest multiple of k source pixels (at
   most k/2 pixels, under 0.2 % of a side at least 2k x the target's) and the result equals a
   full decode of that window, area-resized, within a few grey levels; a shift of even one
-  source pixel would not (a photo's pixels differ from their neighbours' by ~10 levels). Only these SIMD scales: simplejpeg's 5/8-7/8 scales are slower than a full
-  decode (737 and 878 against 1,072 images/s measured for the issue).
+  source pixel would not (a photo's pixels differ from their neighbours' by ~10 levels).
+  Only these SIMD scales: simplejpeg's 5/8-7/8 scales are slower than a full decode (737
+  and 878 against 1,072 images/s, measured for the issue).
 - Partial (region) decoding, which tf.data's `decode_and_crop_jpeg` and DALI's ROI decoder use,
   is not available from PyPI on Linux x86_64 here: PyTurboJPEG 2.x needs the TurboJPEG 3 API
   (Debian 12 ships libjpeg-turbo 2.1.5) and has no cropping-region decode either; PyTurboJPEG

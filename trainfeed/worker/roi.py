@@ -64,10 +64,11 @@ def _pillow_decode(data: bytes, channels: int) -> np.ndarray:
 
 
 def decode_crop(data: bytes, plan: Planner, dst: np.ndarray, flip: bool = False,
-                antialias: bool = False) -> str:
+                antialias: bool = False, fast_dct: bool = False) -> str:
     """Decodes `data`, keeps `plan(height, width)` of it and resizes that into `dst`
-    ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. Returns the library that
-    decoded it ("simplejpeg" or "pillow").
+    ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. `fast_dct`: libjpeg's
+    fast integer IDCT (JDCT_IFAST). Returns the library that decoded it ("simplejpeg" or
+    "pillow").
 
     Raises ValueError or OSError (from Pillow) on bytes that are not a decodable image.
     """
@@ -82,9 +83,9 @@ def decode_crop(data: bytes, plan: Planner, dst: np.ndarray, flip: bool = False,
             window = plan(height, width)
             k = dct_reduction(window, dst.shape[:2])
             if k == 1:
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace)
+                image = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=fast_dct)
             else:  # edges on the k-grid (≤ k/2 px moved): the scaled pixels match exactly
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace,
+                image = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=fast_dct,
                                                min_height=math.ceil(height / k),
                                                min_width=math.ceil(width / k))
                 window = window.on_grid(k, height, width).divided(k)

@@ -49,8 +49,9 @@ OPS: dict[str, dict[str, str]] = {
         "val": "CPU: decoders.image + resize(resize_shorter=256) + crop 224, 2 threads",
         "train": "CPU: decoders.image_random_crop (ROI decode) + resize 224 + flip, 2 threads"},
     "grain": {
-        "val": "MapDataset + mp_prefetch(2 workers): the Pillow ops of `plain`",
-        "train": "MapDataset + mp_prefetch(2 workers): the Pillow ops of `plain`"},
+        "val": "MapDataset + mp_prefetch(2 workers, 1 thread each): the Pillow ops of `plain`",
+        "train": "MapDataset + mp_prefetch(2 workers, 1 thread each): the Pillow ops of "
+                 "`plain`"},
     "trainfeed-local": {
         "val": "dist.reader(local, decode, image_size=224, resize_shorter=256, "
                "mode=validation), uint8",
@@ -209,7 +210,10 @@ def grain_batches(paths: Sequence[str], workload: str) -> Iterator[Any]:
 
     dataset = (grain.MapDataset.range(len(paths)).shuffle(seed=0).repeat()
                .map(GrainLoad(paths, workload)).batch(BATCH, drop_remainder=True)
-               .to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+               # One map thread per worker process (Grain's default is 16 per process): two
+               # processes on two cores, as the DataLoader row has.
+               .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+               .mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
     yield from dataset
 
 

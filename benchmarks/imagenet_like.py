@@ -37,6 +37,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -235,25 +236,38 @@ def run_one(args: argparse.Namespace, method: str, workload: str, cold: bool,
     cmd = [sys.executable, HERE, "_method", method, "--workload", workload, "--data", args.data,
            "--storage", args.storage, "--warmup", "1" if cold else str(args.warmup),
            "--images", str(args.images)]
-    # A session of its own: on a timeout the whole tree (workers hold the pipes) is killed.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    sampler = Sampler(proc.pid)
-    try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\ntimed out after {args.timeout:.0f} s"
-    finally:
-        try:  # leftovers of a method that exited (DataLoader or Grain workers)
+    # A session of its own, so that the whole tree is killed once the window is reported:
+    # worker processes (DataLoader, Grain, multiprocessing's resource tracker) may outlive the
+    # method's process and keep its pipes open.
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                start_new_session=True)
+        sampler = Sampler(proc.pid)
+        lines: list[str] = []
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    lines.append(line)
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(args.timeout)
+        time.sleep(0.3)  # samples after the window's end, the tree still whole
+        sampler.stop()
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    sampler.stop()
+        proc.wait()
+        errors.seek(0)
+        err = errors.read()
+    if not lines and reader.is_alive():
+        err += f"\ntimed out after {args.timeout:.0f} s"
     row: dict[str, Any] = {"method": method, "workload": workload, "cold": cold,
                            "ops": OPS[method][workload], **quiet}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
         return row

@@ -159,7 +159,7 @@ class Sampler:
     """Samples the CPU seconds of a process tree and the machine's busy cores every `period`."""
 
     def __init__(self, pid: int, period: float = 0.1):
-        self.root = psutil.Process(pid)
+        self.session = pid  # the method runs in a session of its own (start_new_session)
         self.period = period
         self.samples: list[tuple[float, float, float]] = []  # (time, tree cpu s, machine busy s)
         self._stop = threading.Event()
@@ -167,16 +167,16 @@ class Sampler:
         self._thread.start()
 
     def _tree_cpu(self) -> float:
+        """CPU seconds of every live process of the method's session: its children, and
+        workers reparented after their parent exited, alike."""
         total = 0.0
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return self.samples[-1][1] if self.samples else 0.0
-        for p in procs:
+        for p in psutil.process_iter():
             try:
+                if os.getsid(p.pid) != self.session:
+                    continue
                 t = p.cpu_times()
                 total += t.user + t.system
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 continue
         return total
 
@@ -295,12 +295,16 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     out = np.empty((SIZE, SIZE, 3), np.uint8)
     train = CropOptions((SIZE, SIZE), ((0.08, 1.0), (3 / 4, 4 / 3)), flip=0.5)
     val = CropOptions((SIZE, SIZE), resize_shorter=256)
+    def path(options: CropOptions, i: int) -> None:
+        window, flip = options.plan(u[i] if options.random else None)
+        decode_crop(blobs[i], window, out, flip, options.antialias, options.fast_dct)
+
     variants = {
         "decode only (simplejpeg, full image)": lambda i: simplejpeg.decode_jpeg(blobs[i]),
-        "trainfeed val path (decode + crop + resize)":
-            lambda i: decode_crop(blobs[i], val.plan(None)[0], out),
-        "trainfeed train path (decode + RRC + resize + flip)":
-            lambda i: decode_crop(blobs[i], *train.plan(u[i]), out),
+        "decode only, fast IDCT (tf.data's default)":
+            lambda i: simplejpeg.decode_jpeg(blobs[i], fastdct=True),
+        "trainfeed val path (decode + crop + resize)": lambda i: path(val, i),
+        "trainfeed train path (decode + RRC + resize + flip)": lambda i: path(train, i),
     }
     rows = []
     for name, fn in variants.items():

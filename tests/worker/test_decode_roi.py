@@ -223,3 +223,22 @@ def test_reader_refuses_crop_options_it_cannot_honour(photos: str) -> None:
     with pytest.raises(ValueError, match="scale"):
         dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
                     random_resized_crop=((0.5, 2.0), (1.0, 1.0)))
+
+
+def test_binary_views_are_the_column_values_without_copies() -> None:
+    import pyarrow as pa
+
+    from trainfeed.worker.decode import binary_views
+    values = [b"\xff\xd8abc", b"", b"xyz" * 1000, b"q"]
+    column = pa.chunked_array([pa.array(values[:2], pa.binary()),
+                               pa.array(values, pa.binary()).slice(2)])
+    views = binary_views(column)
+    assert [bytes(v) for v in views] == values[:2] + values[2:]
+    assert isinstance(views[2], memoryview)
+    with_null = pa.chunked_array([pa.array([b"a", None], pa.binary())])
+    assert binary_views(with_null) == [b"a", None]
+    jpeg_bytes = jpeg(photo(60, 80))
+    view = binary_views(pa.chunked_array([pa.array([jpeg_bytes], pa.binary())]))[0]
+    decoder = ImageDecoder(threads=1, crops=CropOptions((16, 16)))
+    np.testing.assert_array_equal(decoder.decode([view], ["x"]).images,
+                                  decoder.decode([jpeg_bytes], ["x"]).images)

@@ -29,7 +29,7 @@ from trainfeed.reader.backends import PassStream
 from trainfeed.reader.transforms import Augmentor, AugmentStep, Standardize, load_transformer
 from trainfeed.storage import Storage
 from trainfeed.worker.crops import CropOptions
-from trainfeed.worker.decode import DECODE_POLICIES, ImageDecoder
+from trainfeed.worker.decode import DECODE_POLICIES, ImageDecoder, binary_views
 from trainfeed.worker.labels import ClassIndex
 from trainfeed.worker.partition_reader import COPIES_COLUMN, Selector
 from trainfeed.worker.prefetch import LoadedPartition, TaskRef
@@ -224,7 +224,7 @@ class Pipeline:
         out: Batch = {}
         for name in self.image_fields:
             assert self.decoder is not None
-            blobs = table.column(name).to_pylist()
+            blobs = binary_views(table.column(name))  # zero-copy (trainfeed.worker.decode)
             # Record ids and the epoch seed the decode-stage crops (same crop on a re-read).
             decoded = self.decoder.decode(blobs, [where(i) for i in range(len(blobs))],
                                           ids=table.column(ID_COLUMN).to_numpy(),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import PIL
+import pyarrow as pa
 import simplejpeg
 from PIL import Image, UnidentifiedImageError, features
 
@@ -54,7 +55,28 @@ def decoders() -> dict[str, str]:
     }
 
 
-def jpeg_fast_path(data: bytes) -> bool:
+def binary_views(column: pa.ChunkedArray) -> list[bytes | memoryview]:
+    """The values of a binary column as zero-copy views of Arrow's buffers (simplejpeg and
+    Pillow take any bytes-like object): `to_pylist()` copies every encoded image into a new
+    bytes object, ~0.06 ms per 83 KB image measured here, 4 % of an image's whole decode
+    budget. Columns with nulls keep `to_pylist()` (a null is an undecodable record)."""
+    if column.null_count or not pa.types.is_binary(column.type):
+        return column.to_pylist()
+    views: list[bytes | memoryview] = []
+    for chunk in column.chunks:
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[
+            chunk.offset:chunk.offset + len(chunk) + 1]
+        data = chunk.buffers()[2]
+        if data is None:  # every value empty
+            views.extend(b"" for _ in range(len(chunk)))
+            continue
+        whole = memoryview(data).cast("B")
+        views.extend(whole[start:stop] for start, stop in zip(offsets[:-1].tolist(),
+                                                              offsets[1:].tolist()))
+    return views
+
+
+def jpeg_fast_path(data: bytes | memoryview) -> bool:
     """Whether `data` goes through simplejpeg (libjpeg-turbo) rather than Pillow."""
     return data[:2] == JPEG_MAGIC
 
@@ -114,13 +136,13 @@ class ImageDecoder:
         self.backend_counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
 
-    def decode_one(self, data: bytes) -> np.ndarray:
+    def decode_one(self, data: bytes | memoryview) -> np.ndarray:
         """One image as uint8 HxWxC (resized to image_size if set; crop options do not apply:
         they need a record id, see `decode`). Raises ValueError or OSError on bytes that are
         not a decodable image."""
         return self._decode_one(data)[0]
 
-    def _decode_one(self, data: bytes) -> tuple[np.ndarray, str]:
+    def _decode_one(self, data: bytes | memoryview) -> tuple[np.ndarray, str]:
         """The image and the library that decoded it ("simplejpeg" or "pillow")."""
         image = None
         backend = "simplejpeg"
@@ -146,7 +168,7 @@ class ImageDecoder:
                 image = image[:, :, None]
         return image, backend
 
-    def decode(self, blobs: Sequence[bytes], where: Sequence[str],
+    def decode(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
                ids: Sequence[int] | np.ndarray | None = None, seed: int = 0,
                epoch: int = 0) -> DecodedBatch:
         """Decodes `blobs`; `where[i]` names record i for errors ("record 17 of shard …").
@@ -196,7 +218,7 @@ class ImageDecoder:
             step = chunk or -(-n // self.threads)
             list(self._pool.map(lambda s: work(s, min(n, s + step)), range(0, n, step)))
 
-    def _decode_crops(self, blobs: Sequence[bytes], where: Sequence[str],
+    def _decode_crops(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
                       ids: Sequence[int] | np.ndarray | None, seed: int,
                       epoch: int) -> DecodedBatch:
         """The crop path: each thread writes its images straight into one preallocated batch."""

@@ -57,13 +57,13 @@ def dct_reduction(window: Window, target: tuple[int, int]) -> int:
     return 1
 
 
-def _pillow_decode(data: bytes, channels: int) -> np.ndarray:
+def _pillow_decode(data: bytes | memoryview, channels: int) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as pil:
         image = np.asarray(pil.convert("RGB" if channels == 3 else "L"))
     return image[:, :, None] if image.ndim == 2 else image
 
 
-def decode_crop(data: bytes, plan: Planner, dst: np.ndarray, flip: bool = False,
+def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: bool = False,
                 antialias: bool = False, fast_dct: bool = False) -> str:
     """Decodes `data`, keeps `plan(height, width)` of it and resizes that into `dst`
     ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. `fast_dct`: libjpeg's

@@ -133,7 +133,14 @@ def dist_main(args: argparse.Namespace) -> int:
                     if time.time() > deadline or any(p.poll() is not None for p in procs):
                         raise RuntimeError("a distributed reader did not start")
                     lock.wait(1)
-                start = max(e[args.warmup - 1][0] for e in events)
+                # As timed_window: past `warmup` batches and 3 s after its first batch, for
+                # each reader, so that batches prefetched before the window are not counted.
+                opened = max(max(e[args.warmup - 1][0], e[0][0] + 3.0) for e in events)
+                while not all(e[-1][0] >= opened for e in events):
+                    if time.time() > deadline or any(p.poll() is not None for p in procs):
+                        raise RuntimeError("a distributed reader stopped")
+                    lock.wait(1)
+                start = max(t for e in events for t, _ in e if t <= opened)
                 while True:
                     after = sorted((t, n) for e in events for t, n in e if t > start)
                     if sum(n for _, n in after) >= args.images:

@@ -167,6 +167,7 @@ class Sampler:
 
     def __init__(self, pid: int, period: float = 0.1):
         self.session = pid  # the method runs in a session of its own (start_new_session)
+        self._seen: dict[tuple[int, float], float] = {}
         self.period = period
         self.samples: list[tuple[float, float, float]] = []  # (time, tree cpu s, machine busy s)
         self._stop = threading.Event()
@@ -174,18 +175,19 @@ class Sampler:
         self._thread.start()
 
     def _tree_cpu(self) -> float:
-        """CPU seconds of every live process of the method's session: its children, and
-        workers reparented after their parent exited, alike."""
-        total = 0.0
+        """CPU seconds of every process of the method's session (its children, and workers
+        reparented after their parent exited, alike), each counted at the most it was seen
+        at: a process that exits, or that one sample misses, does not make the sum drop."""
         for p in psutil.process_iter():
             try:
                 if os.getsid(p.pid) != self.session:
                     continue
                 t = p.cpu_times()
-                total += t.user + t.system
+                key = (p.pid, p.create_time())
+                self._seen[key] = max(self._seen.get(key, 0.0), t.user + t.system)
             except (psutil.Error, OSError):
                 continue
-        return total
+        return sum(self._seen.values())
 
     @staticmethod
     def _machine_busy() -> float:

@@ -10,7 +10,12 @@ import numpy as np
 
 def random_flip(batch: dict[str, Any], rng: np.random.Generator, field: str = "image",
                 probability: float = 0.5) -> dict[str, Any]:
-    """Mirrors each image left-right with `probability` (images are (n, H, W, C))."""
+    """Mirrors each image left-right with `probability` (images are (n, H, W, C)).
+
+    This copies the batch on the pipeline thread, serially. For decoded images prefer the
+    decode stage's `dist.reader(..., random_flip=True)` (with `random_resized_crop=` or
+    `resize_shorter=`): each decode thread mirrors its images in place while resizing them,
+    seeded per record (docs/imagenet.md)."""
     images = np.array(batch[field])  # a copy: the batch may share memory with a buffer
     flip = rng.random(len(images)) < probability
     images[flip] = images[flip, :, ::-1]

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainfeed.reader.resample import Target
 from trainfeed.reader.transforms import AugmentStep, Standardize
+from trainfeed.worker.crops import CropOptions
 from trainfeed.worker.decode import DECODE_POLICIES
 
 MODES = ("train", "validation", "score")
@@ -44,8 +45,18 @@ class DecodeOptions:
     normalizing_const: float | None = None
     errors: str = field(default="raise", metadata=_keyword("decode_errors"))
     threads: int | None = field(default=None, metadata=_keyword("decode_threads"))
+    # Decode-stage crops (issue 15; trainfeed.worker.crops): ((scale), (ratio)) of torchvision's
+    # RandomResizedCrop, a left-right flip with probability 0.5 (both in training only), and the
+    # validation resize of the shorter side before a centre crop of image_size.
+    random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
+    random_flip: bool = False
+    resize_shorter: int | None = None
 
     def __post_init__(self) -> None:
+        if self.random_resized_crop is not None:
+            object.__setattr__(self, "random_resized_crop",
+                               tuple(tuple(float(v) for v in pair)
+                                     for pair in self.random_resized_crop))
         if self.image_size is not None:
             try:
                 size = tuple(operator.index(x) for x in self.image_size)
@@ -69,6 +80,33 @@ class DecodeOptions:
                 and not self.enabled):
             raise ValueError("image_size, crop and normalizing_const apply to decoded images: "
                              "pass decode=True")
+        self._check_crops()
+
+    def _check_crops(self) -> None:
+        """The decode-stage crop options need decoding and an output size, and replace `crop`."""
+        if self.random_resized_crop is None and self.resize_shorter is None:
+            if self.random_flip:
+                raise ValueError("random_flip is a decode-stage option of random_resized_crop= "
+                                 "or resize_shorter=; to mirror whole batches use "
+                                 "augment=['trainfeed.augment:random_flip']")
+            return
+        if not self.enabled or self.image_size is None:
+            raise ValueError("random_resized_crop and resize_shorter crop decoded images to "
+                             "image_size: pass decode=True and image_size=(height, width)")
+        if self.crop:
+            raise ValueError("crop=True and random_resized_crop/resize_shorter both choose the "
+                             "crop: pass one of them")
+        self.crop_options("train")  # CropOptions validates the values
+
+    def crop_options(self, mode: str) -> CropOptions | None:
+        """What the decode threads crop in `mode`: a random resized crop and flip in training,
+        the resize-shorter-side + centre crop in validation and scoring."""
+        if self.image_size is None or (self.random_resized_crop is None
+                                       and self.resize_shorter is None):
+            return None
+        training = mode == "train"
+        return CropOptions(self.image_size, self.random_resized_crop if training else None,
+                           self.resize_shorter, 0.5 if training and self.random_flip else 0.0)
 
 
 @dataclass(frozen=True)

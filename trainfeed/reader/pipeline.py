@@ -27,7 +27,7 @@ from trainfeed.reader.options import MODES, PipelineOptions
 from trainfeed.reader.resample import Resampler, ratio_factors
 from trainfeed.reader.transforms import Augmentor, load_transformer
 from trainfeed.storage import Storage
-from trainfeed.worker.decode import ImageDecoder
+from trainfeed.worker.decode import ImageDecoder, binary_views
 from trainfeed.worker.partition_reader import Selector
 from trainfeed.worker.prefetch import TaskRef
 from trainfeed.worker.task_loop import Load
@@ -101,7 +101,8 @@ class Pipeline:
                                           dtype=np.float32)
         decode = options.decode
         self.decoder = (ImageDecoder(decode.image_size, decode.channels, decode.threads,
-                                     decode.errors, decode.crop)
+                                     decode.errors, decode.crop,
+                                     crops=decode.crop_options(options.mode))
                         if decode.enabled else None)
         self.decode_failures = 0
         transform = options.transform.transform
@@ -143,16 +144,19 @@ class Pipeline:
             spec[WEIGHT_FIELD] = ((None,), np.dtype(np.float32))
         return spec
 
-    def _convert(self, table: pa.Table,
-                 where: Callable[[int], str]) -> tuple[Batch, np.ndarray]:
+    def _convert(self, table: pa.Table, where: Callable[[int], str],
+                 epoch: int = 0) -> tuple[Batch, np.ndarray]:
         """Arrays of one batch, without the rows that failed to decode (under "skip"), and
-        which rows of `table` are kept."""
+        which rows of `table` are kept. `epoch` (with the records' ids) seeds decode-stage
+        crops, so that a re-read makes the same crops."""
         keep = np.ones(table.num_rows, dtype=bool)
         out: Batch = {}
         for name in self.image_fields:
             assert self.decoder is not None
-            blobs = table.column(name).to_pylist()
-            decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)))
+            blobs = binary_views(table.column(name))  # zero-copy (trainfeed.worker.decode)
+            decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)),
+                                          ids=table.column(ID_COLUMN).to_numpy(),
+                                          seed=self.seed, epoch=epoch)
             if decoded.errors:
                 self.decode_failures += len(decoded.errors)
                 for message in decoded.errors[:3]:
@@ -208,7 +212,7 @@ class Pipeline:
         ids = piece.table.column(ID_COLUMN).to_numpy()
         slots = piece.row_slots()
         batch, keep = self._convert(piece.table, lambda i: self._name(
-            int(ids[i]), piece.shards[int(slots[i])]))
+            int(ids[i]), piece.shards[int(slots[i])]), piece.epoch)
         if self.transformer is not None:
             batch = self.transformer.apply(batch)
         if self.augmentor is not None:

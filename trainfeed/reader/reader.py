@@ -168,10 +168,12 @@ class Reader:
         from trainfeed.reader.adapters import as_tf_dataset
         return as_tf_dataset(self, inputs, targets, sample_weights)
 
-    def as_torch(self) -> Any:
-        """This reader as a `torch.utils.data.IterableDataset` of tensor dicts (needs [torch])."""
+    def as_torch(self, device: Any = None, mean: Any = None, std: Any = None,
+                 pin_memory: bool | None = None) -> Any:
+        """This reader as a `torch.utils.data.IterableDataset` of tensor dicts (needs [torch]);
+        `device`, `mean`, `std`: moved and normalized on the device (see adapters.as_torch)."""
         from trainfeed.reader.adapters import as_torch
-        return as_torch(self)
+        return as_torch(self, device, mean, std, pin_memory)
 
     @property
     def dataset_folder(self) -> Storage:

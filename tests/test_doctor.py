@@ -67,14 +67,16 @@ def test_doctor_resolves_defaults_and_local_mode() -> None:
 
 
 def test_an_extra_with_a_missing_package_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The `bench` extra needs pandas; with pandas' metadata hidden, the extra says so."""
+    """The `sql` extra needs psycopg (the test extra installs it); with psycopg's metadata
+    hidden, the extra says what is missing."""
     import trainfeed.doctor as doctor
 
+    assert extras_status()["sql"] == {"installed": True, "problems": []}
     real = doctor.installed_version
     monkeypatch.setattr(doctor, "installed_version",
-                        lambda name: None if name == "pandas" else real(name))
+                        lambda name: None if name == "psycopg" else real(name))
     status = extras_status()
-    assert status["bench"] == {"installed": False, "problems": ["pandas not installed"]}
+    assert status["sql"] == {"installed": False, "problems": ["psycopg not installed"]}
     assert status["s3"]["installed"]
 
 

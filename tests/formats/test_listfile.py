@@ -120,3 +120,47 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:
     parsed = parse_list(str(write(tmp_path, "\ufeffa.jpg\tcat\n".encode())))
     assert parsed.kind == "file"
     assert parsed.entries[0].columns == (str(tmp_path / "a.jpg"), "cat")
+
+
+def test_kind_detection_reads_separators_and_suffixes_not_only_existing_files(
+        tmp_path: Path) -> None:
+    """Missing files still mean a file list when the column looks like a path: a separator
+    (either slash) or a file suffix; plain words mean text."""
+    from trainfeed.formats.listfile import detect_kind
+
+    for column in ("img/missing.jpg", "img/missing", "img\\missing", "missing.png", "scan.tiff"):
+        assert detect_kind([(1, f"{column}\tcat")], str(tmp_path)) == "file", column
+    for column in ("hello world", "img", "version 2", "  "):
+        assert detect_kind([(1, f"{column}\tcat")], str(tmp_path)) == "text", column
+    # Only the first 100 rows are looked at.
+    rows = [(n, f"word{n}\tx") for n in range(1, 101)] + [(101, "a/b.jpg\tx")]
+    assert detect_kind(rows, str(tmp_path)) == "text"
+    assert detect_kind(rows[:99] + rows[100:], str(tmp_path)) == "file"
+
+
+def test_outside_paths_names_every_escape_and_nothing_else(tmp_path: Path) -> None:
+    from trainfeed.formats.listfile import ListEntry, outside_paths
+
+    base = tmp_path / "list"
+    (base / "img").mkdir(parents=True)
+    (base / "img" / "ok.jpg").write_bytes(b"x")
+    (tmp_path / "secret").write_text("s")
+    (base / "link.jpg").symlink_to(tmp_path / "secret")
+    (base / "inner.jpg").symlink_to(base / "img" / "ok.jpg")
+    entries = tuple(ListEntry(i, i + 1, (path, "x")) for i, path in enumerate([
+        str(base / "img" / "ok.jpg"), str(base / ".." / "secret"), "/etc/passwd",
+        str(base / "link.jpg"), str(base / "inner.jpg"), str(base / "img" / ".." / "img")]))
+    assert outside_paths(entries, str(base)) == [
+        (2, str(base / ".." / "secret")), (3, "/etc/passwd"), (4, str(base / "link.jpg"))]
+    assert outside_paths(entries[:1], str(base)) == []
+
+
+def test_the_empty_list_message_mentions_comments_only_when_they_are_skipped(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, "\n\n")
+    with pytest.raises(ListFileError) as e:
+        parse_list(str(path))
+    assert str(e.value) == f"{path}: the list has no instances (every line is empty or a # comment)"
+    with pytest.raises(ListFileError) as e:
+        parse_list(str(path), comments=False)
+    assert str(e.value) == f"{path}: the list has no instances (every line is empty)"

@@ -591,3 +591,38 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerMachine = LedgerMachine.TestCase
 TestLedgerMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_failed_in_keeps_the_previous_epochs_give_ups_and_forgets_older_ones() -> None:
+    """A reader whose pass of epoch e ends after another reader started e+1 is still told
+    what e gave up on (issue 14); e-1 and older are no longer known (None)."""
+    ledger = Ledger(2, max_failures=1)
+    p, q = ledger.lease("a", 0, 2, 0.0, T).partitions
+    ledger.report_failed(0, p, "bad page")
+    ledger.report_done(0, q, "a")
+    assert ledger.failed_in(0) == {p: "bad page"} and ledger.failed_in(1) is None
+    ledger.lease("a", 1, 2, 0.0, T)  # starts epoch 1
+    assert ledger.failed_in(1) == {} and ledger.failed_in(0) == {p: "bad page"}
+    assert ledger.failed_in(-1) is None
+    again = Ledger.from_state(ledger.state())
+    assert again.failed_in(0) == {p: "bad page"}
+    for partition in list(ledger.pending):
+        ledger.report_done(1, partition, "a")
+    ledger.lease("a", 2, 1, 0.0, T)  # epoch 2: epoch 0 is forgotten, 1 lost nothing
+    assert ledger.failed_in(0) is None and ledger.failed_in(1) == {}
+    jumped = Ledger(1, max_failures=1)
+    jumped.report_failed(0, jumped.lease("a", 0, 1, 0.0, T).partitions[0], "x")
+    jumped.lease("a", 3, 1, 0.0, T)  # not the next epoch: nothing carried over
+    assert jumped.failed_in(2) == {} and jumped.previous_failed == {}
+
+
+def test_token_of_names_the_latest_lease_of_a_partition() -> None:
+    ledger = Ledger(3)
+    assert [ledger.token_of(p) for p in range(3)] == [0, 0, 0]  # never leased
+    first = ledger.lease("a", 0, 2, 0.0, T).partitions
+    tokens = [ledger.token_of(p) for p in first]
+    assert tokens == [1, 2] and ledger.token_of(3 - sum(first)) == 0
+    ledger.expire(T + 1)  # both leases expire: the tokens stay until the next lease
+    assert [ledger.token_of(p) for p in first] == tokens
+    again = ledger.lease("b", 0, 1, T + 1, T).partitions[0]
+    assert ledger.token_of(again) == 3

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -69,6 +69,3 @@ class SourceIndex:
         path, line = found
         where = f"{self.list_name} line {line}"
         return f"{path}, {where}" if path is not None else where
-
-    def describe_many(self, record_ids: Iterable[int]) -> dict[int, str]:
-        return {int(i): self.describe(i) for i in record_ids}

@@ -6,7 +6,7 @@ classes still maps the ones it has to the training ids when given the training c
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,13 +37,17 @@ class ClassIndex:
         return len(self.values)
 
     def ids(self, labels: pa.Array | pa.ChunkedArray | Sequence[str],
-            where: str = "") -> np.ndarray:
-        """int64 class ids of `labels` (vectorized: no Python loop per record)."""
+            where: str | Callable[[], str] = "") -> np.ndarray:
+        """int64 class ids of `labels` (vectorized: no Python loop per record). `where` names
+        the labels in an error; a callable is only called then (naming a record may read its
+        source file, which the hot path must not pay for)."""
         array = labels if isinstance(labels, pa.Array | pa.ChunkedArray) else pa.array(
             labels, pa.string())
         index = pc.index_in(array, value_set=self._value_set)
         if index.null_count:
             missing = pc.filter(array, pc.is_null(index))
+            if callable(where):
+                where = where()
             raise UnknownLabelError(
                 f"{where + ': ' if where else ''}label {missing[0].as_py()!r} is not one of the "
                 f"{self.num_classes} class values {list(self.values)[:10]}")

@@ -175,7 +175,7 @@ class Pipeline:
                 continue
             column = table.column(name)
             if name == self.label_field and self.classes is not None:
-                ids = self.classes.ids(column, where=where(0))
+                ids = self.classes.ids(column, where=lambda: where(0))
                 out[name] = (self.classes.one_hot(ids) if self.options.labels.one_hot
                              else ids)
                 if self.class_weights is not None:

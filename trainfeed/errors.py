@@ -109,6 +109,12 @@ class LostRecordsError(TrainfeedError):
     any reader (after the master's --max-failures tries), each named with its last reason."""
 
 
+class SyncShortfallError(TrainfeedError):
+    """A synchronous rank could not get its epoch's quota of records (partitions were lost, or
+    the job's group changed under it): rather than leave the other ranks hanging in an
+    all-reduce, the pass fails."""
+
+
 class PartitionReadError(TrainfeedError):
     """A reader could not read any partition it was given in a pass (bad credentials, a storage
     it cannot reach): raised rather than yielding empty epochs forever."""

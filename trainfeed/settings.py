@@ -37,10 +37,12 @@ __all__ = [
     "LOG_FORMAT",
     "MASTER",
     "MASTER_GIVE_UP_S",
+    "RANK",
     "S3_ENDPOINT",
     "SETTINGS",
     "STATE",
     "STORAGE",
+    "TF_CONFIG",
     "TLS_CA",
     "TLS_CERT",
     "TLS_KEY",
@@ -49,6 +51,7 @@ __all__ = [
     "TOKEN_FILE",
     "TRAIN_LOCAL",
     "WORKER_NAME",
+    "WORLD_SIZE",
     "Setting",
     "settings_in_effect",
 ]
@@ -215,11 +218,23 @@ KUBECONFIG: Setting[str | None] = Setting(
     "KUBECONFIG", None, _text,
     "the Kubernetes client configuration (paths joined by ':'), else ~/.kube/config")
 
+# Synchronous training (dist.reader(..., sync=True)): who the process is in its group.
+WORLD_SIZE: Setting[int | None] = Setting(
+    "WORLD_SIZE", None, _optional_count,
+    "synchronous readers: processes in the training group (set by torchrun)")
+RANK: Setting[int | None] = Setting(
+    "RANK", None, _optional_count,
+    "synchronous readers: this process's rank in the group, 0-based (set by torchrun)")
+TF_CONFIG: Setting[str | None] = Setting(
+    "TF_CONFIG", None, _text,
+    "synchronous readers: TensorFlow's cluster JSON; chief and workers are ranks, in that order, "
+    "when WORLD_SIZE is unset")
+
 #: Every setting by variable name, in the README table's order.
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
-    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG)}
+    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, TF_CONFIG)}
 
 
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:

@@ -273,12 +273,12 @@ def test_a_version_1_snapshot_restores() -> None:
     assert ledger.deadlines == {}  # the old deadline (another clock) is not trusted
     ledger.refresh_deadlines(0.0, T)
     assert ledger.expire(T) == [1]
-    assert ledger.state()["version"] == STATE_VERSION == 3  # fencing tokens came with 3
+    assert ledger.state()["version"] == STATE_VERSION == 4  # fencing 3, synchronous cuts 4
     assert Ledger.from_state(ledger.state()).state() == ledger.state()
     older = {k: v for k, v in v1.items() if k != "progress"}  # the first v1 had no progress
     assert Ledger.from_state(older).progress == {}
-    with pytest.raises(ValueError, match=r"ledger state version 4, expected 3"):
-        Ledger.from_state({**v1, "version": 4})
+    with pytest.raises(ValueError, match=r"ledger state version 5, expected 4"):
+        Ledger.from_state({**v1, "version": 5})
     with pytest.raises(ValueError, match=r"ledger state version None"):
         Ledger.from_state({k: v for k, v in v1.items() if k != "version"})
 
@@ -409,12 +409,14 @@ def test_the_state_is_json_as_it_is() -> None:
     state = ledger.state()
     assert json.loads(json.dumps(state)) == state  # no int keys that JSON would turn to str
     assert state == {
-        "version": 3, "num_partitions": 4, "seed": 0, "max_failures": 2, "epoch": 0,
+        "version": 4, "num_partitions": 4, "seed": 0, "max_failures": 2, "epoch": 0,
         "todo": [r, epoch_order(4, 0, 0)[3]], "pending": {str(q): "a"}, "done": {str(p): "a"},
         "failed": {}, "previous_failed": {}, "failures": {str(r): 1},
         "progress": {str(q): 3}, "progress_by": {},
         # Fencing: tokens 1-3 in lease order; a lease stays known until the next one.
-        "next_token": 4, "leases": {str(p): ["a", 1], str(q): ["a", 2], str(r): ["a", 3]}}
+        "next_token": 4, "leases": {str(p): ["a", 1], str(q): ["a", 2], str(r): ["a", 3]},
+        # Not a synchronous epoch: no cut.
+        "keep": None, "limits": {}, "dropped": 0}
 
 
 def test_replay_refuses_an_unknown_op() -> None:

@@ -22,6 +22,18 @@ gives the same tokens). A report counts only from the partition's latest holder 
 token (`check_report`); anything else is refused and changes nothing, so a reader whose lease
 expired and went to another reader can neither finish, fail nor advance the partition.
 
+Balance (issue 13): a reader that finds todo empty while others hold leases they have not started
+(no progress reported) may ask for them back (`unstarted`, through the servicer's give_back): the
+holder hands back, with a RELEASED report (`report_released`), those whose records it has not begun
+to hand to its trainer, and they go to the front of todo.
+
+Synchronous epochs (a `group` of world_size ranks taking batch_size records per step): each rank
+must get the same number of records, so an epoch keeps `keep` = world_size × steps × batch_size
+records, steps = records // (world_size × batch_size). The partitions past the cut in the epoch's
+order are dropped at once (done, by nobody: `dropped`); the partition the cut falls in delivers
+only its first `limits[p]` records. A rank leases by records (`lease(max_records=...)`) and hands
+back what it does not need of its last partition (RELEASED with the count it keeps).
+
 Costs: leasing, reporting and renewing are O(tasks touched), not O(partitions) or O(workers):
 deadlines are per worker (a heartbeat renews all of a worker's leases at once) and expiries come
 from a heap, so 1,000 workers over 100,000 partitions cost the same per call as one over ten.
@@ -37,7 +49,7 @@ from typing import Any
 
 from trainfeed.planning.order import epoch_order
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 # A partition that fails this many times in one epoch is given up on for that epoch: a poisoned
 # shard must not stall training, and three tries ride out transient storage errors.
 DEFAULT_MAX_FAILURES = 3
@@ -62,6 +74,7 @@ class Outcome(enum.Enum):
     DONE = "done"
     FAILED = "failed"
     PROGRESS = "progress"
+    RELEASED = "released"
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,11 @@ class Ledger:
         # The partitions the previous epoch gave up on, with reasons: a reader whose pass of
         # that epoch ends after another reader started the next one must still be told.
         self.previous_failed: dict[int, str] = {}
+        # Records per partition (the plan's; not state: the servicer sets it from the plan before
+        # any replay). Needed by record budgets and synchronous cuts; None: unknown.
+        self.sizes: tuple[int, ...] | None = None
+        # (world_size, batch_size) of a synchronous job: the next epoch started is cut for it.
+        self.group: tuple[int, int] | None = None
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
@@ -118,6 +136,64 @@ class Ledger:
         # partition -> (worker, token) of its latest lease this epoch; kept after an expiry or a
         # hand-back until the partition is leased again (see `check_report`).
         self.leases: dict[int, tuple[str, int]] = {}
+        # A synchronous epoch's cut: records it delivers (None: all), the partition the cut falls
+        # in -> its records delivered, and how many records were dropped.
+        self.keep: int | None = None
+        self.limits: dict[int, int] = {}
+        self.dropped = 0
+
+    def _cut(self, keep: int) -> None:
+        """Drops what a synchronous epoch does not deliver: past `keep` records in its order."""
+        assert self.sizes is not None, "a synchronous epoch needs the partition sizes"
+        self.keep = keep
+        total = 0
+        for p in list(self.todo):
+            size = self.sizes[p]
+            if total >= keep:
+                self.todo.remove(p)
+                self.done[p] = ""  # dropped: done by nobody
+                self.dropped += size
+            elif total + size > keep:
+                self.limits[p] = keep - total
+                self.dropped += total + size - keep
+            total += size
+
+    def keep_for(self, group: tuple[int, int] | None) -> int | None:
+        """Records a synchronous epoch of `group` (world_size, batch_size) keeps; None: all."""
+        if group is None or self.sizes is None:
+            return None
+        world_size, batch_size = group
+        return sum(self.sizes) // (world_size * batch_size) * world_size * batch_size
+
+    def deliverable(self, partition: int) -> int:
+        """Records of `partition` this epoch delivers (its size, or the cut's limit)."""
+        size = self.sizes[partition] if self.sizes is not None else 0
+        return self.limits.get(partition, size)
+
+    def remaining(self, partition: int) -> int:
+        """Records of `partition` still to deliver this epoch (after its progress)."""
+        return max(0, self.deliverable(partition) - self.progress.get(partition, 0))
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing of the current epoch was leased, reported or skipped yet."""
+        return (not self.pending and not self.progress and not self.failures
+                and all(w == "" for w in self.done.values()) and not self.leases)
+
+    def set_group(self, group: tuple[int, int] | None) -> bool:
+        """Makes the job synchronous for `group` (or not, for None) from the next epoch on; the
+        current one is cut again at once if nobody touched it yet. Returns whether it did."""
+        if group == self.group:
+            return False
+        self.group = group
+        if self.untouched:
+            self._apply(["E", self.epoch, self.keep_for(group)])
+        return True
+
+    def unstarted(self, worker: str) -> list[int]:
+        """`worker`'s leases whose records none of its trainers was reported to have had: the
+        candidates to ask back for an idle reader (the holder decides; see the module doc)."""
+        return [p for p in self.by_worker.get(worker, ()) if p not in self.progress]
 
     def failed_in(self, epoch: int) -> dict[int, str] | None:
         """The partitions `epoch` gave up on (partition -> reason): this epoch's or the one
@@ -139,12 +215,13 @@ class Ledger:
 
     # -- changes: each public method decides, `_apply` mutates and journals --------------------
     def lease(self, worker: str, epoch: int, max_tasks: int, now: float,
-              lease_timeout: float, sharers: int = 1) -> LeaseResult:
+              lease_timeout: float, sharers: int = 1, max_records: int = 0) -> LeaseResult:
         """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout.
 
         `sharers` is how many workers share the job: one call takes at most its fair share
         (todo / sharers, rounded up), so that a reader with a deep prefetch window cannot take a
-        small epoch away from the others.
+        small epoch away from the others. `max_records` > 0 (a synchronous rank's remaining quota,
+        with known sizes): no more partitions than cover that many records still to deliver.
         """
         self.expire(now)
         if epoch < self.epoch or (epoch == self.epoch and self.complete):
@@ -152,11 +229,18 @@ class Ledger:
         if epoch > self.epoch:
             if not self.complete:
                 return LeaseResult(LeaseStatus.WAIT, self.epoch)
-            self._apply(["E", epoch])
+            keep = self.keep_for(self.group)
+            self._apply(["E", epoch] if keep is None else ["E", epoch, keep])
         if not self.todo:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
         share = -(-len(self.todo) // max(1, sharers))
         count = min(len(self.todo), max(1, min(max_tasks, share)))
+        if max_records > 0 and self.sizes is not None:
+            budget, limit = max_records, count
+            count = 0
+            while count < limit and budget > 0:
+                budget -= self.remaining(self.todo[count])
+                count += 1
         taken = [self.todo[i] for i in range(count)]
         self._apply(["L", worker, taken])
         self._set_deadline(worker, now + lease_timeout)
@@ -180,6 +264,18 @@ class Ledger:
             return False
         self._check_partition(partition)
         self._apply(["P", partition, consumed, worker] if worker else ["P", partition, consumed])
+        return True
+
+    def report_released(self, epoch: int, partition: int, consumed: int,
+                        worker: str = "") -> bool:
+        """`worker` hands back its pending lease of `partition`, `consumed` records of which its
+        trainer has (or will have: a synchronous rank's kept part) had: the rest goes to the front
+        of todo. Returns whether anything changed."""
+        if epoch != self.epoch or self.pending.get(partition) != worker or not worker:
+            return False
+        if consumed > self.progress.get(partition, 0):
+            self._apply(["P", partition, consumed, worker])
+        self._apply(["B", [partition]])
         return True
 
     def skip(self, partition: int) -> int:
@@ -280,7 +376,8 @@ class Ledger:
     # -- the journal ---------------------------------------------------------------------------
     def _apply(self, op: list[Any], record: bool = True) -> None:
         """Performs one journaled change. Ops (all fields JSON-able):
-        ["E", epoch]            start `epoch`: a fresh shuffle, every queue empty
+        ["E", epoch(, keep)]    start `epoch`: a fresh shuffle, every queue empty (keep: the
+                                synchronous cut, see `_cut`)
         ["L", worker, [p…]]     lease the first len([p…]) todo partitions to worker
         ["D", p, worker]        p done (from pending, or from todo: a late report)
         ["P", p, n(, worker)]   the first n records of p were handed to worker's trainer
@@ -290,8 +387,11 @@ class Ledger:
         """
         kind = op[0]
         if kind == "E":
-            self.previous_failed = dict(self.failed) if op[1] == self.epoch + 1 else {}
+            if op[1] != self.epoch:  # (a restart of the same epoch, for a new group, keeps it)
+                self.previous_failed = dict(self.failed) if op[1] == self.epoch + 1 else {}
             self._start_epoch(op[1])
+            if len(op) > 2 and op[2] is not None:
+                self._cut(op[2])
         elif kind == "L":
             worker, taken = op[1], op[2]
             held = self.by_worker.setdefault(worker, {})
@@ -378,7 +478,8 @@ class Ledger:
             return Verdict.REFUSE
         if self.pending.get(partition) == worker:
             return Verdict.APPLY
-        if partition in self.done or partition in self.failed or outcome is Outcome.FAILED:
+        if (partition in self.done or partition in self.failed
+                or outcome in (Outcome.FAILED, Outcome.RELEASED)):
             return Verdict.REPEAT
         return Verdict.APPLY
 
@@ -418,12 +519,14 @@ class Ledger:
             "progress_by": {str(p): w for p, w in self.progress_by.items()},
             "next_token": self.next_token,
             "leases": {str(p): [worker, token] for p, (worker, token) in self.leases.items()},
+            "keep": self.keep, "limits": {str(p): n for p, n in self.limits.items()},
+            "dropped": self.dropped,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Ledger:
         version = state.get("version")
-        if version not in (1, 2, STATE_VERSION):
+        if version not in (1, 2, 3, STATE_VERSION):
             raise ValueError(f"ledger state version {version!r}, expected {STATE_VERSION}")
         ledger = cls(state["num_partitions"], state["seed"], state["max_failures"],
                      state["epoch"])
@@ -441,6 +544,9 @@ class Ledger:
         ledger.failures = {int(p): n for p, n in state["failures"].items()}
         ledger.progress = {int(p): n for p, n in state.get("progress", {}).items()}
         ledger.progress_by = {int(p): w for p, w in state.get("progress_by", {}).items()}
+        ledger.keep = state.get("keep")
+        ledger.limits = {int(p): n for p, n in state.get("limits", {}).items()}
+        ledger.dropped = state.get("dropped", 0)
         ledger._restore_fencing(state)
         return ledger
 

@@ -84,7 +84,10 @@ MAX_REFUSED_LISTED = 512
 # callers can invent ids; past the cap refusals are only counted).
 MAX_REFUSALS_LOGGED = 10_000
 _OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
-             pb.TaskReport.PROGRESS: Outcome.PROGRESS}
+             pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
+# Work stealing: a lease asked back (give_back) is not asked back again for this long, so that a
+# holder that keeps it (it had started it) is not asked on every call of an idle reader.
+ASK_BACK_AGAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,10 @@ class Job:
     # Reports refused (not from the holder with its token) since this master started: metrics.
     reports_refused: int = 0
     refusals_logged: set[str] = field(default_factory=set)
+    # Work stealing: per worker, the (epoch, partition, lease) it is asked to give back on its
+    # next call; and when each partition was last asked back (not state: a restart forgets).
+    give_back: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    asked_back: dict[int, float] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -166,7 +173,8 @@ class Job:
         return {"version": JOB_STATE_VERSION, "dataset": self.manifest.name,
                 "fingerprint": self.manifest.fingerprint,
                 "target_partitions": self.target_partitions,
-                "distribution_rules": str(self.rules), "ledger": self.ledger.state()}
+                "distribution_rules": str(self.rules), "ledger": self.ledger.state(),
+                "sync_group": list(self.ledger.group) if self.ledger.group else None}
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -201,10 +209,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 logger.warning("job %r: dataset %r was re-uploaded since; starting the job afresh",
                                name, manifest.name)
                 continue
+            partitions = plan_partitions(manifest, state["target_partitions"])
             ledger = Ledger.from_state(state["ledger"])
+            ledger.sizes = tuple(p.num_records for p in partitions)  # before replay: cuts use it
+            group = state.get("sync_group")
+            ledger.group = (int(group[0]), int(group[1])) if group else None
             ledger.replay(saved.journal)
             ledger.refresh_deadlines(now, self.config.lease_timeout_s)
-            partitions = plan_partitions(manifest, state["target_partitions"])
             rules = DistributionRules.parse(state.get("distribution_rules"))
             job = Job(name, manifest, partitions, ledger, state["target_partitions"], rules)
             self.jobs[name] = job
@@ -327,13 +338,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if outcome is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"report on partition {r.partition}: outcome {r.outcome} is "
-                                    f"not DONE, FAILED or PROGRESS")
+                                    f"not DONE, FAILED, PROGRESS or RELEASED")
             assert outcome is not None  # abort raised
             verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome)
             if verdict is Verdict.INVALID:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
                     job, f"report on partition {r.partition} of epoch {r.epoch}"))
-            if outcome is Outcome.PROGRESS and r.consumed > max_delivered(job, r.partition):
+            if (outcome in (Outcome.PROGRESS, Outcome.RELEASED)
+                    and r.consumed > max_delivered(job, r.partition)):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"job {job.name!r}: report on partition {r.partition}: "
                                     f"{r.consumed} records consumed of "
@@ -398,6 +410,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             elif report.outcome == pb.TaskReport.PROGRESS:
                 changed |= job.ledger.report_progress(report.epoch, report.partition,
                                                       report.consumed, worker)
+            elif report.outcome == pb.TaskReport.RELEASED:
+                changed |= job.ledger.report_released(report.epoch, report.partition,
+                                                      report.consumed, worker)
             elif report.outcome == pb.TaskReport.FAILED:
                 if job.ledger.report_failed(report.epoch, report.partition, report.reason):
                     changed = True
@@ -416,6 +431,33 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     if r.outcome != pb.TaskReport.PROGRESS}
         return [pb.HeldTask(epoch=e, partition=p, lease=t)
                 for e, p, t in job.ledger.revoked(worker, held) if (e, p) not in reported]
+
+    def _ask_back(self, job: Job, thief: str, now: float) -> None:
+        """Work stealing: `thief` found nothing to lease while others hold leases they have not
+        started. Asks each such holder for the later half (rounded up) of its unstarted leases;
+        the holders answer on their next call (a reader holding unstarted leases calls at least
+        every STEAL_POLL_S, see trainfeed.worker.task_loop), and what they hand back wakes the
+        thief's long-poll."""
+        ledger = job.ledger
+        for victim in list(ledger.by_worker):
+            if victim == thief:
+                continue
+            unstarted = [p for p in ledger.unstarted(victim)
+                         if now - job.asked_back.get(p, -ASK_BACK_AGAIN_S) >= ASK_BACK_AGAIN_S]
+            if not unstarted:
+                continue
+            chosen = unstarted[len(unstarted) // 2:]
+            asks = job.give_back.setdefault(victim, [])
+            for p in chosen:
+                job.asked_back[p] = now
+                asks.append((ledger.epoch, p, ledger.token_of(p)))
+
+    @staticmethod
+    def _asked_back(job: Job, worker: str) -> list[pb.HeldTask]:
+        """What `worker` is asked to give back (once; see `_ask_back`)."""
+        return [pb.HeldTask(epoch=e, partition=p, lease=t)
+                for e, p, t in job.give_back.pop(worker, ())
+                if job.ledger.leases.get(p) == (worker, t) and e == job.ledger.epoch]
 
     def _touch(self, job: Job, worker: str) -> None:
         now = time.time()
@@ -442,7 +484,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
                        row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
                        num_records=p.num_records, skip_records=job.ledger.skip(partition),
-                       lease=job.ledger.token_of(partition))
+                       lease=job.ledger.token_of(partition),
+                       stop_records=job.ledger.limits.get(partition, 0))
 
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,
@@ -478,6 +521,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 partitions = plan_partitions(manifest, self.config.target_partitions)
                 ledger = Ledger(len(partitions), seed=request.seed,
                                 max_failures=self.config.max_failures)
+                ledger.sizes = tuple(p.num_records for p in partitions)
                 job = Job(request.job, manifest, partitions, ledger,
                           self.config.target_partitions, rules)
                 self.jobs[request.job] = job
@@ -494,6 +538,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if not job.rules.admits(res.name, res.gpus):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
+        if request.HasField("sync"):
+            await self._join_group(job, request.sync, context)
+        elif job.ledger.group is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"job {job.name!r} is synchronous (world size {job.ledger.group[0]}, batch size "
+                f"{job.ledger.group[1]}): read it with dist.reader(..., sync=True), or use "
+                f"another job name"))
         worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
         if request.HasField("resume"):
             await self._check_resume(job, request.resume, context)
@@ -509,6 +560,41 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
             current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
             num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed))
+
+    async def _join_group(self, job: Job, sync: pb.SyncGroup,
+                          context: grpc.aio.ServicerContext) -> None:
+        """Checks a synchronous rank's group against the job's; a new group (the first ranks of
+        the job, or a group restarted with another world size) takes effect at once if the
+        current epoch is untouched, else from the next epoch, refused while one is half done."""
+        world, batch = sync.world_size, sync.batch_size
+        if world < 1 or batch < 1 or sync.rank >= world:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
+                f"job {job.name!r}: synchronous rank {sync.rank} of world size {world} with "
+                f"batch size {batch}: need world size ≥ 1, batch size ≥ 1 and rank < world size"))
+        records = job.manifest.num_records
+        if records < world * batch:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"job {job.name!r}: dataset {job.manifest.name!r} has {records} records, fewer "
+                f"than world size × batch size = {world} × {batch}: a synchronous epoch would "
+                f"have no step"))
+        group = (world, batch)
+        ledger = job.ledger
+        if group == ledger.group:
+            return
+        if not (ledger.untouched or ledger.complete):
+            now = ledger.group
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"job {job.name!r}: epoch {ledger.epoch} is half read by "
+                + (f"a synchronous group of world size {now[0]}, batch size {now[1]}"
+                   if now else "asynchronous readers")
+                + f"; a group of world size {world}, batch size {batch} can join at an epoch "
+                f"boundary (restore the ranks from reader.state() saved at the end of an epoch, "
+                f"or wait for it to end), or use another job name"))
+        ledger.set_group(group)
+        logger.info("job %r: synchronous, world size %d, batch size %d (from epoch %d%s)",
+                    job.name, world, batch, ledger.epoch + (0 if ledger.untouched else 1),
+                    f"; {ledger.dropped} records of it dropped" if ledger.untouched else "")
+        await self._durably(job, context)
 
     async def _check_resume(self, job: Job, resume: pb.ResumePosition,
                             context: grpc.aio.ServicerContext) -> None:
@@ -569,8 +655,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         while True:
             now = time.time()
             result = job.ledger.lease(worker, epoch, request.max_tasks, now,
-                                      self.config.lease_timeout_s, self._live_workers(job, now))
+                                      self.config.lease_timeout_s, self._live_workers(job, now),
+                                      max_records=request.max_records)
             changed |= result.status is LeaseStatus.TASKS
+            if result.status is LeaseStatus.WAIT and result.epoch == epoch:
+                self._ask_back(job, worker, now)
             if changed:
                 await self._durably(job, context)
                 job.notify()
@@ -592,7 +681,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return pb.GetTasksResponse(
             status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
             tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked,
-            failed=failed, failed_known=failed_known)
+            failed=failed, failed_known=failed_known, give_back=self._asked_back(job, worker))
 
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
@@ -606,7 +695,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._touch(job, request.worker_id)
         return pb.ReportResponse(current_epoch=job.ledger.epoch,
                                  revoked=self._revoked(job, request.worker_id, held,
-                                                       request.reports))
+                                                       request.reports),
+                                 give_back=self._asked_back(job, request.worker_id))
 
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:

@@ -266,6 +266,11 @@ def as_tf_dataset(reader: BatchReader, inputs: Selection = None,
 
     dataset = tf_module.data.Dataset.from_generator(
         one_pass, output_signature=_map(element, tensor_spec))
+    steps = getattr(reader, "steps_per_epoch", None)
+    if steps is not None:
+        # A synchronous reader's passes all have this length: Keras then knows its epochs'
+        # step count (no "ran out of data", no epoch capped at the first one's count).
+        dataset = dataset.apply(tf_module.data.experimental.assert_cardinality(steps))
     options = tf_module.data.Options()
     # tf.data would otherwise put a prefetch after the generator, pulling one batch ahead of
     # the model: the reader would count it as consumed before training saw it.
@@ -380,6 +385,16 @@ def as_torch(reader: BatchReader, device: Any = None, mean: Sequence[float] | No
             for batch in reader():
                 tensors = _torch_batch(torch, batch)
                 yield normalize(tensors) if normalize is not None else tensors
+
+        def __len__(self) -> int:
+            """Batches per pass, for a synchronous reader (`sync=True`: the same on every rank,
+            what a DDP loop or a scheduler's steps_per_epoch needs); other readers' passes vary,
+            and have no length (TypeError, as for any IterableDataset without one)."""
+            steps = getattr(reader, "steps_per_epoch", None)
+            if steps is None:
+                raise TypeError(f"as_torch({reader.name!r}) has no length: its passes vary; "
+                                "a sync=True reader has one")
+            return int(steps)
 
         def state_dict(self) -> dict[str, Any]:
             """The reader's `state_dict()` (torchdata's Stateful protocol): what

@@ -16,6 +16,7 @@ from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage,
 from trainfeed.planning.order import epoch_order
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.reader.position import ReaderPosition
+from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
@@ -39,6 +40,9 @@ class PassStream(Protocol):
     # Partition -> records of it handed to the trainer (skipped ones included); a consumer may
     # write it directly, per instance, where calling `progress` would cost too much.
     positions: dict[int, int]
+    # Records handed to the trainer in batches this epoch (a synchronous rank's progress
+    # toward its quota, saved in its state).
+    delivered: int
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         """Loaded partitions; None means "nothing is coming for now: flush partial batches"."""
@@ -68,9 +72,10 @@ class PassStream(Protocol):
         ...
 
     def lost(self, part: LoadedPartition) -> bool:
-        """The master took `part`'s lease away: its rows not yet handed to the trainer must be
-        dropped (another reader delivers them). May block on a heartbeat (see
-        WorkerSession.lease_lost)."""
+        """The master took `part`'s lease away (or it was given back to an idle reader): its
+        rows not yet handed to the trainer must be dropped (another reader delivers them).
+        Otherwise the lease is claimed: from now on it is never given back. May block on a
+        heartbeat (see WorkerSession.lease_lost)."""
         ...
 
     def forget(self, part: LoadedPartition) -> None:
@@ -116,7 +121,8 @@ class _Pass:
                  on_consumed: Callable[[TaskRef], None],
                  on_close: Callable[[bool], None],
                  on_progress: Callable[[TaskRef, int], None] = lambda task, handed: None,
-                 on_lost: Callable[[TaskRef], bool] = lambda task: False):
+                 on_lost: Callable[[TaskRef], bool] = lambda task: False,
+                 on_claim: Callable[[TaskRef], bool] | None = None):
         self._stream = stream
         self._position = position
         self.epoch: int | None = position.epoch if position.epoch >= 0 else None
@@ -125,7 +131,16 @@ class _Pass:
         self._on_progress = on_progress
         self._on_close = on_close
         self._on_lost = on_lost
+        self._on_claim = on_claim or on_lost
         self._closed = False
+
+    @property
+    def delivered(self) -> int:
+        return self._position.delivered
+
+    @delivered.setter
+    def delivered(self, value: int) -> None:
+        self._position.delivered = value
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         for part in self._stream:
@@ -143,12 +158,13 @@ class _Pass:
             self._position.epoch, self._position.finished = epoch, False
             self._position.done.clear()
             self._position.positions.clear()
+            self._position.delivered = 0
 
     def taken(self, part: LoadedPartition) -> None:
         self._stream.release(part)
 
     def lost(self, part: LoadedPartition) -> bool:
-        return self._on_lost(part.task)
+        return self._on_claim(part.task)
 
     def forget(self, part: LoadedPartition) -> None:
         self._position.positions.pop(part.task.partition, None)
@@ -178,7 +194,8 @@ class LocalBackend:
     """Reads every partition of a dataset straight from storage, no master (TRAIN_LOCAL)."""
 
     def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
-                 resume: ReaderPosition | None = None):
+                 resume: ReaderPosition | None = None, group: SyncGroup | None = None):
+        self.group = group
         self._manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
         self.partitions = plan_partitions(self.manifest)
@@ -221,8 +238,11 @@ class LocalBackend:
         # A resumed or abandoned pass goes on where the trainer was: without the partitions it
         # consumed, and with each partition it was in the middle of after what it had.
         skip = dict(position.positions)
+        stop: dict[int, int] = {}
         order = [p for p in epoch_order(len(self.partitions), self.seed, epoch)
                  if p not in position.done]
+        if self.group is not None:
+            order = self._share(order, epoch, skip, stop)
 
         def produce(out: PrefetchStream, credits: Credits) -> None:
             reader = PartitionReader(self.folder, self.field_names, self._binary, self._stats)
@@ -235,13 +255,37 @@ class LocalBackend:
                             return
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
-                                       p.row_group_stop, p.num_records, skip.get(index, 0))
+                                       p.row_group_stop, p.num_records, skip.get(index, 0),
+                                       stop=stop.get(index, 0))
                         out.put(LoadedPartition(task, load(reader, task)))
             finally:
                 reader.close()
 
         return _Pass(PrefetchStream(produce, self.prefetch, "trainfeed-local-prefetch"), position,
                      on_consumed=lambda task: None, on_close=lambda finished: None)
+
+    def _share(self, order: list[int], epoch: int, skip: dict[int, int],
+               stop: dict[int, int]) -> list[int]:
+        """A synchronous rank's static share of the epoch, with no master to balance it: its
+        contiguous `quota` records of the epoch's record order (partitions in epoch order), the
+        part past the group's kept records dropped. Fills `skip`/`stop` per partition (records
+        counted from its start) and returns the partitions that deliver anything."""
+        assert self.group is not None
+        start, end = self.group.share(self._manifest.num_records)
+        mine: list[int] = []
+        offset = 0
+        for index in epoch_order(len(self.partitions), self.seed, epoch):
+            size = self.partitions[index].num_records
+            first, last = max(start - offset, 0), min(end - offset, size)
+            offset += size
+            if first >= last or index not in order:
+                continue
+            skip[index] = max(first, skip.get(index, 0))
+            if last < size:
+                stop[index] = last
+            if skip[index] < last:
+                mine.append(index)
+        return mine
 
     def close(self) -> None:
         pass
@@ -252,14 +296,18 @@ class DistributedBackend:
 
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
                  prefetch: int | None, distribution_rules: str = "",
-                 resume: ReaderPosition | None = None, lost_partitions: str = "raise"):
+                 resume: ReaderPosition | None = None, lost_partitions: str = "raise",
+                 group: SyncGroup | None = None):
         self.lost_policy = check_lost_policy(lost_partitions)
+        self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
         self.lost: list[tuple[int, int, int, str]] = []
         self.client = MasterClient(master)
         try:
+            sync = None if group is None else pb.SyncGroup(
+                world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
             self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
-                                         _rewind_request(resume))
+                                         _rewind_request(resume), sync)
         except BaseException:
             self.client.close()
             raise
@@ -277,6 +325,7 @@ class DistributedBackend:
             if not resume.finished:  # the master put the rest back; our own view goes on
                 self._position.epoch = resume.epoch
                 self._position.done = set(resume.done)
+                self._position.delivered = resume.delivered
 
     def _learn_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -306,8 +355,13 @@ class DistributedBackend:
             self._position = ReaderPosition("distributed", self._position.dataset,
                                             self._next_epoch, job=self._position.job,
                                             worker=self.session.worker, seed=self._position.seed)
+        quota = None
+        if self.group is not None:
+            quota = self.group.quota(self.session.num_records)
+            if self._next_epoch >= 0 and self._position.epoch == self._next_epoch:
+                quota -= self._position.delivered  # a restored or abandoned pass goes on
         stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch,
-                                        load)
+                                        load, quota)
 
         def on_close(finished: bool) -> None:
             if finished:
@@ -322,7 +376,7 @@ class DistributedBackend:
 
         return _Pass(stream, self._position, on_consumed=self.session.report_done,
                      on_close=on_close, on_progress=self.session.note_progress,
-                     on_lost=self.session.lease_lost)
+                     on_lost=self.session.lease_lost, on_claim=self.session.claim)
 
     def _tell_lost(self, epoch: int) -> None:
         """Raises LostRecordsError if the master gave up on partitions of the epoch this pass

@@ -104,7 +104,7 @@ def partition_loader(selector: Selector | None, shuffle_seed: int | None) -> Loa
             rng = np.random.default_rng((shuffle_seed, PARTITION_ORDER_STREAM, task.epoch,
                                          task.partition))
             rows = rows[rng.permutation(len(rows))]
-        rows = rows[task.skip:]
+        rows = rows[task.skip:task.stop or None]
         if len(rows) == table.num_rows and (rows == np.arange(len(rows))).all():
             return table
         return table.take(rows)
@@ -291,6 +291,18 @@ class Acknowledger:
         for slot, n in counts.items():
             task = self.parts[slot].task
             positions[task.partition] = task.skip + self.handed[slot] + n
+        self.stream.delivered += sum(counts.values())
+
+    def abandoned(self) -> None:
+        """The trainer stopped mid-pass (a `break`, `itertools.islice`): tells the master exactly
+        how far it got in each partition in its hands (`positions` counts every record it was
+        handed, the last one included), so that the pass that goes on repeats nothing of them;
+        progress is otherwise only reported every PROGRESS_EVERY instances."""
+        positions = self.stream.positions
+        for slot, part in list(self.parts.items()):
+            got = positions.get(part.task.partition, part.task.skip) - part.task.skip
+            if got > self.handed[slot]:
+                self.stream.progress(part, got)
 
     def acknowledge(self, counts: dict[int, int]) -> None:
         """The trainer asked for more after getting these records: tell the master."""
@@ -401,6 +413,8 @@ def deliver(stream: PassStream, cutter: Cutter, convert: Convert, *, unbatch: bo
                 ack.acknowledge(counts)  # the trainer asked for the next one
         finished = True
     finally:
+        if not finished:
+            ack.abandoned()
         if worker is not None:
             worker.stop()
         stream.close(finished)  # stops the prefetcher; the background thread then ends

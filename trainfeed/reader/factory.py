@@ -10,6 +10,7 @@ from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
+from trainfeed.reader.world import SyncGroup, detect_world
 from trainfeed.storage import open_storage
 
 
@@ -26,6 +27,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
            pipeline: PipelineOptions | None = None,
            prefetch: int | None = None,
            lost_partitions: str = "raise",
+           sync: bool = False, world_size: int | None = None, rank: int | None = None,
            **shortcuts: Any) -> Reader:
     """A reader creator over dataset `name`; each call yields one pass (epoch).
 
@@ -82,6 +84,15 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     LostRecordsError at the end of the pass, naming them and why; "skip" goes on and lists them
     in `reader.lost_partitions`. A local pass raises at the first unreadable partition.
 
+    `sync=True`: synchronous data-parallel training (DDP, Horovod, MultiWorkerMirroredStrategy):
+    every rank yields exactly `reader.steps_per_epoch` full batches per epoch,
+    records // (world_size × batch_size), while the master balances partitions between the
+    ranks; the epoch's remaining records (fewer than world_size × batch_size) are dropped and
+    counted in `reader.dropped_per_epoch`. World size and rank come from `world_size=`/`rank=`,
+    else torchrun's WORLD_SIZE/RANK, else TF_CONFIG, else a group of one. Needs `batch_size`;
+    not with `resample` or decode_errors="skip" (either would change a rank's record count).
+    With TRAIN_LOCAL each rank reads its own contiguous share of every epoch's order.
+
     Raises:
         TypeError: an unknown keyword (the message names the closest option).
         ValueError: an invalid option value (the message names it and the rule).
@@ -105,16 +116,35 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         raise ValueError(f"prefetch_partitions must be ≥ 1 partition, got {prefetch_partitions}")
     options = PipelineOptions.from_keywords(pipeline, **shortcuts)
     depth = prefetch_partitions
+    group = _sync_group(options, world_size, rank) if sync else None
+    if not sync and (world_size is not None or rank is not None):
+        raise ValueError("world_size= and rank= are for synchronous readers: pass sync=True")
     use_local = train_local() if local is None else local
     if use_local:
         store = open_storage(storage)
-        return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume), name,
-                      "local", state, options, seed)
+        return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group), name,
+                      "local", state, options, seed, group)
     job_name = validate_job_name(job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
     rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
     check_lost_policy(lost_partitions)
     return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, depth, rules,
-                                                    resume, lost_partitions),
-                  name, "distributed", state, options, seed)
+                                                    resume, lost_partitions, group),
+                  name, "distributed", state, options, seed, group)
+
+
+def _sync_group(options: PipelineOptions, world_size: int | None,
+                rank: int | None) -> SyncGroup:
+    """The synchronous group of a `sync=True` reader, its options checked."""
+    if options.batch.size is None:
+        raise ValueError("sync=True needs batch_size=...: every rank takes the same number of "
+                         "batches per epoch")
+    if options.resamples:
+        raise ValueError("sync=True cannot resample (resample=...): a rank's record count would "
+                         "vary per epoch; use class_weights=... instead")
+    if options.decode.errors != "raise":
+        raise ValueError('sync=True needs decode_errors="raise": a skipped record would leave '
+                         "its rank a record short of the others")
+    size, index = detect_world(world_size, rank)
+    return SyncGroup(size, index, options.batch.size)

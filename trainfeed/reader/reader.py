@@ -22,6 +22,7 @@ from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, deliver
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
+from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 from trainfeed.worker.task_loop import Load, plain_load
 
@@ -50,8 +51,10 @@ class Reader:
 
     def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,
                  mode: str, state: dict[str, Any] | None = None,
-                 options: PipelineOptions | None = None, seed: int = 0):
+                 options: PipelineOptions | None = None, seed: int = 0,
+                 group: SyncGroup | None = None):
         self._make_backend = make_backend
+        self.group = group
         self._backend: Backend | None = None
         self.options = options or PipelineOptions()
         self._pipeline: Pipeline | None = None
@@ -128,6 +131,23 @@ class Reader:
     def field_names(self) -> tuple[str, ...]:
         """Names of the fields, in `.list` column order (`image`, `label` for file lists)."""
         return self.backend.field_names
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Batches every pass yields, for a synchronous reader (`sync=True`): the same on every
+        rank, every epoch. None for other readers, whose passes vary."""
+        if self.group is None:
+            return None
+        return self.group.steps(self.backend.manifest.num_records)
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        """Records of each epoch a synchronous group does not deliver (fewer than world_size ×
+        batch_size: the last of the epoch's shuffled order); 0 for other readers."""
+        if self.group is None:
+            return 0
+        records = self.backend.manifest.num_records
+        return records - self.group.kept(records)
 
     @property
     def epoch(self) -> int | None:
@@ -258,6 +278,10 @@ class Reader:
 
     def _batched(self, batch_size: int | None, drop_last: bool,
                  convert: Callable[[pa.Table], Any]) -> Iterator[Any]:
+        if self.group is not None and batch_size != self.group.batch_size:
+            raise ValueError(f"reader of {self.name!r} is synchronous with batch_size "
+                             f"{self.group.batch_size}: read it with reader() (or batches of "
+                             f"that size), not batches of {batch_size}")
         cutter = Cutter(batch_size, drop_last)  # checks batch_size now, not at the first next()
         return self._run_pass(lambda stream: deliver(
             stream, cutter, lambda piece: convert(piece.table)))

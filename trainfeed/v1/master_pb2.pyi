@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume")
+    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class OpenJobRequest(_message.Message):
     DISTRIBUTION_RULES_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     worker_name: str
@@ -23,7 +24,18 @@ class OpenJobRequest(_message.Message):
     distribution_rules: str
     resources: WorkerResources
     resume: ResumePosition
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ...) -> None: ...
+    sync: SyncGroup
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
+
+class SyncGroup(_message.Message):
+    __slots__ = ("world_size", "rank", "batch_size")
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    world_size: int
+    rank: int
+    batch_size: int
+    def __init__(self, world_size: _Optional[int] = ..., rank: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ResumePosition(_message.Message):
     __slots__ = ("epoch", "worker_id", "done", "positions")
@@ -91,7 +103,7 @@ class OpenJobResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease")
+    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "stop_records")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +112,7 @@ class Task(_message.Message):
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SKIP_RECORDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    STOP_RECORDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     shard: str
@@ -108,7 +121,8 @@ class Task(_message.Message):
     num_records: int
     skip_records: int
     lease: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+    stop_records: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ..., lease: _Optional[int] = ..., stop_records: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("epoch", "partition", "outcome", "reason", "consumed", "lease")
@@ -118,10 +132,12 @@ class TaskReport(_message.Message):
         DONE: _ClassVar[TaskReport.Outcome]
         FAILED: _ClassVar[TaskReport.Outcome]
         PROGRESS: _ClassVar[TaskReport.Outcome]
+        RELEASED: _ClassVar[TaskReport.Outcome]
     OUTCOME_UNSPECIFIED: TaskReport.Outcome
     DONE: TaskReport.Outcome
     FAILED: TaskReport.Outcome
     PROGRESS: TaskReport.Outcome
+    RELEASED: TaskReport.Outcome
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -143,7 +159,7 @@ class RefusedReports(_message.Message):
     def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held")
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +168,7 @@ class GetTasksRequest(_message.Message):
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     RECONCILE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     epoch: int
@@ -160,7 +177,8 @@ class GetTasksRequest(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
     reconcile: bool
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    max_records: int
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ...) -> None: ...
 
 class HeldTask(_message.Message):
     __slots__ = ("epoch", "partition", "lease")
@@ -173,7 +191,7 @@ class HeldTask(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -191,6 +209,7 @@ class GetTasksResponse(_message.Message):
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILED_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
@@ -198,7 +217,8 @@ class GetTasksResponse(_message.Message):
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
     failed: _containers.RepeatedCompositeFieldContainer[FailedPartition]
     failed_known: bool
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ...) -> None: ...
+    give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class FailedPartition(_message.Message):
     __slots__ = ("partition", "reason", "num_records")
@@ -223,12 +243,14 @@ class ReportRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("current_epoch", "revoked")
+    __slots__ = ("current_epoch", "revoked", "give_back")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
     __slots__ = ("job", "worker_id")

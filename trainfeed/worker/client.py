@@ -164,22 +164,27 @@ class MasterClient:
                 f"to one that its --tls-client-ca signed")
 
     def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
-                 resume: pb.ResumePosition | None = None) -> pb.OpenJobResponse:
+                 resume: pb.ResumePosition | None = None,
+                 sync: pb.SyncGroup | None = None) -> pb.OpenJobResponse:
         name = f"{socket.gethostname()}:{os.getpid()}"
+        if sync is not None:
+            name = f"rank{sync.rank}-{name}"
         return self._call(self._stub.OpenJob, pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
-            resume=resume), CALL_TIMEOUT_S)
+            resume=resume, sync=sync), CALL_TIMEOUT_S)
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = (),
-                  held: Iterable[tuple[int, int, int]] | None = None) -> pb.GetTasksResponse:
+                  held: Iterable[tuple[int, int, int]] | None = None,
+                  max_records: int = 0) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
-        the answer's `revoked` lists those of them that are not the caller's any more."""
+        the answer's `revoked` lists those of them that are not the caller's any more.
+        `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
-            reports=list(reports), reconcile=held is not None,
+            reports=list(reports), reconcile=held is not None, max_records=max_records,
             held=[pb.HeldTask(epoch=e, partition=p, lease=t) for e, p, t in held or ()]),
             CALL_TIMEOUT_S + wait_ms / 1000)
 

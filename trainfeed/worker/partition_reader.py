@@ -261,6 +261,8 @@ def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None)
                  if task.shard == SQL_SHARD else
                  reader.read(task.shard, task.row_group_start, task.row_group_stop,
                              task.num_records))
+        if task.stop:
+            return table.slice(task.skip, max(0, task.stop - task.skip))
         return table.slice(task.skip) if task.skip else table
 
     def choose(meta: pa.Table) -> np.ndarray:

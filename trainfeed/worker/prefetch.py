@@ -52,6 +52,14 @@ class TaskRef:
     # earlier holder or before a checkpoint.
     skip: int = 0
     lease: int = 0  # the master's fencing token of this lease (0: local, no master)
+    # Records (in delivery order, counted like `skip`) after which this task delivers nothing:
+    # a synchronous epoch's cut, or a rank's quota ending inside the partition. 0: none.
+    stop: int = 0
+
+    @property
+    def delivers(self) -> int:
+        """Records this task hands to the trainer: [skip, stop or num_records)."""
+        return max(0, (self.stop or self.num_records) - self.skip)
 
 
 @dataclass(frozen=True)

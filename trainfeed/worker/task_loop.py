@@ -9,15 +9,23 @@ when nothing else reached the master, which keeps the leases of slow partitions 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from trainfeed.errors import CorruptDatasetError, MasterUnavailableError, PartitionReadError
+from trainfeed.errors import (
+    CorruptDatasetError,
+    MasterUnavailableError,
+    PartitionReadError,
+    SyncShortfallError,
+)
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker import shutdown
@@ -37,6 +45,15 @@ COALESCE_S = 0.05
 # can): after a crash a re-leased partition repeats at most the records consumed in this long,
 # plus the batch that was in the trainer's hands.
 PROGRESS_INTERVAL_S = 1.0
+# A reader holding leases it has not started calls the master at least this often, so that a
+# give_back (work stealing, issue 13) reaches it within about this long.
+STEAL_POLL_S = 0.5
+# Lease depth follows consumption: a reader holds leases for about this many seconds of what its
+# trainer consumes (measured over the last LEASE_RATE_WINDOW partitions), at least MIN_LEASES,
+# so that it never sits on work another reader could start now.
+LEASE_HORIZON_S = 2.0
+LEASE_RATE_WINDOW = 16
+MIN_LEASES = 2
 
 # Reads a task's partition as the trainer will get it: its records in delivery order, minus the
 # `task.skip` first ones (trainfeed.reader.batcher.partition_loader builds the pipeline's).
@@ -56,9 +73,10 @@ class WorkerSession:
     """
 
     def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
-                 distribution_rules: str = "", resume: pb.ResumePosition | None = None):
+                 distribution_rules: str = "", resume: pb.ResumePosition | None = None,
+                 sync: pb.SyncGroup | None = None):
         self.client = client
-        opened = client.open_job(job, dataset, seed, distribution_rules, resume)
+        opened = client.open_job(job, dataset, seed, distribution_rules, resume, sync)
         self.resumed_partitions = opened.resumed_partitions
         self.job = opened.job
         self.worker = opened.worker_id
@@ -95,6 +113,20 @@ class WorkerSession:
         # call that renewed them plus a lease timeout. Past it (this process was frozen, or the
         # master unreachable) records are handed over only after a heartbeat confirmed the lease.
         self._leases_sure_until = time.monotonic() + opened.lease_timeout_s
+        # -- balance (issue 13) --
+        # (epoch, partition) of held leases whose records the trainer began to get: those are
+        # never given back. (epoch, partition, lease) this reader handed back on its own (a
+        # synchronous rank's partition cut at its quota): their kept records are still
+        # delivered, but no DONE is sent.
+        self._started: set[tuple[int, int]] = set()
+        self._released: set[tuple[int, int, int]] = set()
+        # When the trainer finished each of the last partitions (monotonic): the consumption rate
+        # that sizes the lease depth.
+        self._finished_at: deque[float] = deque(maxlen=LEASE_RATE_WINDOW)
+        # A synchronous pass: records still to lease this pass for the rank's quota, and the
+        # records each held lease of it keeps.
+        self._need: int | None = None
+        self._keeps: dict[tuple[int, int], int] = {}
         self.error: BaseException | None = None
         self._reporter = threading.Thread(target=self._report_loop, daemon=True,
                                           name=f"trainfeed-reporter-{self.worker}")
@@ -120,17 +152,23 @@ class WorkerSession:
         with self._cond:
             key = (task.epoch, task.partition)
             lost = (*key, task.lease) in self._lost
+            released = (*key, task.lease) in self._released
+            self._released.discard((*key, task.lease))
+            self._started.discard(key)
             if not lost:
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
+                self._finished_at.append(time.monotonic())
             self._outstanding -= 1
-            if self._outstanding <= 0:  # the producer may be waiting for this (epoch tail)
-                self._cond.notify_all()
-        if not lost:  # a revoked lease's partition was dropped, not done
+            # The producer may be waiting for this (epoch tail, or a full lease depth).
+            self._cond.notify_all()
+        if not lost and not released:  # a revoked lease's partition was dropped, not done
             self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
                                       outcome=pb.TaskReport.DONE, lease=task.lease))
 
     def report_failed(self, task: TaskRef, reason: str) -> None:
+        with self._cond:
+            self._unkeep((task.epoch, task.partition))
         self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
                                   outcome=pb.TaskReport.FAILED, reason=reason[:2000],
                                   lease=task.lease))
@@ -194,6 +232,7 @@ class WorkerSession:
             raise
         self._revoke(response.revoked, started)
         self._confirmed(reports)
+        self._give_back(response.give_back)
         self._contacted()
 
     # -- fencing: leases the master took away (issue 14) ----------------------------------------
@@ -209,6 +248,7 @@ class WorkerSession:
                 if self._held.get(key) != t.lease:
                     continue  # confirmed meanwhile, or leased to us again since
                 del self._held[key]
+                self._unkeep(key)
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
                 # (A DONE already queued still goes: the master takes it if nobody leased the
@@ -219,6 +259,47 @@ class WorkerSession:
             logger.warning("the master took away %d lease(s) of this reader (it was frozen or "
                            "cut off longer than the lease timeout?); their undelivered records "
                            "are dropped: %s", len(gone), gone[:10])
+
+    def _unkeep(self, key: tuple[int, int]) -> None:
+        """A held lease's records will not be delivered here (given back, failed, revoked): a
+        synchronous pass must lease them elsewhere. Under `_cond`."""
+        kept = self._keeps.pop(key, 0)
+        if self._need is not None:
+            self._need += kept
+        self._started.discard(key)
+
+    def _give_back(self, asked: Sequence[pb.HeldTask]) -> None:
+        """Work stealing: hands back, with RELEASED reports, the leases the master asked for
+        whose records the trainer has not begun to get (`claim`); keeps the others. A handed-back
+        partition already loaded is dropped when the consumer meets it (as a revoked one)."""
+        given: list[pb.TaskReport] = []
+        with self._cond:
+            for t in asked:
+                key = (t.epoch, t.partition)
+                if self._held.get(key) != t.lease or key in self._started:
+                    continue
+                del self._held[key]
+                self._unkeep(key)
+                self._lost.add((*key, t.lease))
+                given.append(pb.TaskReport(epoch=t.epoch, partition=t.partition,
+                                           outcome=pb.TaskReport.RELEASED, lease=t.lease))
+        for report in given:
+            self._queue(report)
+        if given:
+            logger.info("handed %d unstarted lease(s) back for an idle reader", len(given))
+
+    def claim(self, task: TaskRef) -> bool:
+        """The trainer is about to get records of `task`: from now on its lease is never given
+        back. Returns True instead if the lease was lost (revoked, or given back before): its
+        records must then be dropped (see `lease_lost`)."""
+        if self.lease_lost(task):
+            return True
+        with self._cond:
+            key = (task.epoch, task.partition, task.lease)
+            if key in self._lost:  # given back between the two checks
+                return True
+            self._started.add(key[:2])
+        return False
 
     def lease_lost(self, task: TaskRef) -> bool:
         """Whether the master took `task`'s lease away, so that its records not yet handed to
@@ -233,7 +314,8 @@ class WorkerSession:
         return key in self._lost
 
     def _confirmed(self, reports: list[pb.TaskReport]) -> None:
-        """The master took these reports: their tasks are no longer ours."""
+        """The master took these reports: their tasks are no longer ours (a RELEASED one left
+        `_held` when it was queued)."""
         with self._cond:
             for r in reports:
                 if (r.outcome != pb.TaskReport.PROGRESS
@@ -244,8 +326,12 @@ class WorkerSession:
         with self._cond:
             return sorted((e, p, t) for (e, p), t in self._held.items())
 
+    def _unstarted_held(self) -> bool:
+        """Whether this reader holds a lease its trainer has not begun. Under `_cond`."""
+        return any(key not in self._started for key in self._held)
+
     def _report_loop(self) -> None:
-        interval = max(0.05, self.lease_timeout_s / 3)
+        heartbeat = max(0.05, self.lease_timeout_s / 3)
         while True:
             with self._cond:
                 # Sleep until reports need sending alone (the producer long-polls or no pass
@@ -253,11 +339,15 @@ class WorkerSession:
                 # due; every notify re-computes how long that is.
                 while not self._stopping:
                     now = time.monotonic()
+                    interval = (min(heartbeat, STEAL_POLL_S) if self._unstarted_held()
+                                else heartbeat)
                     if self._reports and (not self._fetching
                                           or now - self._oldest_report >= COALESCE_S):
                         break
                     progress_in = (self._oldest_progress + PROGRESS_INTERVAL_S - now
                                    if self._progress_dirty else interval)
+                    if interval < heartbeat:  # re-check soon: a lease may get started meanwhile
+                        progress_in = min(progress_in, interval)
                     heartbeat_in = interval - (now - self._last_contact)
                     if heartbeat_in <= 0 or progress_in <= 0:
                         break
@@ -277,18 +367,53 @@ class WorkerSession:
 
     # -- passes -------------------------------------------------------------------------------
     def open_pass(self, epoch: int, depth: int, on_epoch: Callable[[int], None],
-                  load: Load = plain_load) -> PrefetchStream:
+                  load: Load = plain_load, quota: int | None = None) -> PrefetchStream:
         """Starts reading one epoch (or JOIN_CURRENT_EPOCH). `on_epoch` learns its number;
-        `load` reads each task (see Load)."""
+        `load` reads each task (see Load). `quota`: a synchronous rank's records this pass
+        (exactly; see trainfeed.reader.world), None for an ordinary pass."""
         return PrefetchStream(lambda out, credits: self._produce(epoch, out, credits, on_epoch,
-                                                                load),
+                                                                load, quota),
                               depth, name=f"trainfeed-fetch-{self.worker}")
 
+    def _lease_depth(self, window: int) -> int:
+        """How many leases to hold: what the trainer consumes in LEASE_HORIZON_S (its rate over
+        the last partitions), within [MIN_LEASES, window]; the window until a rate is known."""
+        with self._cond:
+            times = list(self._finished_at)
+        if len(times) < 2 or times[-1] <= times[0]:
+            return max(MIN_LEASES, min(window, MIN_LEASES * 2))
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        return max(MIN_LEASES, min(window, math.ceil(rate * LEASE_HORIZON_S)))
+
+    def _keep(self, task: TaskRef) -> TaskRef:
+        """A synchronous pass keeps of a new task only what its quota still needs: the rest goes
+        back to the master at once (RELEASED at the count it keeps), so that another rank can
+        lease it without waiting for this one's trainer."""
+        key = (task.epoch, task.partition)
+        with self._cond:
+            if self._need is None:
+                return task
+            kept = min(task.delivers, max(0, self._need))
+            self._need -= kept
+            self._keeps[key] = kept
+            if kept == task.delivers:
+                return task
+            cut = dataclasses.replace(task, stop=task.skip + kept)
+            del self._held[key]
+            self._released.add((*key, task.lease))
+            if not kept:  # (nothing of it for us: it is not delivered at all)
+                self._lost.add((*key, task.lease))
+        self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
+                                  outcome=pb.TaskReport.RELEASED, consumed=cut.stop,
+                                  lease=task.lease))
+        return cut
+
     def _produce(self, epoch: int, out: PrefetchStream, credits: Credits,
-                 on_epoch: Callable[[int], None], load: Load) -> None:
+                 on_epoch: Callable[[int], None], load: Load, quota: int | None) -> None:
         reader = PartitionReader(self.dataset, self.field_names, self.binary_fields,
                                  self.read_stats)
         got_any = False
+        joining = epoch == JOIN_CURRENT_EPOCH
         waiting = False  # the last answer was WAIT: others hold the epoch's remaining tasks
         drained = False  # the master leased the epoch's last todo partitions
         failures: list[str] = []
@@ -297,12 +422,23 @@ class WorkerSession:
         low_water = max(1, credits.total // 2)
         with self._cond:
             self._outstanding = 0
+            self._need = quota
+            self._keeps.clear()
         self._set_fetching(True)
         try:
             while True:
                 if self.error is not None:
                     raise self.error
-                if drained:
+                if quota is not None and self._need is not None and self._need <= 0:
+                    # A synchronous rank has leased its quota: the pass ends once the trainer
+                    # had all of it (its last batch is full: the quota is whole batches).
+                    self._wait_acknowledged(float("inf"), abandoned=lambda: out.stopping)
+                    with self._cond:
+                        need = self._need
+                    if need is not None and need > 0:
+                        continue  # a lease was given back or failed meanwhile: lease more
+                    return
+                if drained and quota is None:
                     # Nothing is left to lease: have the consumer hand over its partial batch
                     # (its partitions must be acknowledged for the epoch to end), wait for those
                     # acknowledgements, then long-poll once carrying them; with one reader the
@@ -313,6 +449,19 @@ class WorkerSession:
                     free = credits.take_all(1)
                 else:
                     free = credits.take_all(low_water, starving=lambda: out.buffered <= 1)
+                # Lease depth follows consumption: the window of partitions leased ahead of the
+                # consumer (loaded or loading; not those already in its batch buffer) holds a few
+                # seconds of training, not a whole byte budget, so that work stays where an
+                # idle reader can get it.
+                depth = self._lease_depth(credits.total)
+                room = depth - (credits.total - free)
+                if room < 1 and not (waiting or drained):
+                    credits.give(free)  # and wait until the consumer takes a partition
+                    credits.give(credits.take_all(free + 1))
+                    continue
+                if 0 < room < free:
+                    credits.give(free - room)
+                    free = room
                 # After a plain WAIT the first ask answers at once, so that the WAIT can flush the
                 # consumer's partial batch; later asks long-poll, and meanwhile the reporter
                 # sends reports alone.
@@ -321,10 +470,13 @@ class WorkerSession:
                     self._set_fetching(False)
                 reports = self.drain_reports()
                 started = time.monotonic()
+                with self._cond:
+                    need = self._need
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
                                                      LONG_POLL_MS if long_poll else 0,
-                                                     reports, held=self._held_now())
+                                                     reports, held=self._held_now(),
+                                                     max_records=max(0, need or 0))
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports
@@ -335,32 +487,53 @@ class WorkerSession:
                 self._confirmed(reports)
                 with self._cond:
                     self._held.update(((t.epoch, t.partition), t.lease) for t in response.tasks)
+                self._give_back(response.give_back)
                 self._contacted()
                 credits.give(free - len(response.tasks))
-                if response.status == pb.GetTasksResponse.WAIT and not long_poll:
+                if response.status == pb.GetTasksResponse.WAIT and not long_poll \
+                        and quota is None:
                     out.flush()
                 waiting = response.status == pb.GetTasksResponse.WAIT
                 drained = response.status == pb.GetTasksResponse.TASKS and not response.todo_left
                 if response.status == pb.GetTasksResponse.EPOCH_DONE:
-                    self.epoch_failures[epoch if epoch >= 0 else response.current_epoch] = (
+                    done_epoch = epoch if epoch >= 0 else response.current_epoch
+                    self.epoch_failures[done_epoch] = (
                         list(response.failed) if response.failed_known else None)
                     if failures and not got_any:
                         raise PartitionReadError(
                             f"this reader could read none of the {len(failures)} partition(s) "
                             f"of {self.dataset.url} it was given; last error: {failures[-1]}")
-                    if got_any or epoch == JOIN_CURRENT_EPOCH:
+                    if quota is not None:
+                        with self._cond:
+                            short = self._need or 0
+                        if short > 0:
+                            raise SyncShortfallError(
+                                f"synchronous pass of job {self.job!r}: epoch {done_epoch} "
+                                f"ended {short} records short of this rank's quota of {quota} "
+                                f"(partitions lost, see the master's log, or ranks that "
+                                f"disagree on the world size)")
                         return
-                    # The epoch we asked for ended before we got anything (we were slow between
-                    # passes): join whatever epoch the job is on rather than yield an empty pass.
-                    epoch = JOIN_CURRENT_EPOCH
+                    if got_any or not joining:
+                        if not got_any:
+                            logger.warning(
+                                "job %r: epoch %d was over before this reader's pass of it "
+                                "began (the reader fell a whole epoch behind): the pass is "
+                                "empty, and the next one reads epoch %d", self.job, done_epoch,
+                                done_epoch + 1)
+                        return
+                    # A reader's first pass joins the epoch the job is on; if that one ended
+                    # before this reader got anything (others held its last tasks), the pass
+                    # is the next epoch, so that no first pass is empty.
+                    epoch = done_epoch + 1
                     continue
                 if response.status != pb.GetTasksResponse.TASKS:
                     continue  # WAIT: the long poll already waited
                 epoch = response.current_epoch
                 on_epoch(epoch)
                 for t in response.tasks:
-                    task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
-                                   t.row_group_stop, t.num_records, t.skip_records, t.lease)
+                    task = self._keep(TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
+                                              t.row_group_stop, t.num_records, t.skip_records,
+                                              t.lease, t.stop_records))
                     try:
                         # Minus what an earlier holder's trainer already got (task.skip).
                         table = load(reader, task)

@@ -1,0 +1,243 @@
+"""Issue 13: readers of one job train together. Real processes: a master, and reader processes
+(tests/integration/team_worker.py) that count every record id they get.
+
+- epochs line up (pass k is epoch k for every reader) and are split fairly between readers that
+  start within a second of each other;
+- a reader joining mid-epoch gets records of that epoch at once;
+- work stealing: readers of unequal speed finish an epoch near the ideal time, nothing twice;
+- synchronous ranks (sync=True) take the same number of full batches per epoch, through the
+  master and with TRAIN_LOCAL, under a real gloo all-reduce (torchrun's environment).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainfeed.master.process import MasterProcess
+from trainfeed.upload import UploadOptions, upload
+from trainfeed.worker.client import MasterClient
+
+pytestmark = pytest.mark.integration
+WORKER = str(Path(__file__).with_name("team_worker.py"))
+RECORDS = 3000
+TIMEOUT_S = 180
+
+
+@pytest.fixture
+def team_storage(tmp_path: Path) -> str:
+    """3,000 text records in row groups of 50: 60 partitions."""
+    listing = tmp_path / "team.list"
+    listing.write_text("".join(f"sentence {i}\tclass{i % 3}\n" for i in range(RECORDS)))
+    storage = str(tmp_path / "storage")
+    upload(str(listing), "team", storage, UploadOptions(kind="text", row_group_rows=50),
+           progress=False)
+    return storage
+
+
+@pytest.fixture
+def team_master(team_storage: str) -> Any:
+    with MasterProcess(team_storage) as master:
+        yield master
+
+
+def start(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, WORKER, "--dataset", "team", "--out", str(out),
+                             *args], env={**os.environ, **env})
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            assert p.wait(max(1.0, deadline - time.monotonic())) == 0, \
+                f"reader exited with {p.returncode}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def batches(path: Path) -> list[dict[str, Any]]:
+    return [line for line in lines(path) if "ids" in line]
+
+
+def master_env(master: MasterProcess, job: str) -> dict[str, str]:
+    return {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": job, "TRAIN_LOCAL": ""}
+
+
+def per_epoch(outs: list[Path]) -> dict[int, list[Counter[int]]]:
+    """Epoch -> per reader, how often it got each id."""
+    seen: dict[int, list[Counter[int]]] = defaultdict(lambda: [Counter() for _ in outs])
+    for r, out in enumerate(outs):
+        for b in batches(out):
+            seen[b["epoch"]][r].update(b["ids"])
+    return seen
+
+
+def assert_exactly_once(seen: dict[int, list[Counter[int]]], epochs: int) -> None:
+    assert sorted(seen) == list(range(epochs))
+    for epoch, counters in seen.items():
+        total = sum(counters, Counter())
+        assert sorted(total) == list(range(RECORDS)), f"epoch {epoch}: records missing"
+        assert max(total.values()) == 1, f"epoch {epoch}: {total.most_common(3)} twice"
+
+
+def test_three_readers_started_together_share_every_epoch_and_line_up(
+        team_master: MasterProcess, tmp_path: Path) -> None:
+    outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
+    begin = time.time() + 8  # after every process imported trainfeed, whatever the load
+    # ~170 records/s each: an epoch takes ~6 s, the third reader starts 1 s after the first.
+    procs = [start(out, master_env(team_master, "together"), "--epochs", "3", "--batch", "50",
+                   "--delay", "0.3", "--start-at", str(begin + 0.5 * i))
+             for i, out in enumerate(outs)]
+    wait_all(procs)
+    seen = per_epoch(outs)
+    assert_exactly_once(seen, 3)
+    for epoch, counters in seen.items():
+        shares = [sum(c.values()) / RECORDS for c in counters]
+        assert min(shares) >= 0.2, f"epoch {epoch}: shares {shares}"
+    for out in outs:  # pass k is epoch k, for every reader
+        ends = [line for line in lines(out) if line.get("end")]
+        assert [(e["pass"], e["epoch"]) for e in ends] == [(0, 0), (1, 1), (2, 2)]
+        for b in batches(out):
+            assert b["pass"] == b["epoch"]
+
+
+def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
+        team_master: MasterProcess, tmp_path: Path) -> None:
+    outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
+    env = master_env(team_master, "join")
+    begin = time.time() + 6
+    first = [start(out, env, "--batch", "25", "--delay", "0.15", "--start-at", str(begin))
+             for out in outs[:2]]
+    late: list[subprocess.Popen[bytes]] = []
+    try:
+        with MasterClient(team_master.address) as client:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                status = client.job_status("join") if batches(outs[0]) else None
+                if status is not None and status.done >= status.num_partitions // 2:
+                    break
+                time.sleep(0.1)
+            else:
+                pytest.fail("the epoch never reached half way")
+        joined = time.time() + 5  # the newcomer starts (connects) at this moment
+        late.append(start(outs[2], env, "--batch", "25", "--delay", "0.15",
+                          "--start-at", str(joined)))
+        wait_all(first + late)
+    finally:
+        for p in first + late:
+            if p.poll() is None:
+                p.kill()
+    newcomer = batches(outs[2])
+    assert newcomer, "the reader that joined got nothing of the epoch"
+    assert newcomer[0]["epoch"] == 0
+    assert newcomer[0]["t1"] - joined <= 2.0 + 0.15, newcomer[0]["t1"] - joined
+    assert_exactly_once(per_epoch(outs), 1)
+
+
+def test_work_stealing_finishes_readers_of_unequal_speed_near_the_ideal_time(
+        team_master: MasterProcess, tmp_path: Path) -> None:
+    """Speeds 1x, 1x and 1/3x: the epoch takes within 10 % of records / sum of the rates, and
+    no record comes twice (a partition given back is dropped by its first holder)."""
+    outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
+    env = master_env(team_master, "steal")
+    batch, fast = 10, 0.04  # 250 records/s; the slow one 83: the ideal epoch is 5.1 s
+    delays = [fast, fast, 3 * fast]
+    begin = time.time() + 8
+    procs = [start(out, env, "--epochs", "2", "--batch", str(batch), "--delay", str(delay),
+                   "--start-at", str(begin))
+             for out, delay in zip(outs, delays)]
+    wait_all(procs)
+    seen = per_epoch(outs)
+    assert_exactly_once(seen, 2)
+    ideal = RECORDS / sum(batch / d for d in delays)
+    for epoch in (0, 1):
+        spans = [(b["t0"], b["t1"]) for out in outs for b in batches(out)
+                 if b["epoch"] == epoch]
+        took = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+        assert took <= 1.1 * ideal, f"epoch {epoch}: {took:.2f} s, ideal {ideal:.2f} s"
+    slow_share = sum(sum(c.values()) for c in [seen[e][2] for e in (0, 1)]) / (2 * RECORDS)
+    assert slow_share < 0.25, slow_share  # a third of a fast reader's rate: 1/7 of the records
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def check_sync(outs: list[Path], epochs: int, batch: int) -> None:
+    """Every rank: the same steps per epoch, each a full batch; no record twice in an epoch;
+    fewer than world_size × batch records dropped."""
+    world = len(outs)
+    heads = [lines(out)[0] for out in outs]
+    steps = heads[0]["steps_per_epoch"]
+    dropped = heads[0]["dropped_per_epoch"]
+    assert all(h == heads[0] for h in heads)
+    assert steps == RECORDS // (world * batch) and 0 <= dropped < world * batch
+    assert dropped == RECORDS - steps * world * batch
+    for epoch in range(epochs):
+        total: Counter[int] = Counter()
+        for out in outs:
+            mine = [b for b in batches(out) if b["pass"] == epoch]
+            assert len(mine) == steps and all(len(b["ids"]) == batch for b in mine)
+            assert {b["epoch"] for b in mine} == {epoch}
+            total.update(i for b in mine for i in b["ids"])
+        assert max(total.values()) == 1, total.most_common(3)
+        assert len(total) == RECORDS - dropped
+
+
+@pytest.mark.parametrize("where", ["master", "local"])
+def test_ddp_ranks_take_the_same_steps_under_a_real_all_reduce(
+        where: str, team_storage: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """3 gloo ranks (torchrun's environment), one 3x slower, an all-reduce every step."""
+    pytest.importorskip("torch")
+    outs = [tmp_path / f"rank{i}.jsonl" for i in range(3)]
+    if where == "master":
+        master = request.getfixturevalue("team_master")
+        env = master_env(master, "ddp")
+    else:
+        env = {"TRAIN_LOCAL": "1", "TRAINFEED_STORAGE": team_storage}
+    port = str(free_port())
+    batch = 32  # 3,000 // 96 = 31 steps, 24 records dropped
+    procs = [start(out, {**env, "WORLD_SIZE": "3", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                   "--sync", "--ddp", "--torch", "--epochs", "2", "--batch", str(batch),
+                   "--delay", str(0.03 if rank == 2 else 0.01))
+             for rank, out in enumerate(outs)]
+    wait_all(procs)
+    check_sync(outs, 2, batch)
+
+
+def test_sync_ranks_under_torchrun(team_master: MasterProcess, tmp_path: Path) -> None:
+    """The same script started by torchrun itself (3 processes, standalone rendezvous)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "rank.jsonl"
+    env = {**os.environ, **master_env(team_master, "torchrun")}
+    # Each rank writes its own file: torchrun gives every process the same command line.
+    script = tmp_path / "per_rank.py"
+    script.write_text(
+        "import os, runpy, sys\n"
+        f"sys.argv = [{WORKER!r}, '--dataset', 'team', '--out', "
+        f"{str(out)!r} + os.environ['RANK'], '--sync', '--ddp', '--epochs', '2', "
+        "'--batch', '50']\n"
+        f"runpy.run_path({WORKER!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "3", str(script)], env=env, timeout=TIMEOUT_S,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_sync([Path(f"{out}{rank}") for rank in range(3)], 2, 50)

@@ -47,7 +47,12 @@ from trainfeed.master.ledger import (
 from trainfeed.master.stores import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
+from trainfeed.planning.partitions import (
+    DEFAULT_TARGET_PARTITIONS,
+    Partition,
+    plan_partitions,
+    restored_plan,
+)
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
@@ -204,7 +209,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             ledger = Ledger.from_state(state["ledger"])
             ledger.replay(saved.journal)
             ledger.refresh_deadlines(now, self.config.lease_timeout_s)
-            partitions = plan_partitions(manifest, state["target_partitions"])
+            try:  # a job saved before row groups were sliced keeps its partition ids
+                partitions = restored_plan(manifest, state["target_partitions"],
+                                           ledger.num_partitions)
+            except ValueError as e:
+                logger.warning("job %r: %s; starting the job afresh", name, e)
+                continue
             rules = DistributionRules.parse(state.get("distribution_rules"))
             job = Job(name, manifest, partitions, ledger, state["target_partitions"], rules)
             self.jobs[name] = job
@@ -442,7 +452,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return pb.Task(epoch=epoch, partition=partition, shard=p.shard,
                        row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
                        num_records=p.num_records, skip_records=job.ledger.skip(partition),
-                       lease=job.ledger.token_of(partition))
+                       lease=job.ledger.token_of(partition), row_start=p.row_start)
 
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,

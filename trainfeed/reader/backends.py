@@ -235,7 +235,8 @@ class LocalBackend:
                             return
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
-                                       p.row_group_stop, p.num_records, skip.get(index, 0))
+                                       p.row_group_stop, p.num_records, skip.get(index, 0),
+                                       row_start=p.row_start)
                         out.put(LoadedPartition(task, load(reader, task)))
             finally:
                 reader.close()

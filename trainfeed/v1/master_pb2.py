@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19trainfeed/v1/master.proto\x12\x0ctrainfeed.v1\"\xcd\x01\n\x0eOpenJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bworker_name\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x1a\n\x12\x64istribution_rules\x18\x05 \x01(\t\x12\x30\n\tresources\x18\x06 \x01(\x0b\x32\x1d.trainfeed.v1.WorkerResources\x12,\n\x06resume\x18\x07 \x01(\x0b\x32\x1c.trainfeed.v1.ResumePosition\"\xb2\x01\n\x0eResumePosition\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64one\x18\x03 \x03(\r\x12>\n\tpositions\x18\x04 \x03(\x0b\x32+.trainfeed.v1.ResumePosition.PositionsEntry\x1a\x30\n\x0ePositionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"?\n\x0fWorkerResources\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xa6\x02\n\x0fOpenJobResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x61taset_url\x18\x04 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x05 \x01(\t\x12#\n\x06\x66ields\x18\x06 \x03(\x0b\x32\x13.trainfeed.v1.Field\x12\x13\n\x0bnum_records\x18\x07 \x01(\x04\x12\x16\n\x0enum_partitions\x18\x08 \x01(\r\x12\x15\n\rcurrent_epoch\x18\t \x01(\x03\x12\x17\n\x0flease_timeout_s\x18\n \x01(\x01\x12\x11\n\tnum_bytes\x18\x0b \x01(\x04\x12\x1a\n\x12resumed_partitions\x18\x0c \x01(\r\"\xa2\x01\n\x04Task\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05shard\x18\x03 \x01(\t\x12\x17\n\x0frow_group_start\x18\x04 \x01(\r\x12\x16\n\x0erow_group_stop\x18\x05 \x01(\r\x12\x13\n\x0bnum_records\x18\x06 \x01(\x04\x12\x14\n\x0cskip_records\x18\x07 \x01(\x04\x12\r\n\x05lease\x18\x08 \x01(\x04\"\xda\x01\n\nTaskReport\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .trainfeed.v1.TaskReport.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\x04\x12\r\n\x05lease\x18\x06 \x01(\x04\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\x0c\n\x08PROGRESS\x10\x03\"9\n\x0eRefusedReports\x12\'\n\x07reports\x18\x01 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"\xc8\x01\n\x0fGetTasksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\x12)\n\x07reports\x18\x06 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\x12\x11\n\treconcile\x18\x07 \x01(\x08\x12$\n\x04held\x18\x08 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\";\n\x08HeldTask\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05lease\x18\x03 \x01(\x04\"\xcb\x02\n\x10GetTasksResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.trainfeed.v1.GetTasksResponse.Status\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.trainfeed.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x03\x12\x11\n\ttodo_left\x18\x04 \x01(\r\x12\'\n\x07revoked\x18\x05 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\x12-\n\x06\x66\x61iled\x18\x06 \x03(\x0b\x32\x1d.trainfeed.v1.FailedPartition\x12\x14\n\x0c\x66\x61iled_known\x18\x07 \x01(\x08\"E\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05TASKS\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\"I\n\x0f\x46\x61iledPartition\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\"\x80\x01\n\rReportRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12)\n\x07reports\x18\x03 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\x12$\n\x04held\x18\x04 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"P\n\x0eReportResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x03\x12\'\n\x07revoked\x18\x02 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"1\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"*\n\x10LeaveJobResponse\x12\x16\n\x0ereleased_tasks\x18\x01 \x01(\r\"\"\n\x13GetJobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xfd\x01\n\tJobStatus\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x16\n\x0enum_partitions\x18\x04 \x01(\r\x12\x0c\n\x04todo\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\r\x12\x0c\n\x04\x64one\x18\x07 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x16\n\x0e\x66\x61iled_reasons\x18\n \x03(\t\x12\x16\n\x0erecords_served\x18\x0b \x01(\x04\x12\x14\n\x0c\x62ytes_served\x18\x0c \x01(\x04\x12\x17\n\x0freports_refused\x18\r \x01(\x04\x32\xf7\x02\n\x06Master\x12\x46\n\x07OpenJob\x12\x1c.trainfeed.v1.OpenJobRequest\x1a\x1d.trainfeed.v1.OpenJobResponse\x12I\n\x08GetTasks\x12\x1d.trainfeed.v1.GetTasksRequest\x1a\x1e.trainfeed.v1.GetTasksResponse\x12\x43\n\x06Report\x12\x1b.trainfeed.v1.ReportRequest\x1a\x1c.trainfeed.v1.ReportResponse\x12I\n\x08LeaveJob\x12\x1d.trainfeed.v1.LeaveJobRequest\x1a\x1e.trainfeed.v1.LeaveJobResponse\x12J\n\x0cGetJobStatus\x12!.trainfeed.v1.GetJobStatusRequest\x1a\x17.trainfeed.v1.JobStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19trainfeed/v1/master.proto\x12\x0ctrainfeed.v1\"\xcd\x01\n\x0eOpenJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x13\n\x0bworker_name\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x1a\n\x12\x64istribution_rules\x18\x05 \x01(\t\x12\x30\n\tresources\x18\x06 \x01(\x0b\x32\x1d.trainfeed.v1.WorkerResources\x12,\n\x06resume\x18\x07 \x01(\x0b\x32\x1c.trainfeed.v1.ResumePosition\"\xb2\x01\n\x0eResumePosition\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64one\x18\x03 \x03(\r\x12>\n\tpositions\x18\x04 \x03(\x0b\x32+.trainfeed.v1.ResumePosition.PositionsEntry\x1a\x30\n\x0ePositionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"?\n\x0fWorkerResources\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xa6\x02\n\x0fOpenJobResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x61taset_url\x18\x04 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x05 \x01(\t\x12#\n\x06\x66ields\x18\x06 \x03(\x0b\x32\x13.trainfeed.v1.Field\x12\x13\n\x0bnum_records\x18\x07 \x01(\x04\x12\x16\n\x0enum_partitions\x18\x08 \x01(\r\x12\x15\n\rcurrent_epoch\x18\t \x01(\x03\x12\x17\n\x0flease_timeout_s\x18\n \x01(\x01\x12\x11\n\tnum_bytes\x18\x0b \x01(\x04\x12\x1a\n\x12resumed_partitions\x18\x0c \x01(\r\"\xb5\x01\n\x04Task\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05shard\x18\x03 \x01(\t\x12\x17\n\x0frow_group_start\x18\x04 \x01(\r\x12\x16\n\x0erow_group_stop\x18\x05 \x01(\r\x12\x13\n\x0bnum_records\x18\x06 \x01(\x04\x12\x14\n\x0cskip_records\x18\x07 \x01(\x04\x12\r\n\x05lease\x18\x08 \x01(\x04\x12\x11\n\trow_start\x18\t \x01(\r\"\xda\x01\n\nTaskReport\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .trainfeed.v1.TaskReport.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x05 \x01(\x04\x12\r\n\x05lease\x18\x06 \x01(\x04\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\x0c\n\x08PROGRESS\x10\x03\"9\n\x0eRefusedReports\x12\'\n\x07reports\x18\x01 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"\xc8\x01\n\x0fGetTasksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\x12)\n\x07reports\x18\x06 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\x12\x11\n\treconcile\x18\x07 \x01(\x08\x12$\n\x04held\x18\x08 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\";\n\x08HeldTask\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\r\n\x05lease\x18\x03 \x01(\x04\"\xcb\x02\n\x10GetTasksResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.trainfeed.v1.GetTasksResponse.Status\x12!\n\x05tasks\x18\x02 \x03(\x0b\x32\x12.trainfeed.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x03\x12\x11\n\ttodo_left\x18\x04 \x01(\r\x12\'\n\x07revoked\x18\x05 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\x12-\n\x06\x66\x61iled\x18\x06 \x03(\x0b\x32\x1d.trainfeed.v1.FailedPartition\x12\x14\n\x0c\x66\x61iled_known\x18\x07 \x01(\x08\"E\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05TASKS\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\"I\n\x0f\x46\x61iledPartition\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\"\x80\x01\n\rReportRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12)\n\x07reports\x18\x03 \x03(\x0b\x32\x18.trainfeed.v1.TaskReport\x12$\n\x04held\x18\x04 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"P\n\x0eReportResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x03\x12\'\n\x07revoked\x18\x02 \x03(\x0b\x32\x16.trainfeed.v1.HeldTask\"1\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"*\n\x10LeaveJobResponse\x12\x16\n\x0ereleased_tasks\x18\x01 \x01(\r\"\"\n\x13GetJobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\xfd\x01\n\tJobStatus\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x16\n\x0enum_partitions\x18\x04 \x01(\r\x12\x0c\n\x04todo\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\r\x12\x0c\n\x04\x64one\x18\x07 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x16\n\x0e\x66\x61iled_reasons\x18\n \x03(\t\x12\x16\n\x0erecords_served\x18\x0b \x01(\x04\x12\x14\n\x0c\x62ytes_served\x18\x0c \x01(\x04\x12\x17\n\x0freports_refused\x18\r \x01(\x04\x32\xf7\x02\n\x06Master\x12\x46\n\x07OpenJob\x12\x1c.trainfeed.v1.OpenJobRequest\x1a\x1d.trainfeed.v1.OpenJobResponse\x12I\n\x08GetTasks\x12\x1d.trainfeed.v1.GetTasksRequest\x1a\x1e.trainfeed.v1.GetTasksResponse\x12\x43\n\x06Report\x12\x1b.trainfeed.v1.ReportRequest\x1a\x1c.trainfeed.v1.ReportResponse\x12I\n\x08LeaveJob\x12\x1d.trainfeed.v1.LeaveJobRequest\x1a\x1e.trainfeed.v1.LeaveJobResponse\x12J\n\x0cGetJobStatus\x12!.trainfeed.v1.GetJobStatusRequest\x1a\x17.trainfeed.v1.JobStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENJOBRESPONSE']._serialized_start=535
   _globals['_OPENJOBRESPONSE']._serialized_end=829
   _globals['_TASK']._serialized_start=832
-  _globals['_TASK']._serialized_end=994
-  _globals['_TASKREPORT']._serialized_start=997
-  _globals['_TASKREPORT']._serialized_end=1215
-  _globals['_TASKREPORT_OUTCOME']._serialized_start=1145
-  _globals['_TASKREPORT_OUTCOME']._serialized_end=1215
-  _globals['_REFUSEDREPORTS']._serialized_start=1217
-  _globals['_REFUSEDREPORTS']._serialized_end=1274
-  _globals['_GETTASKSREQUEST']._serialized_start=1277
-  _globals['_GETTASKSREQUEST']._serialized_end=1477
-  _globals['_HELDTASK']._serialized_start=1479
-  _globals['_HELDTASK']._serialized_end=1538
-  _globals['_GETTASKSRESPONSE']._serialized_start=1541
-  _globals['_GETTASKSRESPONSE']._serialized_end=1872
-  _globals['_GETTASKSRESPONSE_STATUS']._serialized_start=1803
-  _globals['_GETTASKSRESPONSE_STATUS']._serialized_end=1872
-  _globals['_FAILEDPARTITION']._serialized_start=1874
-  _globals['_FAILEDPARTITION']._serialized_end=1947
-  _globals['_REPORTREQUEST']._serialized_start=1950
-  _globals['_REPORTREQUEST']._serialized_end=2078
-  _globals['_REPORTRESPONSE']._serialized_start=2080
-  _globals['_REPORTRESPONSE']._serialized_end=2160
-  _globals['_LEAVEJOBREQUEST']._serialized_start=2162
-  _globals['_LEAVEJOBREQUEST']._serialized_end=2211
-  _globals['_LEAVEJOBRESPONSE']._serialized_start=2213
-  _globals['_LEAVEJOBRESPONSE']._serialized_end=2255
-  _globals['_GETJOBSTATUSREQUEST']._serialized_start=2257
-  _globals['_GETJOBSTATUSREQUEST']._serialized_end=2291
-  _globals['_JOBSTATUS']._serialized_start=2294
-  _globals['_JOBSTATUS']._serialized_end=2547
-  _globals['_MASTER']._serialized_start=2550
-  _globals['_MASTER']._serialized_end=2925
+  _globals['_TASK']._serialized_end=1013
+  _globals['_TASKREPORT']._serialized_start=1016
+  _globals['_TASKREPORT']._serialized_end=1234
+  _globals['_TASKREPORT_OUTCOME']._serialized_start=1164
+  _globals['_TASKREPORT_OUTCOME']._serialized_end=1234
+  _globals['_REFUSEDREPORTS']._serialized_start=1236
+  _globals['_REFUSEDREPORTS']._serialized_end=1293
+  _globals['_GETTASKSREQUEST']._serialized_start=1296
+  _globals['_GETTASKSREQUEST']._serialized_end=1496
+  _globals['_HELDTASK']._serialized_start=1498
+  _globals['_HELDTASK']._serialized_end=1557
+  _globals['_GETTASKSRESPONSE']._serialized_start=1560
+  _globals['_GETTASKSRESPONSE']._serialized_end=1891
+  _globals['_GETTASKSRESPONSE_STATUS']._serialized_start=1822
+  _globals['_GETTASKSRESPONSE_STATUS']._serialized_end=1891
+  _globals['_FAILEDPARTITION']._serialized_start=1893
+  _globals['_FAILEDPARTITION']._serialized_end=1966
+  _globals['_REPORTREQUEST']._serialized_start=1969
+  _globals['_REPORTREQUEST']._serialized_end=2097
+  _globals['_REPORTRESPONSE']._serialized_start=2099
+  _globals['_REPORTRESPONSE']._serialized_end=2179
+  _globals['_LEAVEJOBREQUEST']._serialized_start=2181
+  _globals['_LEAVEJOBREQUEST']._serialized_end=2230
+  _globals['_LEAVEJOBRESPONSE']._serialized_start=2232
+  _globals['_LEAVEJOBRESPONSE']._serialized_end=2274
+  _globals['_GETJOBSTATUSREQUEST']._serialized_start=2276
+  _globals['_GETJOBSTATUSREQUEST']._serialized_end=2310
+  _globals['_JOBSTATUS']._serialized_start=2313
+  _globals['_JOBSTATUS']._serialized_end=2566
+  _globals['_MASTER']._serialized_start=2569
+  _globals['_MASTER']._serialized_end=2944
 # @@protoc_insertion_point(module_scope)

@@ -360,7 +360,8 @@ class WorkerSession:
                 on_epoch(epoch)
                 for t in response.tasks:
                     task = TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
-                                   t.row_group_stop, t.num_records, t.skip_records, t.lease)
+                                   t.row_group_stop, t.num_records, t.skip_records, t.lease,
+                                   row_start=t.row_start)
                     try:
                         # Minus what an earlier holder's trainer already got (task.skip).
                         table = load(reader, task)

@@ -100,8 +100,9 @@ def _sliced_plan(manifest: Manifest, target: int) -> tuple[Partition, ...]:
               for g, info in enumerate(shard.row_groups)]
     slices = [1] * len(groups)
     # Max-heap on the current slice size (rows / slices), then the group's order.
-    heap = [(-info.num_rows, k) for k, (_, _, info) in enumerate(groups)
-            if info.num_rows // MIN_PARTITION_ROWS >= 2]
+    heap: list[tuple[float, int]] = [(-float(info.num_rows), k)
+                                     for k, (_, _, info) in enumerate(groups)
+                                     if info.num_rows // MIN_PARTITION_ROWS >= 2]
     heapq.heapify(heap)
     count = len(groups)
     while count < target and heap:

@@ -75,3 +75,18 @@ def test_a_checkpoint_mid_pass_resumes_with_exactly_the_rest(storage: str) -> No
                      state=state) as restored:  # type: ignore[arg-type]
         after = list(restored())
     assert ids_of_pass(before) + ids_of_pass(after) == Counter(range(N))
+
+
+def test_slices_and_whole_row_groups_mix_in_one_batch(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Row groups of 20, 20 and 10 records: the first two are cut in two, the last stays whole
+    (fewer than 2 x 8 records); batches straddle both kinds, whose columns must agree."""
+    root = tmp_path_factory.mktemp("mixed")
+    out = str(root / "storage")
+    upload(str(make_image_list(root / "source", 50, size=8)), "mixed", out,
+           UploadOptions(row_group_rows=20), progress=False)
+    parts = plan_partitions(read_manifest(open_storage(out), "mixed"))
+    assert [(p.row_group_start, p.row_start, p.num_records) for p in parts] == [
+        (0, 0, 10), (0, 10, 10), (1, 0, 10), (1, 10, 10), (2, 0, 10)]
+    with dist.reader("mixed", local=True, storage=out, batch_size=7) as reader:
+        assert ids_of_pass(list(reader())) == Counter(range(50))

@@ -197,8 +197,12 @@ class PartitionReader:
             payloads = {name: self._fetch(shard, index[first + rows, k], ids)
                         for k, name in enumerate(self.binary)}
         kept = meta.take(rows)
-        return pa.table({c: payloads[c] if c in payloads else kept.column(c)
-                         for c in self.columns})
+        # The shard's own schema (non-null fields), as a whole read has: a pass concatenates
+        # slices with whole row groups.
+        schema = self._shard(shard).schema_arrow
+        return pa.Table.from_arrays(
+            [payloads[c] if c in payloads else kept.column(c) for c in self.columns],
+            schema=pa.schema([schema.field(c) for c in self.columns]))
 
     def read_sql(self, bucket: int, buckets: int) -> pa.Table:
         """One hash bucket of a SQL dataset's query, run on its database by this worker, sorted

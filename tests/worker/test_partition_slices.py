@@ -8,6 +8,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -17,7 +18,7 @@ from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN, Manifest, dataset_storage, read_manifest
 from trainfeed.formats.shards import PAYLOAD_INDEX_SUFFIX
 from trainfeed.planning.partitions import Partition, plan_partitions
-from trainfeed.storage import open_storage
+from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.partition_reader import COPIES_COLUMN, PartitionReader, read_task
 from trainfeed.worker.prefetch import TaskRef
@@ -138,3 +139,29 @@ def test_a_slice_past_its_row_group_is_an_error(dataset: tuple[str, Manifest, Pa
                        match=r"row groups \[0, 1\) hold 200 rows, the manifest names rows "
                              rf"\[{last.row_start + 1}, 201\)"):
         read_task(reader_of(storage), beyond, None)
+
+
+def test_slices_over_a_non_local_filesystem_fetch_ranges_alone(
+        dataset: tuple[str, Manifest, Path]) -> None:
+    """The object-store path (fsspec `cat_ranges`), on fsspec's in-memory filesystem: the same
+    rows and content, each payload fetched once."""
+    storage, manifest, source = dataset
+    memory = fsspec.filesystem("memory")
+    root = "/slices-test"
+    try:
+        for path in (Path(storage) / "flowers").rglob("*"):
+            if path.is_file():
+                rel = path.relative_to(Path(storage) / "flowers").as_posix()
+                memory.pipe(f"{root}/flowers/{rel}", path.read_bytes())
+        folder = dataset_storage(Storage(f"memory://{root}"), "flowers")
+        assert not folder.is_local
+        reader = PartitionReader(folder, ["image", "label"], binary=["image"])
+        digests = file_digests(source)
+        for p in plan_partitions(manifest):
+            check_rows(read_task(reader, task_of(p), None), expected_ids(manifest, p), digests)
+        reader.close()
+        files = sum((source.parent / "images" / f"{i:05d}.jpg").stat().st_size
+                    for i in range(N))
+        assert reader.stats.payload_bytes == files
+    finally:
+        memory.rm(root, recursive=True)

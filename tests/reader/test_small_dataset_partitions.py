@@ -90,3 +90,27 @@ def test_slices_and_whole_row_groups_mix_in_one_batch(
         (0, 0, 10), (0, 10, 10), (1, 0, 10), (1, 10, 10), (2, 0, 10)]
     with dist.reader("mixed", local=True, storage=out, batch_size=7) as reader:
         assert ids_of_pass(list(reader())) == Counter(range(50))
+
+
+def test_a_state_saved_before_slices_resumes_in_its_own_plan(storage: str) -> None:
+    """A local reader's state written before row groups were sliced names whole row groups
+    (then partitions 0..7 of 250 records): restored, it skips exactly what it says it had."""
+    with dist.reader("flowers", local=True, storage=storage) as reader:
+        next(iter(reader.column_batches()))
+        state = reader.state()
+    assert state["partitions"] == 64
+    old = {**state, "done": [0, 1], "positions": {"2": 10}}  # row groups 0, 1; 10 of group 2
+    del old["partitions"]  # as written before states said their plan
+    with dist.reader("flowers", local=True, storage=storage, state=old) as restored:
+        rest = Counter(i for b in restored.column_batches() for i in b["_id"].tolist())
+        assert restored.state()["partitions"] == 8  # it keeps counting in that plan
+    assert rest == Counter(range(510, N))
+
+
+def test_a_state_of_an_unknown_plan_is_refused(storage: str) -> None:
+    with dist.reader("flowers", local=True, storage=storage) as reader:
+        next(iter(reader()))
+        state = {**reader.state(), "partitions": 9}
+    with pytest.raises(ValueError, match="reader state counts in a plan of 9 partitions, but "
+                                         "dataset 'flowers' cuts into 64: was it re-uploaded?"):
+        dist.reader("flowers", local=True, storage=storage, state=state).output_spec()

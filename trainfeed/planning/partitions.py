@@ -139,3 +139,22 @@ def restored_plan(manifest: Manifest, target: int, num_partitions: int) -> tuple
             return plan
     raise ValueError(f"no partition plan of dataset {manifest.name!r} (target {target}) has "
                      f"{num_partitions} partitions")
+
+
+def plan_of_state(manifest: Manifest, saved_partitions: int,
+                  target: int = DEFAULT_TARGET_PARTITIONS) -> tuple[Partition, ...]:
+    """The plan whose partition ids a local reader's saved state counts in: the state says how
+    many partitions its plan had; 0 (a state written before it said so, hence before row groups
+    were sliced) means one per run of whole row groups. A reader restored from it keeps that
+    plan, so its `done` and `positions` name the records they named when saved.
+
+    Raises:
+        ValueError: no plan of the dataset has that many partitions (was it re-uploaded?).
+    """
+    count = saved_partitions or len(whole_row_group_plan(manifest, target))
+    try:
+        return restored_plan(manifest, target, count)
+    except ValueError:
+        raise ValueError(f"reader state counts in a plan of {count} partitions, but dataset "
+                         f"{manifest.name!r} cuts into {len(plan_partitions(manifest, target))}"
+                         f": was it re-uploaded?") from None

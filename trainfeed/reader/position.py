@@ -43,13 +43,16 @@ class ReaderPosition:
     worker: str = ""  # distributed: the worker id whose later work a restore undoes
     seed: int = 0
     order: str = ""  # the delivery order counts refer to ("" in states older than it: any)
+    # How many partitions the plan that `done` and `positions` name had (local readers; 0 in
+    # states older than sliced partitions, and in distributed ones: the master keeps its plan).
+    partitions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": POSITION_VERSION, "mode": self.mode, "dataset": self.dataset,
                 "job": self.job, "worker": self.worker, "seed": self.seed, "epoch": self.epoch,
                 "finished": self.finished, "done": sorted(self.done),
                 "positions": {str(p): n for p, n in sorted(self.positions.items())},
-                "order": self.order}
+                "order": self.order, "partitions": self.partitions}
 
     def to_state_dict(self) -> dict[str, Any]:
         """The same as `to_dict()` with fixed keys: `positions` as [partition, count] pairs."""
@@ -78,7 +81,8 @@ class ReaderPosition:
                        positions={int(p): int(n) for p, n in pairs},
                        finished=bool(state["finished"]), job=str(state.get("job", "")),
                        worker=str(state.get("worker", "")), seed=int(state.get("seed", 0)),
-                       order=str(state.get("order", "")))
+                       order=str(state.get("order", "")),
+                       partitions=int(state.get("partitions", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed reader state ({type(e).__name__}: {e})") from e
 

@@ -74,3 +74,35 @@ def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
                 in result.stdout), result.stdout
     assert (tmp_path / "trainfeed-data" / "demo-images" / "manifest.json").exists()
     assert (tmp_path / "trainfeed-master.db").exists()
+
+
+def test_upload_rows_per_group_sets_the_row_groups_and_so_the_partitions(
+        image_list: Path, storage_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfeed.formats.manifest import read_manifest
+    from trainfeed.planning.partitions import plan_partitions
+    from trainfeed.storage import open_storage
+
+    assert main(["upload", str(image_list), "--dataset", "flowers", "--storage", storage_dir,
+                 "--rows-per-group", "10", "--no-progress"]) == 0
+    manifest = read_manifest(open_storage(storage_dir), "flowers")
+    assert [g.num_rows for s in manifest.shards for g in s.row_groups] == [10] * 10
+    # 10 row groups of 10 records cannot be cut into slices of 8 or more: one partition each.
+    assert len(plan_partitions(manifest)) == 10
+    assert main(["upload", str(image_list), "--dataset", "big", "--storage", storage_dir,
+                 "--rows-per-group", "100", "--no-progress"]) == 0
+    big = read_manifest(open_storage(storage_dir), "big")
+    assert [g.num_rows for s in big.shards for g in s.row_groups] == [100]
+    assert len(plan_partitions(big)) == 12  # one row group sliced: 100 // 8
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "ten"])
+def test_upload_rows_per_group_below_one_is_refused(
+        value: str, image_list: Path, storage_dir: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["upload", str(image_list), "--dataset", "x", "--storage", storage_dir,
+              "--rows-per-group", value])
+    assert exit_.value.code == 2
+    assert (f"argument --rows-per-group: expected a whole number of rows ≥ 1, got {value!r}"
+            in capsys.readouterr().err)
+    assert not (Path(storage_dir) / "x").exists()

@@ -33,7 +33,7 @@ from trainfeed.storage import open_storage
 pytestmark = pytest.mark.integration
 
 NUM_IMAGES = 300
-ROW_GROUP_ROWS = 16  # 19 row groups, hence 19 partitions
+ROW_GROUP_ROWS = 16  # 19 row groups, each cut into 2 slices of 8: 38 partitions
 SHARD_ROW_GROUPS = 4  # 5 shards: readers move between files, as on a real dataset
 DATASET = "pets"
 EPOCHS = 2

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 NUM_IMAGES = 300
-ROW_GROUP_ROWS = 16  # 19 row groups, hence 19 partitions: many more than readers
+ROW_GROUP_ROWS = 16  # 19 row groups, each cut into 2 slices: 38 partitions, many per reader
 DATASET = "pets"
 EPOCHS = 2
 

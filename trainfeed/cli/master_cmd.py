@@ -17,7 +17,7 @@ from trainfeed.master.server import (
 )
 from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
 from trainfeed.master.stores import STATE_ENV, open_state_store
-from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.security import (
     HOW_TO_MAKE_A_TOKEN,
     MIN_TOKEN_CHARS,
@@ -56,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_MAX_FAILURES})")
     p.add_argument("--partitions", type=int, default=DEFAULT_TARGET_PARTITIONS,
                    help=f"target partitions per dataset, ≥ 16 per expected worker (default "
-                        f"{DEFAULT_TARGET_PARTITIONS}; capped by the dataset's row groups)")
+                        f"{DEFAULT_TARGET_PARTITIONS}; a dataset of fewer row groups has them cut "
+                        f"into slices of at least {MIN_PARTITION_ROWS} records)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits (for masters spawned by scripts)")
     security = p.add_argument_group(

@@ -4,7 +4,20 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.formats.shards import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
+from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.upload import DEFAULT_MAX_RECORD_BYTES, UploadOptions, upload
+
+
+def rows_per_group(text: str) -> int:
+    """--rows-per-group: a whole number ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows ≥ 1, got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                    metavar="N", help=f"refuse files larger than this (default "
                                      f"{DEFAULT_MAX_RECORD_BYTES:,} bytes)")
+    p.add_argument("--rows-per-group", type=rows_per_group, default=DEFAULT_ROW_GROUP_ROWS,
+                   metavar="N",
+                   help=f"records per Parquet row group (default {DEFAULT_ROW_GROUP_ROWS}; a "
+                        f"group also ends at {DEFAULT_ROW_GROUP_BYTES >> 20} MiB of payload). "
+                        f"A job cuts a dataset into at least {DEFAULT_TARGET_PARTITIONS} "
+                        f"partitions (runs of row groups, or slices of them of at least "
+                        f"{MIN_PARTITION_ROWS} records when there are fewer row groups); "
+                        f"smaller groups make finer partitions that need no slicing, larger "
+                        f"ones fewer, longer sequential reads")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -46,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
         skip_missing=args.skip_missing, overwrite=args.overwrite,
         check_images=args.check_images, comments=not args.no_comments,
-        allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes)
+        allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes,
+        row_group_rows=args.rows_per_group)
     result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:

@@ -1,9 +1,10 @@
 """Parquet shards: how records are laid out in storage.
 
 A shard is one Parquet file of bounded size made of bounded row groups. Row groups are the unit of
-partitioning (a partition is a range of row groups), so their size sets the finest grain at which
-the master can spread work: small enough for many partitions per worker, large enough that one
-read is one efficient sequential request.
+partitioning (a partition is a range of row groups, or a slice of one when a dataset has too few:
+trainfeed.planning.partitions), so their size sets the grain at which the master spreads work
+without slicing: small enough for many partitions per worker, large enough that one read is one
+efficient sequential request.
 """
 from __future__ import annotations
 

@@ -47,7 +47,12 @@ from trainfeed.master.ledger import (
 from trainfeed.master.stores import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, Partition, plan_partitions
+from trainfeed.planning.partitions import (
+    DEFAULT_TARGET_PARTITIONS,
+    Partition,
+    plan_partitions,
+    restored_plan,
+)
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
@@ -209,8 +214,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 logger.warning("job %r: dataset %r was re-uploaded since; starting the job afresh",
                                name, manifest.name)
                 continue
-            partitions = plan_partitions(manifest, state["target_partitions"])
             ledger = Ledger.from_state(state["ledger"])
+            try:  # a job saved before row groups were sliced keeps its partition ids
+                partitions = restored_plan(manifest, state["target_partitions"],
+                                           ledger.num_partitions)
+            except ValueError as e:
+                logger.warning("job %r: %s; starting the job afresh", name, e)
+                continue
             ledger.sizes = tuple(p.num_records for p in partitions)  # before replay: cuts use it
             group = state.get("sync_group")
             ledger.group = (int(group[0]), int(group[1])) if group else None
@@ -485,7 +495,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                        row_group_start=p.row_group_start, row_group_stop=p.row_group_stop,
                        num_records=p.num_records, skip_records=job.ledger.skip(partition),
                        lease=job.ledger.token_of(partition),
-                       stop_records=job.ledger.limits.get(partition, 0))
+                       stop_records=job.ledger.limits.get(partition, 0),
+                       row_start=p.row_start)
 
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,

@@ -14,7 +14,7 @@ from typing import Protocol
 from trainfeed.errors import LostRecordsError
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
 from trainfeed.planning.order import epoch_order
-from trainfeed.planning.partitions import plan_partitions
+from trainfeed.planning.partitions import plan_of_state, plan_partitions
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
@@ -198,7 +198,9 @@ class LocalBackend:
         self.group = group
         self._manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
-        self.partitions = plan_partitions(self.manifest)
+        # A restored reader keeps the plan its state counts in (see plan_of_state).
+        self.partitions = (plan_partitions(self.manifest) if resume is None
+                           else plan_of_state(self.manifest, resume.partitions))
         self.field_names = self.manifest.field_names
         self.seed = seed
         self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
@@ -223,7 +225,7 @@ class LocalBackend:
         return self.folder
 
     def position(self) -> ReaderPosition:
-        return _copy(self._position)
+        return dataclasses.replace(_copy(self._position), partitions=len(self.partitions))
 
     @property
     def read_stats(self) -> ReadStats:
@@ -256,7 +258,7 @@ class LocalBackend:
                         p = self.partitions[index]
                         task = TaskRef(epoch, index, p.shard, p.row_group_start,
                                        p.row_group_stop, p.num_records, skip.get(index, 0),
-                                       stop=stop.get(index, 0))
+                                       stop=stop.get(index, 0), row_start=p.row_start)
                         out.put(LoadedPartition(task, load(reader, task)))
             finally:
                 reader.close()

@@ -46,13 +46,17 @@ class ReaderPosition:
     # Records handed to the trainer in batches this epoch: a synchronous rank's progress toward
     # its quota (trainfeed.reader.world), so that a restored rank takes the rest of it.
     delivered: int = 0
+    # How many partitions the plan that `done` and `positions` name had (local readers; 0 in
+    # states older than sliced partitions, and in distributed ones: the master keeps its plan).
+    partitions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": POSITION_VERSION, "mode": self.mode, "dataset": self.dataset,
                 "job": self.job, "worker": self.worker, "seed": self.seed, "epoch": self.epoch,
                 "finished": self.finished, "done": sorted(self.done),
                 "positions": {str(p): n for p, n in sorted(self.positions.items())},
-                "order": self.order, "delivered": self.delivered}
+                "order": self.order, "delivered": self.delivered,
+                "partitions": self.partitions}
 
     def to_state_dict(self) -> dict[str, Any]:
         """The same as `to_dict()` with fixed keys: `positions` as [partition, count] pairs."""
@@ -82,7 +86,8 @@ class ReaderPosition:
                        finished=bool(state["finished"]), job=str(state.get("job", "")),
                        worker=str(state.get("worker", "")), seed=int(state.get("seed", 0)),
                        order=str(state.get("order", "")),
-                       delivered=int(state.get("delivered", 0)))
+                       delivered=int(state.get("delivered", 0)),
+                       partitions=int(state.get("partitions", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed reader state ({type(e).__name__}: {e})") from e
 

@@ -103,7 +103,7 @@ class OpenJobResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "stop_records")
+    __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "row_start", "stop_records")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Task(_message.Message):
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SKIP_RECORDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    ROW_START_FIELD_NUMBER: _ClassVar[int]
     STOP_RECORDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
@@ -121,8 +122,9 @@ class Task(_message.Message):
     num_records: int
     skip_records: int
     lease: int
+    row_start: int
     stop_records: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ..., lease: _Optional[int] = ..., stop_records: _Optional[int] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., row_group_start: _Optional[int] = ..., row_group_stop: _Optional[int] = ..., num_records: _Optional[int] = ..., skip_records: _Optional[int] = ..., lease: _Optional[int] = ..., row_start: _Optional[int] = ..., stop_records: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("epoch", "partition", "outcome", "reason", "consumed", "lease")

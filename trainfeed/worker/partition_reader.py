@@ -1,4 +1,5 @@
-"""Reading one partition (a row-group range of one shard) from storage into an Arrow table.
+"""Reading one partition (a row-group range of one shard, or a row slice of one row group) from
+storage into an Arrow table.
 
 `read_selected` reads the small columns first and fetches the payloads (file bytes) of only the
 rows a chooser keeps, by byte range, using the shard's payload index (see
@@ -98,21 +99,51 @@ class PartitionReader:
         return parquet
 
     def read(self, shard: str, row_group_start: int, row_group_stop: int,
-             num_records: int) -> pa.Table:
-        """The rows of row groups [start, stop) of `shard`: the `_id` column, then the fields."""
+             num_records: int, row_start: int = 0) -> pa.Table:
+        """Rows [row_start, row_start + num_records) of row groups [start, stop) of `shard`
+        (every row of them, for a partition of whole row groups): the `_id` column, then the
+        fields.
+
+        A slice of a row group (trainfeed.planning.partitions) reads the row group's small
+        columns and fetches the payloads of its own rows alone by byte range (the payload
+        index), so that cutting a row group into k slices does not read its payloads k times;
+        a shard without an index is read whole and cut."""
+        held = self._check_rows(shard, row_group_start, row_group_stop, row_start, num_records)
+        if row_start == 0 and num_records == held:
+            table = self._row_groups(shard, row_group_start, row_group_stop, held, self.columns)
+            self.stats.payload_bytes += self._payload_size(table)
+            return table
+        if not self.binary or self._index(shard) is None:
+            whole = self._row_groups(shard, row_group_start, row_group_stop, held, self.columns)
+            self.stats.payload_bytes += self._payload_size(whole)
+            return whole.slice(row_start, num_records)
+        small = [c for c in self.columns if c not in self.binary]
+        meta = self._row_groups(shard, row_group_start, row_group_stop, held, small)
+        return self._with_payloads(shard, row_group_start, row_group_stop, meta,
+                                   np.arange(row_start, row_start + num_records))
+
+    def _check_rows(self, shard: str, row_group_start: int, row_group_stop: int,
+                    row_start: int, num_records: int) -> int:
+        """How many rows row groups [start, stop) hold (the shard's footer); raises
+        CorruptDatasetError unless they hold the rows the manifest's partition names."""
         parquet = self._shard(shard)
         if row_group_stop > parquet.num_row_groups:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url} has {parquet.num_row_groups} row groups, "
                 f"the manifest promised at least {row_group_stop}")
-        table = self._row_groups(shard, row_group_start, row_group_stop, num_records,
-                                 self.columns)
-        self.stats.payload_bytes += self._payload_size(table)
-        return table
+        held = sum(parquet.metadata.row_group(i).num_rows
+                   for i in range(row_group_start, row_group_stop))
+        if row_start < 0 or row_start + num_records > held:
+            what = (f"says {num_records}" if row_start == 0 else
+                    f"names rows [{row_start}, {row_start + num_records})")
+            raise CorruptDatasetError(
+                f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
+                f"{row_group_stop}) hold {held} rows, the manifest {what}")
+        return held
 
     def _row_groups(self, shard: str, row_group_start: int, row_group_stop: int,
-                    num_records: int, columns: Sequence[str]) -> pa.Table:
-        """`columns` of row groups [start, stop), checked against the manifest's row count."""
+                    num_rows: int, columns: Sequence[str]) -> pa.Table:
+        """`columns` of row groups [start, stop), checked to hold `num_rows` rows."""
         try:
             table = self._shard(shard).read_row_groups(range(row_group_start, row_group_stop),
                                                        columns=list(columns), use_threads=False)
@@ -120,10 +151,10 @@ class PartitionReader:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url}, row groups [{row_group_start}, "
                 f"{row_group_stop}): corrupt data: {e}") from None
-        if table.num_rows != num_records:
+        if table.num_rows != num_rows:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url}: row groups [{row_group_start}, "
-                f"{row_group_stop}) hold {table.num_rows} rows, the manifest says {num_records}")
+                f"{row_group_stop}) hold {table.num_rows} rows, expected {num_rows}")
         return table
 
     def _payload_size(self, table: pa.Table) -> int:
@@ -131,20 +162,31 @@ class PartitionReader:
                    for c in self.binary)
 
     def read_selected(self, shard: str, row_group_start: int, row_group_stop: int,
-                      num_records: int, choose: Chooser) -> pa.Table:
-        """The rows `choose` keeps, with a COPIES_COLUMN of how often to emit each.
+                      num_records: int, choose: Chooser, row_start: int = 0) -> pa.Table:
+        """The rows `choose` keeps of the partition (rows [row_start, row_start + num_records)
+        of row groups [start, stop)), with a COPIES_COLUMN of how often to emit each.
 
         `choose` gets the partition without its binary fields (`_id` and the small columns) and
         returns an int count per row (0: drop). Only the kept rows' payloads are fetched."""
+        held = self._check_rows(shard, row_group_start, row_group_stop, row_start, num_records)
         small = [c for c in self.columns if c not in self.binary]
-        meta = self._row_groups(shard, row_group_start, row_group_stop, num_records, small)
-        copies = np.asarray(choose(meta), dtype=np.int64)
+        meta = self._row_groups(shard, row_group_start, row_group_stop, held, small)
+        copies = np.asarray(choose(meta.slice(row_start, num_records)), dtype=np.int64)
         rows = np.flatnonzero(copies)
+        table = self._with_payloads(shard, row_group_start, row_group_stop, meta,
+                                    row_start + rows)
+        return table.append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
+
+    def _with_payloads(self, shard: str, row_group_start: int, row_group_stop: int,
+                       meta: pa.Table, rows: np.ndarray) -> pa.Table:
+        """Rows `rows` (positions in `meta`, the small columns of row groups [start, stop))
+        with their binary fields: fetched by byte range through the shard's payload index, or,
+        for an older shard without one, read whole."""
         index = self._index(shard)
         if not self.binary:
             payloads = {}
         elif index is None:  # an older shard: its payload columns are read whole
-            whole = self._row_groups(shard, row_group_start, row_group_stop, num_records,
+            whole = self._row_groups(shard, row_group_start, row_group_stop, meta.num_rows,
                                      self.binary)
             self.stats.payload_bytes += self._payload_size(whole)
             payloads = {name: whole.column(name).take(rows) for name in self.binary}
@@ -155,9 +197,12 @@ class PartitionReader:
             payloads = {name: self._fetch(shard, index[first + rows, k], ids)
                         for k, name in enumerate(self.binary)}
         kept = meta.take(rows)
-        table = pa.table({c: payloads[c] if c in payloads else kept.column(c)
-                          for c in self.columns})
-        return table.append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
+        # The shard's own schema (non-null fields), as a whole read has: a pass concatenates
+        # slices with whole row groups.
+        schema = self._shard(shard).schema_arrow
+        return pa.Table.from_arrays(
+            [payloads[c] if c in payloads else kept.column(c) for c in self.columns],
+            schema=pa.schema([schema.field(c) for c in self.columns]))
 
     def read_sql(self, bucket: int, buckets: int) -> pa.Table:
         """One hash bucket of a SQL dataset's query, run on its database by this worker, sorted
@@ -260,7 +305,7 @@ def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None)
         table = (reader.read_sql(task.row_group_start, task.row_group_stop)
                  if task.shard == SQL_SHARD else
                  reader.read(task.shard, task.row_group_start, task.row_group_stop,
-                             task.num_records))
+                             task.num_records, task.row_start))
         if task.stop:
             return table.slice(task.skip, max(0, task.stop - task.skip))
         return table.slice(task.skip) if task.skip else table
@@ -275,4 +320,4 @@ def read_task(reader: PartitionReader, task: TaskRef, selector: Selector | None)
         rows = np.flatnonzero(copies)
         return table.take(rows).append_column(COPIES_COLUMN, pa.array(copies[rows], pa.int64()))
     return reader.read_selected(task.shard, task.row_group_start, task.row_group_stop,
-                                task.num_records, choose)
+                                task.num_records, choose, task.row_start)

@@ -52,6 +52,10 @@ class TaskRef:
     # earlier holder or before a checkpoint.
     skip: int = 0
     lease: int = 0  # the master's fencing token of this lease (0: local, no master)
+    # A slice of a row group (trainfeed.planning.partitions): the partition is rows
+    # [row_start, row_start + num_records) counted from the start of row group
+    # `row_group_start`; `skip` counts from the partition's first record, not the group's.
+    row_start: int = 0
     # Records (in delivery order, counted like `skip`) after which this task delivers nothing:
     # a synchronous epoch's cut, or a rank's quota ending inside the partition. 0: none.
     stop: int = 0

@@ -533,7 +533,7 @@ class WorkerSession:
                 for t in response.tasks:
                     task = self._keep(TaskRef(t.epoch, t.partition, t.shard, t.row_group_start,
                                               t.row_group_stop, t.num_records, t.skip_records,
-                                              t.lease, t.stop_records,
+                                              t.lease, stop=t.stop_records,
                                               row_start=t.row_start))
                     try:
                         # Minus what an earlier holder's trainer already got (task.skip).

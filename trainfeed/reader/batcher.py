@@ -257,6 +257,7 @@ class Acknowledger:
         self.parts: dict[int, LoadedPartition] = {}
         self.handed: dict[int, int] = {}
         self.left: dict[int, int] = {}
+        self.forgotten: set[int] = set()  # slots whose lease was lost: their rows are dropped
 
     def enter(self, entered: list[tuple[int, LoadedPartition, int]]) -> None:
         for slot, part, units in entered:
@@ -283,7 +284,9 @@ class Acknowledger:
             part = self.parts.pop(slot)
             del self.handed[slot], self.left[slot]
             self.stream.forget(part)
-        return lost
+        self.forgotten |= lost
+        # A partition spans pieces: its rows in later ones are dropped too.
+        return lost | {slot for slot, _ in piece.runs if slot in self.forgotten}
 
     def hand(self, counts: dict[int, int]) -> None:
         """The trainer is about to get these records: from now on `state()` counts them."""

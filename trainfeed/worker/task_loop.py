@@ -274,6 +274,10 @@ class WorkerSession:
         partition already loaded is dropped when the consumer meets it (as a revoked one)."""
         given: list[pb.TaskReport] = []
         with self._cond:
+            if self._need is not None:
+                # A synchronous rank leases no more than its quota: nobody needs its leases
+                # (and a partition given back would leave it short).
+                return
             for t in asked:
                 key = (t.epoch, t.partition)
                 if self._held.get(key) != t.lease or key in self._started:
@@ -289,9 +293,9 @@ class WorkerSession:
             logger.info("handed %d unstarted lease(s) back for an idle reader", len(given))
 
     def claim(self, task: TaskRef) -> bool:
-        """The trainer is about to get records of `task`: from now on its lease is never given
-        back. Returns True instead if the lease was lost (revoked, or given back before): its
-        records must then be dropped (see `lease_lost`)."""
+        """The consumer takes `task`'s loaded partition into its batch buffer: from now on its
+        lease is never given back. Returns True instead if the lease was lost (revoked, or
+        given back before): its records must then be dropped (see `lease_lost`)."""
         if self.lease_lost(task):
             return True
         with self._cond:

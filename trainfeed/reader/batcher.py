@@ -94,8 +94,8 @@ def partition_loader(selector: Selector | None, shuffle_seed: int | None) -> Loa
         return plain_load
 
     def load(reader: PartitionReader, task: TaskRef) -> pa.Table:
-        # The skip is counted in delivery order: read the whole partition, then drop it.
-        table = read_task(reader, dataclasses.replace(task, skip=0), selector)
+        # Skip and stop count in delivery order: read the whole partition, then cut it.
+        table = read_task(reader, dataclasses.replace(task, skip=0, stop=0), selector)
         rows = np.arange(table.num_rows)
         if COPIES_COLUMN in table.column_names:
             rows = np.repeat(rows, table.column(COPIES_COLUMN).to_numpy())

@@ -434,8 +434,10 @@ class WorkerSession:
                 if self.error is not None:
                     raise self.error
                 if quota is not None and self._need is not None and self._need <= 0:
-                    # A synchronous rank has leased its quota: the pass ends once the trainer
-                    # had all of it (its last batch is full: the quota is whole batches).
+                    # A synchronous rank has leased (and loaded) its quota: the consumer cuts
+                    # what it buffers into batches (whole ones: the quota is whole batches, and
+                    # every batch before was whole), and the pass ends once the trainer had all.
+                    out.flush()
                     self._wait_acknowledged(float("inf"), abandoned=lambda: out.stopping)
                     with self._cond:
                         need = self._need

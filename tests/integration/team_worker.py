@@ -3,8 +3,10 @@
 It waits until `--start-at` (a wall-clock time, so that several processes start within a known
 spread whatever their import time), reads `--epochs` passes of the dataset the way a training
 script does, "trains" `--delay` seconds per batch, and appends one JSON line per batch to
-`--out`, flushed at once: {"pass": k, "epoch": e, "ids": [...], "t0": start, "t1": end}, and
-{"pass": k, "epoch": e, "end": true, "t": ...} after each pass.
+`--out`, flushed at once: {"pass": k, "epoch": e, "ids": [...], "t0": asked, "got": received,
+"t1": trained} (wall-clock times: the batch was asked for, arrived, and its step ended), and
+{"pass": k, "epoch": e, "end": true, "t": ...} after each pass. With `--go-file` it starts once
+that file exists instead (after importing and building its reader: a joiner ready to go).
 
 `--sync`: a synchronous rank (`dist.reader(..., sync=True)`; WORLD_SIZE/RANK from the
 environment). `--ddp`: also joins a torch.distributed gloo group (MASTER_ADDR/MASTER_PORT, as
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -30,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' a batch")
     parser.add_argument("--start-at", type=float, default=0.0, help="wall-clock start time")
+    parser.add_argument("--go-file", help="start once this file exists")
     parser.add_argument("--sync", action="store_true")
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--torch", action="store_true", help="iterate reader.as_torch()")
@@ -44,6 +48,8 @@ def main() -> None:
     reader = dist.reader(args.dataset, batch_size=args.batch, sync=args.sync,
                          **({"shuffle_buffer": 4 * args.batch} if args.sync else {}))
     time.sleep(max(0.0, args.start_at - time.time()))
+    while args.go_file and not os.path.exists(args.go_file):
+        time.sleep(0.01)
     with open(args.out, "a") as out:
         def write(line: dict[str, Any]) -> None:
             out.write(json.dumps(line) + "\n")
@@ -57,6 +63,7 @@ def main() -> None:
             steps = 0
             t0 = time.time()
             for b in batches:
+                got = time.time()
                 ids = b["_id"].tolist()
                 time.sleep(args.delay)
                 if group is not None:
@@ -64,7 +71,8 @@ def main() -> None:
                     group.all_reduce(total)  # a rank without a batch would hang here
                     assert int(total.item()) == len(ids) * group.get_world_size(), total
                 t1 = time.time()
-                write({"pass": k, "epoch": reader.epoch, "ids": ids, "t0": t0, "t1": t1})
+                write({"pass": k, "epoch": reader.epoch, "ids": ids, "t0": t0, "got": got,
+                       "t1": t1})
                 t0 = t1
                 steps += 1
             write({"pass": k, "epoch": reader.epoch, "end": True, "t": time.time(),

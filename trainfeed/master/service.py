@@ -457,6 +457,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if not unstarted:
                 continue
             chosen = unstarted[len(unstarted) // 2:]
+            logger.debug("job %r: %s is idle; asking %s to give back %s", job.name, thief,
+                         victim, chosen)
             asks = job.give_back.setdefault(victim, [])
             for p in chosen:
                 job.asked_back[p] = now

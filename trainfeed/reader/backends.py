@@ -72,9 +72,10 @@ class PassStream(Protocol):
         ...
 
     def lost(self, part: LoadedPartition) -> bool:
-        """The master took `part`'s lease away: its rows not yet handed to the trainer must be
-        dropped (another reader delivers them). May block on a heartbeat (see
-        WorkerSession.lease_lost)."""
+        """The master took `part`'s lease away (or it was given back to an idle reader): its
+        rows not yet handed to the trainer must be dropped (another reader delivers them).
+        Otherwise the lease is claimed: the trainer is about to get its rows, and from now on it
+        is never given back. May block on a heartbeat (see WorkerSession.lease_lost)."""
         ...
 
     def forget(self, part: LoadedPartition) -> None:
@@ -143,9 +144,7 @@ class _Pass:
 
     def __iter__(self) -> Iterator[LoadedPartition | None]:
         for part in self._stream:
-            # Revoked or given back: drop it whole. Else the batcher takes it from here on, and
-            # its lease is never given back (some of its rows may reach the trainer any time).
-            if part is not None and self._on_claim(part.task):
+            if part is not None and self._on_lost(part.task):  # revoked or given back: drop
                 self._stream.release(part)
                 self._on_consumed(part.task)  # (the session sends no report for it)
                 continue
@@ -165,7 +164,7 @@ class _Pass:
         self._stream.release(part)
 
     def lost(self, part: LoadedPartition) -> bool:
-        return self._on_lost(part.task)
+        return self._on_claim(part.task)
 
     def forget(self, part: LoadedPartition) -> None:
         self._position.positions.pop(part.task.partition, None)

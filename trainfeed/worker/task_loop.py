@@ -293,9 +293,10 @@ class WorkerSession:
             logger.info("handed %d unstarted lease(s) back for an idle reader", len(given))
 
     def claim(self, task: TaskRef) -> bool:
-        """The consumer takes `task`'s loaded partition into its batch buffer: from now on its
-        lease is never given back. Returns True instead if the lease was lost (revoked, or
-        given back before): its records must then be dropped (see `lease_lost`)."""
+        """The trainer is about to get records of `task`: from now on its lease is never given
+        back. Returns True instead if the lease was lost (revoked, or given back before): its
+        records must then be dropped, also those already in the batch buffer (see
+        `lease_lost`)."""
         if self.lease_lost(task):
             return True
         with self._cond:

@@ -160,7 +160,7 @@ def test_work_stealing_finishes_readers_of_unequal_speed_near_the_ideal_time(
     reader ever waiting for input; the epoch runs from its first batch to its last step's end."""
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
     env = master_env(team_master, "steal")
-    batch, fast = 10, 0.04  # 250 records/s; the slow one 83: the ideal epoch is 5.1 s
+    batch, fast = 10, 0.08  # 125 records/s; the slow one 42: the ideal epoch is 10.3 s
     delays = [fast, fast, 3 * fast]
     begin = time.time() + 8
     procs = [start(out, env, "--epochs", "2", "--batch", str(batch), "--delay", str(delay),

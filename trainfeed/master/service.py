@@ -156,6 +156,7 @@ class Job:
     # next call; and when each partition was last asked back (not state: a restart forgets).
     give_back: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
     asked_back: dict[int, float] = field(default_factory=dict)
+    asked_epoch: int = -1  # the epoch `asked_back` is of
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -449,6 +450,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         every STEAL_POLL_S, see trainfeed.worker.task_loop), and what they hand back wakes the
         thief's long-poll."""
         ledger = job.ledger
+        if job.asked_epoch != ledger.epoch:
+            job.asked_back.clear()
+            job.asked_epoch = ledger.epoch
         for victim in list(ledger.by_worker):
             if victim == thief:
                 continue

@@ -47,7 +47,7 @@ COALESCE_S = 0.05
 PROGRESS_INTERVAL_S = 1.0
 # A reader holding leases it has not started calls the master at least this often, so that a
 # give_back (work stealing, issue 13) reaches it within about this long.
-STEAL_POLL_S = 0.5
+STEAL_POLL_S = 0.25
 # Lease depth follows consumption: a reader holds leases for about this many seconds of what its
 # trainer consumes (measured over the last LEASE_RATE_WINDOW partitions), at least MIN_LEASES,
 # so that it never sits on work another reader could start now.

@@ -170,3 +170,17 @@ def test_cluster_api_down_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main(["delete", "resnet"]) == 2  # the server is gone now
     err = capsys.readouterr().err
     assert f"cannot reach the Kubernetes API at {url}" in err
+
+
+def test_a_synchronous_job_is_submitted_with_its_service_refuses_scaling_and_deletes_whole(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    submit = [*SUBMIT]
+    submit.insert(submit.index("--"), "--sync")
+    assert main(submit) == 0
+    assert set(kube.objects("services", NS)) == {"resnet-master", "resnet-workers"}
+    assert main(["scale", "resnet", "--workers", "5"]) == 2
+    assert "is synchronous: its world size is fixed" in capsys.readouterr().err
+    assert kube.objects("jobs", NS)["resnet-workers"]["spec"]["parallelism"] == 2
+    assert main(["delete", "resnet"]) == 0
+    assert "Service/resnet-workers" in capsys.readouterr().out
+    assert kube.objects("services", NS) == {}

@@ -36,6 +36,7 @@ DRY_RUNS = {
                   "--node-selector", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
                   "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "spot=yes",
                   "--master-image", "trainfeed:0.1.0"],
+    "synchronous ranks": ["--storage-pvc", "datasets", "--sync", "--rendezvous-port", "29400"],
 }
 
 
@@ -116,8 +117,9 @@ def test_submit_dry_run_output_validates(flags: list[str], tmp_path: Path) -> No
              "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")})
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    sync = ["Service"] if "--sync" in flags else []  # the ranks' headless Service
     assert [d["kind"] for d in docs] == ["Secret", "PersistentVolumeClaim", "Service",
-                                         "Deployment", "Job"]
+                                         "Deployment", *sync, "Job"]
     for doc in docs:
         validate(doc, "submit --dry-run " + " ".join(flags))
     job = docs[-1]["spec"]["template"]["spec"]["containers"][0]

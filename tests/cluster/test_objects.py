@@ -171,3 +171,41 @@ def test_pods_run_as_non_root_without_privileges_or_api_token(kind: str) -> None
     container = spec["containers"][0]["securityContext"]
     assert container["allowPrivilegeEscalation"] is False
     assert container["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_synchronous_job_wires_its_ranks_through_a_headless_service() -> None:
+    objs = job_objects(JobSpec(name="resnet", image="i", workers=4, dataset="d",
+                               command=("torchrun", "train.py"), storage_pvc="p", sync=True,
+                               rendezvous_port=29400), TOKEN)
+    assert [o["kind"] for o in objs] == ["Secret", "PersistentVolumeClaim", "Service",
+                                         "Deployment", "Service", "Job"]
+    service, job = objs[4], objs[5]
+    assert service["metadata"]["name"] == job["metadata"]["name"] == "resnet-workers"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()  # the worker pods
+    assert service["spec"]["ports"][0]["port"] == 29400
+    spec = pod(job)
+    assert spec["subdomain"] == "resnet-workers"
+    env = env_of(spec["containers"][0])
+    index = {"fieldRef": {"fieldPath":
+                          "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["WORLD_SIZE"] == "4" and env["RANK"] == index and env["NODE_RANK"] == index
+    assert env["NNODES"] == "4"
+    assert env["MASTER_ADDR"] == "resnet-workers-0.resnet-workers"  # pod 0, through the Service
+    assert env["MASTER_PORT"] == "29400"
+    assert job["metadata"]["labels"]["trainfeed.io/sync"] == "true"
+    assert spec["containers"][0]["ports"] == [
+        {"name": "rendezvous", "containerPort": 29400, "protocol": "TCP"}]
+
+
+def test_an_elastic_job_has_no_rank_wiring() -> None:
+    env = env_of(pod(build()["Job"])["containers"][0])
+    assert not {"WORLD_SIZE", "RANK", "MASTER_ADDR"} & set(env)
+    assert "subdomain" not in pod(build()["Job"])
+
+
+def test_a_bad_rendezvous_port_is_refused() -> None:
+    with pytest.raises(ValueError, match="--rendezvous-port must be a TCP port"):
+        JobSpec(name="a", image="i", workers=1, dataset="d", command=("x",), storage_pvc="p",
+                sync=True, rendezvous_port=70000)

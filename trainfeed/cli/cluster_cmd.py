@@ -86,6 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-worker", metavar="Q", help="CPU request per worker, e.g. 8")
     p.add_argument("--memory-per-worker", metavar="Q",
                    help="memory request and limit per worker, e.g. 32Gi")
+    p.add_argument("--sync", action="store_true",
+                   help="synchronous training (DDP/torchrun, Horovod): the workers are ranks of "
+                        "one group; each pod gets WORLD_SIZE, RANK (its completion index), "
+                        "MASTER_ADDR (pod 0, through a headless Service), MASTER_PORT, and "
+                        "NNODES/NODE_RANK for torchrun; the script reads with "
+                        "dist.reader(..., sync=True). Not scalable afterwards")
+    p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
+                   help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the objects as YAML (token included: treat it as a secret) and "
                         "touch no cluster")
@@ -139,7 +147,8 @@ def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
             master_image=args.master_image,
             node_selector=parse_node_selector(args.node_selector),
             tolerations=tuple(Toleration.parse(t) for t in args.toleration),
-            cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker)
+            cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker,
+            sync=args.sync, rendezvous_port=args.rendezvous_port)
     except TrainfeedError:
         raise
     except ValueError as e:

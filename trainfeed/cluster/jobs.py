@@ -112,6 +112,10 @@ class Cluster:
                                f"-p '{{\"spec\":{{\"suspend\":true}}}}')")
         current = self.read_workers(job)
         spec, status = current.get("spec", {}), current.get("status", {})
+        if (current.get("metadata", {}).get("labels") or {}).get("trainfeed.io/sync") == "true":
+            raise ClusterError(f"job {job!r} is synchronous: its world size is fixed at submit "
+                               f"(every rank's WORLD_SIZE); submit it again with --workers "
+                               f"{workers}, resuming from the ranks' reader.state_dict()")
         finished = [c["type"] for c in status.get("conditions") or ()
                     if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"]
         if finished:

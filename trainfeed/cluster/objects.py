@@ -195,6 +195,42 @@ def _worker_resources(spec: JobSpec) -> Obj:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
+# The annotation an Indexed Job puts on each pod: its completion index, 0..workers-1.
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+SYNC_LABEL = "trainfeed.io/sync"
+
+
+def _sync_env(spec: JobSpec) -> list[Obj]:
+    """What torch.distributed (env://, torchrun) and `dist.reader(..., sync=True)` need in a
+    synchronous job's pods: the group's size, this pod's rank (its completion index, through a
+    fieldRef: valid in every container, unlike a variable reference into a variable the
+    controller adds), and the rendezvous: pod 0 through the headless Service. NNODES/NODE_RANK
+    are for a pod running several ranks itself (`torchrun --nnodes $NNODES --node-rank
+    $NODE_RANK --nproc-per-node G`), where torchrun sets each process's own RANK/WORLD_SIZE."""
+    index = {"valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
+    workers = spec.names.workers
+    return [
+        {"name": settings.WORLD_SIZE.name, "value": str(spec.workers)},
+        {"name": settings.RANK.name, **index},
+        {"name": "NNODES", "value": str(spec.workers)},
+        {"name": "NODE_RANK", **index},
+        {"name": "MASTER_ADDR", "value": f"{workers}-0.{workers}"},
+        {"name": "MASTER_PORT", "value": str(spec.rendezvous_port)},
+    ]
+
+
+def workers_service(spec: JobSpec) -> Obj:
+    """A synchronous job's headless Service: gives each worker pod the DNS name
+    `<workers>-<index>.<workers>` (the pods' subdomain), so that rank 0 is the rendezvous.
+    Published before the pods are ready: the ranks rendezvous before any readiness."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(spec, spec.names.workers, "workers"),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": selector_labels(spec.name, "workers"),
+                     "ports": [{"name": "rendezvous", "port": spec.rendezvous_port,
+                                "targetPort": spec.rendezvous_port, "protocol": "TCP"}]}}
+
+
 def workers_job(spec: JobSpec) -> Obj:
     data_volumes, data_mounts = _data_volume(spec)
     env = [
@@ -207,6 +243,7 @@ def workers_job(spec: JobSpec) -> Obj:
         {"name": settings.GPUS.name, "value": str(spec.gpus_per_worker)},
         {"name": settings.WORKER_NAME.name, "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.name"}}},
+        *(_sync_env(spec) if spec.sync else []),
     ]
     container: Obj = {
         "name": "worker",
@@ -233,9 +270,15 @@ def workers_job(spec: JobSpec) -> Obj:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.to_dict() for t in spec.tolerations]
+    metadata = _meta(spec, spec.names.workers, "workers")
+    if spec.sync:
+        pod_spec["subdomain"] = spec.names.workers
+        container["ports"] = [{"name": "rendezvous", "containerPort": spec.rendezvous_port,
+                               "protocol": "TCP"}]
+        metadata["labels"][SYNC_LABEL] = "true"
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": _meta(spec, spec.names.workers, "workers"),
+        "metadata": metadata,
         "spec": {
             # Indexed, with completions == parallelism: `trainfeed scale` changes both (elastic
             # Indexed Jobs, Kubernetes >= 1.27); each index runs the training script once.
@@ -250,6 +293,7 @@ def workers_job(spec: JobSpec) -> Obj:
 
 def job_objects(spec: JobSpec, token: str) -> list[Obj]:
     """Every object of the job, in the order they are created: what a pod refers to first."""
+    sync = [workers_service(spec)] if spec.sync else []
     return [token_secret(spec, token), state_claim(spec), master_service(spec),
-            master_deployment(spec), workers_job(spec)]
+            master_deployment(spec), *sync, workers_job(spec)]
 

@@ -160,6 +160,11 @@ class JobSpec:
     # A SQLite ledger of a few jobs takes kilobytes; 1Gi is the smallest size most
     # provisioners hand out.
     state_size: str = "1Gi"
+    # Synchronous (all-reduce) training: the workers are ranks of one torch.distributed group,
+    # wired through a headless Service (trainfeed.cluster.objects.workers_service).
+    sync: bool = False
+    # torch.distributed's default rendezvous port (torchrun's --master-port).
+    rendezvous_port: int = 29500
 
     def __post_init__(self) -> None:
         validate_cluster_job_name(self.name)
@@ -176,6 +181,9 @@ class JobSpec:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.gpus_per_worker < 0:
             raise ValueError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
+        if not 1 <= self.rendezvous_port <= 65535:
+            raise ValueError(f"--rendezvous-port must be a TCP port (1-65535), got "
+                             f"{self.rendezvous_port}")
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")

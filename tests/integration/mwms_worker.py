@@ -4,8 +4,9 @@ and this task, and `dist.reader(..., sync=True)` takes its world size and rank f
 
 It trains a small Keras model for `--epochs` epochs on the reader's batches through
 `as_tf_dataset` (each worker's batches are its replica's: `distribute_datasets_from_function`,
-no auto-sharding), in a custom loop: Keras 3's `fit` takes no per-replica dataset and writes to `--out` one JSON object: the steps Keras ran per epoch, the ids
-of every batch the reader handed over per pass, and the loss history.
+no auto-sharding), in a custom loop (Keras 3's `fit` takes no per-replica dataset), and writes
+to `--out` one JSON object: the steps run per epoch, the ids of every batch the reader handed over
+per pass, and the loss history.
 """
 from __future__ import annotations
 

@@ -478,12 +478,12 @@ class WorkerSession:
                 reports = self.drain_reports()
                 started = time.monotonic()
                 with self._cond:
-                    need = self._need
+                    still = self._need
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
                                                      LONG_POLL_MS if long_poll else 0,
                                                      reports, held=self._held_now(),
-                                                     max_records=max(0, need or 0))
+                                                     max_records=max(0, still or 0))
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports

@@ -77,6 +77,7 @@ def test_a_budget_counts_what_is_left_of_a_partition() -> None:
     ([7, 5, 9, 3, 6], 3, 2),     # 30 records, keep 30: nothing dropped
     ([10, 10, 10], 1, 7),        # 30 records, keep 28
     ([1, 1, 1, 1, 1, 20], 2, 3),  # a whole tail of partitions past the cut
+    ([5, 5, 5, 5, 5, 5], 4, 2),  # 30 records, keep 24: a partition cut and one dropped whole
 ])
 def test_a_synchronous_epoch_keeps_whole_steps_for_every_rank(sizes: list[int], world: int,
                                                              batch: int) -> None:
@@ -93,6 +94,7 @@ def test_a_synchronous_epoch_keeps_whole_steps_for_every_rank(sizes: list[int], 
     for p in order:
         if seen + sizes[p] <= keep:
             assert ledger.deliverable(p) == sizes[p] and p not in ledger.done
+            assert p not in ledger.limits  # a partition that ends at the cut is whole
         elif seen < keep:
             assert ledger.limits[p] == keep - seen
         else:
@@ -131,9 +133,10 @@ def test_a_group_cuts_the_current_epoch_only_while_nobody_touched_it() -> None:
 
 
 def test_synchronous_cuts_replay_and_restore_exactly() -> None:
-    ledger = sized([6, 6, 6, 6], seed=1)
+    ledger = sized([6, 6, 6, 7, 6], seed=1)
     snapshot = ledger.state()
-    ledger.set_group((3, 2))  # 24 records: keep 24 — then change to keep 12
+    ledger.set_group((3, 2))  # 31 records: keep 30, one cut
+    assert ledger.limits and ledger.dropped == 1
     ledger.lease("a", 0, 9, 0.0, T, max_records=3)
     ops = ledger.take_journal()
     replayed = Ledger.from_state(snapshot)
@@ -149,3 +152,40 @@ def test_a_group_without_sizes_keeps_everything() -> None:
     ledger = Ledger(3)
     assert ledger.keep_for((2, 2)) is None
     assert ledger.lease("a", 0, 5, 0.0, T, max_records=1).status is LeaseStatus.TASKS
+
+
+def test_released_progress_counts_from_zero_and_only_moves_forward() -> None:
+    ledger = sized([10, 10])
+    p = ledger.lease("a", 0, 1, 0.0, T).partitions[0]
+    assert ledger.report_released(0, p, 1, "a")
+    assert ledger.skip(p) == 1  # one record is progress, from a partition with none
+    ledger.lease("b", 0, 1, 0.0, T)
+    assert ledger.report_released(0, p, 1, "b")  # the same count: not b's progress
+    assert ledger.progress_by[p] == "a"
+    ledger.lease("c", 0, 1, 0.0, T)
+    assert ledger.report_released(0, p, 10, "c")
+    assert ledger.remaining(p) == 0
+
+
+def test_budgets_stop_at_the_task_cap_and_at_an_exact_cover() -> None:
+    ledger = sized([4, 4, 4, 4, 4])
+    assert len(ledger.lease("a", 0, 2, 0.0, T, max_records=1000).partitions) == 2
+    assert len(ledger.lease("b", 0, 9, 0.0, T, max_records=4).partitions) == 1
+    assert len(ledger.lease("c", 0, 9, 0.0, T, max_records=5).partitions) == 2
+
+
+def test_without_sizes_nothing_is_deliverable_and_nobody_holds_nothing() -> None:
+    ledger = Ledger(3)
+    assert ledger.deliverable(0) == 0 and ledger.remaining(0) == 0
+    assert ledger.unstarted("nobody") == []
+    assert not ledger.set_group(None)  # already not synchronous
+
+
+def test_an_asynchronous_rollover_journals_a_plain_epoch_op() -> None:
+    ledger = sized([2, 2])
+    for p in ledger.lease("a", 0, 2, 0.0, T).partitions:
+        ledger.report_done(0, p, "a")
+    ledger.take_journal()
+    ledger.lease("a", 1, 1, 0.0, T)
+    assert ledger.take_journal()[0] == ["E", 1]
+    assert ledger.keep is None and ledger.limits == {}

@@ -144,6 +144,7 @@ class Ledger:
 
     def _cut(self, keep: int) -> None:
         """Drops what a synchronous epoch does not deliver: past `keep` records in its order."""
+        # mutmut: the message's text is equivalent (an assert on the servicer's own setup).
         assert self.sizes is not None, "a synchronous epoch needs the partition sizes"
         self.keep = keep
         total = 0
@@ -266,8 +267,7 @@ class Ledger:
         self._apply(["P", partition, consumed, worker] if worker else ["P", partition, consumed])
         return True
 
-    def report_released(self, epoch: int, partition: int, consumed: int,
-                        worker: str = "") -> bool:
+    def report_released(self, epoch: int, partition: int, consumed: int, worker: str) -> bool:
         """`worker` hands back its pending lease of `partition`, `consumed` records of which its
         trainer has (or will have: a synchronous rank's kept part) had: the rest goes to the front
         of todo. Returns whether anything changed."""
@@ -398,7 +398,7 @@ class Ledger:
             for partition in taken:
                 self.todo.remove(partition)  # the front of todo: O(1) for a deque
                 self.pending[partition] = worker
-                held[partition] = None
+                held[partition] = None  # mutmut: any value is equivalent (an ordered set)
                 self._fence(partition, worker)
         elif kind == "D":
             partition = op[1]
@@ -457,7 +457,8 @@ class Ledger:
 
     def token_of(self, partition: int) -> int:
         """The fencing token of the latest lease of `partition` this epoch (0: never leased)."""
-        return self.leases.get(partition, ("", 0))[1]
+        lease = self.leases.get(partition)
+        return lease[1] if lease is not None else 0
 
     def check_report(self, worker: str, epoch: int, partition: int, token: int,
                      outcome: Outcome) -> Verdict:
@@ -474,6 +475,7 @@ class Ledger:
         """
         if not 0 <= partition < self.num_partitions or not 0 <= epoch <= self.epoch:
             return Verdict.INVALID
+        # mutmut: `token < 0` is equivalent: no lease has token 0 (tokens start at 1).
         if epoch != self.epoch or token <= 0 or self.leases.get(partition) != (worker, token):
             return Verdict.REFUSE
         if self.pending.get(partition) == worker:
@@ -501,7 +503,7 @@ class Ledger:
     def replay(self, ops: Iterable[list[Any]]) -> None:
         """Re-applies journaled ops on top of a restored snapshot (not journaled again)."""
         for op in ops:
-            self._apply(op, record=False)
+            self._apply(op, record=False)  # mutmut: record=None is equivalent (falsy)
 
     # -- the state contract ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -534,6 +536,7 @@ class Ledger:
         for p, holder in state["pending"].items():
             worker = holder[0] if version == 1 else holder  # v1: [worker, deadline]
             ledger.pending[int(p)] = worker
+            # mutmut: any value is equivalent (by_worker's dicts are ordered sets).
             ledger.by_worker.setdefault(worker, {})[int(p)] = None
         done = state["done"]
         ledger.done = ({int(p): "" for p in done} if version == 1

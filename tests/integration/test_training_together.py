@@ -10,18 +10,21 @@
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trainfeed import dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
@@ -248,3 +251,42 @@ def test_sync_ranks_under_torchrun(team_master: MasterProcess, tmp_path: Path) -
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_sync([Path(f"{out}{rank}") for rank in range(3)], 2, 50)
+
+
+def _ids(batches: Any) -> list[int]:
+    return [i for b in batches for i in b["_id"].tolist()]
+
+
+def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
+        storage: str) -> None:
+    """2 ranks (run one after the other: nothing here all-reduces) checkpoint after 2 batches,
+    crash, and are restored from their state_dict(): the epoch's 100 records come exactly once.
+    Then, from states saved at the end of epoch 1, a group of 1 reads epoch 2 whole."""
+    with MasterProcess(storage) as master:
+        job = f"sync-{uuid.uuid4().hex[:8]}"
+
+        def rank(r: int, world: int = 2, state: dict[str, Any] | None = None) -> Any:
+            return dist.reader("flowers", master=master.address, job=job, sync=True,
+                               world_size=world, rank=r, batch_size=10, state=state)
+
+        readers = [rank(0), rank(1)]
+        iters = [iter(reader()) for reader in readers]
+        before = [_ids(itertools.islice(it, 2)) for it in iters]
+        states = [reader.state_dict() for reader in readers]
+        _ids(itertools.islice(iters[0], 1))  # consumed after the checkpoint: lost with the model
+        for reader in readers:  # killed: the master hears nothing more
+            reader.backend.client.close()
+        restored = [rank(r, state=states[r]) for r in range(2)]
+        after = [_ids(reader()) for reader in restored]
+        assert [len(b) + len(a) for b, a in zip(before, after)] == [50, 50]
+        assert sorted(i for ids in before + after for i in ids) == list(range(100))
+        # Epoch 1 by the same group, its states saved at the end; then a group of one.
+        assert all(len(_ids(reader())) == 50 for reader in restored)
+        ends = [reader.state_dict() for reader in restored]
+        for reader in restored:
+            reader.close()
+        alone = rank(0, world=1, state=ends[0])
+        assert alone.steps_per_epoch == 10
+        epoch2 = _ids(alone())
+        assert alone.epoch == 2 and sorted(epoch2) == list(range(100))
+        alone.close()

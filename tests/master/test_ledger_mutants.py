@@ -46,8 +46,8 @@ def test_whose_progress_it_is_goes_with_done_failed_and_rewound_partitions() -> 
     ledger.report_done(0, p, "a")
     ledger.report_failed(0, q, "bad")
     assert set(ledger.progress_by) == {r}
-    ledger.rewind(0, "a", keep_done=[p], positions={r: 1})
-    assert ledger.progress_by == {} and ledger.skip(r) == 1  # a rewind's progress is nobody's
+    ledger.rewind(0, "a", keep_done=[p], positions={r: 5})  # 5: no partition's id
+    assert ledger.progress_by == {} and ledger.skip(r) == 5  # a rewind's progress is nobody's
 
 
 def test_version_2_and_3_states_restore_with_tokens() -> None:

@@ -129,3 +129,54 @@ def test_a_job_saved_before_slices_is_restored_with_its_own_plan() -> None:
 def test_the_target_must_be_positive() -> None:
     with pytest.raises(ValueError, match="target partitions must be ≥ 1, got 0"):
         plan_partitions(manifest_of([[10]]), 0)
+
+
+def test_a_sql_dataset_s_partitions_are_its_buckets() -> None:
+    from dataclasses import replace
+
+    from trainfeed.formats.manifest import SQL_KIND
+    from trainfeed.planning.partitions import SQL_SHARD
+
+    manifest = replace(manifest_of([[5]]), kind=SQL_KIND,
+                       extra={"sql": {"num_partitions": 3}})
+    assert plan_partitions(manifest, 64) == tuple(
+        Partition(m, SQL_SHARD, m, 3, 0, 0) for m in range(3))
+
+
+def test_exactly_target_row_groups_keep_the_whole_row_group_plan() -> None:
+    manifest = manifest_of([[100] * 4])
+    assert plan_partitions(manifest, 4) == whole_row_group_plan(manifest, 4)
+    assert all(p.row_start == 0 and p.num_records == 100 for p in plan_partitions(manifest, 4))
+
+
+def test_slice_bytes_are_whole_numbers_that_add_up() -> None:
+    manifest = manifest_of([[50, 7]])  # 3 bytes a row; 50 rows cut into slices
+    parts = plan_partitions(manifest, 8)
+    assert all(type(p.num_bytes) is int for p in parts)
+    assert sum(p.num_bytes for p in parts) == manifest.num_bytes
+    assert [p.num_bytes for p in parts if p.row_group_start == 0] == [
+        3 * p.num_records for p in parts if p.row_group_start == 0]
+
+
+def test_a_local_state_keeps_the_plan_it_counts_in() -> None:
+    from trainfeed.planning.partitions import plan_of_state
+
+    manifest = manifest_of([[40] * 4])  # 4 row groups: sliced for a target of 16
+    sliced, whole = plan_partitions(manifest, 16), whole_row_group_plan(manifest, 16)
+    assert len(sliced) == 16 and len(whole) == 4
+    assert plan_of_state(manifest, 16, 16) == sliced
+    assert plan_of_state(manifest, 0, 16) == whole  # a state from before slices: whole groups
+    assert plan_of_state(manifest, 4, 16) == whole
+    assert plan_of_state(manifest, 0) == whole_row_group_plan(manifest)
+    with pytest.raises(ValueError, match=r"counts in a plan of 5 partitions, but dataset 'd' "
+                                         r"cuts into 16"):
+        plan_of_state(manifest, 5, 16)
+
+
+def test_a_restored_job_of_either_plan_for_a_target() -> None:
+    manifest = manifest_of([[40] * 4])
+    assert restored_plan(manifest, 16, 16) == plan_partitions(manifest, 16)
+    assert restored_plan(manifest, 2, 2) == whole_row_group_plan(manifest, 2)
+    big = manifest_of([[10] * 128])  # more row groups than the default target, fewer than 200
+    assert restored_plan(big, 200, 128) == whole_row_group_plan(big, 200)
+    assert len(restored_plan(big, 200, 128)) == 128

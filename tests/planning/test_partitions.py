@@ -177,6 +177,12 @@ def test_a_restored_job_of_either_plan_for_a_target() -> None:
     manifest = manifest_of([[40] * 4])
     assert restored_plan(manifest, 16, 16) == plan_partitions(manifest, 16)
     assert restored_plan(manifest, 2, 2) == whole_row_group_plan(manifest, 2)
-    big = manifest_of([[10] * 128])  # more row groups than the default target, fewer than 200
+    big = manifest_of([[16] * 128])  # more row groups than the default target, fewer than 200
     assert restored_plan(big, 200, 128) == whole_row_group_plan(big, 200)
     assert len(restored_plan(big, 200, 128)) == 128
+
+
+def test_an_empty_row_group_is_an_empty_partition_of_no_bytes() -> None:
+    parts = plan_partitions(manifest_of([[0, 40]]), 4)
+    assert [(p.row_group_start, p.num_records, p.num_bytes) for p in parts][0] == (0, 0, 0)
+    assert sum(p.num_records for p in parts) == 40

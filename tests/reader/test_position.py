@@ -62,3 +62,9 @@ def test_a_state_without_the_later_keys_restores_their_defaults() -> None:
 def test_a_bad_state_is_named(state: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ReaderPosition.from_dict(state, "flowers", "distributed")  # type: ignore[arg-type]
+
+
+def test_an_unknown_state_is_shown_cut_at_200_characters() -> None:
+    with pytest.raises(ValueError) as error:
+        ReaderPosition.from_dict("x" * 300, "flowers", "local")  # type: ignore[arg-type]
+    assert str(error.value).endswith(": " + "x" * 200)

@@ -67,6 +67,7 @@ def plan_partitions(manifest: Manifest,
     if manifest.kind == SQL_KIND:  # fixed at registration: the buckets are part of the dataset
         buckets = int(manifest.extra["sql"]["num_partitions"])
         return tuple(Partition(m, SQL_SHARD, m, buckets, 0) for m in range(buckets))
+    # mutmut: `>` is equivalent: at exactly `target` row groups the sliced plan cuts nothing.
     if manifest.num_row_groups >= target:
         return whole_row_group_plan(manifest, target)
     return _sliced_plan(manifest, target)
@@ -102,6 +103,7 @@ def _sliced_plan(manifest: Manifest, target: int) -> tuple[Partition, ...]:
     # Max-heap on the current slice size (rows / slices), then the group's order.
     heap: list[tuple[float, int]] = [(-float(info.num_rows), k)
                                      for k, (_, _, info) in enumerate(groups)
+                                     # mutmut: `/` for `//` is equivalent (n/8 ≥ 2 ⟺ n//8 ≥ 2)
                                      if info.num_rows // MIN_PARTITION_ROWS >= 2]
     heapq.heapify(heap)
     count = len(groups)
@@ -110,6 +112,7 @@ def _sliced_plan(manifest: Manifest, target: int) -> tuple[Partition, ...]:
         slices[k] += 1
         count += 1
         rows = groups[k][2].num_rows
+        # mutmut: `/` for `//` is equivalent here too (the right side is a whole number).
         if rows // MIN_PARTITION_ROWS >= slices[k] + 1:
             heapq.heappush(heap, (-rows / slices[k], k))
     partitions: list[Partition] = []

@@ -436,6 +436,8 @@ class LedgerMachine(RuleBasedStateMachine):
     """Random interleavings of lease, join, expiry, report (of pending partitions and of
     partitions that are not), release, reconcile, rewind and restore (state round trip).
 
+    Rules include work stealing's RELEASED hand-backs (issue 13).
+
     Invariants: every partition of the current epoch is in exactly one of todo / pending / done /
     failed; nothing completes twice; a complete epoch accounts for every partition; every worker
     holding leases has one deadline, later than now and at most a lease timeout away (after a
@@ -505,6 +507,22 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(worker=st.sampled_from("abc"))
     def release(self, worker: str) -> None:
         self.ledger.release(worker)
+
+    @rule(worker=st.sampled_from("abc"), data=st.data(), consumed=st.integers(0, 5))
+    def give_back(self, worker: str, data: st.DataObject, consumed: int) -> None:
+        """Work stealing (issue 13): a holder hands one lease back with RELEASED; it goes to
+        the front of todo, keeping (monotonic) progress; from anyone else it changes nothing."""
+        l = self.ledger
+        held = l.held_by(worker)
+        if not held:
+            assert not l.report_released(l.epoch, data.draw(st.integers(0, 6)), consumed, worker)
+            return
+        partition = data.draw(st.sampled_from(held))
+        before = l.skip(partition)
+        assert l.report_released(l.epoch, partition, consumed, worker)
+        assert l.todo[0] == partition and partition not in l.pending
+        assert l.skip(partition) == max(before, consumed)
+        assert not l.report_released(l.epoch, partition, consumed, worker)  # not its lease now
 
     @rule(worker=st.sampled_from("abc"), keep=st.sets(st.integers(0, 6)))
     def reconcile(self, worker: str, keep: set[int]) -> None:
@@ -583,6 +601,14 @@ class LedgerMachine(RuleBasedStateMachine):
         assert all(l.failures.get(p, 0) >= l.max_failures for p in l.failed)
         assert all(l.failures.get(p, 0) < l.max_failures for p in list(l.todo) + list(l.pending))
         assert not set(l.progress) & (set(l.done) | set(l.failed))
+
+    @invariant()
+    def unstarted_leases_are_held_and_have_no_progress(self) -> None:
+        l = self.ledger
+        for worker in l.by_worker:
+            unstarted = l.unstarted(worker)
+            assert set(unstarted) <= set(l.held_by(worker))
+            assert not set(unstarted) & set(l.progress)
 
     @invariant()
     def nothing_completes_twice(self) -> None:

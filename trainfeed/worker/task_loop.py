@@ -118,7 +118,9 @@ class WorkerSession:
         # never given back. (epoch, partition, lease) this reader handed back on its own (a
         # synchronous rank's partition cut at its quota): their kept records are still
         # delivered, but no DONE is sent.
-        self._started: set[tuple[int, int]] = set()
+        # Keyed by (epoch, partition, lease): a partition given back and leased again is a new
+        # lease, which an old one's end must not touch.
+        self._started: set[tuple[int, int, int]] = set()
         self._released: set[tuple[int, int, int]] = set()
         # When the trainer finished each of the last partitions (monotonic): the consumption rate
         # that sizes the lease depth.
@@ -154,7 +156,7 @@ class WorkerSession:
             lost = (*key, task.lease) in self._lost
             released = (*key, task.lease) in self._released
             self._released.discard((*key, task.lease))
-            self._started.discard(key)
+            self._started.discard((*key, task.lease))
             if not lost:
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
@@ -168,7 +170,7 @@ class WorkerSession:
 
     def report_failed(self, task: TaskRef, reason: str) -> None:
         with self._cond:
-            self._unkeep((task.epoch, task.partition))
+            self._unkeep((task.epoch, task.partition), task.lease)
         self._queue(pb.TaskReport(epoch=task.epoch, partition=task.partition,
                                   outcome=pb.TaskReport.FAILED, reason=reason[:2000],
                                   lease=task.lease))
@@ -248,7 +250,7 @@ class WorkerSession:
                 if self._held.get(key) != t.lease:
                     continue  # confirmed meanwhile, or leased to us again since
                 del self._held[key]
-                self._unkeep(key)
+                self._unkeep(key, t.lease)
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
                 # (A DONE already queued still goes: the master takes it if nobody leased the
@@ -260,13 +262,13 @@ class WorkerSession:
                            "cut off longer than the lease timeout?); their undelivered records "
                            "are dropped: %s", len(gone), gone[:10])
 
-    def _unkeep(self, key: tuple[int, int]) -> None:
+    def _unkeep(self, key: tuple[int, int], lease: int) -> None:
         """A held lease's records will not be delivered here (given back, failed, revoked): a
         synchronous pass must lease them elsewhere. Under `_cond`."""
         kept = self._keeps.pop(key, 0)
         if self._need is not None:
             self._need += kept
-        self._started.discard(key)
+        self._started.discard((*key, lease))
 
     def _give_back(self, asked: Sequence[pb.HeldTask]) -> None:
         """Work stealing: hands back, with RELEASED reports, the leases the master asked for
@@ -280,10 +282,10 @@ class WorkerSession:
                 return
             for t in asked:
                 key = (t.epoch, t.partition)
-                if self._held.get(key) != t.lease or key in self._started:
+                if self._held.get(key) != t.lease or (*key, t.lease) in self._started:
                     continue
                 del self._held[key]
-                self._unkeep(key)
+                self._unkeep(key, t.lease)
                 self._lost.add((*key, t.lease))
                 given.append(pb.TaskReport(epoch=t.epoch, partition=t.partition,
                                            outcome=pb.TaskReport.RELEASED, lease=t.lease))
@@ -303,7 +305,7 @@ class WorkerSession:
             key = (task.epoch, task.partition, task.lease)
             if key in self._lost:  # given back between the two checks
                 return True
-            self._started.add(key[:2])
+            self._started.add(key)
         return False
 
     def lease_lost(self, task: TaskRef) -> bool:
@@ -333,7 +335,7 @@ class WorkerSession:
 
     def _unstarted_held(self) -> bool:
         """Whether this reader holds a lease its trainer has not begun. Under `_cond`."""
-        return any(key not in self._started for key in self._held)
+        return any((*key, lease) not in self._started for key, lease in self._held.items())
 
     def _report_loop(self) -> None:
         heartbeat = max(0.05, self.lease_timeout_s / 3)

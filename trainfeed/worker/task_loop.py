@@ -156,7 +156,12 @@ class WorkerSession:
             lost = (*key, task.lease) in self._lost
             released = (*key, task.lease) in self._released
             self._released.discard((*key, task.lease))
-            self._started.discard((*key, task.lease))
+            if lost or released:  # no DONE goes; the lease already left `_held`
+                self._started.discard((*key, task.lease))
+            # Else the lease stays started until the master confirms the DONE (`_confirmed`):
+            # until then it is still held, and must never look unstarted to `_give_back` (a
+            # DONE delayed by a master restart, with the partition handed back meanwhile,
+            # delivered it twice).
             if not lost:
                 self._progress.pop(key, None)
                 self._progress_dirty.discard(key)
@@ -270,16 +275,17 @@ class WorkerSession:
             self._need += kept
         self._started.discard((*key, lease))
 
-    def _give_back(self, asked: Sequence[pb.HeldTask]) -> None:
+    def _give_back(self, asked: Sequence[pb.HeldTask]) -> int:
         """Work stealing: hands back, with RELEASED reports, the leases the master asked for
-        whose records the trainer has not begun to get (`claim`); keeps the others. A handed-back
-        partition already loaded is dropped when the consumer meets it (as a revoked one)."""
+        whose records the trainer has not begun to get (`claim`); keeps the others, also those
+        whose DONE the master has not confirmed yet. A handed-back partition already loaded is
+        dropped when the consumer meets it (as a revoked one). Returns how many went back."""
         given: list[pb.TaskReport] = []
         with self._cond:
             if self._need is not None:
                 # A synchronous rank leases no more than its quota: nobody needs its leases
                 # (and a partition given back would leave it short).
-                return
+                return 0
             for t in asked:
                 key = (t.epoch, t.partition)
                 if self._held.get(key) != t.lease or (*key, t.lease) in self._started:
@@ -293,6 +299,7 @@ class WorkerSession:
             self._queue(report)
         if given:
             logger.info("handed %d unstarted lease(s) back for an idle reader", len(given))
+        return len(given)
 
     def claim(self, task: TaskRef) -> bool:
         """The trainer is about to get records of `task`: from now on its lease is never given
@@ -328,6 +335,7 @@ class WorkerSession:
                 if (r.outcome != pb.TaskReport.PROGRESS
                         and self._held.get((r.epoch, r.partition)) == r.lease):
                     del self._held[(r.epoch, r.partition)]
+                    self._started.discard((r.epoch, r.partition, r.lease))
 
     def _held_now(self) -> list[tuple[int, int, int]]:
         with self._cond:
@@ -563,14 +571,19 @@ class WorkerSession:
     def end_pass_early(self) -> None:
         """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back. Nothing
         once the session is closed (its close did it; a pass ended after that has no channel)."""
-        if not self._closed:
+        if self._closed:
+            return
+        try:
             self._hand_back()
+        except Exception as e:  # the master or the channel is gone: the leases then expire
+            logger.warning("could not hand tasks back after an abandoned pass: %s", e)
 
     def _hand_back(self) -> None:
         self._send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
         with self._cond:
             self._held.clear()
+            self._started.clear()
         if released:
             logger.info("handed %d unfinished task(s) back to the master", released)
 

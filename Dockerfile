@@ -7,14 +7,22 @@
 #   docker build -t trainfeed-tf:0.1.0 --build-arg EXTRAS=s3,tf \
 #       --build-arg EXTRA_PACKAGES='tensorflow[and-cuda]' .                  # TensorFlow workers
 #
-# Nothing is fetched but Python packages through pip (no curl, no apt). See docs/cluster.md.
+# Fetched: Python packages through pip, and from the base image's own Debian archive only what
+# the JPEG region decoder needs (a compiler and libjpeg-turbo's headers to build it, the library
+# to run it). No curl, no other sources. See docs/cluster.md.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the trainfeed wheel alone (its dependencies install from PyPI below) ---------------
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The region decoder (trainfeed/worker/_jpeg_region.c) is compiled against libjpeg-turbo.
+# Versions are whatever the base image's Debian release carries (security updates included).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libjpeg62-turbo-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY trainfeed ./trainfeed
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
@@ -37,6 +45,11 @@ RUN groupadd --system --gid 10001 trainfeed \
     && useradd --system --uid 10001 --gid 10001 --home-dir /app --create-home \
        --shell /usr/sbin/nologin trainfeed
 
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libjpeg62-turbo \
+    && rm -rf /var/lib/apt/lists/*
+
 COPY --from=builder /wheels/ /tmp/wheels/
 # Versions are the ranges of pyproject.toml, resolved at build time.
 # hadolint ignore=DL3013,SC2086
@@ -45,7 +58,8 @@ RUN set -eu; \
     if [ -n "$EXTRAS" ]; then wheel="${wheel}[${EXTRAS}]"; fi; \
     pip install --no-cache-dir "$wheel" $EXTRA_PACKAGES; \
     rm -rf /tmp/wheels; \
-    trainfeed --version
+    trainfeed --version; \
+    python -c 'from trainfeed.worker import _jpeg_region'  # the region decoder was built
 
 USER 10001:10001
 WORKDIR /app

@@ -100,7 +100,7 @@ def render(info: dict[str, Any]) -> str:
              "", "packages"]
     lines += [f"  {name:<18} {version or '-'}" for name, version in info["packages"].items()]
     lines += ["", "decoders"]
-    lines += [f"  {fmt:<6} {how}" for fmt, how in info["decoders"].items()]
+    lines += [f"  {fmt:<10} {how}" for fmt, how in info["decoders"].items()]
     lines += ["", "extras"]
     for extra, st in info["extras"].items():
         lines.append(f"  {extra:<10} {'yes' if st['installed'] else 'no'}"

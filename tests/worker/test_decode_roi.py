@@ -12,6 +12,7 @@ from PIL import Image
 
 from trainfeed import dist
 from trainfeed.upload import UploadOptions, upload
+from trainfeed.worker import roi
 from trainfeed.worker.crops import CropOptions, Window, record_uniforms
 from trainfeed.worker.decode import DecodeError, ImageDecoder
 from trainfeed.worker.resize import cv2_module, resize_into
@@ -44,7 +45,18 @@ def fixed(window: Window):  # a plan that always answers `window`
     return lambda height, width: window
 
 
-def test_dct_scaled_crops_equal_a_full_decode_cropped_and_resized() -> None:
+@pytest.fixture(params=["region", "whole"])
+def jpeg_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both JPEG crop paths: the region decoder (built by the install, see setup.py) and the
+    whole-image decode it replaces where it was not built. Returns the backend name."""
+    if request.param == "whole":
+        monkeypatch.setattr(roi, "_jpeg_region", None)
+        return "simplejpeg"
+    assert roi.region_decoder(), "the region decoder was not built: see setup.py"
+    return "libjpeg-turbo region"
+
+
+def test_dct_scaled_crops_equal_a_full_decode_cropped_and_resized(jpeg_path: str) -> None:
     """A window at least 2x the target is decoded at 1/2, 1/4 or 1/8 (its edges moved to that
     grid, at most k/2 source pixels) and equals a full decode of that window, area-resized."""
     data = jpeg(photo(1200, 1600))
@@ -57,7 +69,7 @@ def test_dct_scaled_crops_equal_a_full_decode_cropped_and_resized() -> None:
                    abs(used.height - window.height), abs(used.width - window.width)) <= k
         for antialias in (True, False):
             out = np.empty((112, 112, 3), np.uint8)
-            assert decode_crop(data, fixed(window), out, antialias=antialias) == "simplejpeg"
+            assert decode_crop(data, fixed(window), out, antialias=antialias) == jpeg_path
             diff = np.abs(out.astype(int) - reference(data, used, (112, 112)).astype(int))
             # Within a few grey levels on average (measured: 0.4-2.6, and 4.5 where the
             # decoded window is within 3 % of the target, so the last resize only blurs); the
@@ -66,12 +78,12 @@ def test_dct_scaled_crops_equal_a_full_decode_cropped_and_resized() -> None:
             assert np.percentile(diff, 99) < 32, (window, antialias, np.percentile(diff, 99))
 
 
-def test_unscaled_crops_are_exactly_a_full_decode_cropped_and_resized() -> None:
+def test_unscaled_crops_are_exactly_a_full_decode_cropped_and_resized(jpeg_path: str) -> None:
     data = jpeg(photo(375, 500))
     window = Window(40, 70, 300, 330)
     assert dct_reduction(window, (224, 224)) == 1
     out = np.empty((224, 224, 3), np.uint8)
-    decode_crop(data, fixed(window), out)
+    assert decode_crop(data, fixed(window), out) == jpeg_path
     full = simplejpeg.decode_jpeg(data)
     expected = np.empty_like(out)
     resize_into(full[40:340, 70:400], expected)
@@ -96,7 +108,7 @@ def test_dct_reduction_uses_only_the_simd_scales_and_only_at_twice_the_target() 
 
 
 def test_png_and_odd_jpegs_fall_back_to_pillow_with_the_same_crop(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, jpeg_path: str) -> None:
     pixels = simplejpeg.decode_jpeg(jpeg(photo(375, 500)))
     window = Window(40, 70, 300, 330)
     want = np.empty((224, 224, 3), np.uint8)
@@ -115,11 +127,14 @@ def test_png_and_odd_jpegs_fall_back_to_pillow_with_the_same_crop(
         raise ValueError("Unsupported JPEG process: SOF type 0xc9")  # arithmetic coding
 
     monkeypatch.setattr(simplejpeg, "decode_jpeg", refuse)
+    monkeypatch.setattr(roi, "_jpeg_region", None)
     assert decode_crop(jpeg(photo(375, 500)), fixed(window), got) == "pillow"
     assert np.abs(got.astype(int) - want.astype(int)).mean() < 1.5  # Pillow's libjpeg-turbo
     monkeypatch.undo()
+    if jpeg_path == "simplejpeg":
+        monkeypatch.setattr(roi, "_jpeg_region", None)
     grey = np.empty((224, 224, 1), np.uint8)
-    assert decode_crop(jpeg(photo(375, 500)), fixed(window), grey) == "simplejpeg"
+    assert decode_crop(jpeg(photo(375, 500)), fixed(window), grey) == jpeg_path
     assert abs(float(grey.mean()) - float(want.mean())) < 10
 
 
@@ -137,7 +152,7 @@ def test_undecodable_records_are_named_or_skipped() -> None:
         ImageDecoder(threads=1, crops=crops).decode([good], ["a"])
 
 
-def test_a_seed_gives_the_same_crops_in_any_batch_thread_or_run() -> None:
+def test_a_seed_gives_the_same_crops_in_any_batch_thread_or_run(jpeg_path: str) -> None:
     blobs = [jpeg(photo(300 + 7 * i, 420 - 5 * i)) for i in range(24)]
     ids = np.arange(100, 124)
     crops = CropOptions((64, 64), RRC, flip=0.5)
@@ -146,7 +161,7 @@ def test_a_seed_gives_the_same_crops_in_any_batch_thread_or_run() -> None:
     order = np.random.default_rng(0).permutation(24)
     shuffled = many.decode([blobs[i] for i in order], ["x"] * 24, ids[order], seed=4, epoch=2)
     np.testing.assert_array_equal(shuffled.images, one.images[order])
-    assert many.backend_counts == {"simplejpeg": 24}
+    assert many.backend_counts == {jpeg_path: 24}
     other_epoch = many.decode(blobs, ["x"] * 24, ids, seed=4, epoch=3)
     assert not np.array_equal(other_epoch.images, one.images)
     # What each image is: its record's window and flip, resized.

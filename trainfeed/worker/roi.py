@@ -17,12 +17,16 @@ Decoding less than the whole image:
   source pixel would not (a photo's pixels differ from their neighbours' by ~10 levels).
   Only these SIMD scales: simplejpeg's 5/8-7/8 scales are slower than a full decode (737
   and 878 against 1,072 images/s, measured for the issue).
-- Partial (region) decoding, which tf.data's `decode_and_crop_jpeg` and DALI's ROI decoder use,
-  is not available from PyPI on Linux x86_64 here: PyTurboJPEG 2.x needs the TurboJPEG 3 API
-  (Debian 12 ships libjpeg-turbo 2.1.5) and has no cropping-region decode either; PyTurboJPEG
-  1.x crops losslessly (entropy-decode everything, re-encode the window, decode it again),
-  measured slower than a full decode; simplejpeg, Pillow and OpenCV expose only DCT scaling.
-  docs/imagenet.md has the figures.
+- Region decoding (what tf.data's `decode_and_crop_jpeg` and DALI's ROI decoder do): the
+  window alone, through trainfeed's own small libjpeg-turbo extension
+  (trainfeed/worker/_jpeg_region.c): rows above it are entropy-decoded only, columns outside it
+  never reconstructed, rows below it never read. 1.4-1.5x a whole decode on RandomResizedCrop
+  windows of 474x403 photos, and bit-exact with it (docs/imagenet.md). No maintained binding
+  offers it from PyPI: PyTurboJPEG 2.x needs the TurboJPEG 3 library (Debian 12 ships 2.1.5)
+  and crops only losslessly (re-encode, decode again: slower than a whole decode); simplejpeg,
+  Pillow and OpenCV expose only DCT scaling. If the extension was not built (no libjpeg-turbo
+  headers at install), whole images are decoded and cropped: `trainfeed doctor` says which, and
+  the reader warns once (`region_decoder_missing`).
 
 Everything simplejpeg refuses (PNG, GIF, CMYK or arithmetic-coded JPEGs) is decoded whole by
 Pillow and then cropped the same way: slower, never wrong.
@@ -30,7 +34,9 @@ Pillow and then cropped the same way: slower, never wrong.
 from __future__ import annotations
 
 import io
+import logging
 import math
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -39,6 +45,13 @@ from PIL import Image
 
 from trainfeed.worker.crops import Window
 from trainfeed.worker.resize import resize_into
+
+try:  # built by setup.py where libjpeg-turbo's headers were found
+    import trainfeed.worker._jpeg_region as _jpeg_region
+except ImportError:  # pragma: no cover - depends on the install
+    _jpeg_region = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8"
 # The DCT scales worth using (SIMD IDCT paths), largest reduction first.
@@ -57,6 +70,45 @@ def dct_reduction(window: Window, target: tuple[int, int]) -> int:
     return 1
 
 
+def region_decoder() -> str | None:
+    """The libjpeg-turbo version the region decoder was built with ("2.1.5"), or None if it
+    was not built (crops then decode whole images)."""
+    if _jpeg_region is None:
+        return None
+    number = _jpeg_region.LIBJPEG_TURBO_VERSION_NUMBER  # e.g. 2001005
+    return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
+
+
+_warned = threading.Event()
+
+
+def region_decoder_missing() -> None:
+    """Warns once per process that crops decode whole images (see the module's docstring)."""
+    if _jpeg_region is None and not _warned.is_set():
+        _warned.set()
+        logger.warning("trainfeed's JPEG region decoder was not built (libjpeg-turbo headers "
+                       "were missing at install): crops decode whole images, ~1.4x slower. "
+                       "Install libjpeg-turbo's headers (Debian/Ubuntu: apt install libjpeg-dev) "
+                       "and reinstall trainfeed; `trainfeed doctor` shows the result.")
+
+
+_scratch = threading.local()
+
+
+def _decode_region(data: bytes | memoryview, window: Window, k: int, channels: int,
+                   fast_dct: bool) -> np.ndarray:
+    """The window (in pixels of the image scaled by 1/k) decoded alone, as a view of this
+    thread's scratch buffer: valid until the thread's next call."""
+    need = window.height * (window.width + _jpeg_region.MARGIN) * channels
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < need:
+        buffer = _scratch.buffer = np.empty(max(need, 1 << 20), np.uint8)
+    row, dx = _jpeg_region.decode_region(data, buffer, window.left, window.top, window.width,
+                                         window.height, k, channels, fast_dct)
+    rows = buffer[:window.height * row * channels].reshape(window.height, row, channels)
+    return rows[:, dx:dx + window.width]
+
+
 def _pillow_decode(data: bytes | memoryview, channels: int) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as pil:
         image = np.asarray(pil.convert("RGB" if channels == 3 else "L"))
@@ -67,8 +119,8 @@ def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: 
                 antialias: bool = False, fast_dct: bool = False) -> str:
     """Decodes `data`, keeps `plan(height, width)` of it and resizes that into `dst`
     ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. `fast_dct`: libjpeg's
-    fast integer IDCT (JDCT_IFAST). Returns the library that decoded it ("simplejpeg" or
-    "pillow").
+    fast integer IDCT (JDCT_IFAST). Returns how it was decoded ("libjpeg-turbo region",
+    "simplejpeg" or "pillow").
 
     Raises ValueError or OSError (from Pillow) on bytes that are not a decodable image.
     """
@@ -82,6 +134,15 @@ def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: 
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
             window = plan(height, width)
             k = dct_reduction(window, dst.shape[:2])
+            if _jpeg_region is not None:
+                scaled = window.on_grid(k, height, width).divided(k) if k > 1 else window
+                try:
+                    crop = _decode_region(data, scaled, k, channels, fast_dct)
+                except ValueError:
+                    pass  # damaged, CMYK...: the whole-image paths below say what they can
+                else:
+                    resize_into(crop, dst, antialias=antialias, flip=flip)
+                    return "libjpeg-turbo region"
             if k == 1:
                 image = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=fast_dct)
             else:  # edges on the k-grid (≤ k/2 px moved): the scaled pixels match exactly

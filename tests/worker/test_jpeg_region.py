@@ -1,0 +1,109 @@
+"""The region decoder (trainfeed/worker/_jpeg_region.c): a window decoded alone is bit-exact with
+the same window of a whole decode, at every DCT scale, chroma subsampling, baseline or
+progressive, RGB or grey; damaged data and bad arguments raise ValueError, never wrong pixels."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from trainfeed.worker import roi
+
+region = roi._jpeg_region
+
+
+def photo(height: int, width: int) -> np.ndarray:
+    from sklearn.datasets import load_sample_image
+    source = Image.fromarray(load_sample_image("flower.jpg"))
+    return np.asarray(source.resize((width, height), Image.Resampling.BICUBIC))
+
+
+def encode(pixels: np.ndarray, **options: object) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90, **options)
+    return out.getvalue()
+
+
+def decode_window(data: bytes, left: int, top: int, width: int, height: int, scale: int = 1,
+                  channels: int = 3) -> np.ndarray:
+    out = np.empty(height * (width + region.MARGIN) * channels, np.uint8)
+    row, dx = region.decode_region(data, out, left, top, width, height, scale, channels, False)
+    assert row >= width and dx <= region.MARGIN
+    return out[:height * row * channels].reshape(height, row, channels)[:, dx:dx + width]
+
+
+def test_the_region_decoder_is_built() -> None:
+    """setup.py builds it wherever libjpeg-turbo's headers are (CI installs them): without it,
+    training crops silently decode whole images (docs/imagenet.md)."""
+    assert region is not None, "trainfeed.worker._jpeg_region was not built: see setup.py"
+    assert roi.region_decoder() is not None
+
+
+@pytest.mark.parametrize("options", [{}, {"subsampling": 0}, {"subsampling": 1},
+                                     {"progressive": True}, {"grey": True}],
+                         ids=["4:2:0", "4:4:4", "4:2:2", "progressive", "grey"])
+def test_windows_are_bit_exact_with_a_whole_decode(options: dict) -> None:
+    pixels = photo(403, 474)
+    if options.pop("grey", False):
+        pixels = np.asarray(Image.fromarray(pixels).convert("L"))
+    data = encode(pixels, **options)
+    rng = np.random.default_rng(7)
+    for scale in (1, 2, 4, 8):
+        whole = simplejpeg.decode_jpeg(data, min_height=-(-403 // scale),
+                                       min_width=-(-474 // scale))
+        height, width = whole.shape[:2]
+        assert (height, width) == (-(-403 // scale), -(-474 // scale))
+        windows = [(0, 0, width, height), (0, 0, 1, 1), (width - 1, height - 1, 1, 1),
+                   (width - 17, 0, 17, height)]
+        for _ in range(12):
+            w, h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
+            windows.append((int(rng.integers(0, width - w + 1)),
+                            int(rng.integers(0, height - h + 1)), w, h))
+        for left, top, w, h in windows:
+            got = decode_window(data, left, top, w, h, scale)
+            np.testing.assert_array_equal(got, whole[top:top + h, left:left + w],
+                                          err_msg=f"window {(left, top, w, h)} at 1/{scale}")
+
+
+def test_grey_output_equals_simplejpegs_grey_decode() -> None:
+    data = encode(photo(300, 420))
+    whole = simplejpeg.decode_jpeg(data, colorspace="GRAY")
+    np.testing.assert_array_equal(decode_window(data, 33, 41, 250, 200, channels=1),
+                                  whole[41:241, 33:283])
+
+
+def test_damaged_data_and_bad_windows_raise_value_error() -> None:
+    data = encode(photo(300, 420))
+    with pytest.raises(ValueError, match="[Pp]remature end"):
+        decode_window(data[:len(data) // 2], 0, 200, 100, 90)  # rows past the cut
+    with pytest.raises(ValueError):
+        decode_window(b"\xff\xd8\xff\xe0 not a jpeg at all", 0, 0, 10, 10)
+    damaged = bytearray(data)
+    damaged[len(data) // 2:len(data) // 2 + 2] = b"\xff\xd0"  # a stray restart marker
+    with pytest.raises(ValueError, match="[Cc]orrupt"):
+        decode_window(bytes(damaged), 0, 0, 420, 300)
+    with pytest.raises(ValueError, match="outside"):
+        decode_window(data, 400, 0, 21, 10)
+    with pytest.raises(ValueError, match="outside"):
+        decode_window(data, 0, 0, 0, 10)
+    with pytest.raises(ValueError, match="scale"):
+        region.decode_region(data, np.empty(10**6, np.uint8), 0, 0, 10, 10, 3, 3, False)
+    with pytest.raises(ValueError, match="too small"):
+        region.decode_region(data, np.empty(100, np.uint8), 0, 0, 100, 100, 1, 3, False)
+    with pytest.raises(TypeError):  # a read-only output buffer
+        region.decode_region(data, b"\0" * 10**6, 0, 0, 10, 10, 1, 3, False)
+
+
+def test_decode_crop_falls_back_to_a_whole_decode_on_what_the_region_decoder_refuses() -> None:
+    """A CMYK JPEG: the region decoder refuses it, simplejpeg converts it."""
+    pixels = photo(300, 420)
+    cmyk = io.BytesIO()
+    Image.fromarray(pixels).convert("CMYK").save(cmyk, "JPEG", quality=95)
+    with pytest.raises(ValueError, match="CMYK"):
+        decode_window(cmyk.getvalue(), 0, 0, 100, 100)
+    out = np.empty((64, 64, 3), np.uint8)
+    assert roi.decode_crop(cmyk.getvalue(), lambda h, w: roi.Window(10, 10, 200, 200),
+                           out) == "simplejpeg"

@@ -297,8 +297,10 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     """Single-thread rates of the decoder alone and of trainfeed's per-image paths."""
     import simplejpeg
 
+    from trainfeed.worker import roi
     from trainfeed.worker.crops import CropOptions, record_uniforms
     from trainfeed.worker.roi import decode_crop
+    native = roi._jpeg_region
     blobs = [open(p, "rb").read() for p in paths[:args.ceiling_images]]
     u = record_uniforms(0, 0, np.arange(len(blobs)))
     out = np.empty((SIZE, SIZE, 3), np.uint8)
@@ -315,8 +317,18 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
         "trainfeed val path (decode + crop + resize)": lambda i: path(val, i),
         "trainfeed train path (decode + RRC + resize + flip)": lambda i: path(train, i),
     }
+    if native is not None:
+        def window_only(i: int) -> None:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(blobs[i])
+            window, _ = train.plan(u[i])
+            roi._decode_region(blobs[i], window(height, width), 1, 3, False)
+
+        variants["decode only, train crop windows (region decoder)"] = window_only
+        variants["trainfeed train path, whole-image decode (before the region decoder)"] = \
+            lambda i: path(train, i)
     rows = []
     for name, fn in variants.items():
+        roi._jpeg_region = None if "whole-image decode" in name else native
         rates = []
         for _ in range(args.ceiling_passes):
             c0 = time.process_time()
@@ -326,6 +338,7 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
         rows.append({"variant": name, "per_core": statistics.median(rates),
                      "min_max": [min(rates), max(rates)], "images": len(blobs),
                      "cores": os.cpu_count()})
+    roi._jpeg_region = native
     return rows
 
 

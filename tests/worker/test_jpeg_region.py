@@ -4,6 +4,7 @@ progressive, RGB or grey; damaged data and bad arguments raise ValueError, never
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -107,3 +108,23 @@ def test_decode_crop_falls_back_to_a_whole_decode_on_what_the_region_decoder_ref
     out = np.empty((64, 64, 3), np.uint8)
     assert roi.decode_crop(cmyk.getvalue(), lambda h, w: roi.Window(10, 10, 200, 200),
                            out) == "simplejpeg"
+
+
+def test_a_missing_region_decoder_is_said_once_and_in_doctor(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An install without libjpeg-turbo's headers still works, slower: never silently."""
+    from trainfeed.worker.crops import CropOptions
+    from trainfeed.worker.decode import ImageDecoder, decoders
+    monkeypatch.setattr(roi, "_jpeg_region", None)
+    monkeypatch.setattr(roi, "_warned", threading.Event())
+    crops = CropOptions((32, 32), ((0.08, 1.0), (3 / 4, 4 / 3)))
+    with caplog.at_level("WARNING", logger="trainfeed.worker.roi"):
+        ImageDecoder(threads=1, crops=crops)
+        ImageDecoder(threads=1, crops=crops)
+        ImageDecoder(threads=1)  # no crops: nothing to say
+    said = [r for r in caplog.records if "region decoder was not built" in r.getMessage()]
+    assert len(said) == 1 and "libjpeg-dev" in said[0].getMessage()
+    assert decoders()["jpeg crops"].startswith("NOT BUILT")
+    out = np.empty((32, 32, 3), np.uint8)
+    data = encode(photo(100, 120))
+    assert roi.decode_crop(data, lambda h, w: roi.Window(0, 0, 50, 60), out) == "simplejpeg"

@@ -28,8 +28,11 @@ order: nothing the saved model saw comes again and nothing is skipped.
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -359,22 +362,84 @@ def without(piece: Piece, slots: set[int]) -> Piece:
                                runs=[(s, n) for s, n in piece.runs if s not in slots])
 
 
-def _pieces(stream: PassStream, cutter: Cutter, convert: Convert) -> Iterator[tuple[Any, Piece]]:
-    """The producing half: partitions in, converted pieces out (in the background or inline)."""
+def _cut(stream: PassStream, cutter: Cutter) -> Iterator[Piece]:
+    """Partitions in, pieces out (shuffled and cut; not converted yet)."""
     for part in stream:
         if part is None:  # nothing coming for now: hand over what is buffered
             ready = cutter.flush()
         else:
             ready = cutter.add(part)
             stream.taken(part)
-        for piece in ready:
-            yield (convert(piece) if piece.shows else None), piece
-    for piece in cutter.flush():
+        yield from ready
+    yield from cutter.flush()
+
+
+def _pieces(stream: PassStream, cutter: Cutter, convert: Convert,
+            converters: int = 1) -> Iterator[tuple[Any, Piece]]:
+    """The producing half: partitions in, converted pieces out (in the background or inline),
+    in order. `converters` > 1 converts that many pieces at once (see `_overlapped`)."""
+    if converters > 1:
+        yield from _overlapped(_cut(stream, cutter), convert, converters)
+        return
+    for piece in _cut(stream, cutter):
         yield (convert(piece) if piece.shows else None), piece
 
 
+_END = object()
+
+
+def _overlapped(pieces: Iterator[Piece], convert: Convert,
+                converters: int) -> Iterator[tuple[Any, Piece]]:
+    """Converts up to `converters` pieces at once, each on its own thread, and yields them in
+    order: the decode pipeline's serial steps for one batch (arrays, concatenation, stacking)
+    then overlap the decoding of the one before, instead of leaving the decode threads idle
+    between batches (measured: ~0.17 of 2 cores idle with one converter).
+
+    The pieces are cut on a thread of their own, so that a piece is yielded as soon as it is
+    converted, never held back while the cutting waits for more partitions: a distributed
+    pass's partial batch must reach the trainer for its partitions to be acknowledged before
+    the master hands out more (a flush), and a local pass's prefetch credits come back the
+    same way."""
+    pool = ThreadPoolExecutor(converters, thread_name_prefix="trainfeed-convert")
+    ready: queue.Queue[Any] = queue.Queue(maxsize=converters)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def cut() -> None:
+        try:
+            for piece in pieces:
+                if not put((pool.submit(convert, piece) if piece.shows else None, piece)):
+                    return
+            put(_END)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            put(e)
+
+    cutter_thread = threading.Thread(target=cut, daemon=True, name="trainfeed-cut")
+    cutter_thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            done, piece = item
+            yield (done.result() if done is not None else None), piece
+    finally:
+        stop.set()  # the cutting thread ends at its next put, or when the stream closes
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def deliver(stream: PassStream, cutter: Cutter, convert: Convert, *, unbatch: bool = False,
-            background: int = 0, progress_every: int = PROGRESS_EVERY,
+            background: int = 0, converters: int = 1, progress_every: int = PROGRESS_EVERY,
             name: str = "trainfeed-batches") -> Iterator[Any]:
     """One pass: the converted pieces (or, with `unbatch`, each instance of them) to the trainer,
     acknowledged as it consumes them; ends (and closes) the stream however the pass ends.
@@ -382,12 +447,14 @@ def deliver(stream: PassStream, cutter: Cutter, convert: Convert, *, unbatch: bo
     `convert(piece)` turns a piece into what the trainer gets (with `unbatch`: an iterable of one
     value per row, DROPPED for a row it dropped). `background` > 0 converts in a background
     thread, that many pieces ahead (the decode pipeline); 0 converts inline in the trainer's
-    thread (the raw paths, where a thread hop would cost more than it saves).
+    thread (the raw paths, where a thread hop would cost more than it saves). `converters`:
+    pieces converted at once in the background (see `_pieces`); `convert` must then be
+    thread-safe.
     """
     items: Iterable[tuple[Any, Piece] | None]
     worker: Background[tuple[Any, Piece]] | None = None
     if background:
-        worker = Background.of(_pieces(stream, cutter, convert), background, name)
+        worker = Background.of(_pieces(stream, cutter, convert, converters), background, name)
         items = worker
     else:
         items = _pieces(stream, cutter, convert)

@@ -12,6 +12,7 @@ what it was handed of each partition exactly, shuffled or not.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -105,6 +106,7 @@ class Pipeline:
                                      crops=decode.crop_options(options.mode))
                         if decode.enabled else None)
         self.decode_failures = 0
+        self._failures_lock = threading.Lock()
         transform = options.transform.transform
         self.transformer = (load_transformer(dataset_folder, transform)
                             if isinstance(transform, str) else transform)
@@ -158,7 +160,8 @@ class Pipeline:
                                           ids=table.column(ID_COLUMN).to_numpy(),
                                           seed=self.seed, epoch=epoch)
             if decoded.errors:
-                self.decode_failures += len(decoded.errors)
+                with self._failures_lock:  # pieces convert on two threads (see `_converters`)
+                    self.decode_failures += len(decoded.errors)
                 for message in decoded.errors[:3]:
                     logger.warning("skipped: %s", message)
             keep &= decoded.ok
@@ -223,7 +226,8 @@ class Pipeline:
     def batches(self, stream: PassStream, batch_size: int) -> Iterator[Batch]:
         """One pass as batches, prepared in the background; acknowledged as consumed."""
         return deliver(stream, self._cutter(batch_size), lambda piece: self._prepare(piece)[0],
-                       background=self.options.batch.prefetch, name="trainfeed-pipeline")
+                       background=self.options.batch.prefetch, converters=self._converters,
+                       name="trainfeed-pipeline")
 
     def instances(self, stream: PassStream) -> Iterator[tuple[Any, ...]]:
         """One pass as instance tuples in field order, every option applied."""
@@ -234,7 +238,15 @@ class Pipeline:
             kept = iter(zip(*(batch[name] for name in names)))
             return [next(kept) if k else DROPPED for k in keep.tolist()]
         return deliver(stream, self._cutter(INSTANCE_CHUNK), convert, unbatch=True,
-                       background=self.options.batch.prefetch, name="trainfeed-pipeline")
+                       background=self.options.batch.prefetch, converters=self._converters,
+                       name="trainfeed-pipeline")
+
+    @property
+    def _converters(self) -> int:
+        """Pieces converted at once: two when images are decoded, so that one batch's serial
+        steps overlap the decoding of the other (trainfeed.reader.batcher._pieces); one
+        otherwise (converting is then cheap, and a thread hop would cost more)."""
+        return 2 if self.decoder is not None else 1
 
     def close(self) -> None:
         if self.decoder is not None:

@@ -54,7 +54,7 @@ def decoders() -> dict[str, str]:
         "jpeg crops": (f"trainfeed region decoder (libjpeg-turbo {region}): the crop window "
                        f"alone" if region else
                        "NOT BUILT (libjpeg-turbo headers missing at install): crops decode "
-                       "whole images, ~1.4x slower; apt install libjpeg-dev, then reinstall"),
+                       "whole images, ~1.3x slower; apt install libjpeg-dev, then reinstall"),
         "png": f"{pillow} (libpng/zlib)",
         "other": f"{pillow} (GIF, BMP, TIFF, WebP{', libjpeg-turbo ' + turbo if turbo else ''})",
     }

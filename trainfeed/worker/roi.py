@@ -20,7 +20,7 @@ Decoding less than the whole image:
 - Region decoding (what tf.data's `decode_and_crop_jpeg` and DALI's ROI decoder do): the
   window alone, through trainfeed's own small libjpeg-turbo extension
   (trainfeed/worker/_jpeg_region.c): rows above it are entropy-decoded only, columns outside it
-  never reconstructed, rows below it never read. 1.4-1.5x a whole decode on RandomResizedCrop
+  never reconstructed, rows below it never read. 1.35x a whole decode on RandomResizedCrop
   windows of 474x403 photos, and bit-exact with it (docs/imagenet.md). No maintained binding
   offers it from PyPI: PyTurboJPEG 2.x needs the TurboJPEG 3 library (Debian 12 ships 2.1.5)
   and crops only losslessly (re-encode, decode again: slower than a whole decode); simplejpeg,
@@ -87,7 +87,7 @@ def region_decoder_missing() -> None:
     if _jpeg_region is None and not _warned.is_set():
         _warned.set()
         logger.warning("trainfeed's JPEG region decoder was not built (libjpeg-turbo headers "
-                       "were missing at install): crops decode whole images, ~1.4x slower. "
+                       "were missing at install): crops decode whole images, ~1.3x slower. "
                        "Install libjpeg-turbo's headers (Debian/Ubuntu: apt install libjpeg-dev) "
                        "and reinstall trainfeed; `trainfeed doctor` shows the result.")
 

@@ -57,11 +57,12 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       in `reader.decode_failures`); `decode_threads`: None for all cores.
     - decode-stage crops (each image decoded, cropped, resized to `image_size` and flipped on
       the decode threads, uint8; docs/imagenet.md): `random_resized_crop=(scale, ratio)`, e.g.
-      `((0.08, 1.0), (3/4, 4/3))`, torchvision's RandomResizedCrop, and `random_flip=True`
-      (probability 0.5), both in mode "train" only and seeded per (seed, epoch, record) so
-      that a re-read makes the same crops; `resize_shorter=256` (or, unset, image_size / 0.875)
-      with a centre crop of `image_size` in modes "validation" and "score" (and in training
-      without random_resized_crop).
+      `((0.08, 1.0), (3/4, 4/3))`, torchvision's RandomResizedCrop, `random_flip=True`
+      (probability 0.5) and `color_jitter=(brightness, contrast, saturation)` (torchvision's
+      ColorJitter factors, e.g. (0.4, 0.4, 0.4)), all in mode "train" only and seeded per
+      (seed, epoch, record) so that a re-read makes the same crops; `resize_shorter=256` (or,
+      unset, image_size / 0.875) with a centre crop of `image_size` in modes "validation" and
+      "score" (and in training without random_resized_crop).
     - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
       `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
       agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.

@@ -46,11 +46,14 @@ class DecodeOptions:
     errors: str = field(default="raise", metadata=_keyword("decode_errors"))
     threads: int | None = field(default=None, metadata=_keyword("decode_threads"))
     # Decode-stage crops (issue 15; trainfeed.worker.crops): ((scale), (ratio)) of torchvision's
-    # RandomResizedCrop, a left-right flip with probability 0.5 (both in training only), and the
-    # validation resize of the shorter side before a centre crop of image_size.
+    # RandomResizedCrop, a left-right flip with probability 0.5 and colour jitter (all three in
+    # training only), and the validation resize of the shorter side before a centre crop of
+    # image_size.
     random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
     random_flip: bool = False
     resize_shorter: int | None = None
+    # torchvision's ColorJitter (brightness, contrast, saturation), training only.
+    color_jitter: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.random_resized_crop is not None:
@@ -89,6 +92,9 @@ class DecodeOptions:
                 raise ValueError("random_flip is a decode-stage option of random_resized_crop= "
                                  "or resize_shorter=; to mirror whole batches use "
                                  "augment=['trainfeed.augment:random_flip']")
+            if self.color_jitter is not None:
+                raise ValueError("color_jitter is a decode-stage option of "
+                                 "random_resized_crop=: pass it too")
             return
         if not self.enabled or self.image_size is None:
             raise ValueError("random_resized_crop and resize_shorter crop decoded images to "
@@ -106,7 +112,8 @@ class DecodeOptions:
             return None
         training = mode == "train"
         return CropOptions(self.image_size, self.random_resized_crop if training else None,
-                           self.resize_shorter, 0.5 if training and self.random_flip else 0.0)
+                           self.resize_shorter, 0.5 if training and self.random_flip else 0.0,
+                           color_jitter=self.color_jitter if training else None)
 
 
 @dataclass(frozen=True)

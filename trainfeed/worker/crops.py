@@ -31,8 +31,11 @@ DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10
 # Uniform draws per record: two per attempt (area, log-ratio), two for the window's position,
 # one for the flip.
-DRAWS = 2 * ATTEMPTS + 3
-FLIP_DRAW = DRAWS - 1
+FLIP_DRAW = 2 * ATTEMPTS + 2
+# Colour jitter's factors (brightness, contrast, saturation): draws after the flip's, so that
+# adding them changed no earlier crop or flip.
+JITTER_DRAWS = (FLIP_DRAW + 1, FLIP_DRAW + 2, FLIP_DRAW + 3)
+DRAWS = FLIP_DRAW + 4
 # The ImageNet validation convention: resize the shorter side to 256, centre-crop 224.
 VALIDATION_CROP_FRACTION = 224 / 256
 
@@ -91,7 +94,7 @@ def record_uniforms(seed: int, epoch: int, ids: Sequence[int] | np.ndarray,
         >>> a = record_uniforms(0, 1, [7, 8])
         >>> b = record_uniforms(0, 1, [8, 7])
         >>> bool((a[0] == b[1]).all()), a.shape
-        (True, (2, 23))
+        (True, (2, 26))
     """
     with np.errstate(over="ignore"):
         key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64) + _GOLDEN)
@@ -107,7 +110,7 @@ def random_resized_crop(height: int, width: int, u: Sequence[float],
                         scale: tuple[float, float] = DEFAULT_SCALE,
                         ratio: tuple[float, float] = DEFAULT_RATIO) -> Window:
     """torchvision's RandomResizedCrop window for an image of (height, width), from `u`
-    (at least DRAWS - 1 uniforms in [0, 1)).
+    (at least 2 * ATTEMPTS + 2 uniforms in [0, 1)).
 
     The documented algorithm: up to 10 times, draw a target area uniformly in
     scale × image area and an aspect ratio (width / height) log-uniformly in `ratio`; the
@@ -168,6 +171,9 @@ class CropOptions:
     libjpeg's fast integer IDCT, tf.data's default for `decode_jpeg` and
     `decode_and_crop_jpeg` (TensorFlow picks JDCT_IFAST "sacrificing decoding image quality for
     speed"): ~3 % faster here, within a grey level or two of the accurate IDCT.
+    `color_jitter=(brightness, contrast, saturation)`: torchvision's ColorJitter factors, each
+    drawn per record uniformly in [max(0, 1 - x), 1 + x] (0 leaves it off), applied in that
+    fixed order to the resized image (see trainfeed.worker.jitter).
     """
 
     size: tuple[int, int]
@@ -176,6 +182,7 @@ class CropOptions:
     flip: float = 0.0
     antialias: bool = False
     fast_dct: bool = True
+    color_jitter: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
         if len(self.size) != 2 or min(self.size) < 1:
@@ -197,11 +204,30 @@ class CropOptions:
             raise ValueError(f"resize_shorter must be ≥ 1 pixel, got {self.resize_shorter}")
         if not 0.0 <= self.flip <= 1.0:
             raise ValueError(f"flip probability must be in [0, 1], got {self.flip}")
+        if self.color_jitter is not None and (
+                len(self.color_jitter) != 3 or min(self.color_jitter) < 0):
+            raise ValueError(f"color_jitter must be (brightness, contrast, saturation), each ≥ 0 "
+                             f"(torchvision's ColorJitter), got {self.color_jitter!r}")
 
     @property
     def random(self) -> bool:
         """Whether crops depend on per-record random draws (and so need record ids)."""
-        return self.random_resized_crop is not None or self.flip > 0
+        return (self.random_resized_crop is not None or self.flip > 0
+                or self.jitters)
+
+    @property
+    def jitters(self) -> bool:
+        return self.color_jitter is not None and max(self.color_jitter) > 0
+
+    def jitter_factors(self, u: Sequence[float] | None) -> tuple[float, float, float] | None:
+        """A record's (brightness, contrast, saturation) factors from its draws, or None."""
+        if u is None or self.color_jitter is None or not self.jitters:
+            return None
+        factors = []
+        for x, k in zip(self.color_jitter, JITTER_DRAWS):
+            lo = max(0.0, 1.0 - x)
+            factors.append(lo + (1.0 + x - lo) * float(u[k]) if x > 0 else 1.0)
+        return factors[0], factors[1], factors[2]
 
     @property
     def shorter_side(self) -> int:

@@ -32,6 +32,7 @@ from PIL import Image, UnidentifiedImageError, features
 
 from trainfeed.errors import TrainfeedError
 from trainfeed.worker.crops import CropOptions, record_uniforms
+from trainfeed.worker.jitter import color_jitter
 from trainfeed.worker.roi import decode_crop, region_decoder, region_decoder_missing
 
 JPEG_MAGIC = b"\xff\xd8"
@@ -242,10 +243,14 @@ class ImageDecoder:
         def work(start: int, stop: int) -> None:
             counts: Counter[str] = Counter()
             for i in range(start, stop):
-                window, flip = crops.plan(draws[i] if draws is not None else None)
+                u = draws[i] if draws is not None else None
+                window, flip = crops.plan(u)
                 try:
                     counts[decode_crop(blobs[i], window, out[i], flip, crops.antialias,
                                        crops.fast_dct)] += 1
+                    factors = crops.jitter_factors(u)
+                    if factors is not None:
+                        color_jitter(out[i], factors)
                 except (ValueError, OSError, UnidentifiedImageError, SyntaxError) as e:
                     failures[i] = f"{where[i]}: cannot decode image: {e}"
                     ok[i] = False

@@ -90,6 +90,9 @@ def test_damaged_data_and_bad_windows_raise_value_error() -> None:
         decode_window(data, 400, 0, 21, 10)
     with pytest.raises(ValueError, match="outside"):
         decode_window(data, 0, 0, 0, 10)
+    for bad in ((-1, 0, 10, 10), (2**32 - 1, 0, 2, 10), (0, 0, 2**31, 10)):  # no wraparound
+        with pytest.raises((ValueError, OverflowError)):
+            region.decode_region(data, np.empty(10**6, np.uint8), *bad, 1, 3, False)
     with pytest.raises(ValueError, match="scale"):
         region.decode_region(data, np.empty(10**6, np.uint8), 0, 0, 10, 10, 3, 3, False)
     with pytest.raises(ValueError, match="too small"):

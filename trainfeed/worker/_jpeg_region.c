@@ -142,18 +142,21 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
 
 static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_buffer data, out;
-    unsigned int left, top, width, height, scale;
-    int channels, fast_dct;
-    if (!PyArg_ParseTuple(args, "y*w*IIIIIip:decode_region", &data, &out, &left, &top, &width,
+    Py_ssize_t left, top, width, height;
+    int scale, channels, fast_dct;
+    if (!PyArg_ParseTuple(args, "y*w*nnnniip:decode_region", &data, &out, &left, &top, &width,
                           &height, &scale, &channels, &fast_dct)) {
         return NULL;
     }
+    /* JPEG sides are at most 65,535: bounds that also keep every sum below from overflowing. */
     if ((scale != 1 && scale != 2 && scale != 4 && scale != 8) || (channels != 1 && channels != 3)
-            || !PyBuffer_IsContiguous(&out, 'C')) {
+            || !PyBuffer_IsContiguous(&out, 'C') || left < 0 || top < 0 || width < 0
+            || height < 0 || left > 65535 || top > 65535 || width > 65535 || height > 65535) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError,
-                        "scale must be 1, 2, 4 or 8, channels 1 or 3, out C-contiguous");
+                        "scale must be 1, 2, 4 or 8, channels 1 or 3, out C-contiguous, and the "
+                        "window within 0-65535");
         return NULL;
     }
     char message[JMSG_LENGTH_MAX];
@@ -161,8 +164,9 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args) {
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = decode((const unsigned char *)data.buf, (size_t)data.len, (unsigned char *)out.buf,
-                    (size_t)out.len, left, top, width, height, scale, channels, fast_dct, &row,
-                    &dx, message);
+                    (size_t)out.len, (JDIMENSION)left, (JDIMENSION)top, (JDIMENSION)width,
+                    (JDIMENSION)height, (unsigned int)scale, channels, fast_dct, &row, &dx,
+                    message);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);

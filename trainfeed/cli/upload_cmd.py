@@ -57,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{MIN_PARTITION_ROWS} records when there are fewer row groups); "
                         f"smaller groups make finer partitions that need no slicing, larger "
                         f"ones fewer, longer sequential reads")
+    p.add_argument("--jpeg-restarts", action="store_true",
+                   help="rewrite JPEGs losslessly with restart markers, so that training crops "
+                        "(random_resized_crop=) decode their window alone, ~1.8x faster; pixels "
+                        "stay identical, stored bytes differ from the files' (docs/imagenet.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         skip_missing=args.skip_missing, overwrite=args.overwrite,
         check_images=args.check_images, comments=not args.no_comments,
         allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes,
-        row_group_rows=args.rows_per_group)
+        row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts)
     result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:

@@ -45,13 +45,23 @@ from typing import Any
 
 import numpy as np
 import psutil
-from imagenet_methods import BATCH, METHODS, OPS, SIZE, WORKLOADS, batches, read_list
+from imagenet_methods import (
+    BATCH,
+    DATASET,
+    METHODS,
+    OPS,
+    RESTARTS_DATASET,
+    SIZE,
+    WORKLOADS,
+    batches,
+    dataset_of,
+    read_list,
+)
 from imagenet_methods import trainfeed_options as tf_options
 from make_imagenet_like import ensure_dataset
 from read_throughput import DEFAULT_ROOT, evict_from_page_cache
 
 HERE = os.path.abspath(__file__)
-DATASET = "imagenet-like"
 H100_IMAGES_PER_S = 3000  # ResNet-50 training with mixed precision on one H100 (assumed)
 BASELINES = ("tfdata", "dali")
 
@@ -83,9 +93,10 @@ def timed_window(stream: Iterator[Any], warmup: int, images: int,
 
 
 def method_main(args: argparse.Namespace) -> int:
-    if args.method == "trainfeed-dist":
+    if args.method.startswith("trainfeed-dist"):
         return dist_main(args)
-    stream = batches(args.method, args.workload, args.data, DATASET, args.storage)
+    stream = batches(args.method, args.workload, args.data, dataset_of(args.method),
+                     args.storage)
     print(json.dumps(timed_window(stream, args.warmup, args.images)), flush=True)
     time.sleep(0.5)  # the sampler sees the whole tree after the window's end
     os._exit(0)  # DataLoader/Grain workers and DALI threads: no slow, noisy teardown
@@ -94,7 +105,7 @@ def method_main(args: argparse.Namespace) -> int:
 def reader_main(args: argparse.Namespace) -> int:
     """One distributed reader: prints a line per batch (time, images) until killed."""
     from trainfeed import dist
-    reader = dist.reader(DATASET, local=False, job=args.job, **tf_options(args.workload))
+    reader = dist.reader(args.dataset, local=False, job=args.job, **tf_options(args.workload))
     while True:
         for batch in reader():
             n = check(batch["image"])
@@ -109,7 +120,8 @@ def dist_main(args: argparse.Namespace) -> int:
     with MasterProcess(args.storage) as master:
         env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAIN_LOCAL": ""}
         procs = [subprocess.Popen([sys.executable, HERE, "_reader", "--workload", args.workload,
-                                   "--job", job], stdout=subprocess.PIPE, text=True, env=env)
+                                   "--job", job, "--dataset", dataset_of(args.method)],
+                                  stdout=subprocess.PIPE, text=True, env=env)
                  for _ in range(2)]
         events: list[list[tuple[float, int]]] = [[] for _ in procs]
         lock = threading.Condition()
@@ -229,7 +241,7 @@ def inputs_of(method: str, paths: Sequence[str], storage: str) -> list[str]:
     """The files a method reads: the JPEGs, or trainfeed's shards."""
     if not method.startswith("trainfeed"):
         return list(paths)
-    folder = os.path.join(storage, DATASET)
+    folder = os.path.join(storage, dataset_of(method))
     return [os.path.join(root, f) for root, _, files in os.walk(folder) for f in files]
 
 
@@ -306,9 +318,11 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     out = np.empty((SIZE, SIZE, 3), np.uint8)
     train = CropOptions((SIZE, SIZE), ((0.08, 1.0), (3 / 4, 4 / 3)), flip=0.5)
     val = CropOptions((SIZE, SIZE), resize_shorter=256)
-    def path(options: CropOptions, i: int) -> None:
+    indexed = [roi.with_restarts(b) for b in blobs] if native is not None else blobs
+
+    def path(options: CropOptions, i: int, data: Sequence[bytes] = blobs) -> None:
         window, flip = options.plan(u[i] if options.random else None)
-        decode_crop(blobs[i], window, out, flip, options.antialias, options.fast_dct)
+        decode_crop(data[i], window, out, flip, options.antialias, options.fast_dct)
 
     variants = {
         "decode only (simplejpeg, full image)": lambda i: simplejpeg.decode_jpeg(blobs[i]),
@@ -318,12 +332,17 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
         "trainfeed train path (decode + RRC + resize + flip)": lambda i: path(train, i),
     }
     if native is not None:
-        def window_only(i: int) -> None:
-            height, width, _, _ = simplejpeg.decode_jpeg_header(blobs[i])
+        def window_only(i: int, data: Sequence[bytes] = blobs) -> None:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data[i])
             window, _ = train.plan(u[i])
-            roi._decode_region(blobs[i], window(height, width), 1, 3, False)
+            roi._decode_region(data[i], window(height, width), 1, 3, False)
 
         variants["decode only, train crop windows (region decoder)"] = window_only
+        variants["decode only, train crop windows, restart-indexed JPEGs"] = \
+            lambda i: window_only(i, indexed)
+        variants["trainfeed train path, restart-indexed JPEGs (upload --jpeg-restarts)"] = \
+            lambda i: path(train, i, indexed)
+        variants["trainfeed val path, restart-indexed JPEGs"] = lambda i: path(val, i, indexed)
         variants["trainfeed train path, whole-image decode (before the region decoder)"] = \
             lambda i: path(train, i)
     rows = []
@@ -403,6 +422,9 @@ def prepare(args: argparse.Namespace) -> list[str]:
     from trainfeed.upload import UploadOptions, upload
     list_path = ensure_dataset(args.data, args.images_in_dataset)
     upload(list_path, DATASET, args.storage, UploadOptions(), progress=False)  # once
+    if any(method.endswith("-rst") for method in args.methods):
+        upload(list_path, RESTARTS_DATASET, args.storage, UploadOptions(jpeg_restarts=True),
+               progress=False)
     return read_list(args.data)[0]
 
 
@@ -493,6 +515,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d = sub.add_parser("_reader")  # internal: one distributed reader
     d.add_argument("--workload", choices=WORKLOADS, required=True)
     d.add_argument("--job", required=True)
+    d.add_argument("--dataset", default=DATASET)
     d.set_defaults(func=reader_main)
     return p.parse_args(argv)
 

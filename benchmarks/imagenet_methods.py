@@ -60,7 +60,21 @@ OPS: dict[str, dict[str, str]] = {
     "trainfeed-dist": {
         "val": "master + 2 reader processes, the options of trainfeed-local",
         "train": "master + 2 reader processes, the options of trainfeed-local"},
+    "trainfeed-local-rst": {
+        "val": "trainfeed-local on the dataset uploaded with --jpeg-restarts",
+        "train": "trainfeed-local on the dataset uploaded with --jpeg-restarts"},
+    "trainfeed-dist-rst": {
+        "val": "trainfeed-dist on the dataset uploaded with --jpeg-restarts",
+        "train": "trainfeed-dist on the dataset uploaded with --jpeg-restarts"},
 }
+# The dataset each trainfeed method reads: the plain upload, or the one with restart markers
+# (`trainfeed upload --jpeg-restarts`, the same images, pixel for pixel).
+DATASET = "imagenet-like"
+RESTARTS_DATASET = "imagenet-like-restarts"
+
+
+def dataset_of(method: str) -> str:
+    return RESTARTS_DATASET if method.endswith("-rst") else DATASET
 METHODS = tuple(OPS)
 
 
@@ -247,6 +261,7 @@ def batches(method: str, workload: str, data: str, dataset: str,
         "dali": lambda: dali_batches(paths, labels, workload),
         "grain": lambda: grain_batches(paths, workload),
         "trainfeed-local": lambda: trainfeed_batches(dataset, storage, workload),
+        "trainfeed-local-rst": lambda: trainfeed_batches(dataset, storage, workload),
     }
     if method not in factories:
         raise ValueError(f"unknown method {method!r}; expected one of {sorted(factories)}")

@@ -118,7 +118,10 @@ def dist_main(args: argparse.Namespace) -> int:
     from trainfeed.master.process import MasterProcess
     job = f"imagenet-{os.getpid()}"
     with MasterProcess(args.storage) as master:
-        env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAIN_LOCAL": ""}
+        # Two training processes on one node, as torchrun starts them: LOCAL_WORLD_SIZE=2 gives
+        # each reader half the cores for decoding (trainfeed.worker.decode.default_decode_threads).
+        env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAIN_LOCAL": "",
+               "LOCAL_WORLD_SIZE": os.environ.get("BENCH_LOCAL_WORLD_SIZE", "2")}
         procs = [subprocess.Popen([sys.executable, HERE, "_reader", "--workload", args.workload,
                                    "--job", job, "--dataset", dataset_of(args.method)],
                                   stdout=subprocess.PIPE, text=True, env=env)

@@ -34,6 +34,7 @@ __all__ = [
     "GPUS",
     "JOB",
     "KUBECONFIG",
+    "LOCAL_WORLD_SIZE",
     "LOG_FORMAT",
     "MASTER",
     "MASTER_GIVE_UP_S",
@@ -225,6 +226,10 @@ WORLD_SIZE: Setting[int | None] = Setting(
 RANK: Setting[int | None] = Setting(
     "RANK", None, _optional_count,
     "synchronous readers: this process's rank in the group, 0-based (set by torchrun)")
+LOCAL_WORLD_SIZE: Setting[int | None] = Setting(
+    "LOCAL_WORLD_SIZE", None, _optional_count,
+    "training processes on this node (set by torchrun): each reader's default decode threads "
+    "are this process's cores divided by it")
 TF_CONFIG: Setting[str | None] = Setting(
     "TF_CONFIG", None, _text,
     "synchronous readers: TensorFlow's cluster JSON; chief and workers are ranks, in that order, "
@@ -234,7 +239,8 @@ TF_CONFIG: Setting[str | None] = Setting(
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
-    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, TF_CONFIG)}
+    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
+    TF_CONFIG)}
 
 
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:

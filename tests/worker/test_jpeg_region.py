@@ -9,31 +9,12 @@ import threading
 import numpy as np
 import pytest
 import simplejpeg
+from jpeg_samples import decode_window, encode, photo
 from PIL import Image
 
 from trainfeed.worker import roi
 
 region = roi._jpeg_region
-
-
-def photo(height: int, width: int) -> np.ndarray:
-    from sklearn.datasets import load_sample_image
-    source = Image.fromarray(load_sample_image("flower.jpg"))
-    return np.asarray(source.resize((width, height), Image.Resampling.BICUBIC))
-
-
-def encode(pixels: np.ndarray, **options: object) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=90, **options)
-    return out.getvalue()
-
-
-def decode_window(data: bytes, left: int, top: int, width: int, height: int, scale: int = 1,
-                  channels: int = 3) -> np.ndarray:
-    out = np.empty(height * (width + region.MARGIN) * channels, np.uint8)
-    row, dx = region.decode_region(data, out, left, top, width, height, scale, channels, False)
-    assert row >= width and dx <= region.MARGIN
-    return out[:height * row * channels].reshape(height, row, channels)[:, dx:dx + width]
 
 
 def test_the_region_decoder_is_built() -> None:

@@ -10,8 +10,8 @@ import io
 import numpy as np
 import pytest
 import simplejpeg
+from jpeg_samples import decode_window, encode, photo
 from PIL import Image
-from test_jpeg_region import decode_window, encode, photo
 
 from trainfeed.worker import roi
 

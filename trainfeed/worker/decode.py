@@ -20,7 +20,7 @@ import io
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,6 +30,7 @@ import pyarrow as pa
 import simplejpeg
 from PIL import Image, UnidentifiedImageError, features
 
+from trainfeed import settings
 from trainfeed.errors import TrainfeedError
 from trainfeed.worker.crops import CropOptions, record_uniforms
 from trainfeed.worker.jitter import color_jitter
@@ -110,6 +111,18 @@ def center_crop(image: np.ndarray, aspect: float) -> np.ndarray:
     return image[:, left:left + keep]
 
 
+def default_decode_threads(environ: Mapping[str, str] | None = None) -> int:
+    """Decode threads when `decode_threads` is not given: the cores this process may run on (its
+    CPU affinity, which a container's cpuset or `taskset` narrows, where os.cpu_count() counts
+    the machine's), shared among the training processes torchrun started on this node
+    (`LOCAL_WORLD_SIZE`): N ranks each decoding on every core would oversubscribe them N times
+    (measured: 2 readers on 2 cores spent 1.19 ms of CPU per training image with 4 decode
+    threads between them, 1.05 ms with 2)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(1, cores // (settings.LOCAL_WORLD_SIZE.get(environ) or 1))
+
+
 class ImageDecoder:
     """Decodes batches of encoded images into one uint8 array of a fixed shape.
 
@@ -137,7 +150,7 @@ class ImageDecoder:
         self.channels = channels
         self.crop = crop
         self.errors = errors
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or default_decode_threads()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trainfeed-decode") \
             if self.threads > 1 else None
         # Images decoded per library: proof that JPEGs take the fast path (tests, doctor).

@@ -116,8 +116,8 @@ def default_decode_threads(environ: Mapping[str, str] | None = None) -> int:
     CPU affinity, which a container's cpuset or `taskset` narrows, where os.cpu_count() counts
     the machine's), shared among the training processes torchrun started on this node
     (`LOCAL_WORLD_SIZE`): N ranks each decoding on every core would oversubscribe them N times
-    (measured: 2 readers on 2 cores spent 1.19 ms of CPU per training image with 4 decode
-    threads between them, 1.05 ms with 2)."""
+    (8 ranks on a 96-core node would start 768 decode threads). On the benchmark's 2 cores the
+    difference was within the machine's noise (docs/benchmarks.md)."""
     affinity = getattr(os, "sched_getaffinity", None)
     cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
     return max(1, cores // (settings.LOCAL_WORLD_SIZE.get(environ) or 1))

@@ -13,9 +13,11 @@ from trainfeed.worker import roi
 region = roi._jpeg_region
 
 
-def photo(height: int, width: int) -> np.ndarray:
+def photo(height: int, width: int, sample: str = "flower.jpg") -> np.ndarray:
+    """A natural photo (one of scikit-learn's samples, shipped with it: "flower.jpg" or
+    "china.jpg") resized to (height, width)."""
     from sklearn.datasets import load_sample_image
-    source = Image.fromarray(load_sample_image("flower.jpg"))
+    source = Image.fromarray(load_sample_image(sample))
     return np.asarray(source.resize((width, height), Image.Resampling.BICUBIC))
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from jpeg_samples import encode as jpeg
+from jpeg_samples import photo as sample_photo
 from PIL import Image
 
 from trainfeed import dist
@@ -22,16 +24,7 @@ RRC = ((0.08, 1.0), (3 / 4, 4 / 3))
 
 
 def photo(height: int, width: int) -> np.ndarray:
-    """A natural photo (scikit-learn's sample, shipped with it) resized to (height, width)."""
-    from sklearn.datasets import load_sample_image
-    source = Image.fromarray(load_sample_image("china.jpg"))
-    return np.asarray(source.resize((width, height), Image.Resampling.BICUBIC))
-
-
-def jpeg(pixels: np.ndarray, **kwargs: object) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=90, **kwargs)
-    return out.getvalue()
+    return sample_photo(height, width, "china.jpg")
 
 
 def reference(data: bytes, window: Window, size: tuple[int, int]) -> np.ndarray:

@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"ones fewer, longer sequential reads")
     p.add_argument("--jpeg-restarts", action="store_true",
                    help="rewrite JPEGs losslessly with restart markers, so that training crops "
-                        "(random_resized_crop=) decode their window alone, ~1.8x faster; pixels "
+                        "(random_resized_crop=) decode their window alone, ~1.35x faster; pixels "
                         "stay identical, stored bytes differ from the files' (docs/imagenet.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")

@@ -95,9 +95,10 @@ def region_decoder_missing() -> None:
 # How wide an interval between restart markers `with_restarts` makes, at most, in pixels: the
 # largest number of MCUs (16 px wide at 4:2:0, 8 at 4:4:4) that divides a row and spans no more.
 # Narrower intervals cut windows closer to their edges but cost a marker each. Measured on the
-# benchmark's photos (4:2:0): 16 and 32 px decode windows equally fast (0.56x a plain region
-# decode), 64 px ~4 % slower; at 32 px the files stay the same size (0.997x: the optimized
-# Huffman tables pay for the markers); smoother images grow by 1-7 % (tests).
+# benchmark's photos (4:2:0): 16 and 32 px decode windows equally fast (0.73x the region
+# decoder's time on the same JPEGs without markers), 64 px ~1.5 % slower; at 32 px the files
+# stay the same size (0.997x: the optimized Huffman tables pay for the markers); smoother
+# images grow by 1-7 % (tests).
 RESTART_TARGET_PIXELS = 32
 
 

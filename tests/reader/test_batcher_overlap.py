@@ -9,10 +9,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from trainfeed import dist
 from trainfeed.reader.batcher import _overlapped
+from trainfeed.upload import upload
 
 
 @dataclass
@@ -92,3 +95,24 @@ def test_closing_early_stops_the_cutting_thread() -> None:
     assert not any(t.name == "trainfeed-cut" for t in threading.enumerate()
                    if t.name not in before)
     assert len(produced) <= 4 + 2 + 2  # read ahead by at most the queue and the converters
+
+
+@pytest.fixture
+def storage(image_list: Path, storage_dir: str) -> str:
+    upload(str(image_list), "flowers", storage_dir, progress=False)
+    return storage_dir
+
+
+@pytest.mark.parametrize(("threads", "overlapped"), [(1, False), (2, True)])
+def test_one_decode_thread_means_one_batch_decoding_at_a_time(storage: str, threads: int,
+                                                              overlapped: bool) -> None:
+    """With a single decode thread the decoder runs on the converting thread: two converters
+    would decode two batches at once against decode_threads=1 (what LOCAL_WORLD_SIZE asks of
+    each rank). Seen by the pipeline's named converter threads during a whole pass."""
+    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
+                         image_size=(16, 16), batch_size=10, decode_threads=threads)
+    seen = set()
+    for _ in reader():
+        seen |= {t.name for t in threading.enumerate() if t.name.startswith("trainfeed-convert")}
+    assert bool(seen) == overlapped, seen
+    reader.close()

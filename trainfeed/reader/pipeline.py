@@ -245,8 +245,10 @@ class Pipeline:
     def _converters(self) -> int:
         """Pieces converted at once: two when images are decoded, so that one batch's serial
         steps overlap the decoding of the other (trainfeed.reader.batcher._pieces); one
-        otherwise (converting is then cheap, and a thread hop would cost more)."""
-        return 2 if self.decoder is not None else 1
+        otherwise (converting is then cheap, and a thread hop would cost more), and one when
+        the decoder has a single thread: it then decodes on the converting thread, and two
+        converters would decode two batches at once against `decode_threads=1`."""
+        return 2 if self.decoder is not None and self.decoder.threads > 1 else 1
 
     def close(self) -> None:
         if self.decoder is not None:

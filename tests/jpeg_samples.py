@@ -4,10 +4,13 @@ test_jpeg_restarts.py)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker import roi
 
 region = roi._jpeg_region
@@ -33,3 +36,19 @@ def decode_window(data: bytes, left: int, top: int, width: int, height: int, sca
     row, dx = region.decode_region(data, out, left, top, width, height, scale, channels, False)
     assert row >= width and dx <= region.MARGIN
     return out[:height * row * channels].reshape(height, row, channels)[:, dx:dx + width]
+
+
+def upload_photos(folder: Path, photos: Iterable[np.ndarray]) -> str:
+    """Stores `photos` as JPEGs in dataset "photos" (labels a, b in turn; row groups of 8, so
+    partitions of 8) under folder/storage, which it returns."""
+    source = folder / "photos"
+    (source / "images").mkdir(parents=True)
+    lines = []
+    for i, pixels in enumerate(photos):
+        (source / f"images/{i:03d}.jpg").write_bytes(encode(pixels))
+        lines.append(f"images/{i:03d}.jpg\t{'ab'[i % 2]}\n")
+    (source / "train_data.list").write_text("".join(lines))
+    storage = str(folder / "storage")
+    upload(str(source / "train_data.list"), "photos", storage, UploadOptions(row_group_rows=8),
+           progress=False)
+    return storage

@@ -10,10 +10,10 @@ import pytest
 import simplejpeg
 from jpeg_samples import encode as jpeg
 from jpeg_samples import photo as sample_photo
+from jpeg_samples import upload_photos
 from PIL import Image
 
 from trainfeed import dist
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker import roi
 from trainfeed.worker.crops import CropOptions, Window, record_uniforms
 from trainfeed.worker.decode import DecodeError, ImageDecoder
@@ -169,17 +169,7 @@ def test_a_seed_gives_the_same_crops_in_any_batch_thread_or_run(jpeg_path: str) 
 @pytest.fixture
 def photos(tmp_path: Path) -> str:
     """A stored dataset of 40 photo JPEGs of assorted sizes, in partitions of 8."""
-    folder = tmp_path / "photos"
-    (folder / "images").mkdir(parents=True)
-    lines = []
-    for i in range(40):
-        (folder / f"images/{i:03d}.jpg").write_bytes(jpeg(photo(120 + 3 * i, 200 - 2 * i)))
-        lines.append(f"images/{i:03d}.jpg\t{'ab'[i % 2]}\n")
-    (folder / "train_data.list").write_text("".join(lines))
-    storage = str(tmp_path / "storage")
-    upload(str(folder / "train_data.list"), "photos", storage, UploadOptions(row_group_rows=8),
-           progress=False)
-    return storage
+    return upload_photos(tmp_path, (photo(120 + 3 * i, 200 - 2 * i) for i in range(40)))
 
 
 def images_by_id(batches: object) -> dict[int, np.ndarray]:

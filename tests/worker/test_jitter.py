@@ -3,15 +3,15 @@ per (seed, epoch, record) in torchvision's ranges, applied on the decode threads
 crops and flips are unchanged by turning it on; validation never jitters."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
+from jpeg_samples import encode as jpeg
+from jpeg_samples import upload_photos
 from PIL import Image
 
 from trainfeed import dist
-from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.crops import CropOptions, record_uniforms
 from trainfeed.worker.decode import ImageDecoder
 from trainfeed.worker.jitter import color_jitter
@@ -109,12 +109,6 @@ def test_factors_are_uniform_in_torchvisions_ranges_and_reproducible() -> None:
         CropOptions((8, 8), RRC, color_jitter=(0.4, -0.1, 0.0))
 
 
-def jpeg(pixels: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=90)
-    return out.getvalue()
-
-
 def test_decoded_batches_are_the_crops_jittered_and_the_crops_do_not_change() -> None:
     blobs = [jpeg(photo(300 + 5 * i, 400 - 3 * i, i)) for i in range(16)]
     ids = np.arange(500, 516)
@@ -136,17 +130,7 @@ def test_decoded_batches_are_the_crops_jittered_and_the_crops_do_not_change() ->
 
 @pytest.fixture
 def photos(tmp_path: Path) -> str:
-    folder = tmp_path / "photos"
-    (folder / "images").mkdir(parents=True)
-    lines = []
-    for i in range(24):
-        (folder / f"images/{i:03d}.jpg").write_bytes(jpeg(photo(120 + 3 * i, 160, i)))
-        lines.append(f"images/{i:03d}.jpg\t{'ab'[i % 2]}\n")
-    (folder / "train_data.list").write_text("".join(lines))
-    storage = str(tmp_path / "storage")
-    upload(str(folder / "train_data.list"), "photos", storage, UploadOptions(row_group_rows=8),
-           progress=False)
-    return storage
+    return upload_photos(tmp_path, (photo(120 + 3 * i, 160, i) for i in range(24)))
 
 
 def read_all(storage: str, mode: str, **options: object) -> dict[int, np.ndarray]:

@@ -67,6 +67,7 @@ OPS: dict[str, dict[str, str]] = {
         "val": "trainfeed-dist on the dataset uploaded with --jpeg-restarts",
         "train": "trainfeed-dist on the dataset uploaded with --jpeg-restarts"},
 }
+METHODS = tuple(OPS)
 # The dataset each trainfeed method reads: the plain upload, or the one with restart markers
 # (`trainfeed upload --jpeg-restarts`, the same images, pixel for pixel).
 DATASET = "imagenet-like"
@@ -75,7 +76,6 @@ RESTARTS_DATASET = "imagenet-like-restarts"
 
 def dataset_of(method: str) -> str:
     return RESTARTS_DATASET if method.endswith("-rst") else DATASET
-METHODS = tuple(OPS)
 
 
 def read_list(data: str) -> tuple[list[str], list[int]]:

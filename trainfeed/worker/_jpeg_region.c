@@ -58,6 +58,16 @@ static void warn_as_error(j_common_ptr info, int level) {
     }
 }
 
+/* libjpeg's error manager with warnings as errors and the message kept for ValueError, for
+ * every libjpeg object of one call (they share the escape). */
+static struct jpeg_error_mgr *strict_errors(StrictErrors *errors) {
+    struct jpeg_error_mgr *manager = jpeg_std_error(&errors->manager);
+    manager->error_exit = fail;
+    manager->emit_message = warn_as_error;
+    errors->message[0] = '\0';
+    return manager;
+}
+
 static int decode(const unsigned char *data, size_t size, unsigned char *out, size_t capacity,
                   JDIMENSION left, JDIMENSION top, JDIMENSION width, JDIMENSION height,
                   unsigned int scale, int channels, int fast_dct, JDIMENSION *row,
@@ -66,10 +76,7 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
     StrictErrors errors;
     volatile int created = 0;
 
-    info.err = jpeg_std_error(&errors.manager);
-    errors.manager.error_exit = fail;
-    errors.manager.emit_message = warn_as_error;
-    errors.message[0] = '\0';
+    info.err = strict_errors(&errors);
     if (setjmp(errors.escape)) {
         if (created) {
             jpeg_destroy_decompress(&info);
@@ -372,11 +379,7 @@ static int transcode(const unsigned char *data, size_t size, unsigned int target
     StrictErrors errors;
     volatile int have_source = 0, have_sink = 0;
 
-    source.err = jpeg_std_error(&errors.manager);
-    sink.err = &errors.manager;
-    errors.manager.error_exit = fail;
-    errors.manager.emit_message = warn_as_error;
-    errors.message[0] = '\0';
+    source.err = sink.err = strict_errors(&errors);
     if (setjmp(errors.escape)) {
         if (have_sink) {
             jpeg_destroy_compress(&sink);

@@ -240,3 +240,37 @@ def test_binary_views_are_the_column_values_without_copies() -> None:
     decoder = ImageDecoder(threads=1, crops=CropOptions((16, 16)))
     np.testing.assert_array_equal(decoder.decode([view], ["x"]).images,
                                   decoder.decode([jpeg_bytes], ["x"]).images)
+
+
+def test_batches_the_trainer_holds_are_never_written_over(photos: str) -> None:
+    """Crop batches are written into recycled arrays (trainfeed/worker/array_pool.py): every
+    batch (and every image taken out of one) that is still held keeps its pixels while the
+    reader goes on, over a second epoch too."""
+    reader = dist.reader("photos", local=True, storage=photos, decode=True, image_size=(32, 32),
+                         seed=3, random_resized_crop=RRC, random_flip=True, batch_size=8,
+                         shuffle_buffer=16)
+    held, copies = [], []
+    for batch in reader():
+        held.append(batch["image"])
+        copies.append(batch["image"].copy())
+    singles = [(image, image.copy()) for image in held.pop()]  # images out of a dropped batch
+    copies.pop()
+    for _ in range(2):
+        assert len(images_by_id(reader())) == 40
+    assert len(held) == 4
+    for batch, copy in zip(held, copies):
+        np.testing.assert_array_equal(batch, copy)
+    for image, copy in singles:
+        np.testing.assert_array_equal(image, copy)
+
+
+def test_the_decoder_reuses_a_batch_nobody_holds() -> None:
+    blobs = [jpeg(photo(60 + i, 80)) for i in range(4)]
+    decoder = ImageDecoder(threads=1, crops=CropOptions((16, 16)))
+    first = decoder.decode(blobs, ["x"] * 4).images
+    address = first.__array_interface__["data"][0]
+    expected = first.copy()
+    del first
+    again = decoder.decode(blobs, ["x"] * 4).images
+    assert again.__array_interface__["data"][0] == address
+    np.testing.assert_array_equal(again, expected)

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.reader.backends import PassStream
+from trainfeed.reader.gather import take_rows
 from trainfeed.worker.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
 from trainfeed.worker.prefetch import Background, LoadedPartition, TaskRef
 from trainfeed.worker.task_loop import Load, plain_load
@@ -110,7 +111,7 @@ def partition_loader(selector: Selector | None, shuffle_seed: int | None) -> Loa
         rows = rows[task.skip:task.stop or None]
         if len(rows) == table.num_rows and (rows == np.arange(len(rows))).all():
             return table
-        return table.take(rows)
+        return take_rows(table, rows)
     return load
 
 
@@ -206,7 +207,7 @@ class Cutter:
             labels = rng.permutation(slots[grouped])
             order = np.empty_like(grouped)
             order[np.argsort(labels, kind="stable")] = grouped
-            table, slots = table.take(order), labels
+            table, slots = take_rows(table, order), labels
         n = table.num_rows
         usable = n if everything else n // size * size
         pieces = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,7 @@ from PIL import Image, UnidentifiedImageError, features
 
 from trainfeed import settings
 from trainfeed.errors import TrainfeedError
+from trainfeed.worker.array_pool import ArrayPool
 from trainfeed.worker.crops import CropOptions, record_uniforms
 from trainfeed.worker.jitter import color_jitter
 from trainfeed.worker.roi import decode_crop, region_decoder, region_decoder_missing
@@ -71,13 +73,17 @@ def binary_views(column: pa.ChunkedArray) -> list[bytes | memoryview]:
         return column.to_pylist()
     views: list[bytes | memoryview] = []
     for chunk in column.chunks:
-        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[
-            chunk.offset:chunk.offset + len(chunk) + 1]
-        data = chunk.buffers()[2]
+        _, offsets_buffer, data = chunk.buffers()
         if data is None:  # every value empty
             views.extend(b"" for _ in range(len(chunk)))
             continue
         whole = memoryview(data).cast("B")
+        if len(chunk) == 1:  # a row gathered on its own (trainfeed.reader.gather): no numpy
+            start, stop = struct.unpack_from("<2i", offsets_buffer, 4 * chunk.offset)
+            views.append(whole[start:stop])
+            continue
+        offsets = np.frombuffer(offsets_buffer, np.int32)[
+            chunk.offset:chunk.offset + len(chunk) + 1]
         views.extend(whole[start:stop] for start, stop in zip(offsets[:-1].tolist(),
                                                               offsets[1:].tolist()))
     return views
@@ -156,6 +162,8 @@ class ImageDecoder:
         # Images decoded per library: proof that JPEGs take the fast path (tests, doctor).
         self.backend_counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        # Crop batches are written into arrays the trainer has let go of (see ArrayPool).
+        self._batches = ArrayPool()
 
     def decode_one(self, data: bytes | memoryview) -> np.ndarray:
         """One image as uint8 HxWxC (resized to image_size if set; crop options do not apply:
@@ -249,7 +257,7 @@ class ImageDecoder:
         if crops.random and (ids is None or len(ids) != n):
             raise ValueError("random crops need the records' ids (one per image) to seed them")
         draws = record_uniforms(seed, epoch, ids) if crops.random and ids is not None else None
-        out = np.empty((n, *crops.size, self.channels), np.uint8)
+        out = self._batches.empty((n, *crops.size, self.channels), np.uint8)
         ok = np.ones(n, dtype=bool)
         failures: list[str | None] = [None] * n
 

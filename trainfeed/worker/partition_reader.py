@@ -6,6 +6,13 @@ rows a chooser keeps, by byte range, using the shard's payload index (see
 trainfeed.formats.shards.payload_index): records that class rebalancing drops cost no payload
 I/O. Shards without an index fall back to reading whole row groups.
 
+On a local (or mounted) filesystem, whole row groups take the same path: their payloads are
+read by range straight into one buffer that becomes the Arrow column, with no copy. Parquet's
+own decoding of a binary column copies every value into a growing builder (and the kernel zeroes
+each fresh page of it): for 83 KB JPEGs that cost ~0.07 ms per image, 6 % of a train crop's
+whole budget. Remote stores keep Parquet's read, one request per column chunk rather than one
+per run of values.
+
 Nothing read is trusted: Parquet page checksums are verified on every page read, every ranged
 payload read is bounds-checked against the shard's size and checked against the CRC-32 the
 payload index records for it, and the row counts are checked against the manifest. Any mismatch
@@ -40,6 +47,14 @@ from trainfeed.worker.prefetch import TaskRef
 OPEN_SHARDS = 8
 # The column that carries how many times a selected row is to be emitted (over-sampling).
 COPIES_COLUMN = "_copies"
+# Ranged reads of a local shard: values at most this far apart are read by one system call (the
+# bytes between them, Parquet's length prefixes and page headers, go to a scratch buffer), and
+# one call takes at most this many values (IOV_MAX, the kernel's limit, is 1024 on Linux).
+COALESCE_GAP = 64 * 1024
+COALESCE_VALUES = 500
+# A column's values are read into buffers of at most this many bytes each (Arrow's binary
+# type addresses its data with int32 offsets).
+MAX_CHUNK_BYTES = 2**31 - 1
 
 
 @dataclass
@@ -109,7 +124,8 @@ class PartitionReader:
         index), so that cutting a row group into k slices does not read its payloads k times;
         a shard without an index is read whole and cut."""
         held = self._check_rows(shard, row_group_start, row_group_stop, row_start, num_records)
-        if row_start == 0 and num_records == held:
+        whole = row_start == 0 and num_records == held
+        if whole and not self._reads_payloads_by_range(shard):
             table = self._row_groups(shard, row_group_start, row_group_stop, held, self.columns)
             self.stats.payload_bytes += self._payload_size(table)
             return table
@@ -157,6 +173,15 @@ class PartitionReader:
                 f"{row_group_stop}) hold {table.num_rows} rows, expected {num_rows}")
         return table
 
+    def _reads_payloads_by_range(self, shard: str) -> bool:
+        """Whether whole row groups of `shard` are read with their payloads fetched by range:
+        on a local filesystem, when the shard's index has a checksum per value (so the bytes
+        are verified as Parquet's page checksums would verify them)."""
+        if not self.binary or not self.dataset.is_local:
+            return False
+        index = self._index(shard)
+        return index is not None and index.shape[2] >= INDEX_COLUMNS
+
     def _payload_size(self, table: pa.Table) -> int:
         return sum(int(pc.sum(pc.binary_length(table.column(c))).as_py() or 0)
                    for c in self.binary)
@@ -194,8 +219,11 @@ class PartitionReader:
             parquet = self._shard(shard)
             first = sum(parquet.metadata.row_group(i).num_rows for i in range(row_group_start))
             ids = meta.column(ID_COLUMN).to_numpy()[rows]
-            payloads = {name: self._fetch(shard, index[first + rows, k], ids)
-                        for k, name in enumerate(self.binary)}
+            # The index has a column per binary field of the shard, in the shard's order.
+            slot = {f.name: k for k, f in enumerate(
+                f for f in parquet.schema_arrow if f.type == pa.binary())}
+            payloads = {name: self._fetch(shard, index[first + rows, slot[name]], ids)
+                        for name in self.binary}
         kept = meta.take(rows)
         # The shard's own schema (non-null fields), as a whole read has: a pass concatenates
         # slices with whole row groups.
@@ -255,29 +283,73 @@ class PartitionReader:
         path = self.dataset.path(shard)
         return os.path.getsize(path) if self.dataset.is_local else int(self.dataset.fs.size(path))
 
-    def _fetch(self, shard: str, ranges: np.ndarray, ids: np.ndarray) -> pa.Array:
+    def _fetch(self, shard: str, ranges: np.ndarray,
+               ids: np.ndarray) -> pa.Array | pa.ChunkedArray:
         """The byte ranges (offset, length[, crc32]) of one shard, in order, each checked
         against its CRC-32 when the index has one (`ids` name the records in errors)."""
         path = self.dataset.path(shard)
-        if self.dataset.is_local:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                values = [os.pread(fd, int(n), int(at)) for at, n in ranges[:, :2]]
-            finally:
-                os.close(fd)
-        else:
-            starts = [int(at) for at, _ in ranges[:, :2]]
-            ends = [int(at + n) for at, n in ranges[:, :2]]
-            values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
         self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
+        if self.dataset.is_local:
+            chunks = [self._read_local(shard, path, part, ids[at:at + len(part)])
+                      for at, part in _parts_under(ranges, MAX_CHUNK_BYTES)]
+            return chunks[0] if len(chunks) == 1 else pa.chunked_array(chunks, pa.binary())
+        starts = [int(at) for at, _ in ranges[:, :2]]
+        ends = [int(at + n) for at, n in ranges[:, :2]]
+        values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
         if ranges.shape[1] >= INDEX_COLUMNS:
             for value, expected, record in zip(values, ranges[:, 2], ids):
                 if zlib.crc32(value) != expected:
-                    raise CorruptDatasetError(
-                        f"record {int(record)} of shard {shard} of {self.dataset.url}: its "
-                        f"payload does not match its checksum (the shard or its index is "
-                        f"corrupt)")
+                    raise self._checksum_error(shard, int(record))
         return pa.array(values, pa.binary())
+
+    def _read_local(self, shard: str, path: str, ranges: np.ndarray,
+                    ids: np.ndarray) -> pa.Array:
+        """`ranges` of a local file read into one buffer, which becomes the binary array's data
+        as it is (values at most COALESCE_GAP apart share a system call)."""
+        lengths = ranges[:, 1]
+        offsets = np.zeros(len(ranges) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), np.uint8)
+        out = data.data  # a memoryview of the array
+        gap = memoryview(bytearray(COALESCE_GAP))
+        at_list = ranges[:, 0].tolist()
+        bounds = offsets.tolist()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            i = 0
+            while i < len(at_list):
+                # One run: values in file order, each within COALESCE_GAP of the last.
+                buffers = [out[bounds[i]:bounds[i + 1]]]
+                first, end, j = at_list[i], at_list[i] + bounds[i + 1] - bounds[i], i + 1
+                while (j < len(at_list) and j - i < COALESCE_VALUES
+                       and end <= at_list[j] <= end + COALESCE_GAP):
+                    if at_list[j] > end:
+                        buffers.append(gap[:at_list[j] - end])
+                    buffers.append(out[bounds[j]:bounds[j + 1]])
+                    end = at_list[j] + bounds[j + 1] - bounds[j]
+                    j += 1
+                got = os.preadv(fd, buffers, first)
+                if got != end - first:  # the first value not read whole is the one named
+                    cut = next(k for k in range(i, j)
+                               if at_list[k] + bounds[k + 1] - bounds[k] > first + got)
+                    raise CorruptDatasetError(
+                        f"record {int(ids[cut])} of shard {shard} of {self.dataset.url}: the "
+                        f"shard ends before its payload (truncated since it was indexed?)")
+                i = j
+        finally:
+            os.close(fd)
+        if ranges.shape[1] >= INDEX_COLUMNS:
+            for start, stop, expected, record in zip(bounds[:-1], bounds[1:],
+                                                     ranges[:, 2].tolist(), ids.tolist()):
+                if zlib.crc32(out[start:stop]) != expected:
+                    raise self._checksum_error(shard, int(record))
+        return pa.Array.from_buffers(pa.binary(), len(ranges),
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+    def _checksum_error(self, shard: str, record: int) -> CorruptDatasetError:
+        return CorruptDatasetError(
+            f"record {record} of shard {shard} of {self.dataset.url}: its payload does not "
+            f"match its checksum (the shard or its index is corrupt)")
 
     @staticmethod
     def _close_one(parquet: pq.ParquetFile, handle: Any) -> None:
@@ -289,6 +361,19 @@ class PartitionReader:
         while self._open:
             _, (parquet, handle) = self._open.popitem()
             self._close_one(parquet, handle)
+
+
+def _parts_under(ranges: np.ndarray, limit: int) -> list[tuple[int, np.ndarray]]:
+    """`ranges` cut into consecutive parts (with the position each starts at) whose lengths
+    sum to at most `limit` each; a part holds at least one range."""
+    parts, start, total = [], 0, 0
+    for i, length in enumerate(ranges[:, 1].tolist()):
+        if total + length > limit and i > start:
+            parts.append((start, ranges[start:i]))
+            start, total = i, 0
+        total += length
+    parts.append((start, ranges[start:]))
+    return parts
 
 
 def stable_ids(table: pa.Table, keys: Sequence[str]) -> list[int]:

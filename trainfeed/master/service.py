@@ -469,11 +469,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 asks.append((ledger.epoch, p, ledger.token_of(p)))
 
     @staticmethod
-    def _asked_back(job: Job, worker: str) -> list[pb.HeldTask]:
-        """What `worker` is asked to give back (once; see `_ask_back`)."""
+    def _asked_back(job: Job, worker: str,
+                    held: list[tuple[int, int, int]]) -> list[pb.HeldTask]:
+        """What `worker` is asked to give back (once; see `_ask_back`), of the leases its call
+        says it holds (`held`). A lease it does not list yet (granted in an answer it has not
+        read: its producer and its reporter call the master on two threads) stays asked for
+        its next call: sent now, the ask would be ignored, and ASK_BACK_AGAIN_S would keep the
+        partition from an idle reader for that long (seen at an epoch's tail)."""
+        current = [(e, p, t) for e, p, t in job.give_back.pop(worker, ())
+                   if job.ledger.leases.get(p) == (worker, t) and e == job.ledger.epoch]
+        known = set(held)
+        later = [ask for ask in current if ask not in known]
+        if later:
+            job.give_back[worker] = later
         return [pb.HeldTask(epoch=e, partition=p, lease=t)
-                for e, p, t in job.give_back.pop(worker, ())
-                if job.ledger.leases.get(p) == (worker, t) and e == job.ledger.epoch]
+                for e, p, t in current if (e, p, t) in known]
 
     def _touch(self, job: Job, worker: str) -> None:
         now = time.time()
@@ -698,7 +708,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return pb.GetTasksResponse(
             status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
             tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked,
-            failed=failed, failed_known=failed_known, give_back=self._asked_back(job, worker))
+            failed=failed, failed_known=failed_known,
+            give_back=self._asked_back(job, worker, held))
 
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
@@ -713,7 +724,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return pb.ReportResponse(current_epoch=job.ledger.epoch,
                                  revoked=self._revoked(job, request.worker_id, held,
                                                        request.reports),
-                                 give_back=self._asked_back(job, request.worker_id))
+                                 give_back=self._asked_back(job, request.worker_id, held))
 
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:

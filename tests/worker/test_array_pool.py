@@ -96,3 +96,59 @@ def test_the_pool_keeps_at_most_keep_arrays() -> None:
     assert first not in reused and pool.reused >= 1
     with pytest.raises(ValueError, match="keep"):
         ArrayPool(keep=0)
+
+
+def test_a_released_buffer_is_reused_for_a_read_of_a_similar_size() -> None:
+    pool = ArrayPool()
+    first = pool.buffer(3_000_000)
+    assert first.shape == (3_000_000,) and first.dtype == np.uint8
+    where = address(first)
+    del first
+    again = pool.buffer(2_500_000)  # another row group, a few records smaller
+    assert address(again) == where and again.size == 2_500_000 and pool.reused == 1
+    del again
+    # Less than half its size: a small read does not pin the large buffer.
+    assert address(pool.buffer(100_000)) != where
+    assert address(pool.buffer(0)) != where
+    with pytest.raises(ValueError, match="nbytes"):
+        pool.buffer(-1)
+
+
+@pytest.mark.parametrize("holder", ["view", "arrow buffer", "arrow slice", "memoryview"])
+def test_a_buffer_anything_still_holds_is_never_written_over(holder: str) -> None:
+    """A row group's payloads become an Arrow column over the buffer, and the shuffle keeps
+    slices of it: as long as any of them lives, the buffer is not handed out again."""
+    pa = pytest.importorskip("pyarrow")
+    pool = ArrayPool()
+    data = pool.buffer(2_000_000)
+    data[:] = 7
+    if holder == "view":
+        kept: object = data[10:20]
+    elif holder == "arrow buffer":
+        kept = pa.py_buffer(data)
+    elif holder == "arrow slice":
+        offsets = np.array([0, 1_000_000, 2_000_000], np.int32)
+        column = pa.Array.from_buffers(pa.binary(), 2, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(data)])
+        kept = column.slice(1, 1)
+        del column
+    else:
+        kept = memoryview(data)
+    where = address(data)
+    del data
+    gc.collect()
+    for _ in range(3):
+        other = pool.buffer(2_000_000)
+        assert address(other) != where
+        other[:] = 1
+        del other
+    if holder == "arrow slice":
+        assert set(kept[0].as_py()) == {7}  # type: ignore[index]
+    elif holder == "arrow buffer":
+        assert set(kept.to_pybytes()) == {7}  # type: ignore[attr-defined]
+    else:
+        assert (np.asarray(kept) == 7).all()
+    del kept
+    gc.collect()
+    assert address(pool.buffer(2_000_000)) == where
+

@@ -116,3 +116,22 @@ def test_no_rows_read_as_an_empty_column(dataset: tuple[str, Manifest]) -> None:
     empty = reader._fetch(manifest.shards[0].path, np.zeros((0, 3), np.int64),
                           np.zeros(0, np.int64))
     assert len(empty) == 0 and empty.type == pa.binary()
+
+
+def test_payload_buffers_are_reused_only_once_nothing_holds_their_rows(
+        dataset: tuple[str, Manifest]) -> None:
+    """Each row group's payloads go into a recycled buffer (no fresh pages to zero): a slice
+    a shuffle buffer still holds keeps its bytes while later reads reuse released buffers."""
+    storage, manifest = dataset
+    shard = manifest.shards[0].path
+    reader = reader_of(storage)
+    table = reader.read(shard, 0, 1, ROWS)
+    expected = table.column("image").to_pylist()[5:8]
+    held = table.slice(5, 3)
+    del table
+    for _ in range(4):
+        other = reader.read(shard, 1, 2, ROWS)
+        assert other.equals(parquet_read(storage, shard, 1, 2))
+        del other
+    assert reader._payload_buffers.reused >= 3
+    assert held.column("image").to_pylist() == expected

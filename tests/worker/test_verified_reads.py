@@ -12,7 +12,12 @@ from sample_data import make_image_list
 from trainfeed import dist
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
-from trainfeed.formats.shards import INDEX_COLUMNS, PAYLOAD_INDEX_SUFFIX
+from trainfeed.formats.shards import (
+    CRC32_COLUMN,
+    CRC32C_COLUMN,
+    INDEX_COLUMNS,
+    PAYLOAD_INDEX_SUFFIX,
+)
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.partition_reader import PartitionReader
@@ -66,8 +71,33 @@ def test_the_index_records_a_checksum_per_payload(dataset: tuple[str, Manifest])
     assert index.shape == (manifest.shards[0].num_rows, 1, INDEX_COLUMNS)
     table = reader(storage_dir).read(manifest.shards[0].path, 0, 1, 10)
     import zlib
-    assert [zlib.crc32(v) for v in table.column("image").to_pylist()] == \
-        index[:10, 0, 2].tolist()
+
+    import google_crc32c
+    values = table.column("image").to_pylist()
+    assert [zlib.crc32(v) for v in values] == index[:10, 0, CRC32_COLUMN].tolist()
+    assert [google_crc32c.value(v) for v in values] == index[:10, 0, CRC32C_COLUMN].tolist()
+
+
+@pytest.mark.parametrize("columns", [3, INDEX_COLUMNS])
+def test_the_checksum_readers_verify_is_the_one_the_index_has(
+        dataset: tuple[str, Manifest], columns: int) -> None:
+    """Readers verify the CRC-32C of a 4-column index, and the CRC-32 of a 3-column one (as
+    earlier versions wrote them): a wrong value in that column is caught, by every read path,
+    and a wrong value in the column not checked changes nothing."""
+    storage_dir, manifest = dataset
+    index = payload_offsets(storage_dir, manifest)[:, :, :columns].copy()
+    checked = CRC32C_COLUMN if columns == INDEX_COLUMNS else CRC32_COLUMN
+    shard = manifest.shards[0].path
+    if columns == INDEX_COLUMNS:
+        index[12, 0, CRC32_COLUMN] ^= 1  # not what this index is checked by
+    write_index(storage_dir, manifest, index)
+    assert reader(storage_dir).read(shard, 1, 2, 10).num_rows == 10
+    index[12, 0, checked] ^= 1
+    write_index(storage_dir, manifest, index)
+    with pytest.raises(CorruptDatasetError, match="record 12 of shard .*checksum"):
+        reader(storage_dir).read(shard, 1, 2, 10)
+    with pytest.raises(CorruptDatasetError, match="record 12 of shard .*checksum"):
+        reader(storage_dir).read_selected(shard, 1, 2, 10, every_id_choose)
 
 
 def test_flipped_payload_bytes_fail_every_read_path(dataset: tuple[str, Manifest]) -> None:

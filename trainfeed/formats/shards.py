@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -90,9 +91,14 @@ def encode_shard(schema: pa.Schema, row_groups: Sequence[RowGroupBuffer]) -> tup
 def payload_index(data: bytes, schema: pa.Schema,
                   row_groups: Sequence[RowGroupBuffer]) -> np.ndarray | None:
     """Where each binary value sits in the encoded shard `data`: an int64 array (rows, binary
-    fields, 3) of (offset, length, CRC-32 of the value), rows in shard order; None if a value
-    cannot be located. A ranged read of one value bypasses Parquet's page checksums, so the
-    index carries a checksum per value (indexes of 2 columns, written before, carry none).
+    fields, 4) of (offset, length, CRC-32, CRC-32C of the value), rows in shard order; None if
+    a value cannot be located. A ranged read of one value bypasses Parquet's page checksums, so
+    the index carries a checksum per value. Readers check the CRC-32C, which the CPU computes
+    (SSE 4.2, ARMv8): ~4 µs per 83 KB JPEG against ~30 µs for zlib's CRC-32, 3 % of a train
+    crop's CPU. The CRC-32 stays for readers whose google-crc32c has no compiled code (its
+    pure-Python fallback takes milliseconds per value), and is the only checksum of indexes of
+    3 columns, written before (those of 2 columns, older still, carry none). Where
+    google-crc32c has no compiled code, uploads write the 3 columns.
 
     Binary columns are written uncompressed, so each value is in the file verbatim, preceded by
     its 4-byte length (PLAIN encoding, in data pages or, dictionary-encoded, in the dictionary
@@ -101,8 +107,8 @@ def payload_index(data: bytes, schema: pa.Schema,
     """
     meta = pq.read_metadata(io.BytesIO(data))
     binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
-    out = np.zeros((sum(len(g) for g in row_groups), len(binary), INDEX_COLUMNS),
-                   dtype=np.int64)
+    columns = INDEX_COLUMNS if CRC32C_COMPILED else CRC32C_COLUMN
+    out = np.zeros((sum(len(g) for g in row_groups), len(binary), columns), dtype=np.int64)
     first_row = 0
     for index, group in enumerate(row_groups):
         row_group = meta.row_group(index)
@@ -121,15 +127,21 @@ def payload_index(data: bytes, schema: pa.Schema,
                         return None
                 else:
                     cursor = at + len(needle)
-                out[first_row + row, k] = (at + 4, len(value), zlib.crc32(value))
+                out[first_row + row, k, :3] = (at + 4, len(value), zlib.crc32(value))
+                if CRC32C_COMPILED:
+                    out[first_row + row, k, CRC32C_COLUMN] = google_crc32c.value(value)
         first_row += len(group)
     return out
 
 
 # Beside each shard: its payload index (see `payload_index`), an int64 .npy.
 PAYLOAD_INDEX_SUFFIX = ".payload.npy"
-# (offset, length, crc32) per value; older indexes have the first two only.
-INDEX_COLUMNS = 3
+# (offset, length, CRC-32, CRC-32C) per value; older indexes have the first three, or two, only.
+INDEX_COLUMNS = 4
+# The columns of an index: where its checksums are, and which an index must have to carry one.
+CRC32_COLUMN, CRC32C_COLUMN = 2, 3
+# Whether google-crc32c runs its compiled code (wheels for Linux, macOS and Windows have it).
+CRC32C_COMPILED = google_crc32c.implementation == "c"
 
 
 def write_shard(folder: Storage, rel: str, schema: pa.Schema,

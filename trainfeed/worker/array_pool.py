@@ -24,6 +24,10 @@ from collections import deque
 
 import numpy as np
 
+# `buffer` rounds what it allocates up to a multiple of this, so that buffers of similar sizes
+# (the row groups of one dataset differ by a few records) can stand in for one another.
+BUFFER_GRANULE = 1 << 20
+
 # Arrays a pool keeps. A reader has a few batches in flight (two converting, the prefetch queue,
 # the one the trainer holds): with more than this, the oldest is left to the trainer and the pool
 # allocates, as if it were not there.
@@ -67,8 +71,41 @@ class ArrayPool:
                     self._handed.append(array)
                     self.reused += 1
                     return array
-            array = np.empty(shape, want)
-            self._handed.append(array)
-            if len(self._handed) > self.keep:
-                self._handed.popleft()
-            return array
+            return self._hand(np.empty(shape, want))
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        """`nbytes` uint8 as the first bytes of a pooled buffer nobody holds any more, of at
+        least `nbytes` and at most twice that (a small read does not pin a large buffer).
+
+        The view holds its buffer (`view.base`), and so does anything made from the view
+        (`pa.py_buffer`, memoryviews, the Arrow arrays and slices built on them): the buffer
+        is free only when all of those are gone. For reads of varying sizes (a row group's
+        payloads) that would otherwise each map and zero fresh pages."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be ≥ 0, got {nbytes}")
+        with self._lock:
+            best, best_size = -1, 0
+            for i in range(len(self._handed)):
+                if _references(self._handed, i) != _POOL_ONLY:  # (before binding it here)
+                    continue
+                candidate = self._handed[i]
+                if (candidate.ndim == 1 and candidate.dtype == np.uint8
+                        and nbytes <= candidate.size <= 2 * max(nbytes, BUFFER_GRANULE)
+                        and (best < 0 or candidate.size < best_size)):
+                    best, best_size = i, candidate.size
+            if best >= 0:
+                base = self._handed[best]
+                del self._handed[best]
+                self._handed.append(base)
+                self.reused += 1
+            else:
+                size = -(-max(nbytes, 1) // BUFFER_GRANULE) * BUFFER_GRANULE
+                base = self._hand(np.empty(size, np.uint8))
+            return base[:nbytes]
+
+    def _hand(self, array: np.ndarray) -> np.ndarray:
+        """Keeps `array` among the pool's (the oldest is let go beyond `keep`); under the lock."""
+        self._handed.append(array)
+        if len(self._handed) > self.keep:
+            self._handed.popleft()
+        return array

@@ -14,8 +14,8 @@ whole budget. Remote stores keep Parquet's read, one request per column chunk ra
 per run of values.
 
 Nothing read is trusted: Parquet page checksums are verified on every page read, every ranged
-payload read is bounds-checked against the shard's size and checked against the CRC-32 the
-payload index records for it, and the row counts are checked against the manifest. Any mismatch
+payload read is bounds-checked against the shard's size and checked against the checksum the
+payload index records for it (CRC-32C, or CRC-32 in indexes written before 2026-11-25), and the row counts are checked against the manifest. Any mismatch
 is a CorruptDatasetError naming the dataset, the shard and the rows, never a wrong record.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,9 +38,16 @@ import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
-from trainfeed.formats.shards import INDEX_COLUMNS, PAYLOAD_INDEX_SUFFIX
+from trainfeed.formats.shards import (
+    CRC32_COLUMN,
+    CRC32C_COLUMN,
+    CRC32C_COMPILED,
+    INDEX_COLUMNS,
+    PAYLOAD_INDEX_SUFFIX,
+)
 from trainfeed.planning.partitions import SQL_SHARD
 from trainfeed.storage import Storage, access_error
+from trainfeed.worker.array_pool import ArrayPool
 from trainfeed.worker.prefetch import TaskRef
 
 # Shards stay open between partitions (their footers parsed once); a handful covers the shards a
@@ -55,6 +63,11 @@ COALESCE_VALUES = 500
 # A column's values are read into buffers of at most this many bytes each (Arrow's binary
 # type addresses its data with int32 offsets).
 MAX_CHUNK_BYTES = 2**31 - 1
+# Payload buffers a reader keeps for reuse (trainfeed.worker.array_pool): a row group's payloads
+# stay alive until a shuffle buffer has handed out its last record, so a shuffled reader has a
+# dozen or more in use (~8 MB each for 100 ImageNet JPEGs); a fresh buffer for each meant
+# the kernel zeroed every page the read then overwrote (3 % of a train crop's CPU, measured).
+PAYLOAD_BUFFERS_KEPT = 32
 
 
 @dataclass
@@ -84,6 +97,7 @@ class PartitionReader:
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
         self._indexes: dict[str, np.ndarray | None] = {}
         self._sql: Any = None  # trainfeed.sql.SqlSource of a SQL dataset, on first use
+        self._payload_buffers = ArrayPool(PAYLOAD_BUFFERS_KEPT)
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:
@@ -180,7 +194,7 @@ class PartitionReader:
         if not self.binary or not self.dataset.is_local:
             return False
         index = self._index(shard)
-        return index is not None and index.shape[2] >= INDEX_COLUMNS
+        return index is not None and _checksum_of(index.shape[2]) is not None
 
     def _payload_size(self, table: pa.Table) -> int:
         return sum(int(pc.sum(pc.binary_length(table.column(c))).as_py() or 0)
@@ -264,8 +278,9 @@ class PartitionReader:
 
     def _check_index(self, shard: str, index: np.ndarray) -> None:
         """Every (offset, length) must lie inside the shard: a damaged index must give an
-        error, not a wrong payload or a 2^40-byte allocation."""
-        if (index.ndim != 3 or index.shape[2] not in (2, INDEX_COLUMNS)
+        error, not a wrong payload or a 2^40-byte allocation. (Older indexes have 2 or 3
+        columns: see trainfeed.formats.shards.payload_index.)"""
+        if (index.ndim != 3 or index.shape[2] not in (2, 3, INDEX_COLUMNS)
                 or index.dtype != np.int64):
             raise CorruptDatasetError(f"payload index of shard {shard} of {self.dataset.url} "
                                       f"has shape {index.shape} {index.dtype}")
@@ -285,8 +300,8 @@ class PartitionReader:
 
     def _fetch(self, shard: str, ranges: np.ndarray,
                ids: np.ndarray) -> pa.Array | pa.ChunkedArray:
-        """The byte ranges (offset, length[, crc32]) of one shard, in order, each checked
-        against its CRC-32 when the index has one (`ids` name the records in errors)."""
+        """The byte ranges (offset, length[, checksums]) of one shard, in order, each checked
+        against its checksum when the index has one (`ids` name the records in errors)."""
         path = self.dataset.path(shard)
         self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
         if self.dataset.is_local:
@@ -296,9 +311,11 @@ class PartitionReader:
         starts = [int(at) for at, _ in ranges[:, :2]]
         ends = [int(at + n) for at, n in ranges[:, :2]]
         values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
-        if ranges.shape[1] >= INDEX_COLUMNS:
-            for value, expected, record in zip(values, ranges[:, 2], ids):
-                if zlib.crc32(value) != expected:
+        checksum = _checksum_of(ranges.shape[1])
+        if checksum is not None:
+            column, crc = checksum
+            for value, expected, record in zip(values, ranges[:, column].tolist(), ids):
+                if crc(value) != expected:
                     raise self._checksum_error(shard, int(record))
         return pa.array(values, pa.binary())
 
@@ -309,7 +326,7 @@ class PartitionReader:
         lengths = ranges[:, 1]
         offsets = np.zeros(len(ranges) + 1, np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        data = np.empty(int(offsets[-1]), np.uint8)
+        data = self._payload_buffers.buffer(int(offsets[-1]))
         out = data.data  # a memoryview of the array
         gap = memoryview(bytearray(COALESCE_GAP))
         at_list = ranges[:, 0].tolist()
@@ -338,10 +355,12 @@ class PartitionReader:
                 i = j
         finally:
             os.close(fd)
-        if ranges.shape[1] >= INDEX_COLUMNS:
+        checksum = _checksum_of(ranges.shape[1])
+        if checksum is not None:
+            column, crc = checksum
             for start, stop, expected, record in zip(bounds[:-1], bounds[1:],
-                                                     ranges[:, 2].tolist(), ids.tolist()):
-                if zlib.crc32(out[start:stop]) != expected:
+                                                     ranges[:, column].tolist(), ids.tolist()):
+                if crc(data[start:stop]) != expected:
                     raise self._checksum_error(shard, int(record))
         return pa.Array.from_buffers(pa.binary(), len(ranges),
                                      [None, pa.py_buffer(offsets), pa.py_buffer(data)])
@@ -361,6 +380,18 @@ class PartitionReader:
         while self._open:
             _, (parquet, handle) = self._open.popitem()
             self._close_one(parquet, handle)
+
+
+def _checksum_of(index_columns: int) -> tuple[int, Callable[[Any], int]] | None:
+    """Which column of a payload index of `index_columns` columns holds the checksum readers
+    verify, and the function that computes it (see trainfeed.formats.shards.payload_index):
+    CRC-32C where the index has it and google-crc32c runs compiled, else CRC-32, else None (no
+    checksum)."""
+    if index_columns >= INDEX_COLUMNS and CRC32C_COMPILED:
+        return CRC32C_COLUMN, google_crc32c.value
+    if index_columns > CRC32_COLUMN:
+        return CRC32_COLUMN, zlib.crc32
+    return None
 
 
 def _parts_under(ranges: np.ndarray, limit: int) -> list[tuple[int, np.ndarray]]:

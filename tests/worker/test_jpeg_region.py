@@ -112,3 +112,34 @@ def test_a_missing_region_decoder_is_said_once_and_in_doctor(
     out = np.empty((32, 32, 3), np.uint8)
     data = encode(photo(100, 120))
     assert roi.decode_crop(data, lambda h, w: roi.Window(0, 0, 50, 60), out) == "simplejpeg"
+
+
+@pytest.mark.parametrize("options", [{}, {"subsampling": 0}, {"progressive": True},
+                                     {"grey": True}, {"restarts": True}],
+                         ids=["4:2:0", "4:4:4", "progressive", "grey", "restart-indexed"])
+def test_image_size_reads_the_frame_header_as_libjpeg_does(options: dict) -> None:
+    grey, restarts = options.pop("grey", False), options.pop("restarts", False)
+    for height, width in ((403, 474), (1, 17), (333, 8)):
+        pixels = photo(height, width)
+        if grey:
+            pixels = np.asarray(Image.fromarray(pixels).convert("L"))
+        data = encode(pixels, **options)
+        if restarts:
+            data = roi.with_restarts(data)
+        assert region.image_size(data) == simplejpeg.decode_jpeg_header(data)[:2] == \
+            (height, width)
+        assert region.image_size(memoryview(data)) == (height, width)
+
+
+def test_image_size_is_none_for_what_is_not_a_jpeg_frame() -> None:
+    data = encode(photo(40, 60))
+    png = io.BytesIO()
+    Image.fromarray(photo(40, 60)).save(png, format="PNG")
+    frame = data.index(b"\xff\xc0")
+    for bad in (b"", b"\xff\xd8", png.getvalue(), data[:frame + 6],  # cut inside the frame
+                data[:2] + b"\xff\xd0" + data[2:],  # a restart marker among the headers
+                data[:frame + 5] + b"\x00\x00" + data[frame + 7:],  # height 0 (DNL)
+                b"\xff\xd8\xff\xe0\xff\xff"):  # a segment longer than the data
+        assert region.image_size(bad) is None, bad[:16]
+    with pytest.raises(TypeError):
+        region.image_size("not bytes")  # type: ignore[arg-type]

@@ -170,3 +170,25 @@ def test_flipped_bytes_never_crash_the_layout_parser() -> None:
         except ValueError:
             outcomes["error"] += 1
     assert outcomes["error"] > 0
+
+
+def test_the_scan_stops_at_the_window_s_last_row() -> None:
+    """Intervals below the window are neither decoded nor scanned: a stream cut short below the
+    window still gives the window's exact pixels from its intervals, and one cut inside the
+    window is an error."""
+    data = source("4:2:0")
+    rewritten = roi.with_restarts(data)
+    whole = simplejpeg.decode_jpeg(data)
+    mcu_row = len(rewritten) * 16 // HEIGHT  # roughly one row of MCUs, in bytes
+    cut_short = rewritten[:len(rewritten) // 2 + 2 * mcu_row]  # no EOI: not a whole stream
+    left, top, w, h = 100, 40, 120, HEIGHT // 2 - 60
+    cut = region.sub_image(cut_short, left - 4, top - 4, left + w + 4, top + h + 4)
+    assert cut is not None
+    sub, x, y = cut
+    np.testing.assert_array_equal(decode_window(sub, left - x, top - y, w, h),
+                                  whole[top:top + h, left:left + w])
+    np.testing.assert_array_equal(decode_window(cut_short, left, top, w, h),
+                                  whole[top:top + h, left:left + w])
+    assert region.sub_image(cut_short, 100, HEIGHT - 60, 200, HEIGHT - 10) is None
+    with pytest.raises(ValueError):
+        decode_window(cut_short, 100, HEIGHT - 60, 100, 50)

@@ -248,10 +248,47 @@ static int restart_layout(const unsigned char *data, size_t size, RestartLayout 
     return layout->mcus_per_row % interval == 0;
 }
 
-/* Where each of the `count` intervals lies: [start[i], end[i]). 0 unless the scan splits into
- * exactly `count` intervals, their markers in sequence, ended by EOI. */
+/* 1 and the frame's (height, width) from the first SOF segment of any JPEG process (baseline,
+ * progressive, lossless, arithmetic); 0 if there is none before the first scan or the markers
+ * are damaged. Reads only within `size`. ~0.2 us: cheaper than the round trip of releasing and
+ * taking back the GIL, so it runs with the GIL held. */
+static int frame_size(const unsigned char *data, size_t size, unsigned int *height,
+                      unsigned int *width) {
+    if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) {
+        return 0;
+    }
+    for (size_t at = 2; at + 4 <= size;) {
+        if (data[at] != 0xFF) {
+            return 0;
+        }
+        unsigned char marker = data[at + 1];
+        if (marker == 0xFF) {
+            at++;
+            continue;
+        }
+        unsigned int length = segment_length(data, at);
+        if (marker == 0xDA || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9)
+                || length < 2 || at + 2 + length > size) {
+            return 0;
+        }
+        if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8
+                && marker != 0xCC) {
+            if (length < 8) {
+                return 0;
+            }
+            *height = ((unsigned int)data[at + 5] << 8) | data[at + 6];
+            *width = ((unsigned int)data[at + 7] << 8) | data[at + 8];
+            return *height > 0 && *width > 0;
+        }
+        at += 2 + length;
+    }
+    return 0;
+}
+
+/* Where the first `needed` of the scan's `count` intervals lie: [start[i], end[i]). 0 unless
+ * their markers come in sequence and, when all are needed, EOI ends the last. */
 static int split_intervals(const unsigned char *data, size_t size, size_t from, size_t count,
-                           size_t *start, size_t *end) {
+                           size_t needed, size_t *start, size_t *end) {
     size_t found = 0, at = from;
     start[0] = from;
     while (at < size) {
@@ -270,6 +307,9 @@ static int split_intervals(const unsigned char *data, size_t size, size_t from, 
                 return 0;
             }
             end[found++] = marker_at;
+            if (found == needed) { /* the rows below are never decoded: not scanned either */
+                return 1;
+            }
             start[found] = at = marker_at + 2;
         } else {
             end[found++] = marker_at;
@@ -311,7 +351,8 @@ static unsigned char *restart_subimage(const unsigned char *data, size_t size, u
         return NULL;
     }
     size_t *end = start + count;
-    if (!split_intervals(data, size, layout.scan_start, count, start, end)) {
+    size_t needed = (size_t)(bottom - 1) * per_row + last; /* through the window's last */
+    if (!split_intervals(data, size, layout.scan_start, count, needed, start, end)) {
         free(start);
         free(out);
         return NULL;
@@ -492,6 +533,20 @@ static PyObject *sub_image(PyObject *Py_UNUSED(module), PyObject *args) {
     return result;
 }
 
+static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *data_object) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(data_object, &data, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    unsigned int height = 0, width = 0;
+    int found = frame_size((const unsigned char *)data.buf, (size_t)data.len, &height, &width);
+    PyBuffer_Release(&data);
+    if (!found) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("II", height, width);
+}
+
 static PyObject *restart_interval(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*:restart_interval", &data)) {
@@ -570,6 +625,9 @@ static PyMethodDef methods[] = {
      "sub_image(data, x0, y0, x1, y1) -> (bytes, x, y) | None: the JPEG of the intervals "
      "covering pixels [x0, x1) x [y0, y1) and its origin, or None (decode_region's fast path, "
      "exposed for tests)."},
+    {"image_size", image_size, METH_O,
+     "image_size(data) -> (height, width) | None: the JPEG frame's size from its SOF segment, "
+     "or None if data is not a JPEG with one before its first scan (GIL held: ~0.2 us)."},
     {"restart_interval", restart_interval, METH_VARARGS,
      "restart_interval(data) -> int: the MCUs per restart interval when the JPEG's windows can "
      "be decoded from their intervals alone, else 0."},

@@ -15,8 +15,9 @@ per run of values.
 
 Nothing read is trusted: Parquet page checksums are verified on every page read, every ranged
 payload read is bounds-checked against the shard's size and checked against the checksum the
-payload index records for it (CRC-32C, or CRC-32 in indexes written before 2026-11-25), and the row counts are checked against the manifest. Any mismatch
-is a CorruptDatasetError naming the dataset, the shard and the rows, never a wrong record.
+payload index records for it (CRC-32C, or CRC-32 in indexes written before 2026-11-25), and
+the row counts are checked against the manifest. Any mismatch is a CorruptDatasetError naming
+the dataset, the shard and the rows, never a wrong record.
 """
 from __future__ import annotations
 

@@ -178,28 +178,33 @@ static unsigned int segment_length(const unsigned char *data, size_t at) {
     return ((unsigned int)data[at + 2] << 8) | data[at + 3];
 }
 
+/* 1 and the marker and length of the header segment at data[*at] (after any fill bytes, which
+ * move *at); 0 when there is none within `size`: the end, a standalone marker (TEM, RSTn, SOI,
+ * EOI) where a segment belongs, or a length shorter than its own field or past the end. */
+static int header_segment(const unsigned char *data, size_t size, size_t *at,
+                          unsigned char *marker, unsigned int *length) {
+    while (*at + 4 <= size && data[*at] == 0xFF && data[*at + 1] == 0xFF) {
+        (*at)++; /* a fill byte before a marker */
+    }
+    if (*at + 4 > size || data[*at] != 0xFF) {
+        return 0;
+    }
+    *marker = data[*at + 1];
+    *length = segment_length(data, *at);
+    return !(*marker == 0x01 || (*marker >= 0xD0 && *marker <= 0xD9) || *length < 2
+             || *at + 2 + *length > size);
+}
+
 /* 1 and the layout for a single-scan, Huffman-coded sequential JPEG whose restart interval
  * divides its MCU rows; 0 for anything else, or on any doubt. Reads only within `size`. */
 static int restart_layout(const unsigned char *data, size_t size, RestartLayout *layout) {
-    unsigned int components = 0, hmax = 1, vmax = 1, interval = 0;
+    unsigned int components = 0, hmax = 1, vmax = 1, interval = 0, length = 0;
     int have_frame = 0;
+    unsigned char marker = 0;
     if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) {
         return 0;
     }
-    for (size_t at = 2; at + 4 <= size;) {
-        if (data[at] != 0xFF) {
-            return 0;
-        }
-        unsigned char marker = data[at + 1];
-        if (marker == 0xFF) { /* fill byte before a marker */
-            at++;
-            continue;
-        }
-        unsigned int length = segment_length(data, at);
-        if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9) || length < 2
-                || at + 2 + length > size) {
-            return 0;
-        }
+    for (size_t at = 2; header_segment(data, size, &at, &marker, &length); at += 2 + length) {
         const unsigned char *body = data + at + 4;
         if (marker == 0xC0 || marker == 0xC1) { /* baseline or extended sequential, Huffman */
             if (have_frame || length < 8) {
@@ -234,7 +239,6 @@ static int restart_layout(const unsigned char *data, size_t size, RestartLayout 
             layout->scan_start = at + 2 + length;
             break;
         }
-        at += 2 + length;
     }
     if (layout->scan_start == 0 || layout->width == 0 || layout->height == 0 || interval == 0) {
         return 0;
@@ -254,22 +258,14 @@ static int restart_layout(const unsigned char *data, size_t size, RestartLayout 
  * taking back the GIL, so it runs with the GIL held. */
 static int frame_size(const unsigned char *data, size_t size, unsigned int *height,
                       unsigned int *width) {
+    unsigned int length = 0;
+    unsigned char marker = 0;
     if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) {
         return 0;
     }
-    for (size_t at = 2; at + 4 <= size;) {
-        if (data[at] != 0xFF) {
-            return 0;
-        }
-        unsigned char marker = data[at + 1];
-        if (marker == 0xFF) {
-            at++;
-            continue;
-        }
-        unsigned int length = segment_length(data, at);
-        if (marker == 0xDA || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9)
-                || length < 2 || at + 2 + length > size) {
-            return 0;
+    for (size_t at = 2; header_segment(data, size, &at, &marker, &length); at += 2 + length) {
+        if (marker == 0xDA) {
+            return 0; /* a scan before any frame */
         }
         if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8
                 && marker != 0xCC) {
@@ -280,7 +276,6 @@ static int frame_size(const unsigned char *data, size_t size, unsigned int *heig
             *width = ((unsigned int)data[at + 7] << 8) | data[at + 8];
             return *height > 0 && *width > 0;
         }
-        at += 2 + length;
     }
     return 0;
 }

@@ -168,3 +168,26 @@ def test_inflated_row_counts_are_an_error(dataset: tuple[str, Manifest]) -> None
     storage_dir, manifest = dataset
     with pytest.raises(CorruptDatasetError, match="hold 10 rows, the manifest says 12"):
         reader(storage_dir).read(manifest.shards[0].path, 0, 1, 12)
+
+
+def test_without_compiled_crc32c_uploads_and_reads_use_crc32(
+        tmp_path: Path, storage_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """google-crc32c's pure-Python fallback takes milliseconds per JPEG: where it is all there
+    is, uploads write 3-column indexes and readers check the CRC-32 of 4-column ones."""
+    from trainfeed.formats import shards
+    from trainfeed.worker import partition_reader
+    monkeypatch.setattr(shards, "CRC32C_COMPILED", False)
+    upload(str(make_image_list(tmp_path / "src", 12)), "flowers", storage_dir,
+           UploadOptions(row_group_rows=6), progress=False)
+    manifest = read_manifest(open_storage(storage_dir), "flowers")
+    assert payload_offsets(storage_dir, manifest).shape[2] == 3
+    monkeypatch.setattr(partition_reader, "CRC32C_COMPILED", False)
+    index = payload_offsets(storage_dir, manifest)
+    four = np.concatenate([index, np.zeros_like(index[:, :, :1])], axis=2)  # CRC-32C all wrong
+    write_index(storage_dir, manifest, four)
+    shard = manifest.shards[0].path
+    assert reader(storage_dir).read(shard, 0, 2, 12).num_rows == 12  # the CRC-32 is checked
+    four[3, 0, CRC32_COLUMN] ^= 1
+    write_index(storage_dir, manifest, four)
+    with pytest.raises(CorruptDatasetError, match="record 3 of shard .*checksum"):
+        reader(storage_dir).read(shard, 0, 1, 6)

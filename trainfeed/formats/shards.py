@@ -107,6 +107,7 @@ def payload_index(data: bytes, schema: pa.Schema,
     """
     meta = pq.read_metadata(io.BytesIO(data))
     binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
+    # Without google-crc32c's compiled code, the columns before the CRC-32C only.
     columns = INDEX_COLUMNS if CRC32C_COMPILED else CRC32C_COLUMN
     out = np.zeros((sum(len(g) for g in row_groups), len(binary), columns), dtype=np.int64)
     first_row = 0
@@ -127,7 +128,8 @@ def payload_index(data: bytes, schema: pa.Schema,
                         return None
                 else:
                     cursor = at + len(needle)
-                out[first_row + row, k, :3] = (at + 4, len(value), zlib.crc32(value))
+                out[first_row + row, k, :CRC32C_COLUMN] = (at + 4, len(value),
+                                                            zlib.crc32(value))
                 if CRC32C_COMPILED:
                     out[first_row + row, k, CRC32C_COLUMN] = google_crc32c.value(value)
         first_row += len(group)

@@ -152,3 +152,22 @@ def test_a_buffer_anything_still_holds_is_never_written_over(holder: str) -> Non
     gc.collect()
     assert address(pool.buffer(2_000_000)) == where
 
+
+
+def test_keep_bytes_bounds_what_the_pool_holds_on_to() -> None:
+    """Buffers of large partitions: the pool forgets the oldest beyond `keep_bytes`, so they
+    are freed when their holders let go instead of being kept for reuse."""
+    pool = ArrayPool(keep=8, keep_bytes=3 << 20)
+    held = [pool.buffer(1 << 20) for _ in range(5)]  # all in use: five fresh 1 MiB buffers
+    newest = {address(b) for b in held[2:]}
+    assert len({address(b) for b in held}) == 5
+    assert sum(a.nbytes for a in pool._handed) == 3 << 20
+    del held
+    gc.collect()
+    again = [pool.buffer(1 << 20) for _ in range(5)]
+    assert pool.reused == 3  # only the newest three (3 MiB) were kept (without the bound: 5)
+    assert newest <= {address(b) for b in again}
+    one = ArrayPool(keep_bytes=0)
+    assert one.buffer(10).size == 10 and len(one._handed) == 1  # the newest stays
+    with pytest.raises(ValueError, match="keep_bytes"):
+        ArrayPool(keep_bytes=-1)

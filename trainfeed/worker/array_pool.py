@@ -54,10 +54,15 @@ _POOL_ONLY = _pool_only_references()
 class ArrayPool:
     """`empty(shape, dtype)`: like np.empty, but the memory of a batch nobody holds any more."""
 
-    def __init__(self, keep: int = DEFAULT_KEEP):
+    def __init__(self, keep: int = DEFAULT_KEEP, keep_bytes: int | None = None):
+        """`keep` arrays at most, and, if `keep_bytes` is set, no more bytes than that (but at
+        least the newest array): what the pool can hold on to once its arrays are let go."""
         if keep < 1:
             raise ValueError(f"keep must be ≥ 1, got {keep}")
+        if keep_bytes is not None and keep_bytes < 0:
+            raise ValueError(f"keep_bytes must be ≥ 0, got {keep_bytes}")
         self.keep = keep
+        self.keep_bytes = keep_bytes
         self.reused = 0  # how many arrays came from the pool (for tests and `trainfeed doctor`)
         self._handed: deque[np.ndarray] = deque()
         self._lock = threading.Lock()
@@ -107,8 +112,11 @@ class ArrayPool:
             return base[:nbytes]
 
     def _hand(self, array: np.ndarray) -> np.ndarray:
-        """Keeps `array` among the pool's (the oldest is let go beyond `keep`); under the lock."""
+        """Keeps `array` among the pool's (the oldest are let go beyond `keep` arrays or
+        `keep_bytes`); under the lock."""
         self._handed.append(array)
-        if len(self._handed) > self.keep:
+        while len(self._handed) > self.keep or (
+                self.keep_bytes is not None and len(self._handed) > 1
+                and sum(a.nbytes for a in self._handed) > self.keep_bytes):
             self._handed.popleft()
         return array

@@ -68,7 +68,10 @@ MAX_CHUNK_BYTES = 2**31 - 1
 # stay alive until a shuffle buffer has handed out its last record, so a shuffled reader has a
 # dozen or more in use (~8 MB each for 100 ImageNet JPEGs); a fresh buffer for each meant
 # the kernel zeroed every page the read then overwrote (3 % of a train crop's CPU, measured).
+# The byte bound caps what a reader holds on to for datasets of large partitions (a partition
+# whose row groups fill a 1 GB shard is one 1 GB buffer).
 PAYLOAD_BUFFERS_KEPT = 32
+PAYLOAD_BYTES_KEPT = 512 << 20
 
 
 @dataclass
@@ -98,7 +101,7 @@ class PartitionReader:
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
         self._indexes: dict[str, np.ndarray | None] = {}
         self._sql: Any = None  # trainfeed.sql.SqlSource of a SQL dataset, on first use
-        self._payload_buffers = ArrayPool(PAYLOAD_BUFFERS_KEPT)
+        self._payload_buffers = ArrayPool(PAYLOAD_BUFFERS_KEPT, PAYLOAD_BYTES_KEPT)
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:

@@ -363,13 +363,11 @@ static unsigned char *restart_subimage(const unsigned char *data, size_t size, u
     unsigned int height = (bottom * layout.mcu_height < layout.height
                            ? bottom * layout.mcu_height : layout.height)
                           - top * layout.mcu_height;
-    for (size_t at = 2; at < layout.scan_start;) {
-        unsigned char marker = data[at + 1];
-        if (marker == 0xFF) {
-            at++;
-            continue;
-        }
-        size_t length = segment_length(data, at);
+    unsigned char marker = 0;
+    unsigned int length = 0;
+    /* (restart_layout walked these segments already: every one is well formed) */
+    for (size_t at = 2; at < layout.scan_start && header_segment(data, size, &at, &marker,
+                                                                 &length); at += 2 + length) {
         int metadata = (marker >= 0xE1 && marker <= 0xED) || marker == 0xEF || marker == 0xFE;
         if (!metadata) {
             memcpy(out + written, data + at, 2 + length);
@@ -381,7 +379,6 @@ static unsigned char *restart_subimage(const unsigned char *data, size_t size, u
             }
             written += 2 + length;
         }
-        at += 2 + length;
     }
     size_t copied = 0;
     for (unsigned int row = top; row < bottom; row++) {

@@ -75,10 +75,7 @@ class ArrayPool:
                     continue
                 array = self._handed[i]
                 if array.shape == tuple(shape) and array.dtype == want:
-                    del self._handed[i]  # (by index: deque.remove would compare arrays)
-                    self._handed.append(array)
-                    self.reused += 1
-                    return array
+                    return self._reuse(i)
             return self._hand(np.empty(shape, want))
 
     def buffer(self, nbytes: int) -> np.ndarray:
@@ -102,14 +99,19 @@ class ArrayPool:
                         and (best < 0 or candidate.size < best_size)):
                     best, best_size = i, candidate.size
             if best >= 0:
-                base = self._handed[best]
-                del self._handed[best]
-                self._handed.append(base)
-                self.reused += 1
+                base = self._reuse(best)
             else:
                 size = -(-max(nbytes, 1) // BUFFER_GRANULE) * BUFFER_GRANULE
                 base = self._hand(np.empty(size, np.uint8))
             return base[:nbytes]
+
+    def _reuse(self, i: int) -> np.ndarray:
+        """The pool's array i, handed out again (now the newest); under the lock."""
+        array = self._handed[i]
+        del self._handed[i]  # (by index: deque.remove would compare arrays)
+        self._handed.append(array)
+        self.reused += 1
+        return array
 
     def _hand(self, array: np.ndarray) -> np.ndarray:
         """Keeps `array` among the pool's (the oldest are let go beyond `keep` arrays or

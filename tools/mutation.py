@@ -46,6 +46,7 @@ WORK = ROOT / "build" / "mutation"
 # pipeline tests are resample.py's only end-to-end user, so they count as its tests too.
 MODULES: dict[str, tuple[str, ...]] = {
     "master/ledger.py": ("tests/master/test_ledger*.py",),
+    "master/stealing.py": ("tests/master/test_stealing.py",),
     "formats/listfile.py": ("tests/formats/test_listfile*.py",),
     "preprocess/buffers.py": ("tests/preprocess/test_buffer*.py",),
     "reader/resample.py": ("tests/reader/test_resample*.py", "tests/reader/test_pipeline.py"),

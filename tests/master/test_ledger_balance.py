@@ -189,3 +189,21 @@ def test_an_asynchronous_rollover_journals_a_plain_epoch_op() -> None:
     ledger.lease("a", 1, 1, 0.0, T)
     assert ledger.take_journal()[0] == ["E", 1]
     assert ledger.keep is None and ledger.limits == {}
+
+
+def test_partitions_reserved_for_a_reader_go_to_it_first_and_beyond_its_fair_share() -> None:
+    ledger = Ledger(9)
+    order = list(ledger.todo)
+    reserved = {order[4]: "thief", order[7]: "thief", order[8]: "someone"}
+    # Another reader gets its fair share (6 free of 9, 3 sharers: 2) of what nobody reserved.
+    assert ledger.lease("other", 0, 9, 0.0, T, sharers=3,
+                        reserved=reserved).partitions == (order[0], order[1])
+    # The thief gets its own first, then its share of the rest (4 left: 2).
+    assert ledger.lease("thief", 0, 9, 0.0, T, sharers=3,
+                        reserved=reserved).partitions == (order[4], order[7], order[2], order[3])
+    assert ledger.lease("other", 0, 9, 0.0, T, sharers=3,
+                        reserved=reserved).partitions == (order[5],)
+    assert ledger.lease("other", 0, 9, 0.0, T, sharers=3,
+                        reserved=reserved).partitions == (order[6],)
+    assert ledger.lease("other", 0, 9, 0.0, T, reserved=reserved).status is LeaseStatus.WAIT
+    assert ledger.lease("someone", 0, 9, 0.0, T, reserved=reserved).partitions == (order[8],)

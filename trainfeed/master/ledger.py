@@ -23,9 +23,10 @@ token (`check_report`); anything else is refused and changes nothing, so a reade
 expired and went to another reader can neither finish, fail nor advance the partition.
 
 Balance (issue 13): a reader that finds todo empty while others hold leases they have not started
-(no progress reported) may ask for them back (`unstarted`, through the servicer's give_back): the
-holder hands back, with a RELEASED report (`report_released`), those whose records it has not begun
-to hand to its trainer, and they go to the front of todo.
+(no progress reported) may ask for them back (`unstarted`; which ones, trainfeed.master.stealing):
+the holder hands back, with a RELEASED report (`report_released`), those whose records it has not
+begun to hand to its trainer, and they go to the front of todo (`lease(reserved=...)` keeps them
+from readers they were not given back for).
 
 Synchronous epochs (a `group` of world_size ranks taking batch_size records per step): each rank
 must get the same number of records, so an epoch keeps `keep` = world_size × steps × batch_size
@@ -43,7 +44,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,13 +218,17 @@ class Ledger:
 
     # -- changes: each public method decides, `_apply` mutates and journals --------------------
     def lease(self, worker: str, epoch: int, max_tasks: int, now: float,
-              lease_timeout: float, sharers: int = 1, max_records: int = 0) -> LeaseResult:
+              lease_timeout: float, sharers: int = 1, max_records: int = 0,
+              reserved: Mapping[int, str] | None = None) -> LeaseResult:
         """Leases up to `max_tasks` partitions of `epoch` to `worker` until now + lease_timeout.
 
         `sharers` is how many workers share the job: one call takes at most its fair share
         (todo / sharers, rounded up), so that a reader with a deep prefetch window cannot take a
         small epoch away from the others. `max_records` > 0 (a synchronous rank's remaining quota,
         with known sizes): no more partitions than cover that many records still to deliver.
+        `reserved`: todo partitions given back for a reader (partition -> worker, see
+        trainfeed.master.stealing): only that reader may take them, first and beyond its fair
+        share; another one WAITs if nothing else is in todo.
         """
         self.expire(now)
         if epoch < self.epoch or (epoch == self.epoch and self.complete):
@@ -233,17 +238,22 @@ class Ledger:
                 return LeaseResult(LeaseStatus.WAIT, self.epoch)
             keep = self.keep_for(self.group)
             self._apply(["E", epoch] if keep is None else ["E", epoch, keep])
-        if not self.todo:
+        free: Sequence[int] = self.todo
+        own = 0
+        if reserved:
+            mine = [p for p in self.todo if reserved.get(p) == worker]
+            free, own = mine + [p for p in self.todo if p not in reserved], len(mine)
+        if not free:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
-        share = -(-len(self.todo) // max(1, sharers))
-        count = min(len(self.todo), max(1, min(max_tasks, share)))
+        share = own + -(-(len(free) - own) // max(1, sharers))
+        count = min(len(free), max(1, min(max_tasks, share)))
         if max_records > 0 and self.sizes is not None:
             budget, limit = max_records, count
             count = 0
             while count < limit and budget > 0:
-                budget -= self.remaining(self.todo[count])
+                budget -= self.remaining(free[count])
                 count += 1
-        taken = [self.todo[i] for i in range(count)]
+        taken = [free[i] for i in range(count)]
         self._apply(["L", worker, taken])
         self._set_deadline(worker, now + lease_timeout)
         return LeaseResult(LeaseStatus.TASKS, self.epoch, tuple(taken))
@@ -379,7 +389,8 @@ class Ledger:
         """Performs one journaled change. Ops (all fields JSON-able):
         ["E", epoch(, keep)]    start `epoch`: a fresh shuffle, every queue empty (keep: the
                                 synchronous cut, see `_cut`)
-        ["L", worker, [p…]]     lease the first len([p…]) todo partitions to worker
+        ["L", worker, [p…]]     lease these todo partitions to worker (the first ones of todo,
+                                but for those reserved for another worker)
         ["D", p, worker]        p done (from pending, or from todo: a late report)
         ["P", p, n(, worker)]   the first n records of p were handed to worker's trainer
         ["F", p, reason]        a failed attempt at pending p
@@ -397,7 +408,7 @@ class Ledger:
             worker, taken = op[1], op[2]
             held = self.by_worker.setdefault(worker, {})
             for partition in taken:
-                self.todo.remove(partition)  # the front of todo: O(1) for a deque
+                self.todo.remove(partition)  # mostly the front of todo: O(1) for a deque
                 self.pending[partition] = worker
                 held[partition] = None  # mutmut: any value is equivalent (an ordered set)
                 self._fence(partition, worker)

@@ -44,6 +44,7 @@ from trainfeed.master.ledger import (
     Outcome,
     Verdict,
 )
+from trainfeed.master.stealing import Stealing
 from trainfeed.master.stores import StateStore
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
@@ -90,9 +91,6 @@ MAX_REFUSED_LISTED = 512
 MAX_REFUSALS_LOGGED = 10_000
 _OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
              pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
-# Work stealing: a lease asked back (give_back) is not asked back again for this long, so that a
-# holder that keeps it (it had started it) is not asked on every call of an idle reader.
-ASK_BACK_AGAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -152,11 +150,8 @@ class Job:
     # Reports refused (not from the holder with its token) since this master started: metrics.
     reports_refused: int = 0
     refusals_logged: set[str] = field(default_factory=set)
-    # Work stealing: per worker, the (epoch, partition, lease) it is asked to give back on its
-    # next call; and when each partition was last asked back (not state: a restart forgets).
-    give_back: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
-    asked_back: dict[int, float] = field(default_factory=dict)
-    asked_epoch: int = -1  # the epoch `asked_back` is of
+    # Work stealing: rates, outstanding asks (not state: a restart forgets them).
+    stealing: Stealing = field(default_factory=Stealing)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -409,21 +404,30 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _apply_reports(self, job: Job, worker: str, reports: Any,
                        verdicts: list[Verdict]) -> bool:
         changed = False
+        ledger, now = job.ledger, time.time()
         for report, verdict in zip(reports, verdicts):
             if verdict is not Verdict.APPLY:
                 continue
+            current = report.epoch == ledger.epoch
             if report.outcome == pb.TaskReport.DONE:
-                if job.ledger.report_done(report.epoch, report.partition, worker):
+                left = ledger.remaining(report.partition) if current else 0
+                if ledger.report_done(report.epoch, report.partition, worker):
                     changed = True
+                    job.stealing.rates.add(worker, left, now)
                     served = job.partitions[report.partition]
                     job.records_served += served.num_records
                     job.bytes_served += served.num_bytes
             elif report.outcome == pb.TaskReport.PROGRESS:
-                changed |= job.ledger.report_progress(report.epoch, report.partition,
-                                                      report.consumed, worker)
+                had = ledger.progress.get(report.partition, 0) if current else report.consumed
+                if ledger.report_progress(report.epoch, report.partition, report.consumed,
+                                          worker):
+                    changed = True
+                    job.stealing.rates.add(worker, report.consumed - had, now)
             elif report.outcome == pb.TaskReport.RELEASED:
-                changed |= job.ledger.report_released(report.epoch, report.partition,
-                                                      report.consumed, worker)
+                if ledger.report_released(report.epoch, report.partition, report.consumed,
+                                          worker):
+                    changed = True
+                    job.stealing.released(worker, report.partition, now)
             elif report.outcome == pb.TaskReport.FAILED:
                 if job.ledger.report_failed(report.epoch, report.partition, report.reason):
                     changed = True
@@ -445,45 +449,30 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _ask_back(self, job: Job, thief: str, now: float) -> None:
         """Work stealing: `thief` found nothing to lease while others hold leases they have not
-        started. Asks each such holder for the later half (rounded up) of its unstarted leases;
-        the holders answer on their next call (a reader holding unstarted leases calls at least
+        started: asks them for what it would finish sooner (trainfeed.master.stealing). The
+        holders answer on their next call (a reader holding unstarted leases calls at least
         every STEAL_POLL_S, see trainfeed.worker.task_loop), and what they hand back wakes the
         thief's long-poll."""
-        ledger = job.ledger
-        if job.asked_epoch != ledger.epoch:
-            job.asked_back.clear()
-            job.asked_epoch = ledger.epoch
-        for victim in list(ledger.by_worker):
-            if victim == thief:
-                continue
-            unstarted = [p for p in ledger.unstarted(victim)
-                         if now - job.asked_back.get(p, -ASK_BACK_AGAIN_S) >= ASK_BACK_AGAIN_S]
-            if not unstarted:
-                continue
-            chosen = unstarted[len(unstarted) // 2:]
-            logger.debug("job %r: %s is idle; asking %s to give back %s", job.name, thief,
-                         victim, chosen)
-            asks = job.give_back.setdefault(victim, [])
-            for p in chosen:
-                job.asked_back[p] = now
-                asks.append((ledger.epoch, p, ledger.token_of(p)))
+        if job.ledger.group is not None:
+            return  # synchronous ranks lease their quota alone, and keep it
+        for victim, partition in job.stealing.ask(job.ledger, thief, now):
+            logger.debug("job %r: %s is idle; asking %s to give back partition %d", job.name,
+                         thief, victim, partition)
+
+    @staticmethod
+    def _listed(job: Job, worker: str, held: Any) -> None:
+        """A call's held leases, and which of them its trainer began: an ask for one begun is
+        void, and the thief (woken) may ask elsewhere."""
+        if job.stealing.listed(job.ledger, worker, ((t.partition, t.started) for t in held
+                                                    if t.epoch == job.ledger.epoch)):
+            job.notify()
 
     @staticmethod
     def _asked_back(job: Job, worker: str,
                     held: list[tuple[int, int, int]]) -> list[pb.HeldTask]:
-        """What `worker` is asked to give back (once; see `_ask_back`), of the leases its call
-        says it holds (`held`). A lease it does not list yet (granted in an answer it has not
-        read: its producer and its reporter call the master on two threads) stays asked for
-        its next call: sent now, the ask would be ignored, and ASK_BACK_AGAIN_S would keep the
-        partition from an idle reader for that long (seen at an epoch's tail)."""
-        current = [(e, p, t) for e, p, t in job.give_back.pop(worker, ())
-                   if job.ledger.leases.get(p) == (worker, t) and e == job.ledger.epoch]
-        known = set(held)
-        later = [ask for ask in current if ask not in known]
-        if later:
-            job.give_back[worker] = later
+        """What `worker` is asked to give back, once, of the leases its call lists."""
         return [pb.HeldTask(epoch=e, partition=p, lease=t)
-                for e, p, t in current if (e, p, t) in known]
+                for e, p, t in job.stealing.due(job.ledger, worker, held)]
 
     def _touch(self, job: Job, worker: str) -> None:
         now = time.time()
@@ -668,6 +657,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.alive()
         verdicts = await self._check_reports(job, worker, request.reports, context)
         changed = self._apply_reports(job, worker, request.reports, verdicts)
+        self._listed(job, worker, request.held)
         revoked = self._revoked(job, worker, held, request.reports)
         if request.reconcile:
             orphans = job.ledger.reconcile(worker, ((t.epoch, t.partition) for t in request.held))
@@ -683,8 +673,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             now = time.time()
             result = job.ledger.lease(worker, epoch, request.max_tasks, now,
                                       self.config.lease_timeout_s, self._live_workers(job, now),
-                                      max_records=request.max_records)
-            changed |= result.status is LeaseStatus.TASKS
+                                      max_records=request.max_records,
+                                      reserved=job.stealing.reserved(job.ledger, now))
+            if result.status is LeaseStatus.TASKS:
+                changed = True
+                job.stealing.leased(result.partitions)
             if result.status is LeaseStatus.WAIT and result.epoch == epoch:
                 self._ask_back(job, worker, now)
             if changed:
@@ -720,6 +713,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if self._apply_reports(job, request.worker_id, request.reports, verdicts):
             await self._durably(job, context)
             job.notify()
+        self._listed(job, request.worker_id, request.held)
         self._touch(job, request.worker_id)
         return pb.ReportResponse(current_epoch=job.ledger.epoch,
                                  revoked=self._revoked(job, request.worker_id, held,
@@ -731,6 +725,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job = await self._job(request.job, context)
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
+        job.stealing.forget(request.worker_id)
         job.live_workers_at = 0.0
         if released:
             logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,

@@ -183,14 +183,16 @@ class GetTasksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ...) -> None: ...
 
 class HeldTask(_message.Message):
-    __slots__ = ("epoch", "partition", "lease")
+    __slots__ = ("epoch", "partition", "lease", "started")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     lease: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+    started: bool
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ..., started: _Optional[bool] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
     __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back")

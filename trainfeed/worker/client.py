@@ -20,7 +20,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TypeVar
 
 import grpc
@@ -177,24 +177,28 @@ class MasterClient:
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = (),
                   held: Iterable[tuple[int, int, int]] | None = None,
-                  max_records: int = 0) -> pb.GetTasksResponse:
+                  max_records: int = 0,
+                  started: Collection[tuple[int, int, int]] = ()) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
+        `started`: those of `held` the caller's trainer has begun (never asked back).
         `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
             reports=list(reports), reconcile=held is not None, max_records=max_records,
-            held=[pb.HeldTask(epoch=e, partition=p, lease=t) for e, p, t in held or ()]),
+            held=_held_tasks(held or (), started)),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
-               held: Iterable[tuple[int, int, int]] = ()) -> pb.ReportResponse:
+               held: Iterable[tuple[int, int, int]] = (),
+               started: Collection[tuple[int, int, int]] = ()) -> pb.ReportResponse:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
-        (epoch, partition, lease) of `held` that are not the caller's any more."""
+        (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
+        for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
             job=job, worker_id=worker, reports=list(reports),
-            held=[pb.HeldTask(epoch=e, partition=p, lease=t) for e, p, t in held]),
+            held=_held_tasks(held, started)),
             CALL_TIMEOUT_S)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
@@ -231,3 +235,9 @@ def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:
         if key == REFUSED_TRAILER and isinstance(value, bytes):
             return list(pb.RefusedReports.FromString(value).reports)
     return []
+
+
+def _held_tasks(held: Iterable[tuple[int, int, int]],
+                started: Collection[tuple[int, int, int]]) -> list[pb.HeldTask]:
+    return [pb.HeldTask(epoch=e, partition=p, lease=t, started=(e, p, t) in started)
+            for e, p, t in held]

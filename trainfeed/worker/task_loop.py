@@ -231,8 +231,9 @@ class WorkerSession:
     def _send(self) -> None:
         reports = self.drain_reports()
         started = time.monotonic()
+        held, begun = self._held_now()
         try:
-            response = self.client.report(self.job, self.worker, reports, self._held_now())
+            response = self.client.report(self.job, self.worker, reports, held, begun)
         except BaseException:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
@@ -337,9 +338,12 @@ class WorkerSession:
                     del self._held[(r.epoch, r.partition)]
                     self._started.discard((r.epoch, r.partition, r.lease))
 
-    def _held_now(self) -> list[tuple[int, int, int]]:
+    def _held_now(self) -> tuple[list[tuple[int, int, int]], set[tuple[int, int, int]]]:
+        """Every (epoch, partition, lease) held, and those of them the trainer has begun (the
+        master asks back only the others)."""
         with self._cond:
-            return sorted((e, p, t) for (e, p), t in self._held.items())
+            held = sorted((e, p, t) for (e, p), t in self._held.items())
+            return held, {key for key in held if key in self._started}
 
     def _unstarted_held(self) -> bool:
         """Whether this reader holds a lease its trainer has not begun. Under `_cond`."""
@@ -489,11 +493,13 @@ class WorkerSession:
                 started = time.monotonic()
                 with self._cond:
                     still = self._need
+                held, begun = self._held_now()
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
                                                      LONG_POLL_MS if long_poll else 0,
-                                                     reports, held=self._held_now(),
-                                                     max_records=max(0, still or 0))
+                                                     reports, held=held,
+                                                     max_records=max(0, still or 0),
+                                                     started=begun)
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports

@@ -657,7 +657,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.alive()
         verdicts = await self._check_reports(job, worker, request.reports, context)
         changed = self._apply_reports(job, worker, request.reports, verdicts)
-        self._listed(job, worker, request.held)
+        if request.reconcile:  # (the call lists what the caller holds)
+            self._listed(job, worker, request.held)
         revoked = self._revoked(job, worker, held, request.reports)
         if request.reconcile:
             orphans = job.ledger.reconcile(worker, ((t.epoch, t.partition) for t in request.held))

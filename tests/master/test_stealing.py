@@ -9,6 +9,7 @@ from trainfeed.master.ledger import LeaseStatus, Ledger
 from trainfeed.master.stealing import (
     ASK_AGAIN_S,
     MIN_RATE_SPAN_S,
+    RATE_FORGET_S,
     RATE_WINDOW_S,
     RESERVE_S,
     Holding,
@@ -37,6 +38,17 @@ def test_a_rate_is_the_records_between_the_first_and_last_report_of_the_window()
     assert meter.rate("b") is None
     meter.forget("a")
     assert meter.rate("a") is None
+
+
+def test_a_reader_not_heard_of_for_a_minute_is_forgotten() -> None:
+    meter = RateMeter()
+    meter.add("gone", 10, 0.0)
+    meter.add("gone", 10, 1.0)
+    meter.add("alive", 10, RATE_FORGET_S / 2)
+    meter.add("alive", 10, RATE_FORGET_S / 2 + 1)
+    assert meter.rate("gone") == pytest.approx(10.0)
+    meter.add("alive", 10, RATE_FORGET_S + 2)
+    assert meter.rate("gone") is None and meter.rate("alive") is not None
 
 
 def test_an_idle_reader_takes_the_later_half_of_an_equal_readers_unstarted_leases() -> None:

@@ -45,6 +45,8 @@ RATE_WINDOW_S = 5.0
 # A rate needs reports spanning at least this long.
 MIN_RATE_SPAN_S = 0.5
 MAX_RATE_SAMPLES = 256
+# A reader not heard of for this long is forgotten (one that died holds memory otherwise).
+RATE_FORGET_S = 60.0
 # An ask its holder has not answered (released, or listed as started) lapses after this long.
 ASK_AGAIN_S = 2.0
 # A partition given back is kept for its thief this long (it long-polls, so it comes at once).
@@ -59,6 +61,7 @@ class RateMeter:
     def __init__(self) -> None:
         self._samples: dict[str, deque[tuple[float, int]]] = {}
         self._totals: dict[str, int] = {}
+        self._sweep_at = 0.0
 
     def add(self, worker: str, records: int, now: float) -> None:
         if records <= 0:
@@ -69,6 +72,10 @@ class RateMeter:
         samples.append((now, total))
         while len(samples) > 2 and now - samples[1][0] > RATE_WINDOW_S:
             samples.popleft()
+        if now >= self._sweep_at:  # (at most once per window: O(workers))
+            self._sweep_at = now + RATE_WINDOW_S
+            for gone in [w for w, s in self._samples.items() if now - s[-1][0] > RATE_FORGET_S]:
+                self.forget(gone)
 
     def rate(self, worker: str) -> float | None:
         """Records per second between the first and last report of the window; None before

@@ -9,6 +9,7 @@ from trainfeed.master.ledger import LeaseStatus, Ledger
 from trainfeed.master.stealing import (
     ASK_AGAIN_S,
     MIN_RATE_SPAN_S,
+    PLAN_S,
     RATE_FORGET_S,
     RATE_WINDOW_S,
     RESERVE_S,
@@ -177,4 +178,19 @@ def test_a_thief_takes_what_its_measured_rate_finishes_sooner_by_a_margin() -> N
     stealing.rates.forget("slow")
     stealing.rates.add("slow", 20, 0.0)
     stealing.rates.add("slow", 30, 1.0)
-    assert stealing.ask(ledger, "slow", 1.0) == []
+    assert stealing.ask(ledger, "slow", 1.0 + PLAN_S) == []  # (a new plan: the new rate)
+
+
+def test_thieves_asking_within_one_plan_share_it() -> None:
+    ledger, stealing = sized(8), Stealing()
+    taken = ledger.lease("holder", 0, 8, 0.0, T).partitions
+    # Alike (no rates): the first idle reader takes the last 4 (the holder finishes the last
+    # after 200 records, the 4th last after 125; the thief its 4th after 3 × 25 + 1.5 × 25).
+    first = stealing.ask(ledger, "a", 0.0)
+    assert [p for _, p in first] == [taken[7], taken[6], taken[5], taken[4]]
+    # Meanwhile the holder's trainer began taken[3]: the plan (made before) skips it, and the
+    # second idle reader takes the next one it may.
+    stealing.listed(ledger, "holder", [(p, p == taken[3]) for p in taken])
+    second = stealing.ask(ledger, "b", PLAN_S / 2)
+    assert [p for _, p in second] == [taken[2]]
+    assert stealing.plan is not None and stealing.plan.built_at == 0.0  # one plan for both

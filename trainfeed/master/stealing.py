@@ -33,8 +33,9 @@ None of this is state: a restarted master starts with no asks and measures rates
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainfeed.master.ledger import Ledger
@@ -53,6 +54,9 @@ ASK_AGAIN_S = 2.0
 RESERVE_S = 1.0
 # A thief must finish the partition sooner by at least this share of its own time for it.
 STEAL_MARGIN = 0.5
+# The holders' candidates are gathered at most this often (O(leases)); thieves asking in between
+# share them (at an epoch's tail, every change wakes every idle reader's long-poll).
+PLAN_S = 0.1
 
 
 class RateMeter:
@@ -89,6 +93,11 @@ class RateMeter:
         self._samples.pop(worker, None)
         self._totals.pop(worker, None)
 
+    def known(self) -> dict[str, float]:
+        """Every rate known, by worker."""
+        rates = ((w, self.rate(w)) for w in self._samples)
+        return {w: r for w, r in rates if r}
+
 
 @dataclass(frozen=True)
 class Holding:
@@ -99,40 +108,76 @@ class Holding:
     queue: Sequence[tuple[int, int, bool]]
 
 
+class Plan:
+    """Every holder's candidates at one moment, with when it would finish each: shared by the
+    thieves that ask before it is rebuilt (PLAN_S), each taking what it should have from the
+    latest-finishing end (a heap of holders by their last candidate), so that an ask costs
+    O(asks log holders) and only the plan O(leases).
+
+    `rates`: the known ones (records/s); others count at their mean. `queues`: per holder, its
+    leases in order as (partition, records still to deliver, whether it may be asked back)."""
+
+    def __init__(self, rates: Mapping[str, float],
+                 queues: Iterable[tuple[str, Iterable[tuple[int, int, bool]]]],
+                 built_at: float = 0.0):
+        self.built_at = built_at
+        self.default_rate = sum(rates.values()) / len(rates) if rates else 1.0
+        self.rates = rates
+        # Per holder, its askable partitions in order: (partition, records, when it finishes).
+        self._candidates: dict[str, list[tuple[int, int, float]]] = {}
+        for worker, queue in queues:
+            ahead, rate, mine = 0, self.rate(worker), []
+            for partition, remaining, askable in queue:
+                ahead += remaining
+                if askable:
+                    mine.append((partition, remaining, ahead / rate))
+            if mine:
+                self._candidates[worker] = mine
+        self._heap = [(-c[-1][2], w) for w, c in self._candidates.items()]
+        heapq.heapify(self._heap)
+
+    def rate(self, worker: str) -> float:
+        return self.rates.get(worker) or self.default_rate
+
+    def take(self, thief: str, backlog: int,
+             valid: Callable[[str, int], bool] = lambda victim, partition: True,
+             ) -> list[tuple[str, int]]:
+        """The (victim, partition) pairs to ask back for `thief`, latest-finishing first (see
+        the module doc), taken out of the plan. `backlog`: the thief's records still to deliver
+        (its leases', and those on their way to it). `valid`: whether a candidate may still be
+        asked for (the plan may be up to PLAN_S old)."""
+        thief_rate = self.rate(thief)
+        chosen: list[tuple[str, int]] = []
+        own = None  # the thief's own entry, set aside while it takes from the others
+        while self._heap:
+            if self._heap[0][1] == thief:
+                own = heapq.heappop(self._heap)
+                continue
+            victim = self._heap[0][1]
+            candidates = self._candidates[victim]
+            partition, remaining, victim_done = candidates[-1]
+            usable = valid(victim, partition)
+            if usable and (backlog + (1 + STEAL_MARGIN) * remaining) / thief_rate >= victim_done:
+                break
+            heapq.heappop(self._heap)
+            candidates.pop()
+            if usable:
+                chosen.append((victim, partition))
+                backlog += remaining
+            if candidates:
+                heapq.heappush(self._heap, (-candidates[-1][2], victim))
+        if own is not None:
+            heapq.heappush(self._heap, own)
+        return chosen
+
+
 def choose(thief: str, holdings: Mapping[str, Holding], incoming: int = 0) -> list[tuple[str, int]]:
-    """The (victim, partition) pairs to ask back for `thief`, latest-finishing first (see the
-    module doc). `incoming`: records already on their way to the thief (outstanding asks)."""
-    known = [h.rate for h in holdings.values() if h.rate]
-    default = sum(known) / len(known) if known else 1.0
-
-    def rate(holding: Holding | None) -> float:
-        return (holding.rate if holding is not None and holding.rate else None) or default
-
+    """The (victim, partition) pairs to ask back for `thief` (see the module doc and `Plan`).
+    `incoming`: records already on their way to the thief (outstanding asks)."""
     mine = holdings.get(thief)
-    thief_rate = rate(mine)
     backlog = incoming + (sum(r for _, r, _ in mine.queue) if mine is not None else 0)
-    # Per victim, its askable partitions in order, each with when the victim would finish it.
-    candidates: dict[str, list[tuple[int, int, float]]] = {}
-    for victim, holding in holdings.items():
-        if victim == thief:
-            continue
-        ahead = 0
-        mine_of_victim = candidates.setdefault(victim, [])
-        for partition, remaining, askable in holding.queue:
-            ahead += remaining
-            if askable:
-                mine_of_victim.append((partition, remaining, ahead / rate(holding)))
-    chosen: list[tuple[str, int]] = []
-    while True:
-        tails = [(v, c[-1]) for v, c in candidates.items() if c]
-        if not tails:
-            return chosen
-        victim, (partition, remaining, victim_done) = max(tails, key=lambda t: t[1][2])
-        if (backlog + (1 + STEAL_MARGIN) * remaining) / thief_rate >= victim_done:
-            return chosen
-        chosen.append((victim, partition))
-        backlog += remaining
-        candidates[victim].pop()
+    rates = {w: h.rate for w, h in holdings.items() if h.rate}
+    return Plan(rates, ((w, h.queue) for w, h in holdings.items())).take(thief, backlog)
 
 
 @dataclass
@@ -157,6 +202,7 @@ class Stealing:
     started: dict[str, set[int]] = field(default_factory=dict)  # worker -> partitions begun
     asks: dict[int, Ask] = field(default_factory=dict)  # partition -> its ask
     epoch: int = -1  # the epoch `asks` and `started` are of
+    plan: Plan | None = None
 
     def listed(self, ledger: Ledger, worker: str, held: Iterable[tuple[int, bool]]) -> bool:
         """A call of `worker` listed its leases as (partition, started). Returns whether it
@@ -197,22 +243,36 @@ class Stealing:
         """`thief` found nothing to lease: asks the others for what it would finish sooner
         (see the module doc). Returns the new (victim, partition) asks."""
         self._prune(ledger, now)
+        if self.plan is None or now - self.plan.built_at >= PLAN_S:
+            self.plan = self._plan(ledger, now)
 
-        def records(p: int) -> int:  # (a ledger without sizes: partitions count alike)
-            return ledger.remaining(p) if ledger.sizes is not None else 1
+        def valid(victim: str, p: int) -> bool:  # (still so since the plan was made)
+            return (ledger.pending.get(p) == victim and p not in ledger.progress
+                    and p not in self.started.get(victim, ()) and p not in self.asks)
 
-        incoming = sum(records(p) for p, a in self.asks.items() if a.thief == thief)
-        holdings = {}
-        for worker, leases in ledger.by_worker.items():
-            askable = set(ledger.unstarted(worker)) - self.started.get(worker, set())
-            queue = [(p, records(p), p in askable and worker != thief)
-                     for p in leases if p not in self.asks]
-            holdings[worker] = Holding(self.rates.rate(worker), queue)
-        holdings.setdefault(thief, Holding(self.rates.rate(thief), ()))
-        chosen = choose(thief, holdings, incoming)
+        backlog = sum(self._records(ledger, p) for p, a in self.asks.items()
+                      if a.thief == thief)
+        backlog += sum(self._records(ledger, p) for p in ledger.by_worker.get(thief, ()))
+        chosen = self.plan.take(thief, backlog, valid)
         for victim, p in chosen:
             self.asks[p] = Ask(thief, victim, ledger.token_of(p), now)
         return chosen
+
+    def _plan(self, ledger: Ledger, now: float) -> Plan:
+        """Every holder's leases, less those asked for: O(leases), the hot loop of an epoch's
+        tail with many readers (hence Ledger.remaining inlined)."""
+        sizes, limits, progress, asks = ledger.sizes, ledger.limits, ledger.progress, self.asks
+        started = self.started
+        queues = ((worker, ((p, (max(0, limits.get(p, sizes[p]) - progress.get(p, 0)) if sizes
+                                 else 1), p not in progress and p not in started.get(worker, ()))
+                            for p in leases if p not in asks))
+                  for worker, leases in ledger.by_worker.items())
+        return Plan(self.rates.known(), queues, now)
+
+    @staticmethod
+    def _records(ledger: Ledger, p: int) -> int:
+        """(A ledger without sizes, in tests: partitions count alike.)"""
+        return ledger.remaining(p) if ledger.sizes is not None else 1
 
     def due(self, ledger: Ledger, worker: str,
             held: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -234,6 +294,7 @@ class Stealing:
             self.epoch = ledger.epoch
             self.asks.clear()
             self.started.clear()
+            self.plan = None
 
     def _prune(self, ledger: Ledger, now: float) -> None:
         """Drops asks answered elsewhere, lapsed, or whose reservation ran out."""

@@ -63,20 +63,21 @@ class RateMeter:
     """Records each worker's trainers consumed, over time: their rate."""
 
     def __init__(self) -> None:
-        self._samples: dict[str, deque[tuple[float, int]]] = {}
-        self._totals: dict[str, int] = {}
-        self._sweep_at = 0.0
+        self._samples: dict[str, deque[tuple[float, int]]] = {}  # (when, records so far)
+        self._sweep_at = 0.0  # mutmut: any start is equivalent (when the first sweep runs)
 
     def add(self, worker: str, records: int, now: float) -> None:
         if records <= 0:
             return
-        total = self._totals.get(worker, 0) + records
-        self._totals[worker] = total
         samples = self._samples.setdefault(worker, deque(maxlen=MAX_RATE_SAMPLES))
-        samples.append((now, total))
+        # mutmut: any base is equivalent (rates are differences); `>= 2` too (with two
+        # samples, samples[1] is the one just added).
+        samples.append((now, (samples[-1][1] if samples else 0) + records))
         while len(samples) > 2 and now - samples[1][0] > RATE_WINDOW_S:
             samples.popleft()
-        if now >= self._sweep_at:  # (at most once per window: O(workers))
+        # At most once per window: O(workers). mutmut: `>` and `now - ...` are equivalent (when
+        # sweeps run, not what they forget).
+        if now >= self._sweep_at:
             self._sweep_at = now + RATE_WINDOW_S
             for gone in [w for w, s in self._samples.items() if now - s[-1][0] > RATE_FORGET_S]:
                 self.forget(gone)
@@ -91,7 +92,6 @@ class RateMeter:
 
     def forget(self, worker: str) -> None:
         self._samples.pop(worker, None)
-        self._totals.pop(worker, None)
 
     def known(self) -> dict[str, float]:
         """Every rate known, by worker."""
@@ -119,8 +119,9 @@ class Plan:
 
     def __init__(self, rates: Mapping[str, float],
                  queues: Iterable[tuple[str, Iterable[tuple[int, int, bool]]]],
-                 built_at: float = 0.0):
+                 built_at: float = 0.0):  # mutmut: any default (`choose` never rebuilds)
         self.built_at = built_at
+        # mutmut: any rate without known ones is equivalent (all alike: only ratios count).
         self.default_rate = sum(rates.values()) / len(rates) if rates else 1.0
         self.rates = rates
         # Per holder, its askable partitions in order: (partition, records, when it finishes).
@@ -243,6 +244,8 @@ class Stealing:
         """`thief` found nothing to lease: asks the others for what it would finish sooner
         (see the module doc). Returns the new (victim, partition) asks."""
         self._prune(ledger, now)
+        if ledger.sizes is None:
+            return []  # (a ledger alone, in tests: nothing to weigh)
         if self.plan is None or now - self.plan.built_at >= PLAN_S:
             self.plan = self._plan(ledger, now)
 
@@ -250,9 +253,8 @@ class Stealing:
             return (ledger.pending.get(p) == victim and p not in ledger.progress
                     and p not in self.started.get(victim, ()) and p not in self.asks)
 
-        backlog = sum(self._records(ledger, p) for p, a in self.asks.items()
-                      if a.thief == thief)
-        backlog += sum(self._records(ledger, p) for p in ledger.by_worker.get(thief, ()))
+        backlog = sum(ledger.remaining(p) for p, a in self.asks.items() if a.thief == thief)
+        backlog += sum(ledger.remaining(p) for p in ledger.by_worker.get(thief, ()))
         chosen = self.plan.take(thief, backlog, valid)
         for victim, p in chosen:
             self.asks[p] = Ask(thief, victim, ledger.token_of(p), now)
@@ -260,19 +262,14 @@ class Stealing:
 
     def _plan(self, ledger: Ledger, now: float) -> Plan:
         """Every holder's leases, less those asked for: O(leases), the hot loop of an epoch's
-        tail with many readers (hence Ledger.remaining inlined)."""
+        tail with many readers (hence Ledger.remaining inlined). Which of them may be asked for
+        is checked when one is taken (`ask`'s `valid`: the plan may be PLAN_S old)."""
         sizes, limits, progress, asks = ledger.sizes, ledger.limits, ledger.progress, self.asks
-        started = self.started
-        queues = ((worker, ((p, (max(0, limits.get(p, sizes[p]) - progress.get(p, 0)) if sizes
-                                 else 1), p not in progress and p not in started.get(worker, ()))
+        assert sizes is not None
+        queues = ((worker, ((p, max(0, limits.get(p, sizes[p]) - progress.get(p, 0)), True)
                             for p in leases if p not in asks))
                   for worker, leases in ledger.by_worker.items())
         return Plan(self.rates.known(), queues, now)
-
-    @staticmethod
-    def _records(ledger: Ledger, p: int) -> int:
-        """(A ledger without sizes, in tests: partitions count alike.)"""
-        return ledger.remaining(p) if ledger.sizes is not None else 1
 
     def due(self, ledger: Ledger, worker: str,
             held: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -299,6 +296,7 @@ class Stealing:
     def _prune(self, ledger: Ledger, now: float) -> None:
         """Drops asks answered elsewhere, lapsed, or whose reservation ran out."""
         self._sync(ledger)
+        # mutmut: building the set always is equivalent (a cost, not a result).
         todo = set(ledger.todo) if any(a.released for a in self.asks.values()) else set()
         for p, a in list(self.asks.items()):
             if a.released:

@@ -63,6 +63,9 @@ def test_an_idle_reader_takes_the_later_half_of_an_equal_readers_unstarted_lease
 def test_started_leases_are_never_asked_for() -> None:
     holder = Holding(10.0, [(0, 25, False), (1, 25, False), (2, 25, True)])
     assert choose("thief", {"holder": holder, "thief": Holding(10.0, [])}) == [("holder", 2)]
+    # Even the one that would pay most: the last lease, begun (shuffled readers may).
+    holder = Holding(10.0, [(0, 25, True), (1, 25, False)])
+    assert choose("thief", {"holder": holder, "thief": Holding(10.0, [])}) == []
 
 
 def test_a_slow_reader_does_not_take_what_a_fast_one_finishes_sooner() -> None:
@@ -274,8 +277,8 @@ def test_candidates_are_taken_latest_finishing_first_across_holders() -> None:
 
 def test_a_thief_that_holds_candidates_itself_takes_others_and_leaves_its_own() -> None:
     plan = Plan({"t": 10.0, "h": 1.0, "u": 100.0},
-                [("t", [(0, 100, True), (1, 100, True), (2, 100, True)]),  # finish 10, 20, 30 s
-                 ("h", [(5, 5, True), (6, 15, True)])])  # finish 5, 20 s
+                [("t", [(0, 100), (1, 100), (2, 100)]),  # finish 10, 20, 30 s
+                 ("h", [(5, 5), (6, 15)])])  # finish 5, 20 s
     assert plan.take("t", 0) == [("h", 6), ("h", 5)]
     # Its own stay in the plan for the next thief.
     assert plan.take("u", 0) == [("t", 2), ("t", 1), ("t", 0)]

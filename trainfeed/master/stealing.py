@@ -115,23 +115,23 @@ class Plan:
     O(asks log holders) and only the plan O(leases).
 
     `rates`: the known ones (records/s); others count at their mean. `queues`: per holder, its
-    leases in order as (partition, records still to deliver, whether it may be asked back)."""
+    leases in order as (partition, records still to deliver). Which of them may be asked for is
+    `take`'s `valid`."""
 
     def __init__(self, rates: Mapping[str, float],
-                 queues: Iterable[tuple[str, Iterable[tuple[int, int, bool]]]],
+                 queues: Iterable[tuple[str, Iterable[tuple[int, int]]]],
                  built_at: float = 0.0):  # mutmut: any default (`choose` never rebuilds)
         self.built_at = built_at
         # mutmut: any rate without known ones is equivalent (all alike: only ratios count).
         self.default_rate = sum(rates.values()) / len(rates) if rates else 1.0
         self.rates = rates
-        # Per holder, its askable partitions in order: (partition, records, when it finishes).
+        # Per holder, its leases in order: (partition, records, when it would finish it).
         self._candidates: dict[str, list[tuple[int, int, float]]] = {}
         for worker, queue in queues:
             ahead, rate, mine = 0, self.rate(worker), []
-            for partition, remaining, askable in queue:
+            for partition, remaining in queue:
                 ahead += remaining
-                if askable:
-                    mine.append((partition, remaining, ahead / rate))
+                mine.append((partition, remaining, ahead / rate))
             if mine:
                 self._candidates[worker] = mine
         self._heap = [(-c[-1][2], w) for w, c in self._candidates.items()]
@@ -178,7 +178,9 @@ def choose(thief: str, holdings: Mapping[str, Holding], incoming: int = 0) -> li
     mine = holdings.get(thief)
     backlog = incoming + (sum(r for _, r, _ in mine.queue) if mine is not None else 0)
     rates = {w: h.rate for w, h in holdings.items() if h.rate}
-    return Plan(rates, ((w, h.queue) for w, h in holdings.items())).take(thief, backlog)
+    askable = {(w, p) for w, h in holdings.items() for p, _, a in h.queue if a}
+    plan = Plan(rates, ((w, [(p, r) for p, r, _ in h.queue]) for w, h in holdings.items()))
+    return plan.take(thief, backlog, lambda victim, partition: (victim, partition) in askable)
 
 
 @dataclass
@@ -250,8 +252,8 @@ class Stealing:
             self.plan = self._plan(ledger, now)
 
         def valid(victim: str, p: int) -> bool:  # (still so since the plan was made)
-            return (ledger.pending.get(p) == victim and p not in ledger.progress
-                    and p not in self.started.get(victim, ()) and p not in self.asks)
+            return (p in ledger.unstarted(victim) and p not in self.started.get(victim, ())
+                    and p not in self.asks)
 
         backlog = sum(ledger.remaining(p) for p, a in self.asks.items() if a.thief == thief)
         backlog += sum(ledger.remaining(p) for p in ledger.by_worker.get(thief, ()))
@@ -266,7 +268,7 @@ class Stealing:
         is checked when one is taken (`ask`'s `valid`: the plan may be PLAN_S old)."""
         sizes, limits, progress, asks = ledger.sizes, ledger.limits, ledger.progress, self.asks
         assert sizes is not None
-        queues = ((worker, ((p, max(0, limits.get(p, sizes[p]) - progress.get(p, 0)), True)
+        queues = ((worker, ((p, max(0, limits.get(p, sizes[p]) - progress.get(p, 0)))
                             for p in leases if p not in asks))
                   for worker, leases in ledger.by_worker.items())
         return Plan(self.rates.known(), queues, now)

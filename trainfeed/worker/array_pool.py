@@ -117,8 +117,8 @@ class ArrayPool:
         """Keeps `array` among the pool's (the oldest are let go beyond `keep` arrays or
         `keep_bytes`); under the lock."""
         self._handed.append(array)
+        held = sum(a.nbytes for a in self._handed) if self.keep_bytes is not None else 0
         while len(self._handed) > self.keep or (
-                self.keep_bytes is not None and len(self._handed) > 1
-                and sum(a.nbytes for a in self._handed) > self.keep_bytes):
-            self._handed.popleft()
+                self.keep_bytes is not None and len(self._handed) > 1 and held > self.keep_bytes):
+            held -= self._handed.popleft().nbytes
         return array

@@ -20,7 +20,7 @@ from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader, ReadStats
+from trainfeed.worker.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
 from trainfeed.worker.prefetch import (
     Credits,
     LoadedPartition,
@@ -207,6 +207,7 @@ class LocalBackend:
         self.epoch: int | None = None
         self._binary = [f.name for f in self._manifest.fields if f.type == "binary"]
         self._stats = ReadStats()
+        self._payload_buffers = payload_buffer_pool()  # shared by the passes' readers
         if resume is not None:
             bad = [p for p in (*resume.done, *resume.positions) if p >= len(self.partitions)]
             if bad:
@@ -247,7 +248,8 @@ class LocalBackend:
             order = self._share(order, epoch, skip, stop)
 
         def produce(out: PrefetchStream, credits: Credits) -> None:
-            reader = PartitionReader(self.folder, self.field_names, self._binary, self._stats)
+            reader = PartitionReader(self.folder, self.field_names, self._binary, self._stats,
+                                     self._payload_buffers)
             try:
                 todo = iter(order)
                 while True:

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.reader.backends import PassStream
-from trainfeed.reader.gather import take_rows
+from trainfeed.reader.gather import compacted, take_rows
 from trainfeed.worker.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
 from trainfeed.worker.prefetch import Background, LoadedPartition, TaskRef
 from trainfeed.worker.task_loop import Load, plain_load
@@ -167,7 +167,7 @@ class Cutter:
         table = part.table
         self._epoch = part.task.epoch
         self._shards[slot] = part.task.shard
-        self._entered.append((slot, part, table.num_rows))
+        self._entered.append((slot, part.without_rows(), table.num_rows))
         if self.batch_size is None:
             return [self._piece(table, [(slot, table.num_rows)] if table.num_rows else [])]
         if table.num_rows:
@@ -217,7 +217,7 @@ class Cutter:
             pieces.append(self._piece(table.slice(start, stop - start),
                                       _runs(slots[start:stop]), dropped))
         rest = n - usable
-        self._tables = [table.slice(usable)] if rest else []
+        self._tables = [compacted(table.slice(usable))] if rest else []
         self._slots = [slots[usable:]] if rest else []
         self._buffered = rest
         return pieces

@@ -65,12 +65,13 @@ COALESCE_VALUES = 500
 # type addresses its data with int32 offsets).
 MAX_CHUNK_BYTES = 2**31 - 1
 # Payload buffers a reader keeps for reuse (trainfeed.worker.array_pool): a row group's payloads
-# stay alive until a shuffle buffer has handed out its last record, so a shuffled reader has a
-# dozen or more in use (~8 MB each for 100 ImageNet JPEGs); a fresh buffer for each meant
-# the kernel zeroed every page the read then overwrote (3 % of a train crop's CPU, measured).
+# stay alive until the pieces holding its rows are decoded, so a shuffled reader has 25-40 in
+# use (the prefetched partitions, the shuffle window's, the pieces in flight: counted on the
+# ImageNet-like train reader, ~6 MB each); a fresh buffer for each meant the kernel zeroed every
+# page the read then overwrote (5 % of a train crop's CPU, measured).
 # The byte bound caps what a reader holds on to for datasets of large partitions (a partition
 # whose row groups fill a 1 GB shard is one 1 GB buffer).
-PAYLOAD_BUFFERS_KEPT = 32
+PAYLOAD_BUFFERS_KEPT = 64
 PAYLOAD_BYTES_KEPT = 512 << 20
 
 
@@ -86,6 +87,11 @@ Chooser = Callable[[pa.Table], np.ndarray]
 Selector = Callable[[TaskRef, pa.Table], np.ndarray]
 
 
+def payload_buffer_pool() -> ArrayPool:
+    """A pool for the buffers payloads are read into (see PartitionReader)."""
+    return ArrayPool(PAYLOAD_BUFFERS_KEPT, PAYLOAD_BYTES_KEPT)
+
+
 class PartitionReader:
     """Reads row-group ranges of a dataset's shards.
 
@@ -93,7 +99,11 @@ class PartitionReader:
     """
 
     def __init__(self, dataset: Storage, columns: Sequence[str], binary: Sequence[str] = (),
-                 stats: ReadStats | None = None):
+                 stats: ReadStats | None = None, payload_buffers: ArrayPool | None = None):
+        """`payload_buffers`: where payloads are read into (`payload_buffer_pool()`); pass the
+        same pool to the readers of successive passes, so that a new pass reuses the buffers
+        of the last instead of mapping fresh ones (a pass of the 5,000-image benchmark lasts
+        two seconds: a pool per pass was always empty)."""
         self.dataset = dataset
         self.columns = [ID_COLUMN, *columns]
         self.binary = [c for c in columns if c in set(binary)]
@@ -101,7 +111,7 @@ class PartitionReader:
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
         self._indexes: dict[str, np.ndarray | None] = {}
         self._sql: Any = None  # trainfeed.sql.SqlSource of a SQL dataset, on first use
-        self._payload_buffers = ArrayPool(PAYLOAD_BUFFERS_KEPT, PAYLOAD_BYTES_KEPT)
+        self._payload_buffers = payload_buffers or payload_buffer_pool()
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:

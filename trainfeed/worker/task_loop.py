@@ -30,7 +30,12 @@ from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker import shutdown
 from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader, ReadStats, read_task
+from trainfeed.worker.partition_reader import (
+    PartitionReader,
+    ReadStats,
+    payload_buffer_pool,
+    read_task,
+)
 from trainfeed.worker.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
 
 logger = logging.getLogger(__name__)
@@ -84,6 +89,7 @@ class WorkerSession:
         self.field_names = tuple(f.name for f in opened.fields)
         self.binary_fields = tuple(f.name for f in opened.fields if f.type == "binary")
         self.read_stats = ReadStats()
+        self._payload_buffers = payload_buffer_pool()  # shared by the epochs' readers
         # Per finished epoch: the partitions the master gave up on (None: it no longer knew).
         self.epoch_failures: dict[int, list[pb.FailedPartition] | None] = {}
         self.num_records = opened.num_records
@@ -430,7 +436,7 @@ class WorkerSession:
     def _produce(self, epoch: int, out: PrefetchStream, credits: Credits,
                  on_epoch: Callable[[int], None], load: Load, quota: int | None) -> None:
         reader = PartitionReader(self.dataset, self.field_names, self.binary_fields,
-                                 self.read_stats)
+                                 self.read_stats, self._payload_buffers)
         got_any = False
         joining = epoch == JOIN_CURRENT_EPOCH
         waiting = False  # the last answer was WAIT: others hold the epoch's remaining tasks

@@ -1,8 +1,8 @@
 """The buffers a partition's payloads were read into are let go (and so recycled) as soon as no
 batch still to be decoded holds its rows: not when the trainer had its last record, and not
-while a few of its rows wait in the shuffle buffer. Measured on the ImageNet-like train reader,
-holding them longer kept ~60 partitions' buffers alive for a shuffle buffer of 15, more than
-the read-buffer pool keeps: every row group was read into pages the kernel zeroed first."""
+while a few of its rows wait in the shuffle buffer. Counted on the ImageNet-like train reader,
+holding them longer kept up to 48 partitions' buffers alive for a shuffle buffer of ~15, more
+than the read-buffer pool kept: every row group was read into pages the kernel zeroed first."""
 from __future__ import annotations
 
 import gc

@@ -73,11 +73,12 @@ def compacted(table: pa.Table) -> pa.Table:
     its slices point into.
 
     For the rows a shuffle window leaves over for the next one: as slices, a few of them kept
-    every partition they came from alive, and a few of those stayed over again; measured on the
-    ImageNet-like train reader, ~60 partitions' read buffers (~6 MB each) were alive for a
-    shuffle buffer of 1,024 records (~15 partitions), more than the read-buffer pool keeps, so
-    that every row group was read into fresh pages the kernel had to zero (5 % of the reader's
-    CPU, `perf`). Copying the leftover rows (at most a batch) costs a tenth of that.
+    every partition they came from alive, and a few of those stayed over again. Counted on the
+    ImageNet-like train reader: up to 48 partitions' read buffers (~6 MB each) alive at once
+    for a shuffle buffer of 1,024 records (~15 partitions), 37 with the copy; beyond what the
+    read-buffer pool keeps, a row group is read into fresh pages the kernel must zero first (5 %
+    of the reader's CPU, `perf`). Copying the leftover rows (at most a batch) costs ~20 KB per
+    image.
     """
     if not table.num_rows or table.nbytes > COMPACT_MAX_BYTES:
         return table

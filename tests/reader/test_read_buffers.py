@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from trainfeed import dist
-from trainfeed.reader.batcher import Cutter, deliver
+from trainfeed.reader.batcher import Cutter, Piece, deliver
 from trainfeed.reader.gather import compacted
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker import array_pool
@@ -67,9 +67,10 @@ class Partitions:
         return False
 
 
-def copied(piece: object) -> list[tuple[int, bytes]]:
+def copied(piece: Piece) -> list[tuple[int, bytes]]:
     """A batch that holds nothing of the partitions (as decoded images hold nothing)."""
-    table = piece.table  # type: ignore[attr-defined]
+    table = piece.table
+    assert table is not None
     return list(zip(table.column("_id").to_pylist(), table.column("image").to_pylist()))
 
 

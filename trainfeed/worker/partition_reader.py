@@ -111,7 +111,8 @@ class PartitionReader:
         self._open: OrderedDict[str, tuple[pq.ParquetFile, Any]] = OrderedDict()
         self._indexes: dict[str, np.ndarray | None] = {}
         self._sql: Any = None  # trainfeed.sql.SqlSource of a SQL dataset, on first use
-        self._payload_buffers = payload_buffers or payload_buffer_pool()
+        self._payload_buffers = (payload_buffers if payload_buffers is not None
+                                 else payload_buffer_pool())
 
     def _shard(self, shard: str) -> pq.ParquetFile:
         if shard in self._open:

@@ -74,10 +74,11 @@ class LoadedPartition:
     def without_rows(self) -> LoadedPartition:
         """The partition's task alone: what the bookkeeping of a pass keeps once the rows went
         into the batcher's buffer. Holding the rows there, until the trainer had the last of
-        them, kept the buffers they were read into alive for ~30 partitions under a shuffle
-        buffer: the read-buffer pool (trainfeed.worker.array_pool) then never had one free,
-        and every row group was read into pages the kernel zeroed first (5 % of the train
-        reader's CPU, measured with perf)."""
+        them, kept the buffers they were read into alive long after their rows were decoded:
+        with a shuffle buffer, more of them than the read-buffer pool
+        (trainfeed.worker.array_pool) keeps, so row groups were read into pages the kernel
+        zeroed first (5 % of the train reader's CPU with the other causes, measured with
+        perf)."""
         return LoadedPartition(self.task, _NO_ROWS)
 
 

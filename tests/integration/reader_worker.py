@@ -54,10 +54,11 @@ def main() -> None:
             batches = reader if args.mode == "pipeline" else batch(
                 reader, args.batch, columnar=args.mode == "columns")
             for b in batches():
+                received = time.time()  # when the trainer got it (a test compares with signals)
                 if args.mode == "pipeline":
                     assert b["image"].shape[1:] == (16, 16, 3), b["image"].shape
                     line = {"pass": k, "epoch": reader.epoch, "ids": b["_id"].tolist(),
-                            "class_ids": b["label"].tolist()}
+                            "class_ids": b["label"].tolist(), "received": received}
                     out.write(json.dumps(line) + "\n")
                     out.flush()
                     time.sleep(args.delay)
@@ -67,7 +68,8 @@ def main() -> None:
                 else:
                     ids, images, labels = None, [i for i, _ in b], [l for _, l in b]
                 line = {"pass": k, "epoch": reader.epoch, "ids": ids, "labels": labels,
-                        "sha": [hashlib.sha256(x).hexdigest() for x in images]}
+                        "sha": [hashlib.sha256(x).hexdigest() for x in images],
+                        "received": received}
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 time.sleep(args.delay)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from optional import require
+
 from trainfeed.demo import make_images
 from trainfeed.master.process import MasterProcess
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV

@@ -95,8 +95,8 @@ def measure_size(storage: str, long_side: int, passes: int) -> list[dict[str, An
         for k in range(passes):
             kinds = list(UPLOADS) if k % 2 == 0 else list(reversed(UPLOADS))
             for kind in kinds:
-                row = {"long_side": long_side, "upload": kind, "pass": k,
-                       **timed_pass(readers[kind])}
+                row: dict[str, Any] = {"long_side": long_side, "upload": kind, "pass": k,
+                                       **timed_pass(readers[kind])}
                 row["cpu_ms_per_image"] = 1000 * row["cpu_s"] / row["images"]
                 print(f"    {long_side} px, pass {k}, {kind}: "
                       f"{row['cpu_ms_per_image']:.3f} ms CPU/image, "

@@ -14,16 +14,19 @@ generated on first use into DATA/L/ and uploaded twice (untimed): plainly and wi
 
 What is timed: the local reader (TRAIN_LOCAL style, `dist.reader(local=True)`) with the options of
 benchmarks/imagenet_like.py's `train` workload (RandomResizedCrop 224 + flip, uint8, batches of
-256, shuffle_buffer 1024), one pass over the images per measurement. The figure is this process's
-CPU time (every thread: the decode threads run here) per image, not wall time: on a shared,
-loaded machine wall time measures the neighbours. Each reader reads one untimed pass first; then
-`--passes` passes each, the two uploads alternating (plain first in even passes, restarts first
-in odd ones). Reported per size: the median CPU ms per image of each upload, their ratio
-(plain / restarts: above 1 restarts save CPU), and the range of the per-pass ratios; then the
-crossover, the longer side (interpolated on a log scale) above which restarts pay off.
+256, shuffle_buffer 1024). The figure is this process's CPU time (every thread: the decode
+threads run here) per image, not wall time: on a shared, loaded machine wall time measures the
+neighbours. Each reader reads one untimed pass first; then `--passes` measurements each, the two
+uploads alternating (plain first in even rounds, restarts first in odd ones). A measurement
+reads as many passes over the images as take `--min-cpu` seconds of CPU (the count set by the
+untimed pass, the same for both uploads): one pass of 400 small images is ~0.1 s, too short to
+time among busy neighbours. Both readers go through the same epochs, so they cut the same crops.
+Reported per size: the median CPU ms per image of each upload, their ratio (plain / restarts:
+above 1 restarts save CPU), and the range of the per-round ratios; then the crossover, the
+longer side (interpolated on a log scale) above which restarts pay off.
 
-    python benchmarks/restarts_by_size.py                      # 8 sizes x 400 images
-    python benchmarks/restarts_by_size.py --sizes 256 400 640 --images 200 --passes 5
+    python benchmarks/restarts_by_size.py                      # 10 sizes x 400 images
+    python benchmarks/restarts_by_size.py --sizes 256 400 640 --images 200 --passes 9
 """
 from __future__ import annotations
 
@@ -46,9 +49,11 @@ from read_throughput import DEFAULT_ROOT
 from trainfeed import dist
 from trainfeed.upload import UploadOptions, upload
 
-SIZES = (256, 320, 400, 500, 640, 800, 1000, 1400)
-# 400 images: one full and one partial batch of 256 per pass, ~0.4-2 s of CPU a pass, so that
-# 8 sizes x 2 uploads x (1 + 3) passes take a few minutes even on a loaded 2-core machine.
+SIZES = (128, 192, 256, 320, 400, 500, 640, 800, 1000, 1400)
+# 400 images: one full and one partial batch of 256 per pass, 0.1-2 s of CPU a pass (small
+# sizes repeat passes up to --min-cpu), so that 10 sizes x 2 uploads x (1 + 5) measurements
+# take ~4 minutes on a loaded 2-core machine (2026-11-25), after ~5 minutes of generating the
+# images on first use.
 DEFAULT_IMAGES = 400
 UPLOADS = {"plain": UploadOptions(overwrite=True),
            "restarts": UploadOptions(overwrite=True, jpeg_restarts=True)}
@@ -70,35 +75,41 @@ def prepare(data: str, storage: str, long_side: int, images: int) -> dict[str, A
     return summary
 
 
-def timed_pass(reader: Any) -> dict[str, float]:
-    """One pass of `reader`: images, process CPU seconds (all threads), wall seconds."""
+def timed_passes(reader: Any, passes: int = 1) -> dict[str, float]:
+    """`passes` passes of `reader`: images, process CPU seconds (all threads), wall seconds."""
     cpu0, wall0, images = time.process_time(), time.perf_counter(), 0
-    for batch in reader():
-        image = batch["image"]
-        # The last batch of a pass may be partial (no drop_last).
-        assert image.dtype == np.uint8 and image.shape[1:] == (SIZE, SIZE, 3), image.shape
-        assert 0 < len(image) <= BATCH, len(image)
-        images += len(image)
+    for _ in range(passes):
+        for batch in reader():
+            image = batch["image"]
+            # The last batch of a pass may be partial (no drop_last).
+            assert image.dtype == np.uint8 and image.shape[1:] == (SIZE, SIZE, 3), image.shape
+            assert 0 < len(image) <= BATCH, len(image)
+            images += len(image)
     return {"images": images, "cpu_s": time.process_time() - cpu0,
             "wall_s": time.perf_counter() - wall0, "loadavg_1m": os.getloadavg()[0]}
 
 
-def measure_size(storage: str, long_side: int, passes: int) -> list[dict[str, Any]]:
-    """The interleaved passes of one size, after one untimed pass per upload."""
+def measure_size(storage: str, long_side: int, passes: int,
+                 min_cpu_s: float) -> list[dict[str, Any]]:
+    """The interleaved measurements of one size, after one untimed pass per upload. A
+    measurement reads as many passes as make `min_cpu_s` of CPU (the same number for both
+    uploads): a pass of small images is too short to time on a loaded machine."""
     readers = {kind: dist.reader(dataset_name(long_side, kind), local=True, storage=storage,
                                  **trainfeed_options("train"))
                for kind in UPLOADS}
     rows = []
     try:
-        for reader in readers.values():
-            timed_pass(reader)  # warm: page cache, decode threads, buffers
+        # Warm: page cache, decode threads, buffers.
+        warm = min(timed_passes(reader)["cpu_s"] for reader in readers.values())
+        epochs = max(1, math.ceil(min_cpu_s / max(warm, 1e-3)))
         for k in range(passes):
             kinds = list(UPLOADS) if k % 2 == 0 else list(reversed(UPLOADS))
             for kind in kinds:
                 row: dict[str, Any] = {"long_side": long_side, "upload": kind, "pass": k,
-                                       **timed_pass(readers[kind])}
+                                       "epochs": epochs,
+                                       **timed_passes(readers[kind], epochs)}
                 row["cpu_ms_per_image"] = 1000 * row["cpu_s"] / row["images"]
-                print(f"    {long_side} px, pass {k}, {kind}: "
+                print(f"    {long_side} px, pass {k} ({epochs} epochs), {kind}: "
                       f"{row['cpu_ms_per_image']:.3f} ms CPU/image, "
                       f"load {row['loadavg_1m']:.1f}", file=sys.stderr, flush=True)
                 rows.append(row)
@@ -109,7 +120,7 @@ def measure_size(storage: str, long_side: int, passes: int) -> list[dict[str, An
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per size: median CPU ms/image of each upload, their ratio, the per-pass ratios' range."""
+    """Per size: median CPU ms/image of each upload, their ratio, the per-round ratios' range."""
     out = []
     for long_side in sorted({r["long_side"] for r in rows}):
         ms = {kind: {r["pass"]: r["cpu_ms_per_image"] for r in rows
@@ -147,7 +158,7 @@ def crossover(summary: Sequence[dict[str, Any]]) -> str:
 
 def render(summary: Sequence[dict[str, Any]], data: dict[int, dict[str, Any]]) -> str:
     lines = ["| longer side | mean size (w×h) | mean KB | plain CPU ms/image | "
-             "--jpeg-restarts CPU ms/image | plain / restarts | per-pass ratios (min-max) |",
+             "--jpeg-restarts CPU ms/image | plain / restarts | per-round ratios (min-max) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         d = data[s["long_side"]]
@@ -169,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()
     for long_side in args.sizes:
         print(f"{long_side} px: reading ...", file=sys.stderr, flush=True)
-        rows += measure_size(args.storage, long_side, args.passes)
+        rows += measure_size(args.storage, long_side, args.passes, args.min_cpu)
     summary = summarize(rows)
     table = render(summary, data)
     print(table)
@@ -194,8 +205,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
                    help="longer sides, px (default: %(default)s)")
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES, help="images per size")
-    p.add_argument("--passes", type=int, default=3,
-                   help="timed passes per upload and size (median; default %(default)s)")
+    p.add_argument("--passes", type=int, default=5,
+                   help="timed measurements per upload and size (median; default %(default)s)")
+    p.add_argument("--min-cpu", type=float, default=0.5,
+                   help="CPU seconds a measurement lasts at least: small images are read for "
+                        "several epochs (default %(default)s)")
     p.add_argument("--data", default=os.path.join(ROOT, "data"),
                    help="generated JPEGs, one folder per size")
     p.add_argument("--storage", default=os.path.join(ROOT, "storage"),
@@ -205,6 +219,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("images", "passes"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be ≥ 1, got {getattr(args, name)}")
+    if args.min_cpu < 0:
+        p.error(f"--min-cpu must be ≥ 0, got {args.min_cpu}")
     if min(args.sizes) < 16:
         p.error(f"--sizes must be ≥ 16 px, got {min(args.sizes)}")
     args.sizes = sorted(set(args.sizes))

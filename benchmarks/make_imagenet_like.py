@@ -52,10 +52,17 @@ def output_size(rng: np.random.Generator) -> tuple[int, int]:
     return int(np.clip(width, MIN_SIDE, MAX_SIDE)), int(np.clip(height, MIN_SIDE, MAX_SIDE))
 
 
-def make_image(photos: Sequence[Image.Image], rng: np.random.Generator) -> Image.Image:
-    """One ImageNet-like image (see the module docstring for what it is made of and why)."""
+def make_image(photos: Sequence[Image.Image], rng: np.random.Generator,
+               long_side: int | None = None) -> Image.Image:
+    """One ImageNet-like image (see the module docstring for what it is made of and why).
+    `long_side` scales its drawn size so that the longer side has that many pixels, aspect kept
+    (benchmarks/restarts_by_size.py); the texture and noise are made at the output's size, as a
+    camera's are, not scaled with it."""
     photo = photos[int(rng.integers(len(photos)))]
     width, height = output_size(rng)
+    if long_side is not None:
+        scale = long_side / max(width, height)
+        width, height = max(1, round(width * scale)), max(1, round(height * scale))
     # A window of the photo with the output's aspect ratio, 60-100% of the largest one that fits.
     fit = min(photo.width / width, photo.height / height)
     scale = fit * rng.uniform(0.6, 1.0)
@@ -76,9 +83,10 @@ def make_image(photos: Sequence[Image.Image], rng: np.random.Generator) -> Image
     return Image.fromarray(np.clip(noisy + 0.5, 0, 255).astype(np.uint8), "RGB")
 
 
-def make_dataset(out: str, count: int, seed: int = 0, quality: int = 90) -> dict[str, object]:
+def make_dataset(out: str, count: int, seed: int = 0, quality: int = 90,
+                 long_side: int | None = None) -> dict[str, object]:
     """Writes OUT/<class>/NNNNNN.jpg, OUT/train_data.list and OUT/summary.json; returns the
-    summary."""
+    summary. `long_side`: see make_image."""
     photos = sample_photos()
     lines = []
     sizes = np.zeros((count, 2), np.int64)
@@ -87,7 +95,7 @@ def make_dataset(out: str, count: int, seed: int = 0, quality: int = 90) -> dict
         label = i % NUM_CLASSES
         rel = f"class{label}/{i:06d}.jpg"
         os.makedirs(os.path.join(out, f"class{label}"), exist_ok=True)
-        image = make_image(photos, np.random.default_rng((seed, i)))
+        image = make_image(photos, np.random.default_rng((seed, i)), long_side)
         path = os.path.join(out, rel)
         image.save(path, "JPEG", quality=quality, subsampling="4:2:0")
         sizes[i] = image.size
@@ -105,21 +113,23 @@ def make_dataset(out: str, count: int, seed: int = 0, quality: int = 90) -> dict
         "mean_height": round(float(sizes[:, 1].mean()), 1) if count else 0,
         "min_side": int(sizes.min()) if count else 0, "max_side": int(sizes.max()) if count else 0,
         "landscape": int((sizes[:, 0] > sizes[:, 1]).sum()),
+        **({"long_side": long_side} if long_side is not None else {}),
     }
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary
 
 
-def ensure_dataset(out: str, count: int, seed: int = 0) -> str:
-    """The list file of OUT, generating the images on first use (or if the count differs)."""
+def ensure_dataset(out: str, count: int, seed: int = 0, long_side: int | None = None) -> str:
+    """The list file of OUT, generating the images on first use (or if the count differs).
+    `long_side`: see make_image (one folder per size: only the count is checked)."""
     list_path = os.path.join(out, LIST_NAME)
     if os.path.exists(list_path):
         with open(list_path, encoding="utf-8") as f:
             if sum(1 for line in f if line.strip()) == count:
                 return list_path
     print(f"generating {count} ImageNet-like JPEGs in {out} ...", file=sys.stderr, flush=True)
-    make_dataset(out, count, seed)
+    make_dataset(out, count, seed, long_side=long_side)
     return list_path
 
 

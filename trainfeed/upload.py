@@ -14,9 +14,9 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
@@ -56,6 +56,15 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 # Bytes of files read ahead of the shard writer, beyond one file: keeps the upload's memory at a
 # stated multiple of the layout's budgets whatever the files' sizes (see `upload`).
 READ_AHEAD_BYTES = 16 << 20
+# Memory for the images being decoded (--check-images) or rewritten (--jpeg-restarts) at once,
+# as their headers announce it (trainfeed.worker.memory_budget): an image needing more runs
+# alone. 256 MiB holds ~450 ImageNet photos' DCT coefficients (563 KB at 500x375, 4:2:0), far
+# more than there are threads, so it throttles only large images: eight 8,000² JPEGs took
+# 1,621 MB of RSS without it, rewritten 16 at a time.
+DECODE_MEMORY_BYTES = 256 << 20
+# Bytes read of a file to learn its declared size before its memory is reserved: a JPEG's
+# header (EXIF, XMP, ICC segments of up to 64 KiB each, then the frame) fits in far less.
+HEADER_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -181,7 +190,7 @@ def _read_ahead_windows(entries: tuple[ListEntry, ...], sizes: list[int] | None,
 
 def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
               sizes: list[int] | None = None,
-              rewrite: Callable[[bytes], bytes] | None = None,
+              rewrite: Callable[[ListEntry, bytes], bytes] | None = None,
               ) -> Iterator[tuple[ListEntry, tuple[bytes | str, ...], int]]:
     """Yields (entry, field values, payload bytes) in list order, reading files in parallel;
     `sizes` (of the entries' files) bounds the read-ahead in bytes. `rewrite` maps each file's
@@ -199,7 +208,7 @@ def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
             raise ListFileError(f"{parsed.path}:{entry.line}: cannot read {entry.columns[0]}: "
                                 f"{e.strerror or e}") from e
         if rewrite is not None:
-            data = rewrite(data)
+            data = rewrite(entry, data)
         return entry, (data, *entry.columns[1:]), len(data) + sum(
             len(c.encode()) for c in entry.columns[1:])
 
@@ -209,34 +218,67 @@ def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
 
 
 def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
-                 sizes: list[int] | None = None) -> None:
-    """Decodes every file of a file list; raises UndecodableImagesError listing all failures."""
-    from trainfeed.worker.decode import ImageDecoder  # Pillow/simplejpeg only when asked
+                 sizes: list[int] | None = None, max_pixels: int | None = None) -> None:
+    """Decodes every file of a file list, each on its own, as a reader would (any size: no
+    batch to stack them in); raises UndecodableImagesError listing every failure with its line.
 
-    decoder = ImageDecoder(threads=max(1, min(threads, os.cpu_count() or 1)), errors="skip")
+    Decodes run in parallel on up to `threads` threads (at most one per core) and together
+    hold at most DECODE_MEMORY_BYTES, or one image's needs alone when larger: each reserves its
+    file's size plus what its header announces (trainfeed.worker.pixel_budget.decode_bytes)
+    before it reads the whole file. An image over the pixel budget (`max_pixels`, default
+    $TRAINFEED_MAX_IMAGE_PIXELS) is listed without being decoded.
+    """
+    # Pillow and simplejpeg only when asked.
+    from trainfeed.worker.decode import ImageDecoder
+    from trainfeed.worker.memory_budget import MemoryBudget
+    from trainfeed.worker.pixel_budget import DECODE_FAILURES, decode_bytes, failure_reason
+
+    decoder = ImageDecoder(threads=1, errors="raise", max_pixels=max_pixels)
+    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --check-images")
+    file_sizes = sizes if sizes is not None else [0] * len(entries)
+
+    def check(index: int) -> tuple[int, str, str] | None:
+        entry, path = entries[index], entries[index].columns[0]
+        where = f"{parsed.path}:{entry.line}"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+            with memory.reserve(file_sizes[index] + decode_bytes(head, decoder.max_pixels),
+                                f"{where}: {path}"):
+                with open(path, "rb") as f:
+                    data = f.read()
+                try:
+                    decoder.decode_one(data)
+                except DECODE_FAILURES as e:
+                    return entry.line, path, failure_reason(e)
+        except OSError as e:
+            raise ListFileError(f"{where}: cannot read {path}: {e.strerror or e}") from e
+        return None
+
+    workers = max(1, min(threads, os.cpu_count() or 1))
     bad: list[tuple[int, str, str]] = []
-    chunk: list[tuple[ListEntry, bytes]] = []
-
-    def flush() -> None:
-        result = decoder.decode([data for _, data in chunk], [str(e.line) for e, _ in chunk])
-        for (entry, _), ok in zip(chunk, result.ok):
-            if not ok:
-                reason = next(m for m in result.errors if m.startswith(f"{entry.line}: "))
-                bad.append((entry.line, entry.columns[0],
-                            reason.split("cannot decode image: ", 1)[-1]))
-        chunk.clear()
-
-    try:
-        for entry, values, _ in _payloads(parsed, entries, threads, sizes):
-            chunk.append((entry, values[0]))  # type: ignore[arg-type]
-            if len(chunk) >= 256:
-                flush()
-        if chunk:
-            flush()
-    finally:
-        decoder.close()
+    pending: deque[Future[tuple[int, str, str] | None]] = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-check") as pool:
+        try:
+            for index in range(len(entries)):
+                pending.append(pool.submit(check, index))
+                if len(pending) >= 4 * workers:  # a bounded queue, not a future per file
+                    _collect(pending.popleft(), bad)
+            while pending:
+                _collect(pending.popleft(), bad)
+        finally:  # on an error, the files not started yet are not read
+            for future in pending:
+                future.cancel()
+            decoder.close()
     if bad:
         raise UndecodableImagesError(parsed.path, bad)
+
+
+def _collect(future: Future[tuple[int, str, str] | None],
+             bad: list[tuple[int, str, str]]) -> None:
+    failure = future.result()
+    if failure is not None:
+        bad.append(failure)
 
 
 class _ShardWriter:
@@ -317,21 +359,44 @@ def _load_progress(folder: Storage, data_dir: str) -> list[_ShardProgress]:
         done.append(_ShardProgress.from_json(folder.read_bytes(path)))
 
 
-def _restart_rewriter(options: UploadOptions) -> Callable[[bytes], bytes] | None:
+def _restart_rewriter(options: UploadOptions,
+                      parsed: ParsedList) -> Callable[[ListEntry, bytes], bytes] | None:
     """What `jpeg_restarts` does to each file: JPEGs rewritten with restart markers, unless
     that would pass `max_record_bytes` (the rewrite can grow a file by a fraction of a percent).
-    Refuses at once, before anything is written, when the region decoder was not built."""
+    Refuses at once, before anything is written, when the region decoder was not built.
+
+    A rewrite holds every DCT coefficient of its file (128 bytes per 8x8 block per component,
+    which its frame header announces) plus its output: rewrites reserve that from one budget of
+    DECODE_MEMORY_BYTES, so that large files wait for room instead of running on every reading
+    thread at once, and one larger than the whole budget runs alone. A JPEG over the pixel
+    budget is stored as it is, with a warning: readers refuse it as they would anyway."""
     if not options.jpeg_restarts:
         return None
     from trainfeed.worker import roi  # the compiled part, only when asked
+    from trainfeed.worker.memory_budget import MemoryBudget
+    from trainfeed.worker.pixel_budget import jpeg_frame, max_image_pixels
 
     if roi.region_decoder() is None:
         raise ConfigurationError(
             "--jpeg-restarts needs trainfeed's JPEG region decoder, which was not built "
             "(libjpeg-turbo's headers were missing at install: see `trainfeed doctor`)")
+    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --jpeg-restarts")
+    budget = max_image_pixels()
 
-    def rewrite(data: bytes) -> bytes:
-        rewritten = roi.with_restarts(data)
+    def rewrite(entry: ListEntry, data: bytes) -> bytes:
+        frame = jpeg_frame(data)
+        if frame is None:  # not a JPEG (or no frame): libjpeg refuses it before allocating
+            return roi.with_restarts(data)
+        where = f"{parsed.path}:{entry.line}: {entry.columns[0]}"
+        if frame.height * frame.width > budget:
+            logger.warning("%s declares %dx%d pixels, over the pixel budget of %d "
+                           "($TRAINFEED_MAX_IMAGE_PIXELS): stored without restart markers; "
+                           "readers will refuse it (--check-images refuses the upload)",
+                           where, frame.width, frame.height, budget)
+            return data
+        # The coefficients, libjpeg's output buffer (grown by doubling) and its copy as bytes.
+        with memory.reserve(frame.coefficient_bytes + 3 * len(data), where):
+            rewritten = roi.with_restarts(data)
         return rewritten if len(rewritten) <= options.max_record_bytes else data
 
     return rewrite
@@ -401,7 +466,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             f"dataset {dataset!r} already exists in {store.url} with different content; "
             f"use --overwrite to replace it, or upload under another name")
 
-    rewrite = _restart_rewriter(options) if parsed.kind == "file" else None
+    rewrite = _restart_rewriter(options, parsed) if parsed.kind == "file" else None
     check_name_is_free(store, dataset)
     remove_temporary_files(folder)
     if options.check_images and parsed.kind == "file":

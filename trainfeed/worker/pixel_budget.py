@@ -189,6 +189,37 @@ def failure_reason(error: BaseException) -> str:
     """Why a record failed to decode, in words: the error's message, or what a bare
     MemoryError means and what to do about it."""
     if isinstance(error, MemoryError):
-        return (f"out of memory while decoding it (lower ${settings.MAX_IMAGE_PIXELS.name}, "
-                f"now {max_image_pixels():,} pixels, or the decode threads)")
+        return (f"out of memory while decoding it: lower ${settings.MAX_IMAGE_PIXELS.name} "
+                f"(the most pixels an image may declare) or the decode threads")
     return str(error) or type(error).__name__
+
+
+# Bytes per pixel a Pillow decode may hold at once: its own image (up to 4: RGBA, 32-bit modes;
+# RGB is stored as 4 too) and the converted RGB copy (4), then that copy and the array (4 + 3).
+PILLOW_BYTES_PER_PIXEL = 8
+
+
+def decode_bytes(head: bytes | memoryview, budget: int) -> int:
+    """What decoding the image whose file starts with `head` may hold at its peak (an upper
+    bound, for scheduling decodes by memory): 3 bytes per pixel of RGB output, plus the
+    coefficients of a progressive JPEG, or Pillow's copies for other formats. 0 when the header
+    is over `budget` (the decode refuses it before allocating); `budget` pixels' worth of
+    Pillow's when `head` says nothing (an unknown or damaged format, or a header longer than
+    `head`), which makes such a file's decode run alone under a MemoryBudget."""
+    frame = jpeg_frame(head)
+    if frame is not None:
+        if frame.height * frame.width > budget:
+            return 0
+        return 3 * frame.height * frame.width + (frame.coefficient_bytes
+                                                 if frame.progressive else 0)
+    size = header_size(head)
+    if size is None and head[:2] != JPEG_MAGIC:
+        try:  # Pillow reads the size of its other formats from the first bytes, lazily
+            with Image.open(io.BytesIO(head)) as pil:
+                size = (pil.height, pil.width)
+        except DECODE_FAILURES:
+            size = None
+    if size is None:
+        return budget * PILLOW_BYTES_PER_PIXEL
+    pixels = size[0] * size[1]
+    return 0 if pixels > budget else pixels * PILLOW_BYTES_PER_PIXEL

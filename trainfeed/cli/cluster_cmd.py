@@ -35,6 +35,14 @@ TOKEN_BYTES = 32
 DEFAULT_INTERVAL_S = 2.0
 # How long `status` waits for a master before saying it is unreachable.
 STATUS_GIVE_UP_S = 10.0
+# What each command can do when no cluster is configured (trainfeed.cluster.kube.connect).
+NO_CLUSTER_ADVICE = {
+    "submit": "use --dry-run to print the objects as YAML",
+    "status": f"give --master HOST:PORT to see the master's view alone (e.g. localhost:"
+              f"{GRPC_PORT} through `kubectl port-forward`)",
+    "scale": "`kubectl config get-contexts` lists the clusters kubectl knows",
+    "delete": "`kubectl config get-contexts` lists the clusters kubectl knows",
+}
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
@@ -161,7 +169,16 @@ def _dump_yaml(objects: list[dict[str, Any]]) -> str:
     except ImportError:
         raise ClusterError("--dry-run prints YAML and needs PyYAML: pip install "
                            "'trainfeed[k8s]'") from None
-    return str(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
+
+    class PlainDumper(yaml.SafeDumper):
+        """Writes a value used twice (one fieldRef for RANK and NODE_RANK) out twice, not as
+        an `&id001` anchor and `*id001` alias: YAML people read and edit, as kubectl prints."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return str(yaml.dump_all(objects, Dumper=PlainDumper, sort_keys=False,
+                             explicit_start=True))
 
 
 def _port_forward_hint(job: str, namespace: str) -> str:
@@ -175,7 +192,7 @@ def run_submit(args: argparse.Namespace) -> int:
         sys.stdout.write(_dump_yaml(job_objects(_spec(args, args.namespace), token)))
         return 0
     spec = _spec(args, args.namespace)  # every flag checked before any cluster call
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["submit"])
     namespace = args.namespace or current_namespace(args.context)
     spec = dataclasses.replace(spec, namespace=namespace)
     with Cluster(api, namespace) as cluster:
@@ -188,7 +205,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     validate_cluster_job_name(args.job)
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["scale"])
     namespace = args.namespace or current_namespace(args.context)
     with Cluster(api, namespace) as cluster:
         before = cluster.scale(args.job, args.workers)
@@ -198,7 +215,7 @@ def run_scale(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     validate_cluster_job_name(args.job)
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["delete"])
     namespace = args.namespace or current_namespace(args.context)
     with Cluster(api, namespace) as cluster:
         deleted = cluster.delete(args.job)
@@ -218,7 +235,7 @@ def _cluster_or_none(args: argparse.Namespace) -> Cluster | None:
     """The cluster if one is configured; None (pods not shown) when only --master is given."""
     try:
         require_kubernetes()
-        api = connect(args.context)
+        api = connect(args.context, advice=NO_CLUSTER_ADVICE["status"])
     except ClusterError:
         if args.master:
             return None

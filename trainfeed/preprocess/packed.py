@@ -292,11 +292,17 @@ def source_vartypes(source: Any, table: pa.Table) -> dict[str, str]:
 def _dependent_classes(module: str, name: str, values: list[Any], vartype: str,
                        width: int | None, training: dict[str, Any] | None,
                        position: int) -> tuple[list[Any] | None, int | None]:
-    """A dependent variable's class values (None: arrays taken as one-hot) and num_classes.
+    """A dependent variable's class values and num_classes; both None for numeric arrays,
+    which are taken as already one-hot.
 
     Training: the column's own sorted classes, NULL included, padded to `width`. Validation:
     the training output's classes at the same position (MADlib matches by position), after
-    checking the column holds no other class."""
+    checking the column holds no other class.
+
+    For arrays, num_classes is NULL as in MADlib's summary (its install check asserts
+    `class_values IS NULL AND num_classes IS NULL` for `double precision[]` and `integer[]`
+    labels): the width is the arrays' own, and each buffer's `<name>_shape` says it. A
+    `width` given anyway must equal the arrays' width."""
     if is_array_type(vartype):
         if training is not None and training["class_values"].get(
                 training["dependent_varname"][position]) is not None:
@@ -310,7 +316,7 @@ def _dependent_classes(module: str, name: str, values: list[Any], vartype: str,
             raise PreprocessError(
                 f"{module}: num_classes is {width} for column {name!r}, but its one-hot "
                 f"arrays ({vartype}) have {size} values")
-        return None, size
+        return None, None
     if training is None:
         classes = class_values(values, name, width)
         return classes, len(classes)

@@ -152,3 +152,17 @@ def test_invalid_objects_fail_validation() -> None:
     job["spec"]["paralelism"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+
+
+def test_objects_owned_by_the_workers_job_validate() -> None:
+    """What `submit` sends: the Job created suspended, the others naming it as their owner."""
+    from trainfeed.cluster.jobs import _owned_by, _owner_reference, _suspended
+
+    objects = job_objects(EXAMPLE, token="")
+    job = next(o for o in objects if o["kind"] == "Job")
+    validate(_suspended(job), "the suspended Job")
+    created = {**job, "metadata": {**job["metadata"],
+                                   "uid": "6f1c2a4e-8d0b-4a53-9a8e-2f5d1c7b9e01"}}
+    for obj in objects:
+        if obj is not job:
+            validate(_owned_by(obj, [_owner_reference(created)]), "owned by the Job")

@@ -17,7 +17,11 @@ from trainfeed.cluster.jobs import Cluster
 from trainfeed.cluster.kube import connect, current_namespace, require_kubernetes
 from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import (
+    DECODE_THREAD_MEMORY_MI,
+    DEFAULT_DECODE_THREADS,
+    DEFAULT_TTL_AFTER_FINISHED_S,
     GRPC_PORT,
+    TRAINER_MEMORY_MI,
     JobSpec,
     ObjectNames,
     Toleration,
@@ -58,6 +62,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _ttl(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole seconds or 'none', got {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "submit", help="run a training job on Kubernetes (master + GPU workers)",
@@ -91,15 +105,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
                    help="let workers run on tainted nodes, e.g. nvidia.com/gpu:NoSchedule "
                         "(repeatable)")
-    p.add_argument("--cpus-per-worker", metavar="Q", help="CPU request per worker, e.g. 8")
-    p.add_argument("--memory-per-worker", metavar="Q",
-                   help="memory request and limit per worker, e.g. 32Gi")
+    p.add_argument("--worker-cpu", "--cpus-per-worker", dest="cpus_per_worker", metavar="Q",
+                   help=f"CPU request per worker pod, e.g. 8 (default: per training process, "
+                        f"one per GPU, --decode-threads + 1 for its training loop: "
+                        f"{DEFAULT_DECODE_THREADS + 1} for one GPU)")
+    p.add_argument("--worker-memory", "--memory-per-worker", dest="memory_per_worker",
+                   metavar="Q",
+                   help=f"memory request and limit per worker pod, e.g. 32Gi (default: a "
+                        f"request only, per training process {TRAINER_MEMORY_MI}Mi plus "
+                        f"{DECODE_THREAD_MEMORY_MI}Mi per decode thread: "
+                        f"{TRAINER_MEMORY_MI + DEFAULT_DECODE_THREADS * DECODE_THREAD_MEMORY_MI}"
+                        f"Mi for one GPU)")
+    p.add_argument("--decode-threads", type=int, default=DEFAULT_DECODE_THREADS, metavar="T",
+                   help=f"decode threads per training process, from which the default CPU and "
+                        f"memory requests are derived; give the script the same figure "
+                        f"(dist.reader(..., decode_threads=T)) (default "
+                        f"{DEFAULT_DECODE_THREADS})")
+    p.add_argument("--ttl-after-finished", type=_ttl, default=DEFAULT_TTL_AFTER_FINISHED_S,
+                   metavar="SECONDS|none",
+                   help=f"delete the job's objects (workers, master, its state PVC, token "
+                        f"Secret) this long after the workers finish or fail (default "
+                        f"{DEFAULT_TTL_AFTER_FINISHED_S}, a day; 'none' keeps them until "
+                        f"`trainfeed delete`)")
     p.add_argument("--sync", action="store_true",
                    help="synchronous training (DDP/torchrun, Horovod): the workers are ranks of "
                         "one group; each pod gets WORLD_SIZE, RANK (its completion index), "
                         "MASTER_ADDR (pod 0, through a headless Service), MASTER_PORT, and "
                         "NNODES/NODE_RANK for torchrun; the script reads with "
-                        "dist.reader(..., sync=True). Not scalable afterwards")
+                        "dist.reader(..., sync=True). Not scalable afterwards; one failed rank "
+                        "fails the whole group (submit again to restart it from checkpoints)")
     p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
                    help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")
     p.add_argument("--dry-run", action="store_true",
@@ -156,6 +190,7 @@ def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
             node_selector=parse_node_selector(args.node_selector),
             tolerations=tuple(Toleration.parse(t) for t in args.toleration),
             cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker,
+            decode_threads=args.decode_threads, ttl_after_finished_s=args.ttl_after_finished,
             sync=args.sync, rendezvous_port=args.rendezvous_port)
     except TrainfeedError:
         raise

@@ -222,3 +222,21 @@ def test_sql_given_a_postgres_password_never_shows_it(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert "postgresql://u:***@127.0.0.1" in result.stderr
         assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_dry_run_manifests_keep_the_urls_they_were_given(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Manifests are data for kubectl, not messages: masked, they would deploy `***`."""
+    from trainfeed.cli.main import main
+
+    endpoint = f"http://key:{PASSWORD}@seaweedfs:8333"
+    assert main(["submit", "--name", "a", "--image", "i", "--workers", "1", "--dataset", "d",
+                 "--storage", "s3://bucket/p", "--s3-endpoint", endpoint, "--dry-run", "--",
+                 "true"]) == 0
+    assert f"value: {endpoint}" in capsys.readouterr().out
+    # A message quoting such a URL is still masked.
+    assert main(["submit", "--name", "a", "--image", "i", "--workers", "1", "--dataset", "d",
+                 "--storage-pvc", "p", "--storage", endpoint, "--dry-run", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "--storage 'http://key:***@seaweedfs:8333': with --storage-pvc" in err
+    assert PASSWORD not in err

@@ -12,6 +12,7 @@ import secrets
 import sys
 from typing import Any
 
+from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
 from trainfeed.cluster.jobs import Cluster
 from trainfeed.cluster.kube import connect, current_namespace, require_kubernetes
@@ -224,7 +225,9 @@ def _port_forward_hint(job: str, namespace: str) -> str:
 def run_submit(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(TOKEN_BYTES)
     if args.dry_run:  # no kubeconfig needed, not even the kubernetes package
-        sys.stdout.write(_dump_yaml(job_objects(_spec(args, args.namespace), token)))
+        # Data for kubectl, not a message: the URLs given go out as given (cli.redacting).
+        unredacted(sys.stdout).write(_dump_yaml(job_objects(_spec(args, args.namespace),
+                                                            token)))
         return 0
     spec = _spec(args, args.namespace)  # every flag checked before any cluster call
     api = connect(args.context, advice=NO_CLUSTER_ADVICE["submit"])

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from trainfeed.redaction import redact_text, secrets_in
 
-__all__ = ["RedactingStream", "redacted_output"]
+__all__ = ["RedactingStream", "redacted_output", "unredacted"]
 
 
 class RedactingStream:
@@ -60,3 +60,11 @@ def redacted_output(given: Iterable[str]) -> Iterator[Callable[[str], str]]:
         yield redact
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def unredacted(stream: TextIO) -> TextIO:
+    """The stream beneath a RedactingStream (else `stream` itself), for output that is data a
+    program takes as it is, not a message: `submit --dry-run`'s manifests, piped to `kubectl
+    apply`, must hold the URLs they were given (masked, they would deploy `***`)."""
+    inner = stream.stream if isinstance(stream, RedactingStream) else stream
+    return inner

@@ -55,6 +55,7 @@ from trainfeed.preprocess.encoding import (
     unknown_classes,
 )
 from trainfeed.preprocess.sqltypes import arrow_sql_type, is_array_type
+from trainfeed.redaction import redact_url, scrub, url_secrets
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import remove_stale_data
 
@@ -87,9 +88,16 @@ def load_source(source: Any, storage: Storage | None = None,
     if isinstance(source, str):
         storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
         name = source.rsplit("/", 1)[-1]
-        with storage.fs.open(storage.path(name), "rb") as f:
-            table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
-        return _decode_json_arrays(table), source
+        try:
+            with storage.fs.open(storage.path(name), "rb") as f:
+                table = (pa_csv.read_csv(f) if name.lower().endswith(".csv")
+                         else pq.read_table(f))
+        except OSError as e:  # the driver's text may quote the URL, credentials and all
+            secret = bool(url_secrets(source))
+            raise PreprocessError(f"cannot read the source {redact_url(source)}: "
+                                  f"{scrub(str(e), source)}") from (None if secret else e)
+        # The name goes into the summary (the manifest every reader reads): no credentials.
+        return _decode_json_arrays(table), redact_url(source, drop=True)
     if isinstance(source, pa.Table):
         return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame

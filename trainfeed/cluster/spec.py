@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trainfeed.errors import InvalidNameError
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.redaction import redact_url
 
 # The ports the image's master listens on (the contract with `trainfeed master`).
 GRPC_PORT = 50051
@@ -228,12 +229,13 @@ class JobSpec:
                 raise InvalidNameError(f"--storage-pvc: invalid claim name {self.storage_pvc!r}")
             if self.storage is not None and not (
                     self.storage == DATA_MOUNT or self.storage.startswith(DATA_MOUNT + "/")):
-                raise ValueError(f"--storage {self.storage!r}: with --storage-pvc the volume is "
-                                 f"mounted at {DATA_MOUNT}; give a path under it (or leave "
-                                 f"--storage out to use {DATA_MOUNT})")
+                raise ValueError(f"--storage {redact_url(self.storage)!r}: with --storage-pvc "
+                                 f"the volume is mounted at {DATA_MOUNT}; give a path under "
+                                 f"it (or leave --storage out to use {DATA_MOUNT})")
         elif self.storage is None or "://" not in self.storage or \
                 self.storage.startswith("file://"):
-            given = "no storage" if self.storage is None else f"--storage {self.storage!r}"
+            given = ("no storage" if self.storage is None
+                     else f"--storage {redact_url(self.storage)!r}")
             raise ValueError(
                 f"{given}: pods share no local disk; give a remote URL with --storage "
                 f"(s3://bucket/prefix, with --s3-secret for its credentials) or a shared "

@@ -45,6 +45,7 @@ import numpy as np
 from make_dataset import ensure_dataset
 from proc_stats import process_cpu_s
 from read_throughput import DEFAULT_DATA, DEFAULT_ROOT
+from stop_cleanly import exit_cleanly_on_signals
 
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
@@ -282,6 +283,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     args = parse_args(argv)
     if args._local:
         return local_main(args)

@@ -60,6 +60,7 @@ from imagenet_methods import (
 from imagenet_methods import trainfeed_options as tf_options
 from make_imagenet_like import ensure_dataset
 from read_throughput import DEFAULT_ROOT, evict_from_page_cache
+from stop_cleanly import exit_cleanly_on_signals
 
 HERE = os.path.abspath(__file__)
 H100_IMAGES_PER_S = 3000  # ResNet-50 training with mixed precision on one H100 (assumed)
@@ -524,6 +525,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     args = parse_args(argv)
     return int(args.func(args))
 

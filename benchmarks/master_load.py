@@ -83,6 +83,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proc_stats import process_cpu_s
+from stop_cleanly import exit_cleanly_on_signals
 
 import trainfeed
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
@@ -934,6 +935,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     return run(parse_args(argv))
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from stop_cleanly import exit_cleanly_on_signals
 
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
@@ -177,20 +178,27 @@ def read_dist(storage: str, workers: int = 2) -> tuple[float, int]:
         procs = [subprocess.Popen([sys.executable, __file__, "--_worker", f"pack-{os.getpid()}"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   env=env) for _ in range(workers)]
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        done = [json.loads(p.stdout.readline()) for p in procs if p.stdout]
-        for p in procs:
-            p.wait(60)
+        try:
+            for p in procs:
+                assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            done = [json.loads(p.stdout.readline()) for p in procs if p.stdout]
+            for p in procs:
+                p.wait(60)
+        finally:  # stopped early (a signal, a failed reader): no reader outlives the run
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(30)
     return (max(d["end"] for d in done) - min(d["start"] for d in done),
             sum(d["rows"] for d in done))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--workers", type=int, default=2)

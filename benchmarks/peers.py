@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from stop_cleanly import exit_cleanly_on_signals
 
 NUM_CLASSES = 10
 METHODS = ("plain", "tfdata", "tfdata-service")
@@ -215,6 +216,7 @@ def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("method", nargs="?", choices=METHODS)
     p.add_argument("--data", help="folder of train_data.list and its images")

@@ -53,6 +53,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import make_dataset
 from proc_stats import process_cpu_s
+from stop_cleanly import exit_cleanly_on_signals
 
 import trainfeed
 from trainfeed import dist
@@ -634,6 +635,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     args = parse_args(argv)
     return worker_main(args) if args.worker else run(args)
 

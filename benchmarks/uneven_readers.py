@@ -30,6 +30,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from stop_cleanly import exit_cleanly_on_signals
+
 
 def worker(args: argparse.Namespace) -> None:
     """One reader process: --epochs passes, a sleep of --delay per batch, a JSON line each."""
@@ -132,6 +134,7 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    exit_cleanly_on_signals()  # servers and temp data go on SIGTERM/SIGINT too
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=3000)

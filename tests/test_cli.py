@@ -15,7 +15,7 @@ COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "prepro
 
 def test_every_command_has_help() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == sorted(COMMANDS)  # type: ignore[attr-defined]
+    assert isinstance(sub.choices, dict) and sorted(sub.choices) == sorted(COMMANDS)
     for command in COMMANDS:
         result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", command, "--help"],
                                 capture_output=True, text=True, timeout=60)
@@ -72,6 +72,15 @@ def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert (f"together: 300 of 300 records of epoch {expected_epoch}, each once: yes"
                 in result.stdout), result.stdout
+    # The last line is a command to paste (before: prose naming TRAIN_LOCAL=1), and it runs.
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2].startswith("next: ")
+    after = subprocess.run(lines[-1].strip(), shell=True, cwd="/", capture_output=True,
+                           text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items()
+                                if not k.startswith("TRAINFEED_") and k != "TRAIN_LOCAL"})
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.strip() == "300 records read"
     assert (tmp_path / "trainfeed-data" / "demo-images" / "manifest.json").exists()
     assert (tmp_path / "trainfeed-master.db").exists()
 
@@ -106,3 +115,21 @@ def test_upload_rows_per_group_below_one_is_refused(
     assert (f"argument --rows-per-group: expected a whole number of rows ≥ 1, got {value!r}"
             in capsys.readouterr().err)
     assert not (Path(storage_dir) / "x").exists()
+
+
+@pytest.mark.parametrize("command", [["info", "flowers"], ["ls"], ["info", "flowers", "--json"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(
+        command: list[str], image_list: Path, storage_dir: str, tmp_path: Path) -> None:
+    """`trainfeed info DS | head -1`: before, a BrokenPipeError traceback. `head` has its line
+    (the `echo`) and has exited before Python has even started, so every run meets the closed
+    pipe, as a long listing would once `head` had read enough."""
+    assert main(["upload", str(image_list), "--dataset", "flowers", "--storage", storage_dir,
+                 "--no-progress"]) == 0
+    cli = " ".join([sys.executable, "-m", "trainfeed.cli.main", *command, "--storage",
+                    storage_dir])
+    result = subprocess.run(
+        ["bash", "-c", f"{{ echo first; sleep 0.5; {cli} 2>{tmp_path}/err; }} | head -1; "
+                       f"echo \"${{PIPESTATUS[0]}}\""],
+        capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines() == ["first", "141"], result
+    assert (tmp_path / "err").read_text() == ""

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -125,8 +126,20 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
     print(f"together: {total} of {result.num_records} records of epoch "
           f"{'/'.join(map(str, sorted(epochs)))}, each once: {'yes' if whole else 'NO'}; "
           f"{total / wall:,.0f} records/s")
-    print("next: TRAIN_LOCAL=1 reads the same data without a master; see README.md")
+    print(f"next: read it without a master (then see README.md):\n"
+          f"  {next_command(storage)}")
     return 0 if whole else 1
+
+
+def next_command(storage: Storage) -> str:
+    """A shell command that reads the demo's dataset again, in this process alone, without a
+    master (TRAIN_LOCAL=1), and prints how many records it got: the step after the demo, as a
+    line to paste. Quoted for POSIX shells; the interpreter is this one, where trainfeed is
+    installed."""
+    code = (f"from trainfeed import dist; "
+            f"print(sum(1 for _ in dist.reader({DEMO_DATASET!r})()), 'records read')")
+    return (f"{settings.TRAIN_LOCAL.name}=1 {settings.STORAGE.name}={shlex.quote(storage.url)} "
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}")
 
 
 if __name__ == "__main__":

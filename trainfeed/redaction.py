@@ -24,13 +24,26 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
-__all__ = ["REDACTED", "is_secret_parameter", "redact_url", "scrub", "url_secrets"]
+__all__ = ["MIN_KNOWN_SECRET_CHARS", "REDACTED", "is_secret_parameter", "redact_text",
+           "redact_url", "scrub", "secrets_in", "url_secrets"]
 
 #: What a secret is replaced with in text meant for people.
 REDACTED = "***"
+
+#: A known secret (:func:`secrets_in`) shorter than this is masked only where it stands in a
+#: URL, not everywhere: masking every "pw" of a traceback would garble it beyond reading.
+MIN_KNOWN_SECRET_CHARS = 4
+
+# A URL inside free text: a scheme, then anything up to a blank, a quote or a bracket (the
+# ends of a URL in a message, a repr or a log line). Within one command-line argument or
+# environment value, a URL runs to the end of the value (_URL_TO_END), quotes included.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+_URL_TO_END = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://.*", re.DOTALL)
 
 # Query parameters whose values are secrets: libpq's password and sslpassword, OAuth client
 # secrets, bearer and session tokens, API and access keys, signed-URL signatures and
@@ -106,6 +119,45 @@ def url_secrets(url: str) -> list[str]:
 def scrub(text: str, url: str) -> str:
     """`text` (a driver's message about `url`) with each of `url`'s secrets replaced."""
     for secret in url_secrets(url):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def secrets_in(values: Iterable[str]) -> list[str]:
+    """The secrets of every URL found in `values` (command-line arguments, environment
+    values), in every form a message could show them in (as written, percent-decoded, escaped
+    as in a repr or in JSON), longest first; those shorter than MIN_KNOWN_SECRET_CHARS are
+    left out (see there).
+
+    Example:
+        >>> secrets_in(["master", "--state=etcd://root:s3cret@db:2379", "memory://"])
+        ['s3cret']
+    """
+    found: set[str] = set()
+    for value in values:
+        for url in _URL_TO_END.findall(value):
+            for secret in url_secrets(url):
+                found |= {secret, repr(secret)[1:-1],
+                          json.dumps(secret, ensure_ascii=False)[1:-1]}
+    return sorted((s for s in found if len(s) >= MIN_KNOWN_SECRET_CHARS), key=len,
+                  reverse=True)
+
+
+def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` (a message, a log line, a traceback) with every URL in it redacted
+    (:func:`redact_url`), then each of the known `secrets` masked wherever it appears.
+
+    The first catches a URL the text shows whole; the second a secret shown apart from its
+    URL (a driver quoting the password it was given) or in a URL the first pass cannot
+    delimit (a password holding a blank or a quote). Pass :func:`secrets_in` of the values a
+    process was given.
+
+    Example:
+        >>> redact_text("ValueError: bad URL 'etcd://root:s3cret@db:2379'")
+        "ValueError: bad URL 'etcd://root:***@db:2379'"
+    """
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text
 

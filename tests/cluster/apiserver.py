@@ -7,7 +7,9 @@ with metadata filled in, `…List` kinds, `Status` errors with reason and messag
 schedule pods or run controllers; tests put the pods and events they need into `store`.
 
 Only what the CLI calls is implemented: create, get, list (label and field selectors of
-`key=value` terms), JSON-patch (`replace`), and delete, under /api/v1 and /apis/GROUP/VERSION.
+`key=value` terms), JSON-patch (`replace`), and delete, under /api/v1 and /apis/GROUP/VERSION,
+plus the garbage collector's cascade: deleting an object deletes those whose ownerReferences
+name its uid (as a Job expired by ttlSecondsAfterFinished takes its dependents along).
 """
 from __future__ import annotations
 
@@ -150,8 +152,19 @@ class FakeApiServer:
             return 200, obj
         if method == "DELETE":
             obj = self.store.pop(key)
+            self._collect_garbage(namespace, obj["metadata"].get("uid"))
             return 200, obj
         return _status(405, "MethodNotAllowed", method)
+
+    def _collect_garbage(self, namespace: str, uid: str | None) -> None:
+        """What Kubernetes' garbage collector does after an owner is deleted (in the
+        background): deletes the objects whose ownerReferences name it, and theirs in turn.
+        (Not the real thing: it ignores blockOwnerDeletion and several owners.)"""
+        owned = [k for k, o in self.store.items() if k[1] == namespace and any(
+            r.get("uid") == uid for r in o.get("metadata", {}).get("ownerReferences") or ())]
+        for key in owned:
+            obj = self.store.pop(key)
+            self._collect_garbage(namespace, obj["metadata"].get("uid"))
 
     def __enter__(self) -> FakeApiServer:
         self._thread.start()

@@ -4,9 +4,12 @@ and bodies the CLI sends, and what it makes of the answers."""
 from __future__ import annotations
 
 import base64
+import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import kubernetes
 import pytest
 from cluster.apiserver import FakeApiServer
 
@@ -38,23 +41,61 @@ def test_submit_creates_the_objects_in_the_context_namespace(
     out = capsys.readouterr().out
     assert f"submitted job 'resnet' to namespace '{NS}'" in out
     assert f"kubectl port-forward -n {NS} svc/resnet-master 50051:50051" in out
-    posts = [path for method, path, _ in kube.requests if method == "POST"]
-    assert posts == [f"/api/v1/namespaces/{NS}/secrets",
-                     f"/api/v1/namespaces/{NS}/persistentvolumeclaims",
-                     f"/api/v1/namespaces/{NS}/services",
-                     f"/apis/apps/v1/namespaces/{NS}/deployments",
-                     f"/apis/batch/v1/namespaces/{NS}/jobs"]
+    # The workers Job first, suspended, so that the others can name it as their owner; then
+    # resumed once its Secret and master exist.
+    calls = [(method, path) for method, path, _ in kube.requests]
+    assert calls == [("POST", f"/apis/batch/v1/namespaces/{NS}/jobs"),
+                     ("POST", f"/api/v1/namespaces/{NS}/secrets"),
+                     ("POST", f"/api/v1/namespaces/{NS}/persistentvolumeclaims"),
+                     ("POST", f"/api/v1/namespaces/{NS}/services"),
+                     ("POST", f"/apis/apps/v1/namespaces/{NS}/deployments"),
+                     ("PATCH", f"/apis/batch/v1/namespaces/{NS}/jobs/resnet-workers")]
     token = stored_token(kube)
     assert len(token) >= 43
     expected = job_objects(JobSpec(name="resnet", image="reg/trainfeed-torch:0.1.0", workers=2,
                                    dataset="flowers", command=("python", "train.py"),
                                    storage_pvc="datasets", namespace=NS), token)
+    job = kube.objects("jobs", NS)["resnet-workers"]
+    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "resnet-workers",
+              "uid": job["metadata"]["uid"]}]
     for obj, resource in zip(expected[1:], ["persistentvolumeclaims", "services", "deployments",
                                             "jobs"]):
-        sent = kube.objects(resource, NS)[obj["metadata"]["name"]]
+        sent = copy.deepcopy(kube.objects(resource, NS)[obj["metadata"]["name"]])
+        if resource == "jobs":
+            assert sent["spec"].pop("suspend") is False  # created suspended, then resumed
+        else:  # owned by the workers Job: deleted with it (`delete`, or its TTL)
+            assert sent["metadata"].pop("ownerReferences") == owner
         # What arrived is what was built (the server adds uid, resourceVersion, …).
         assert sent["spec"] == obj["spec"]
         assert obj["metadata"].items() <= sent["metadata"].items()
+    assert kube.objects("secrets", NS)["resnet-trainfeed-auth"]["metadata"][
+        "ownerReferences"] == owner
+
+
+def test_the_workers_job_takes_the_masters_objects_along_when_it_goes(
+        kube: FakeApiServer) -> None:
+    """What ttlSecondsAfterFinished does once the Job has finished: the TTL controller deletes
+    the Job, and the garbage collector its dependents (the stand-in server plays both; the
+    owner references it follows are the ones `submit` sent). Before, the master's
+    Deployment, Service, PVC and Secret outlived the Job."""
+    submit = [*SUBMIT]
+    submit.insert(submit.index("--"), "--sync")
+    assert main(submit) == 0
+    assert kube.objects("jobs", NS)["resnet-workers"]["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert len(kube.store) == 6
+    batch = kubernetes.client.BatchV1Api(
+        kubernetes.config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
+    batch.delete_namespaced_job("resnet-workers", NS, propagation_policy="Background")
+    assert kube.store == {}
+
+
+def test_a_refused_object_after_the_job_is_taken_back_with_it(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    kube.refuse["deployments"] = (403, "Forbidden", "exceeded quota: pods")
+    assert main(SUBMIT) == 2
+    assert "create Deployment resnet-master" in capsys.readouterr().err
+    assert kube.store == {}  # the Job, Secret, PVC and Service were deleted again
+    assert not [r for r in kube.requests if r[0] == "PATCH"]  # the Job never started
 
 
 def test_submitting_an_existing_job_changes_nothing(kube: FakeApiServer,
@@ -78,17 +119,18 @@ def test_a_refused_submit_leaves_nothing_behind(kube: FakeApiServer,
     assert "trainfeed submit: error: create Job resnet-workers: the ResourceQuota of namespace " \
            "'team-a' is exceeded" in err
     assert "limited: count/jobs.batch=4" in err
-    assert kube.store == {}  # the Secret, PVC, Service and Deployment were deleted again
+    assert kube.store == {}  # the Job is created first: nothing else was made
 
 
 def test_scale_sets_parallelism_and_completions(kube: FakeApiServer,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(SUBMIT) == 0
+    submitted = len(kube.requests)
     assert main(["scale", "resnet", "--workers", "5"]) == 0
     assert "job 'resnet': workers 2 -> 5" in capsys.readouterr().out
     spec = kube.objects("jobs", NS)["resnet-workers"]["spec"]
     assert (spec["parallelism"], spec["completions"]) == (5, 5)
-    patch = [r for r in kube.requests if r[0] == "PATCH"]
+    patch = [r for r in kube.requests[submitted:] if r[0] == "PATCH"]
     assert patch == [("PATCH", f"/apis/batch/v1/namespaces/{NS}/jobs/resnet-workers",
                       "application/json-patch+json")]
     assert main(["scale", "resnet", "--workers", "1"]) == 0

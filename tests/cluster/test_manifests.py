@@ -4,6 +4,7 @@ errors), and deploy/k8s/ holds exactly what `submit` builds for its example job.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,8 @@ def test_submit_dry_run_output_validates(flags: list[str], tmp_path: Path) -> No
         env={**{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
              "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")})
     assert result.returncode == 0, result.stderr
+    # Plain YAML: before, --sync's shared fieldRef came out as `&id001` and `*id001`.
+    assert not re.search(r"[&*]id\d", result.stdout), result.stdout
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     sync = ["Service"] if "--sync" in flags else []  # the ranks' headless Service
     assert [d["kind"] for d in docs] == ["Secret", "PersistentVolumeClaim", "Service",
@@ -149,3 +152,17 @@ def test_invalid_objects_fail_validation() -> None:
     job["spec"]["paralelism"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+
+
+def test_objects_owned_by_the_workers_job_validate() -> None:
+    """What `submit` sends: the Job created suspended, the others naming it as their owner."""
+    from trainfeed.cluster.jobs import _owned_by, _owner_reference, _suspended
+
+    objects = job_objects(EXAMPLE, token="")
+    job = next(o for o in objects if o["kind"] == "Job")
+    validate(_suspended(job), "the suspended Job")
+    created = {**job, "metadata": {**job["metadata"],
+                                   "uid": "6f1c2a4e-8d0b-4a53-9a8e-2f5d1c7b9e01"}}
+    for obj in objects:
+        if obj is not job:
+            validate(_owned_by(obj, [_owner_reference(created)]), "owned by the Job")

@@ -80,11 +80,27 @@ def test_workers_are_an_indexed_job_of_n_pods_with_gpus() -> None:
         ("Indexed", 3, 3)
     assert pod(job)["restartPolicy"] == "Never"
     resources = pod(job)["containers"][0]["resources"]
-    assert resources == {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}
+    # Before: GPUs only (BestEffort CPU and memory). Now requests derived from the decode
+    # threads: per GPU (training process) 4 + 1 cores and 2048 + 4 x 256 MiB.
+    assert resources == {"requests": {"cpu": "10", "memory": "6144Mi", "nvidia.com/gpu": "2"},
+                         "limits": {"nvidia.com/gpu": "2"}}
     cpu = build(gpus_per_worker=0, cpus_per_worker="8", memory_per_worker="32Gi")["Job"]
     assert pod(cpu)["containers"][0]["resources"] == {
         "requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "32Gi"}}
     assert env_of(pod(cpu)["containers"][0])["TRAINFEED_GPUS"] == "0"
+    derived = build(gpus_per_worker=0, decode_threads=6)["Job"]
+    assert pod(derived)["containers"][0]["resources"] == {
+        "requests": {"cpu": "7", "memory": "3584Mi"}}  # one process; a request, no limit
+
+
+def test_finished_workers_expire_after_a_day_unless_kept() -> None:
+    assert build()["Job"]["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert build(ttl_after_finished_s=600)["Job"]["spec"]["ttlSecondsAfterFinished"] == 600
+    assert "ttlSecondsAfterFinished" not in build(ttl_after_finished_s=None)["Job"]["spec"]
+    with pytest.raises(ValueError, match="--ttl-after-finished must be 0 or more"):
+        build(ttl_after_finished_s=-1)
+    with pytest.raises(ValueError, match="--decode-threads must be at least 1"):
+        build(decode_threads=0)
 
 
 def test_node_selectors_and_tolerations_go_to_the_workers_only() -> None:
@@ -197,12 +213,23 @@ def test_a_synchronous_job_wires_its_ranks_through_a_headless_service() -> None:
     assert job["metadata"]["labels"]["trainfeed.io/sync"] == "true"
     assert spec["containers"][0]["ports"] == [
         {"name": "rendezvous", "containerPort": 29400, "protocol": "TCP"}]
+    # One failed rank fails the whole group: no per-index retries (before: backoffLimitPerIndex
+    # 3, so a failed rank was retried alone while the others sat in their collectives).
+    assert "backoffLimitPerIndex" not in job["spec"] and job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": "worker", "operator": "NotIn", "values": [0]}},
+        {"action": "FailJob",
+         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
 
 
 def test_an_elastic_job_has_no_rank_wiring() -> None:
-    env = env_of(pod(build()["Job"])["containers"][0])
+    job = build()["Job"]
+    env = env_of(pod(job)["containers"][0])
     assert not {"WORLD_SIZE", "RANK", "MASTER_ADDR"} & set(env)
-    assert "subdomain" not in pod(build()["Job"])
+    assert "subdomain" not in pod(job)
+    # A failed elastic worker is retried on its own: the others keep reading.
+    assert job["spec"]["backoffLimitPerIndex"] == 3 and "podFailurePolicy" not in job["spec"]
 
 
 def test_a_bad_rendezvous_port_is_refused() -> None:

@@ -92,3 +92,11 @@ def test_storage_url_the_pods_see() -> None:
     assert spec().storage_url == "/data"
     assert spec(storage="/data/team").storage_url == "/data/team"
     assert spec(storage_pvc=None, storage="s3://b/p").storage_url == "s3://b/p"
+
+
+def test_a_refused_storage_url_is_named_without_its_password() -> None:
+    with pytest.raises(ValueError) as caught:
+        JobSpec(name="a", image="i", workers=1, dataset="d", command=("x",), storage_pvc="p",
+                storage="http://key:s3cret-Qx9@seaweedfs:8333/data")
+    assert "--storage 'http://key:***@seaweedfs:8333/data': with --storage-pvc" in str(caught.value)
+    assert "s3cret-Qx9" not in str(caught.value)

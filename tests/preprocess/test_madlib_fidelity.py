@@ -202,7 +202,8 @@ def test_array_labels_are_taken_as_one_hot(tmp_path: Path, column: str, vartype:
     summary = training_preprocessor(madlib_input(), "batch", column, "x", 4, 5, storage=storage)
     assert summary["dependent_vartype"] == [vartype]
     assert summary[f"{column}_class_values"] is None
-    assert summary["num_classes"] == [2]  # the arrays' width (MADlib leaves it NULL)
+    # MADlib: `class_values IS NULL AND num_classes IS NULL` (before: the arrays' width, 2)
+    assert summary["num_classes"] == [None]
     got = buffers("batch", storage)
     assert got[0][f"{column}_shape"].tolist() == [4, 2]
     labels = np.concatenate([b[column] for b in got])
@@ -211,8 +212,12 @@ def test_array_labels_are_taken_as_one_hot(tmp_path: Path, column: str, vartype:
                                   storage=storage)
     [b] = buffers("val", storage)
     assert b[column].tolist() == [[1, 0]] and b[f"{column}_shape"].tolist() == [1, 2]
-    assert val["num_classes"] == [2]
-    # num_classes must be the arrays' width; class labels cannot validate against arrays
+    assert val["num_classes"] == [None] and val[f"{column}_class_values"] is None
+    # num_classes, if given, must be the arrays' width; it is still NULL in the summary
+    same = training_preprocessor(madlib_input(), "width", column, "x", num_classes=2,
+                                 storage=storage)
+    assert same["num_classes"] == [None]
+    # class labels cannot validate against arrays
     with pytest.raises(PreprocessError, match=r"num_classes is 3 for column 'y4', but its "
                                               r"one-hot arrays \(double precision\[\]\) have 2"):
         training_preprocessor(madlib_input(), "bad", "y4", "x", num_classes=3, storage=storage)

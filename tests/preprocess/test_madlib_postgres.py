@@ -77,7 +77,8 @@ def test_dependent_vartype_is_the_postgres_type(postgres_url: str, madlib_table:
     summary = training_preprocessor(source, "batch", column, "x", 4, 5, storage=storage)
     assert summary["dependent_vartype"] == [vartype]
     assert summary[f"{column}_class_values"] == classes
-    assert summary["num_classes"] == [2 if classes is None else len(classes)]
+    # NULL for arrays taken as one-hot, as in MADlib
+    assert summary["num_classes"] == [None if classes is None else len(classes)]
     assert summary["buffer_size"] == 4 and summary["num_buffers"] == 5
     assert summary["distribution_rules"] == summary["__internal_gpu_config__"] == "all_segments"
     buffers = list(dist.reader("batch", local=True, storage=storage)())

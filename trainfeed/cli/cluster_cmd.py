@@ -12,12 +12,17 @@ import secrets
 import sys
 from typing import Any
 
+from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
 from trainfeed.cluster.jobs import Cluster
 from trainfeed.cluster.kube import connect, current_namespace, require_kubernetes
 from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import (
+    DECODE_THREAD_MEMORY_MI,
+    DEFAULT_DECODE_THREADS,
+    DEFAULT_TTL_AFTER_FINISHED_S,
     GRPC_PORT,
+    TRAINER_MEMORY_MI,
     JobSpec,
     ObjectNames,
     Toleration,
@@ -35,6 +40,14 @@ TOKEN_BYTES = 32
 DEFAULT_INTERVAL_S = 2.0
 # How long `status` waits for a master before saying it is unreachable.
 STATUS_GIVE_UP_S = 10.0
+# What each command can do when no cluster is configured (trainfeed.cluster.kube.connect).
+NO_CLUSTER_ADVICE = {
+    "submit": "use --dry-run to print the objects as YAML",
+    "status": f"give --master HOST:PORT to see the master's view alone (e.g. localhost:"
+              f"{GRPC_PORT} through `kubectl port-forward`)",
+    "scale": "`kubectl config get-contexts` lists the clusters kubectl knows",
+    "delete": "`kubectl config get-contexts` lists the clusters kubectl knows",
+}
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
@@ -48,6 +61,16 @@ def _seconds(text: str) -> float:
     if not value >= 0:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"expected seconds ≥ 0, got {text!r}")
     return value
+
+
+def _ttl(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole seconds or 'none', got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,15 +106,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
                    help="let workers run on tainted nodes, e.g. nvidia.com/gpu:NoSchedule "
                         "(repeatable)")
-    p.add_argument("--cpus-per-worker", metavar="Q", help="CPU request per worker, e.g. 8")
-    p.add_argument("--memory-per-worker", metavar="Q",
-                   help="memory request and limit per worker, e.g. 32Gi")
+    p.add_argument("--worker-cpu", "--cpus-per-worker", dest="cpus_per_worker", metavar="Q",
+                   help=f"CPU request per worker pod, e.g. 8 (default: per training process, "
+                        f"one per GPU, --decode-threads + 1 for its training loop: "
+                        f"{DEFAULT_DECODE_THREADS + 1} for one GPU)")
+    p.add_argument("--worker-memory", "--memory-per-worker", dest="memory_per_worker",
+                   metavar="Q",
+                   help=f"memory request and limit per worker pod, e.g. 32Gi (default: a "
+                        f"request only, per training process {TRAINER_MEMORY_MI}Mi plus "
+                        f"{DECODE_THREAD_MEMORY_MI}Mi per decode thread: "
+                        f"{TRAINER_MEMORY_MI + DEFAULT_DECODE_THREADS * DECODE_THREAD_MEMORY_MI}"
+                        f"Mi for one GPU)")
+    p.add_argument("--decode-threads", type=int, default=DEFAULT_DECODE_THREADS, metavar="T",
+                   help=f"decode threads per training process, from which the default CPU and "
+                        f"memory requests are derived; give the script the same figure "
+                        f"(dist.reader(..., decode_threads=T)) (default "
+                        f"{DEFAULT_DECODE_THREADS})")
+    p.add_argument("--ttl-after-finished", type=_ttl, default=DEFAULT_TTL_AFTER_FINISHED_S,
+                   metavar="SECONDS|none",
+                   help=f"delete the job's objects (workers, master, its state PVC, token "
+                        f"Secret) this long after the workers finish or fail (default "
+                        f"{DEFAULT_TTL_AFTER_FINISHED_S}, a day; 'none' keeps them until "
+                        f"`trainfeed delete`)")
     p.add_argument("--sync", action="store_true",
                    help="synchronous training (DDP/torchrun, Horovod): the workers are ranks of "
                         "one group; each pod gets WORLD_SIZE, RANK (its completion index), "
                         "MASTER_ADDR (pod 0, through a headless Service), MASTER_PORT, and "
                         "NNODES/NODE_RANK for torchrun; the script reads with "
-                        "dist.reader(..., sync=True). Not scalable afterwards")
+                        "dist.reader(..., sync=True). Not scalable afterwards; one failed rank "
+                        "fails the whole group (submit again to restart it from checkpoints)")
     p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
                    help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")
     p.add_argument("--dry-run", action="store_true",
@@ -148,6 +191,7 @@ def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
             node_selector=parse_node_selector(args.node_selector),
             tolerations=tuple(Toleration.parse(t) for t in args.toleration),
             cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker,
+            decode_threads=args.decode_threads, ttl_after_finished_s=args.ttl_after_finished,
             sync=args.sync, rendezvous_port=args.rendezvous_port)
     except TrainfeedError:
         raise
@@ -161,7 +205,16 @@ def _dump_yaml(objects: list[dict[str, Any]]) -> str:
     except ImportError:
         raise ClusterError("--dry-run prints YAML and needs PyYAML: pip install "
                            "'trainfeed[k8s]'") from None
-    return str(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
+
+    class PlainDumper(yaml.SafeDumper):
+        """Writes a value used twice (one fieldRef for RANK and NODE_RANK) out twice, not as
+        an `&id001` anchor and `*id001` alias: YAML people read and edit, as kubectl prints."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return str(yaml.dump_all(objects, Dumper=PlainDumper, sort_keys=False,
+                             explicit_start=True))
 
 
 def _port_forward_hint(job: str, namespace: str) -> str:
@@ -172,10 +225,12 @@ def _port_forward_hint(job: str, namespace: str) -> str:
 def run_submit(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(TOKEN_BYTES)
     if args.dry_run:  # no kubeconfig needed, not even the kubernetes package
-        sys.stdout.write(_dump_yaml(job_objects(_spec(args, args.namespace), token)))
+        # Data for kubectl, not a message: the URLs given go out as given (cli.redacting).
+        unredacted(sys.stdout).write(_dump_yaml(job_objects(_spec(args, args.namespace),
+                                                            token)))
         return 0
     spec = _spec(args, args.namespace)  # every flag checked before any cluster call
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["submit"])
     namespace = args.namespace or current_namespace(args.context)
     spec = dataclasses.replace(spec, namespace=namespace)
     with Cluster(api, namespace) as cluster:
@@ -188,7 +243,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     validate_cluster_job_name(args.job)
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["scale"])
     namespace = args.namespace or current_namespace(args.context)
     with Cluster(api, namespace) as cluster:
         before = cluster.scale(args.job, args.workers)
@@ -198,7 +253,7 @@ def run_scale(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     validate_cluster_job_name(args.job)
-    api = connect(args.context)
+    api = connect(args.context, advice=NO_CLUSTER_ADVICE["delete"])
     namespace = args.namespace or current_namespace(args.context)
     with Cluster(api, namespace) as cluster:
         deleted = cluster.delete(args.job)
@@ -218,7 +273,7 @@ def _cluster_or_none(args: argparse.Namespace) -> Cluster | None:
     """The cluster if one is configured; None (pods not shown) when only --master is given."""
     try:
         require_kubernetes()
-        api = connect(args.context)
+        api = connect(args.context, advice=NO_CLUSTER_ADVICE["status"])
     except ClusterError:
         if args.master:
             return None

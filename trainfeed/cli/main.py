@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
+import traceback
 from collections.abc import Sequence
 
 from trainfeed import __version__
@@ -25,6 +28,7 @@ from trainfeed.cli.log_format import (
     configure_logging,
     default_log_format,
 )
+from trainfeed.cli.redacting import redacted_output
 from trainfeed.errors import TrainfeedError
 
 logger = logging.getLogger("trainfeed.cli")
@@ -49,7 +53,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: A shell's exit status for a process ended by SIGPIPE (128 + 13): what `trainfeed info DS |
+#: head` reports, as `cat` would, when `head` has read enough and closed the pipe.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one subcommand; returns its exit status (2 for a TrainfeedError, 1 for anything
+    unexpected, 130 for Ctrl-C, 141 when the reader of stdout went away).
+
+    Everything it writes to stdout and stderr, tracebacks and logs included, has the
+    credentials of any URL it was given (arguments, environment) masked (cli.redacting).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with redacted_output([*argv, *os.environ.values()]):
+        return _main(argv)
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (`| head` that has read enough).
+
+    Then (only then) stdout is pointed at /dev/null, so that Python's own flush at exit does
+    not fail a second time: the quiet ending the Python docs recommend, rather than restoring
+    SIGPIPE's default action, which would also kill a master whose metrics client hung up.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poller.poll(0))
+        if gone:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return gone
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured, embedded)
+        return False
+
+
+def _main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.log_format is None:
@@ -60,7 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_format, args.verbose)
     json_logs = args.log_format == "json"
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe fails here, inside main, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        if _stdout_gone():
+            return EXIT_BROKEN_PIPE
+        _report_unexpected(args.command, json_logs)
+        return 1
     except TrainfeedError as e:
         if json_logs:  # a log collector gets the reason as one entry, like every other line
             logger.error("trainfeed %s: error: %s", args.command, e)
@@ -70,10 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception:
-        if not json_logs:
-            raise
-        logger.exception("trainfeed %s failed", args.command)  # the traceback as one entry
+        _report_unexpected(args.command, json_logs)
         return 1
+
+
+def _report_unexpected(command: str, json_logs: bool) -> None:
+    """The traceback of the exception being handled, printed here rather than by Python at
+    exit so that it passes the redaction."""
+    if json_logs:
+        logger.exception("trainfeed %s failed", command)  # the traceback as one entry
+    else:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from trainfeed import settings
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.errors import ConfigurationError
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
@@ -16,8 +17,9 @@ from trainfeed.master.server import (
     run_master,
 )
 from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
-from trainfeed.master.stores import STATE_ENV, open_state_store
+from trainfeed.master.stores import STATE_ENV, StateStore, open_state_store
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
+from trainfeed.redaction import redact_text, secrets_in
 from trainfeed.security import (
     HOW_TO_MAKE_A_TOKEN,
     MIN_TOKEN_CHARS,
@@ -130,11 +132,22 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          metrics_port=args.metrics_port)
 
 
+def _state_store(url: str | None) -> StateStore:
+    """The state store `url` names; a URL it cannot take (an unknown scheme, credentials in
+    an etcd URL, a bad option) is a ConfigurationError saying so, with the URL's secrets
+    masked and no traceback (the store's ValueError may quote the URL as given)."""
+    try:
+        return open_state_store(url)
+    except ValueError as e:
+        message = redact_text(str(e), secrets_in([url or settings.STATE.get()]))
+        raise ConfigurationError(f"--state: {message}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     options = server_options(args)  # before anything else: a bad setting fails at once
     config = MasterConfig(storage=storage_from(args), lease_timeout_s=args.lease_timeout,
                           max_failures=args.max_failures, target_partitions=args.partitions)
-    store = open_state_store(args.state)
+    store = _state_store(args.state)
     json_logs = getattr(args, "log_format", "text") == "json"
 
     def ready(serving: Serving) -> None:

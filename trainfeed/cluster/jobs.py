@@ -38,6 +38,32 @@ PROPAGATION = "Background"
 REQUEST_TIMEOUT_S = 30.0
 
 
+# The object that owns a job's others: its workers Job, whose end (deleted, or expired by
+# ttlSecondsAfterFinished) is the job's end.
+OWNER_KIND = "Job"
+
+
+def _suspended(job: Obj) -> Obj:
+    """A copy of a Job created suspended: its pods wait until `_resume`."""
+    return {**job, "spec": {**job["spec"], "suspend": True}}
+
+
+def _owner_reference(owner: Obj) -> Obj:
+    """A reference to `owner` as the API server returned it (with its uid). Not
+    `blockOwnerDeletion`: setting it needs permission on the owner's finalizers, and deleting
+    the owner need not wait for its dependents."""
+    meta = owner["metadata"]
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+            "uid": meta["uid"]}
+
+
+def _owned_by(obj: Obj, references: list[Obj]) -> Obj:
+    """A copy of `obj` whose metadata names `references` as its owners."""
+    if not references:
+        return obj
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": references}}
+
+
 class Cluster:
     """One namespace of one cluster, as the CLI uses it. Context manager; close() idempotent."""
 
@@ -52,13 +78,16 @@ class Cluster:
         return getattr(self._groups[group], f"{verb}_namespaced_{resource}")
 
     def _call(self, action: str, job: str, method: Callable[..., T], *args: Any,
-              **kwargs: Any) -> T:
+              missing_ok: bool = False, **kwargs: Any) -> T | None:
+        """`method(*args, **kwargs)`; None for an object not found if `missing_ok`."""
         kubernetes = require_kubernetes()
         import urllib3
 
         try:
             return method(*args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
         except kubernetes.client.exceptions.ApiException as e:
+            if missing_ok and e.status == 404:
+                return None
             raise api_error(e, action, job, self.namespace) from None
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise ClusterError(f"{action}: cannot reach the Kubernetes API at "
@@ -69,19 +98,34 @@ class Cluster:
 
     # -- submit -----------------------------------------------------------------------------
     def create(self, job: str, objects: Iterable[Obj]) -> list[str]:
-        """Creates the objects in order; returns "Kind/name" of each.
+        """Creates the objects; returns "Kind/name" of each, in the order created.
+
+        The workers Job, if among them, is created first and suspended (no pod starts), so
+        that every other object can name it as its owner: deleting the Job (`trainfeed
+        delete`, or Kubernetes once `ttlSecondsAfterFinished` has passed) then deletes the
+        master's Deployment, its Service and state PVC and the token Secret too (the garbage
+        collector follows owner references). The Job is resumed once everything it needs
+        exists, so no pod starts before its Secret and master.
 
         All or nothing: if one is refused (quota, a name taken), those already created are
         deleted again before the error is raised, so a failed submit leaves nothing behind.
         """
+        objects = list(objects)
+        owners = [o for o in objects if o["kind"] == OWNER_KIND]
+        owned = [o for o in objects if o["kind"] != OWNER_KIND]
         created: list[tuple[str, str]] = []
         try:
-            for obj in objects:
-                kind, name = obj["kind"], obj["metadata"]["name"]
-                self._call(f"create {kind} {name}", job, self._method("create", kind),
-                           self.namespace, obj)
-                created.append((kind, name))
-                logger.debug("created %s/%s in %s", kind, name, self.namespace)
+            references: list[Obj] = []
+            for owner in owners:
+                answer = self._create(job, _suspended(owner))
+                created.append((owner["kind"], owner["metadata"]["name"]))
+                references.append(_owner_reference(answer))
+            for obj in owned:
+                self._create(job, _owned_by(obj, references))
+                created.append((obj["kind"], obj["metadata"]["name"]))
+            for owner in owners:
+                if not owner["spec"].get("suspend"):
+                    self._resume(job, owner["metadata"]["name"])
         except ClusterError:
             for kind, name in reversed(created):
                 try:
@@ -91,6 +135,18 @@ class Cluster:
                                    kind, name, e)
             raise
         return [f"{kind}/{name}" for kind, name in created]
+
+    def _create(self, job: str, obj: Obj) -> Obj:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        answer = self._call(f"create {kind} {name}", job, self._method("create", kind),
+                            self.namespace, obj)
+        logger.debug("created %s/%s in %s", kind, name, self.namespace)
+        return self._to_dict(answer)
+
+    def _resume(self, job: str, name: str) -> None:
+        patch = [{"op": "replace", "path": "/spec/suspend", "value": False}]
+        self._call(f"start Job {name}", job, self._method("patch", "Job"), name,
+                   self.namespace, patch, _content_type="application/json-patch+json")
 
     # -- scale ------------------------------------------------------------------------------
     def read_workers(self, job: str) -> Obj:
@@ -131,8 +187,10 @@ class Cluster:
 
     # -- delete -----------------------------------------------------------------------------
     def _delete(self, job: str, kind: str, name: str) -> None:
+        # Missing is fine: the Job goes first, and the garbage collector may take the objects
+        # it owns before their own turn comes.
         self._call(f"delete {kind} {name}", job, self._method("delete", kind), name,
-                   self.namespace, propagation_policy=PROPAGATION)
+                   self.namespace, propagation_policy=PROPAGATION, missing_ok=True)
 
     def delete(self, job: str) -> list[str]:
         """Deletes every object labelled with the job (its state PVC too); returns them.

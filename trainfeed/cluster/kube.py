@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from kubernetes.client.exceptions import ApiException
 
-NO_CONFIG = ("no Kubernetes configuration found: set KUBECONFIG or run inside a cluster; use "
-             "--dry-run to print the YAML")
+NO_CONFIG = "no Kubernetes configuration found: set KUBECONFIG or run inside a cluster"
 INSTALL_HINT = "pip install 'trainfeed[k8s]'"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -39,12 +38,18 @@ def kubeconfig_path() -> str:
     return settings.KUBECONFIG.get() or os.path.expanduser("~/.kube/config")
 
 
-def connect(context: str | None = None) -> ApiClient:
+def connect(context: str | None = None, *, advice: str = "") -> ApiClient:
     """An API client from the kubeconfig (`$KUBECONFIG`, else ~/.kube/config), else from the
     service account of the pod this runs in, the order kubectl uses.
 
+    Args:
+        context: The kubeconfig context (default: the current one).
+        advice: What the calling command can do without a cluster (`submit`: its --dry-run),
+            appended to the error; each command says its own, so none is told of a flag it
+            does not have.
+
     Raises:
-        ClusterError: neither exists (the message says how to get one, or to use --dry-run).
+        ClusterError: neither exists (the message says how to get one, then `advice`).
     """
     kubernetes = require_kubernetes()
     config = kubernetes.config
@@ -59,7 +64,7 @@ def connect(context: str | None = None) -> ApiClient:
             return kubernetes.client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    raise ClusterError(f"{NO_CONFIG} ({from_file})")
+    raise ClusterError(f"{NO_CONFIG}{'; ' + advice if advice else ''} ({from_file})")
 
 
 def current_namespace(context: str | None = None) -> str:

@@ -183,12 +183,15 @@ def master_deployment(spec: JobSpec) -> Obj:
 
 
 def _worker_resources(spec: JobSpec) -> Obj:
-    requests: dict[str, str] = {}
+    """CPU and memory requests always (workers decode: BestEffort pods would be the first
+    evicted and the last scheduled), derived from the decode threads unless given; a memory
+    limit only when --worker-memory is given (a derived figure is an estimate, and an OOM kill
+    of a rank is worse than a node's memory pressure); no CPU limit (throttling stalls
+    decoding, and the request already reserves the cores)."""
+    requests: dict[str, str] = {"cpu": spec.worker_cpu, "memory": spec.worker_memory}
     limits: dict[str, str] = {}
-    if spec.cpus_per_worker:
-        requests["cpu"] = spec.cpus_per_worker
     if spec.memory_per_worker:
-        requests["memory"] = limits["memory"] = spec.memory_per_worker
+        limits["memory"] = spec.memory_per_worker
     if spec.gpus_per_worker:
         # Extended resources: requests must equal limits (the device plugin hands out whole GPUs).
         requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.gpus_per_worker)
@@ -276,18 +279,37 @@ def workers_job(spec: JobSpec) -> Obj:
         container["ports"] = [{"name": "rendezvous", "containerPort": spec.rendezvous_port,
                                "protocol": "TCP"}]
         metadata["labels"][SYNC_LABEL] = "true"
+    job_spec: Obj = {
+        # Indexed, with completions == parallelism: `trainfeed scale` changes both (elastic
+        # Indexed Jobs, Kubernetes >= 1.27); each index runs the training script once.
+        "completionMode": "Indexed",
+        "completions": spec.workers,
+        "parallelism": spec.workers,
+        **(_sync_failure_policy() if spec.sync
+           else {"backoffLimitPerIndex": BACKOFF_LIMIT_PER_INDEX}),
+        "template": {"metadata": {"labels": labels(spec, "workers")}, "spec": pod_spec},
+    }
+    if spec.ttl_after_finished_s is not None:
+        job_spec["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+
+
+def _sync_failure_policy() -> Obj:
+    """A synchronous group fails as one: the first rank that fails (a non-zero exit, or its pod
+    disrupted: preempted, evicted, its node drained) fails the whole Job, and the Job
+    controller then stops the other ranks at once instead of leaving them blocked in a
+    collective while the failed rank alone is retried (what `backoffLimitPerIndex` would do:
+    retries are per index). No pod is retried (`backoffLimit: 0`): a torch.distributed group
+    cannot take a restarted rank back. The group is restarted by submitting it again, resuming
+    from the ranks' checkpoint (docs/cluster.md, "Synchronous jobs")."""
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": metadata,
-        "spec": {
-            # Indexed, with completions == parallelism: `trainfeed scale` changes both (elastic
-            # Indexed Jobs, Kubernetes >= 1.27); each index runs the training script once.
-            "completionMode": "Indexed",
-            "completions": spec.workers,
-            "parallelism": spec.workers,
-            "backoffLimitPerIndex": BACKOFF_LIMIT_PER_INDEX,
-            "template": {"metadata": {"labels": labels(spec, "workers")}, "spec": pod_spec},
-        },
+        "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob",
+             "onExitCodes": {"containerName": "worker", "operator": "NotIn", "values": [0]}},
+            {"action": "FailJob",
+             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
     }
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trainfeed.errors import InvalidNameError
 from trainfeed.names import validate_dataset_name, validate_job_name
+from trainfeed.redaction import redact_url
 
 # The ports the image's master listens on (the contract with `trainfeed master`).
 GRPC_PORT = 50051
@@ -39,6 +40,22 @@ _SUFFIXES = {"master": "-master", "state": "-master-state", "workers": "-workers
 # Kubernetes names of Services, Jobs and label values are DNS-1123 labels of at most 63
 # characters; the longest suffix above must still fit.
 MAX_JOB_NAME = 63 - max(len(s) for s in _SUFFIXES.values())
+# What a worker pod asks for when --worker-cpu / --worker-memory are not given, per training
+# process (one per GPU, as torchrun starts them; one in a CPU pod). Decoding is the readers'
+# CPU work: docs/imagenet.md measures 0.69-0.83 ms of one core per ImageNet-sized image, so
+# ~1,300 images/s per core, and a ResNet-50 step on one current GPU takes 2,000-3,000 images/s:
+# 2-3 cores keep up, 4 leave headroom for augmentation. One core more runs the training loop
+# itself (Python, the collectives, the gRPC client).
+DEFAULT_DECODE_THREADS = 4
+# Memory per training process: a PyTorch trainer with its CUDA host runtime holds ~2 GiB of
+# resident memory before any data; each decode thread then holds a batch in flight (encoded
+# records plus 256 x 224 x 224 x 3 decoded bytes, 38 MB) and the prefetch queue's share.
+TRAINER_MEMORY_MI = 2048
+DECODE_THREAD_MEMORY_MI = 256
+# A finished workers Job (and, through owner references, the master's objects) is deleted a
+# day after it finishes: time to read `trainfeed status` and the pods' logs, no longer.
+DEFAULT_TTL_AFTER_FINISHED_S = 24 * 3600
+
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -155,8 +172,14 @@ class JobSpec:
     master_image: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    # Requests per worker pod; None derives them from decode_threads (worker_cpu,
+    # worker_memory). A memory given here is also the limit; a derived one is a request only.
     cpus_per_worker: str | None = None
     memory_per_worker: str | None = None
+    decode_threads: int = DEFAULT_DECODE_THREADS
+    # Seconds after which Kubernetes deletes the finished workers Job, and the garbage collector
+    # the objects it owns (master, Services, state PVC, Secret); None keeps them.
+    ttl_after_finished_s: int | None = DEFAULT_TTL_AFTER_FINISHED_S
     # A SQLite ledger of a few jobs takes kilobytes; 1Gi is the smallest size most
     # provisioners hand out.
     state_size: str = "1Gi"
@@ -181,14 +204,19 @@ class JobSpec:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.gpus_per_worker < 0:
             raise ValueError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
+        if self.decode_threads < 1:
+            raise ValueError(f"--decode-threads must be at least 1, got {self.decode_threads}")
+        if self.ttl_after_finished_s is not None and self.ttl_after_finished_s < 0:
+            raise ValueError(f"--ttl-after-finished must be 0 or more seconds (or 'none'), got "
+                             f"{self.ttl_after_finished_s}")
         if not 1 <= self.rendezvous_port <= 65535:
             raise ValueError(f"--rendezvous-port must be a TCP port (1-65535), got "
                              f"{self.rendezvous_port}")
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")
-        for what, quantity in (("--cpus-per-worker", self.cpus_per_worker),
-                               ("--memory-per-worker", self.memory_per_worker),
+        for what, quantity in (("--worker-cpu", self.cpus_per_worker),
+                               ("--worker-memory", self.memory_per_worker),
                                ("state size", self.state_size)):
             if quantity is not None and not _QUANTITY.fullmatch(quantity):
                 raise ValueError(f"{what}: {quantity!r} is not a Kubernetes quantity "
@@ -201,12 +229,13 @@ class JobSpec:
                 raise InvalidNameError(f"--storage-pvc: invalid claim name {self.storage_pvc!r}")
             if self.storage is not None and not (
                     self.storage == DATA_MOUNT or self.storage.startswith(DATA_MOUNT + "/")):
-                raise ValueError(f"--storage {self.storage!r}: with --storage-pvc the volume is "
-                                 f"mounted at {DATA_MOUNT}; give a path under it (or leave "
-                                 f"--storage out to use {DATA_MOUNT})")
+                raise ValueError(f"--storage {redact_url(self.storage)!r}: with --storage-pvc "
+                                 f"the volume is mounted at {DATA_MOUNT}; give a path under "
+                                 f"it (or leave --storage out to use {DATA_MOUNT})")
         elif self.storage is None or "://" not in self.storage or \
                 self.storage.startswith("file://"):
-            given = "no storage" if self.storage is None else f"--storage {self.storage!r}"
+            given = ("no storage" if self.storage is None
+                     else f"--storage {redact_url(self.storage)!r}")
             raise ValueError(
                 f"{given}: pods share no local disk; give a remote URL with --storage "
                 f"(s3://bucket/prefix, with --s3-secret for its credentials) or a shared "
@@ -215,6 +244,24 @@ class JobSpec:
     @property
     def names(self) -> ObjectNames:
         return ObjectNames(self.name)
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """Training processes in one worker pod: one per GPU (torchrun), one in a CPU pod."""
+        return max(1, self.gpus_per_worker)
+
+    @property
+    def worker_cpu(self) -> str:
+        """The CPU request of a worker pod: --worker-cpu, else each training process's decode
+        threads plus one core for its training loop."""
+        return self.cpus_per_worker or str(self.ranks_per_pod * (self.decode_threads + 1))
+
+    @property
+    def worker_memory(self) -> str:
+        """The memory request of a worker pod: --worker-memory, else per training process
+        TRAINER_MEMORY_MI plus DECODE_THREAD_MEMORY_MI per decode thread."""
+        per_rank = TRAINER_MEMORY_MI + self.decode_threads * DECODE_THREAD_MEMORY_MI
+        return self.memory_per_worker or f"{self.ranks_per_pod * per_rank}Mi"
 
     @property
     def storage_url(self) -> str:

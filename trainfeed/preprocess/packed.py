@@ -55,6 +55,7 @@ from trainfeed.preprocess.encoding import (
     unknown_classes,
 )
 from trainfeed.preprocess.sqltypes import arrow_sql_type, is_array_type
+from trainfeed.redaction import redact_url, scrub, url_secrets
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import remove_stale_data
 
@@ -87,9 +88,16 @@ def load_source(source: Any, storage: Storage | None = None,
     if isinstance(source, str):
         storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
         name = source.rsplit("/", 1)[-1]
-        with storage.fs.open(storage.path(name), "rb") as f:
-            table = pa_csv.read_csv(f) if name.lower().endswith(".csv") else pq.read_table(f)
-        return _decode_json_arrays(table), source
+        try:
+            with storage.fs.open(storage.path(name), "rb") as f:
+                table = (pa_csv.read_csv(f) if name.lower().endswith(".csv")
+                         else pq.read_table(f))
+        except OSError as e:  # the driver's text may quote the URL, credentials and all
+            secret = bool(url_secrets(source))
+            raise PreprocessError(f"cannot read the source {redact_url(source)}: "
+                                  f"{scrub(str(e), source)}") from (None if secret else e)
+        # The name goes into the summary (the manifest every reader reads): no credentials.
+        return _decode_json_arrays(table), redact_url(source, drop=True)
     if isinstance(source, pa.Table):
         return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
@@ -292,11 +300,17 @@ def source_vartypes(source: Any, table: pa.Table) -> dict[str, str]:
 def _dependent_classes(module: str, name: str, values: list[Any], vartype: str,
                        width: int | None, training: dict[str, Any] | None,
                        position: int) -> tuple[list[Any] | None, int | None]:
-    """A dependent variable's class values (None: arrays taken as one-hot) and num_classes.
+    """A dependent variable's class values and num_classes; both None for numeric arrays,
+    which are taken as already one-hot.
 
     Training: the column's own sorted classes, NULL included, padded to `width`. Validation:
     the training output's classes at the same position (MADlib matches by position), after
-    checking the column holds no other class."""
+    checking the column holds no other class.
+
+    For arrays, num_classes is NULL as in MADlib's summary (its install check asserts
+    `class_values IS NULL AND num_classes IS NULL` for `double precision[]` and `integer[]`
+    labels): the width is the arrays' own, and each buffer's `<name>_shape` says it. A
+    `width` given anyway must equal the arrays' width."""
     if is_array_type(vartype):
         if training is not None and training["class_values"].get(
                 training["dependent_varname"][position]) is not None:
@@ -310,7 +324,7 @@ def _dependent_classes(module: str, name: str, values: list[Any], vartype: str,
             raise PreprocessError(
                 f"{module}: num_classes is {width} for column {name!r}, but its one-hot "
                 f"arrays ({vartype}) have {size} values")
-        return None, size
+        return None, None
     if training is None:
         classes = class_values(values, name, width)
         return classes, len(classes)

@@ -108,10 +108,10 @@ static void limit_scans(j_common_ptr info) {
     }
 }
 
-/* Starts a decompressor with the strict errors, the scan limit and `data` as its source. */
-static void open_source(j_decompress_ptr info, struct jpeg_progress_mgr *progress,
-                        const unsigned char *data, size_t size) {
-    jpeg_create_decompress(info);
+/* Gives a created decompressor the scan limit and `data` as its source. (Created first, and
+ * said so, by the caller: jpeg_mem_src may longjmp already, on empty data.) */
+static void read_from(j_decompress_ptr info, struct jpeg_progress_mgr *progress,
+                      const unsigned char *data, size_t size) {
     progress->progress_monitor = limit_scans;
     info->progress = progress;
     jpeg_mem_src(info, data, (unsigned long)size);
@@ -143,8 +143,9 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
         snprintf(message, JMSG_LENGTH_MAX, "%s", errors.message);
         goto finish;
     }
-    open_source(&info, &progress, data, size);
+    jpeg_create_decompress(&info);
     created = 1;
+    read_from(&info, &progress, data, size);
     jpeg_read_header(&info, TRUE);
     if (over_budget(info.image_width, info.image_height, max_pixels, message)) {
         status = OVER_BUDGET; /* before jpeg_start_decompress allocates */
@@ -540,8 +541,9 @@ static int transcode(const unsigned char *data, size_t size, unsigned int target
         snprintf(message, JMSG_LENGTH_MAX, "%s", errors.message);
         goto finish;
     }
-    open_source(&source, &progress, data, size);
+    jpeg_create_decompress(&source);
     have_source = 1;
+    read_from(&source, &progress, data, size);
     jpeg_save_markers(&source, JPEG_COM, 0xFFFF);
     for (int app = 0; app < 16; app++) {
         jpeg_save_markers(&source, JPEG_APP0 + app, 0xFFFF);
@@ -595,6 +597,41 @@ finish:
     }
     free(output.bytes);
     return status;
+}
+
+/* decode_region's work, without the GIL: the window from its restart intervals alone when the
+ * JPEG has a fitting layout, else (or if that fails) from the whole stream. */
+static int decode_window(const unsigned char *data, size_t size, unsigned char *out,
+                         size_t capacity, unsigned int left, unsigned int top, unsigned int width,
+                         unsigned int height, unsigned int k, int channels, int fast_dct,
+                         unsigned long long max_pixels, JDIMENSION *row, JDIMENSION *dx,
+                         char *message) {
+    unsigned int frame_height = 0, frame_width = 0;
+    if (frame_size(data, size, &frame_height, &frame_width)
+            && over_budget(frame_width, frame_height, max_pixels, message)) {
+        return OVER_BUDGET; /* the sub-image would be smaller: refused all the same */
+    }
+    /* The intervals around the window (EDGE more on each side, in unscaled pixels). */
+    unsigned int origin_x = 0, origin_y = 0, x0 = left * k, y0 = top * k;
+    unsigned char *sub = NULL;
+    size_t sub_size = 0;
+    int status = restart_subimage(data, size, x0 > EDGE * k ? x0 - EDGE * k : 0,
+                                  y0 > EDGE * k ? y0 - EDGE * k : 0, (left + width + EDGE) * k,
+                                  (top + height + EDGE) * k, &sub, &sub_size, &origin_x,
+                                  &origin_y);
+    if (status == NO_MEMORY) {
+        return NO_MEMORY;
+    }
+    if (status == DONE) {
+        status = decode(sub, sub_size, out, capacity, left - origin_x / k, top - origin_y / k,
+                        width, height, k, channels, fast_dct, max_pixels, row, dx, message);
+        free(sub);
+        if (status == DONE || status == OVER_BUDGET) {
+            return status;
+        }
+    }
+    return decode(data, size, out, capacity, left, top, width, height, k, channels, fast_dct,
+                  max_pixels, row, dx, message);
 }
 
 #ifndef JPEG_REGION_NO_PYTHON
@@ -720,41 +757,6 @@ static PyObject *restart_interval(PyObject *Py_UNUSED(module), PyObject *args) {
     int usable = restart_layout((const unsigned char *)data.buf, (size_t)data.len, &layout);
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(usable ? layout.interval : 0);
-}
-
-/* decode_region's work, without the GIL: the window from its restart intervals alone when the
- * JPEG has a fitting layout, else (or if that fails) from the whole stream. */
-static int decode_window(const unsigned char *data, size_t size, unsigned char *out,
-                         size_t capacity, unsigned int left, unsigned int top, unsigned int width,
-                         unsigned int height, unsigned int k, int channels, int fast_dct,
-                         unsigned long long max_pixels, JDIMENSION *row, JDIMENSION *dx,
-                         char *message) {
-    unsigned int frame_height = 0, frame_width = 0;
-    if (frame_size(data, size, &frame_height, &frame_width)
-            && over_budget(frame_width, frame_height, max_pixels, message)) {
-        return OVER_BUDGET; /* the sub-image would be smaller: refused all the same */
-    }
-    /* The intervals around the window (EDGE more on each side, in unscaled pixels). */
-    unsigned int origin_x = 0, origin_y = 0, x0 = left * k, y0 = top * k;
-    unsigned char *sub = NULL;
-    size_t sub_size = 0;
-    int status = restart_subimage(data, size, x0 > EDGE * k ? x0 - EDGE * k : 0,
-                                  y0 > EDGE * k ? y0 - EDGE * k : 0, (left + width + EDGE) * k,
-                                  (top + height + EDGE) * k, &sub, &sub_size, &origin_x,
-                                  &origin_y);
-    if (status == NO_MEMORY) {
-        return NO_MEMORY;
-    }
-    if (status == DONE) {
-        status = decode(sub, sub_size, out, capacity, left - origin_x / k, top - origin_y / k,
-                        width, height, k, channels, fast_dct, max_pixels, row, dx, message);
-        free(sub);
-        if (status == DONE || status == OVER_BUDGET) {
-            return status;
-        }
-    }
-    return decode(data, size, out, capacity, left, top, width, height, k, channels, fast_dct,
-                  max_pixels, row, dx, message);
 }
 
 static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args, PyObject *keywords) {

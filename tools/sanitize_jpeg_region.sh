@@ -61,9 +61,11 @@ say "building the libFuzzer harness with $clang"
 "$clang" -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=all tools/fuzz/fuzz_jpeg_region.c -ljpeg -o "$work/fuzz_jpeg_region"
 python3 tools/fuzz/seeds.py "$work/seeds"
-say "fuzzing for ${fuzz_seconds} s (leaks checked; a crash input is printed as base64)"
+artifacts="$PWD/build/sanitize-jpeg-region"  # (git-ignored) where a crashing input is kept
+mkdir -p "$artifacts"
+say "fuzzing for ${fuzz_seconds} s (leaks checked; a crashing input goes to $artifacts/)"
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
   "$work/fuzz_jpeg_region" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
-  -max_len=200000 -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "$work/seeds" \
+  -max_len=200000 -print_final_stats=1 -artifact_prefix="$artifacts/" "$work/corpus" "$work/seeds" \
   2>&1 | grep -v '^#[0-9]*.*\(NEW\|REDUCE\|pulse\)'
 say "no sanitizer report: $(find "$work/corpus" -type f | wc -l) inputs in the corpus"

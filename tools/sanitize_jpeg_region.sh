@@ -57,15 +57,17 @@ asan_runtime=$(gcc -print-file-name=libasan.so)
 fail_on_reports "tests"
 
 # --- 2. coverage-guided fuzzing of every entry point ------------------------------------------
+# The harness and any crashing input stay in build/ (git-ignored): replay one with
+#   build/sanitize-jpeg-region/fuzz_jpeg_region build/sanitize-jpeg-region/crash-...
+artifacts="$PWD/build/sanitize-jpeg-region"
+mkdir -p "$artifacts"
 say "building the libFuzzer harness with $clang"
 "$clang" -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-  -fno-sanitize-recover=all tools/fuzz/fuzz_jpeg_region.c -ljpeg -o "$work/fuzz_jpeg_region"
+  -fno-sanitize-recover=all tools/fuzz/fuzz_jpeg_region.c -ljpeg -o "$artifacts/fuzz_jpeg_region"
 python3 tools/fuzz/seeds.py "$work/seeds"
-artifacts="$PWD/build/sanitize-jpeg-region"  # (git-ignored) where a crashing input is kept
-mkdir -p "$artifacts"
 say "fuzzing for ${fuzz_seconds} s (leaks checked; a crashing input goes to $artifacts/)"
 ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-  "$work/fuzz_jpeg_region" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
+  "$artifacts/fuzz_jpeg_region" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
   -max_len=200000 -print_final_stats=1 -artifact_prefix="$artifacts/" "$work/corpus" "$work/seeds" \
   2>&1 | grep -v '^#[0-9]*.*\(NEW\|REDUCE\|pulse\)'
 say "no sanitizer report: $(find "$work/corpus" -type f | wc -l) inputs in the corpus"

@@ -607,7 +607,7 @@ static int decode_window(const unsigned char *data, size_t size, unsigned char *
                          unsigned long long max_pixels, JDIMENSION *row, JDIMENSION *dx,
                          char *message) {
     unsigned int frame_height = 0, frame_width = 0;
-    if (frame_size(data, size, &frame_height, &frame_width)
+    if (max_pixels > 0 && frame_size(data, size, &frame_height, &frame_width)
             && over_budget(frame_width, frame_height, max_pixels, message)) {
         return OVER_BUDGET; /* the sub-image would be smaller: refused all the same */
     }

@@ -9,19 +9,38 @@
  * thin wrapper of the libjpeg API: the Python side (trainfeed/worker/roi.py) plans the window,
  * resizes and flips.
  *
- * decode_region(data, out, left, top, width, height, scale, channels, fast_dct) -> (row, dx)
+ * decode_region(data, out, left, top, width, height, scale, channels, fast_dct, max_pixels=0)
+ *     -> (row, dx)
  *   data:     the JPEG (any object with the buffer protocol)
  *   out:      a writable, C-contiguous buffer of at least height * (width + 64) * channels bytes
  *   left, top, width, height: the window, in pixels of the image scaled by 1/scale
  *   scale:    1, 2, 4 or 8 (libjpeg's DCT-domain scaling)
  *   channels: 3 (RGB) or 1 (grey)
+ *   max_pixels: the pixel budget, 0 for none (the default). A JPEG whose frame declares more
+ *             pixels (width x height, unscaled) raises PixelBudgetError (a ValueError) before
+ *             anything is allocated: a 600-byte file may declare 65,535 x 65,535, and a
+ *             progressive one holds every DCT coefficient of the image (2 bytes per sample)
+ *             however small the window. add_restarts takes the same argument.
  * Writes `height` rows of `row` pixels each, contiguous; the window's first column is column
  * `dx` of them (the region starts at an iMCU boundary). Raises ValueError with libjpeg's message
- * on damaged data: warnings are errors here, as in simplejpeg's strict mode, so a flipped byte
- * never turns into silently wrong pixels. The GIL is released while decoding.
+ * on data that libjpeg finds damaged: its warnings are errors here, as in simplejpeg's strict
+ * mode, so a truncated stream, a bad Huffman code or a marker out of place raises instead of
+ * decoding to grey. Not every damage is visible to libjpeg: a flipped bit inside entropy-coded
+ * data mostly decodes to other valid codes, and so to wrong pixels without an error. Those are
+ * caught before decoding by the checksum of every stored value (CRC-32C, or Parquet's CRC-32:
+ * trainfeed/formats/shards.py), not here. More than 500 scans (a progressive CPU bomb) raise
+ * ValueError too, as TurboJPEG's scan limit does. MemoryError when an allocation fails. The GIL
+ * is released while decoding.
+ *
+ * Memory safety: every buffer here is owned by the function that allocates it and freed on its
+ * one exit path, whatever libjpeg did (its errors longjmp out of any depth); writers check their
+ * capacity. tools/sanitize_jpeg_region.sh builds this file with ASan and UBSan and fuzzes every
+ * entry point (docs/testing.md).
  */
 #define PY_SSIZE_T_CLEAN
+#ifndef JPEG_REGION_NO_PYTHON /* tools/fuzz/fuzz_jpeg_region.c: the C core alone, no Python */
 #include <Python.h>
+#endif
 
 #include <setjmp.h>
 #include <stdio.h>
@@ -29,6 +48,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #ifndef LIBJPEG_TURBO_VERSION_NUMBER
 #error "trainfeed's region decoder needs libjpeg-turbo (jpeg_crop_scanline, jpeg_skip_scanlines)"
@@ -39,6 +59,13 @@
 #define REGION_MARGIN 64
 /* Pixels decoded beyond the window on either side (see decode). */
 #define EDGE 4
+/* Scans a JPEG may have: each one is a pass over all of the image's coefficients, so a small
+ * progressive file of thousands of scans is a CPU bomb. TurboJPEG's scan limit is also 500
+ * (TJFLAG_LIMITSCANS); encoders write about 10. */
+#define MAX_SCANS 500
+
+/* What the C functions below return. */
+enum { DONE = 0, FAILED = -1, OVER_BUDGET = -2, NO_MEMORY = -3 };
 
 typedef struct {
     struct jpeg_error_mgr manager;
@@ -59,7 +86,12 @@ static void warn_as_error(j_common_ptr info, int level) {
 }
 
 /* libjpeg's error manager with warnings as errors and the message kept for ValueError, for
- * every libjpeg object of one call (they share the escape). */
+ * every libjpeg object of one call (they share the escape).
+ *
+ * Each function that sets the escape (decode, transcode) has one exit path below its setjmp,
+ * which destroys the libjpeg objects it created and frees what it allocated. Those objects, and
+ * the output buffer, are reached through pointers libjpeg holds, so they live in memory, not in
+ * registers, across the longjmp; the flags saying what exists are volatile. */
 static struct jpeg_error_mgr *strict_errors(StrictErrors *errors) {
     struct jpeg_error_mgr *manager = jpeg_std_error(&errors->manager);
     manager->error_exit = fail;
@@ -68,30 +100,60 @@ static struct jpeg_error_mgr *strict_errors(StrictErrors *errors) {
     return manager;
 }
 
+static void limit_scans(j_common_ptr info) {
+    if (info->is_decompressor && ((j_decompress_ptr)info)->input_scan_number > MAX_SCANS) {
+        StrictErrors *errors = (StrictErrors *)info->err;
+        snprintf(errors->message, JMSG_LENGTH_MAX, "the JPEG has more than %d scans", MAX_SCANS);
+        longjmp(errors->escape, 1);
+    }
+}
+
+/* Gives a created decompressor the scan limit and `data` as its source. (Created first, and
+ * said so, by the caller: jpeg_mem_src may longjmp already, on empty data.) */
+static void read_from(j_decompress_ptr info, struct jpeg_progress_mgr *progress,
+                      const unsigned char *data, size_t size) {
+    progress->progress_monitor = limit_scans;
+    info->progress = progress;
+    jpeg_mem_src(info, data, (unsigned long)size);
+}
+
+/* 1, and the message, if the frame (width x height as declared: libjpeg allocates for that,
+ * whatever is decoded of it) has more pixels than max_pixels (0: no budget). */
+static int over_budget(unsigned int width, unsigned int height, unsigned long long max_pixels,
+                       char *message) {
+    if (max_pixels == 0 || (unsigned long long)width * height <= max_pixels) {
+        return 0;
+    }
+    snprintf(message, JMSG_LENGTH_MAX, "the JPEG declares %ux%u pixels, over the budget of %llu",
+             width, height, max_pixels);
+    return 1;
+}
+
 static int decode(const unsigned char *data, size_t size, unsigned char *out, size_t capacity,
                   JDIMENSION left, JDIMENSION top, JDIMENSION width, JDIMENSION height,
-                  unsigned int scale, int channels, int fast_dct, JDIMENSION *row,
-                  JDIMENSION *dx, char *message) {
+                  unsigned int scale, int channels, int fast_dct, unsigned long long max_pixels,
+                  JDIMENSION *row, JDIMENSION *dx, char *message) {
     struct jpeg_decompress_struct info;
+    struct jpeg_progress_mgr progress;
     StrictErrors errors;
-    volatile int created = 0;
+    volatile int created = 0, status = FAILED;
 
     info.err = strict_errors(&errors);
     if (setjmp(errors.escape)) {
-        if (created) {
-            jpeg_destroy_decompress(&info);
-        }
         snprintf(message, JMSG_LENGTH_MAX, "%s", errors.message);
-        return -1;
+        goto finish;
     }
     jpeg_create_decompress(&info);
     created = 1;
-    jpeg_mem_src(&info, data, (unsigned long)size);
+    read_from(&info, &progress, data, size);
     jpeg_read_header(&info, TRUE);
+    if (over_budget(info.image_width, info.image_height, max_pixels, message)) {
+        status = OVER_BUDGET; /* before jpeg_start_decompress allocates */
+        goto finish;
+    }
     if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
-        jpeg_destroy_decompress(&info);
         snprintf(message, JMSG_LENGTH_MAX, "CMYK JPEGs are decoded whole");
-        return -1;
+        goto finish;
     }
     info.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     info.scale_num = 1;
@@ -103,8 +165,7 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
         snprintf(message, JMSG_LENGTH_MAX,
                  "window %ux%u at (%u, %u) outside the %ux%u image (scaled by 1/%u)",
                  width, height, left, top, info.output_width, info.output_height, scale);
-        jpeg_destroy_decompress(&info);
-        return -1;
+        goto finish;
     }
     /* A few pixels more on each side: at the region's own edges libjpeg's fancy upsampling has
      * no chroma neighbour (up to 31 levels off in the edge column, measured), inside it does. */
@@ -115,15 +176,14 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
     if (cropped < info.output_width) {
         jpeg_crop_scanline(&info, &offset, &cropped);
     }
-    if ((size_t)cropped * height * channels > capacity || left - offset > REGION_MARGIN / 2 + EDGE) {
+    if ((size_t)cropped * height * channels > capacity || left - offset > REGION_MARGIN / 2 + EDGE
+            || info.output_width != cropped || info.output_components != channels) {
         snprintf(message, JMSG_LENGTH_MAX, "region buffer too small for %u columns", cropped);
-        jpeg_destroy_decompress(&info);
-        return -1;
+        goto finish;
     }
     if (top > 0 && jpeg_skip_scanlines(&info, top) != top) {
         snprintf(message, JMSG_LENGTH_MAX, "could not skip to row %u", top);
-        jpeg_destroy_decompress(&info);
-        return -1;
+        goto finish;
     }
     size_t stride = (size_t)cropped * channels;
     for (JDIMENSION done = 0; done < height;) {
@@ -135,17 +195,18 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
         JDIMENSION got = jpeg_read_scanlines(&info, rows, want);
         if (got == 0) {
             snprintf(message, JMSG_LENGTH_MAX, "the JPEG ended at row %u", top + done);
-            jpeg_destroy_decompress(&info);
-            return -1;
+            goto finish;
         }
         done += got;
     }
-    /* The rows below the window are never decoded. */
-    jpeg_abort_decompress(&info);
-    jpeg_destroy_decompress(&info);
     *row = cropped;
     *dx = left - offset;
-    return 0;
+    status = DONE;
+finish:
+    if (created) {
+        jpeg_destroy_decompress(&info); /* the rows below the window are never decoded */
+    }
+    return status;
 }
 
 /* ---- Restart-indexed JPEGs: a window without entropy-decoding the rest of the image ----------
@@ -280,12 +341,31 @@ static int frame_size(const unsigned char *data, size_t size, unsigned int *heig
     return 0;
 }
 
-/* Where the first `needed` of the scan's `count` intervals lie: [start[i], end[i]). 0 unless
- * their markers come in sequence and, when all are needed, EOI ends the last. */
-static int split_intervals(const unsigned char *data, size_t size, size_t from, size_t count,
-                           size_t needed, size_t *start, size_t *end) {
-    size_t found = 0, at = from;
-    start[0] = from;
+/* A byte buffer that refuses to overflow: put() copies only what fits (0 when it would not). */
+typedef struct {
+    unsigned char *bytes;
+    size_t used, capacity;
+} Writer;
+
+static int put(Writer *out, const unsigned char *bytes, size_t count) {
+    if (count > out->capacity - out->used) {
+        return 0;
+    }
+    memcpy(out->bytes + out->used, bytes, count);
+    out->used += count;
+    return 1;
+}
+
+/* Copies the scan's intervals in rows [top, bottom) and columns [first, last) (in intervals) to
+ * `out`, renumbering their markers, scanning no further than the window's last interval. 0
+ * unless the markers come in sequence, the scan has `per_row * mcu_rows` intervals (EOI ends the
+ * last, when the window reaches it) and everything fits. */
+static int copy_intervals(const unsigned char *data, size_t size, const RestartLayout *layout,
+                          size_t per_row, size_t first, size_t last, size_t top, size_t bottom,
+                          Writer *out) {
+    size_t count = per_row * layout->mcu_rows;
+    size_t needed = (bottom - 1) * per_row + last; /* through the window's last */
+    size_t found = 0, copied = 0, at = layout->scan_start, begin = at;
     while (at < size) {
         const unsigned char *next = memchr(data + at, 0xFF, size - at);
         if (next == NULL || (size_t)(next - data) + 1 >= size) {
@@ -295,151 +375,192 @@ static int split_intervals(const unsigned char *data, size_t size, size_t from, 
         unsigned char marker = data[marker_at + 1];
         if (marker == 0x00) { /* a stuffed 0xFF data byte */
             at = marker_at + 2;
-        } else if (marker == 0xFF) { /* fill byte */
+            continue;
+        }
+        if (marker == 0xFF) { /* fill byte */
             at = marker_at + 1;
-        } else if (marker >= 0xD0 && marker <= 0xD7) {
-            if (marker != 0xD0 + (found & 7) || found + 1 >= count) {
+            continue;
+        }
+        int restart = marker >= 0xD0 && marker <= 0xD7;
+        if (restart ? marker != 0xD0 + (found & 7) || found + 1 >= count
+                    : marker != 0xD9 || found + 1 != count) {
+            return 0;
+        }
+        /* interval `found` is data[begin, marker_at) */
+        size_t row = found / per_row, column = found % per_row;
+        if (row >= top && column >= first && column < last) {
+            unsigned char renumbered[2] = {0xFF, (unsigned char)(0xD0 + ((copied - 1) & 7))};
+            if ((copied > 0 && !put(out, renumbered, 2))
+                    || !put(out, data + begin, marker_at - begin)) {
                 return 0;
             }
-            end[found++] = marker_at;
-            if (found == needed) { /* the rows below are never decoded: not scanned either */
-                return 1;
-            }
-            start[found] = at = marker_at + 2;
-        } else {
-            end[found++] = marker_at;
-            return marker == 0xD9 && found == count;
+            copied++;
         }
+        if (++found == needed) { /* the rows below are never decoded: not scanned either */
+            return 1;
+        }
+        begin = at = marker_at + 2;
     }
     return 0;
 }
 
 /* The JPEG of the MCU-aligned sub-image holding pixels [x0, x1) x [y0, y1) (unscaled), and its
- * origin; NULL when `data` has no fitting restart layout or the sub-image would be the image. A
- * malloc'd buffer of *out_size bytes: the caller frees it. Needs no GIL. */
-static unsigned char *restart_subimage(const unsigned char *data, size_t size, unsigned int x0,
-                                       unsigned int y0, unsigned int x1, unsigned int y1,
-                                       size_t *out_size, unsigned int *origin_x,
-                                       unsigned int *origin_y) {
+ * origin: DONE and a malloc'd buffer of *out_size bytes in *result (the caller frees it);
+ * FAILED when `data` has no fitting restart layout or the sub-image would be the image (decode
+ * the whole stream then); NO_MEMORY. Never more than size + 4 bytes: a subset of the header
+ * segments and intervals, each interval's marker renumbered, SOI and EOI. Needs no GIL. */
+static int restart_subimage(const unsigned char *data, size_t size, unsigned int x0,
+                            unsigned int y0, unsigned int x1, unsigned int y1,
+                            unsigned char **result, size_t *out_size, unsigned int *origin_x,
+                            unsigned int *origin_y) {
     RestartLayout layout = {0};
     if (!restart_layout(data, size, &layout)) {
-        return NULL;
+        return FAILED;
     }
     x1 = x1 < layout.width ? x1 : layout.width;
     y1 = y1 < layout.height ? y1 : layout.height;
     if (x0 >= x1 || y0 >= y1) {
-        return NULL;
+        return FAILED;
     }
-    unsigned int per_row = layout.mcus_per_row / layout.interval; /* intervals per MCU row */
-    unsigned int first = x0 / layout.mcu_width / layout.interval;
-    unsigned int last = ceil_div(ceil_div(x1, layout.mcu_width), layout.interval);
-    unsigned int top = y0 / layout.mcu_height, bottom = ceil_div(y1, layout.mcu_height);
-    size_t count = (size_t)per_row * layout.mcu_rows;
-    if ((first == 0 && last == per_row && top == 0) || count > size) {
-        return NULL; /* nothing to skip but what the plain path skips; or a lie about sizes */
+    size_t per_row = layout.mcus_per_row / layout.interval; /* intervals per MCU row */
+    size_t first = x0 / layout.mcu_width / layout.interval;
+    size_t last = ceil_div(ceil_div(x1, layout.mcu_width), layout.interval);
+    size_t top = y0 / layout.mcu_height, bottom = ceil_div(y1, layout.mcu_height);
+    /* (each interval takes at least 3 bytes: one of data, its marker) */
+    if ((first == 0 && last == per_row && top == 0) || per_row * layout.mcu_rows > size / 3) {
+        return FAILED; /* nothing to skip but what the plain path skips; or a lie about sizes */
     }
-    size_t *start = malloc(2 * count * sizeof(size_t));
-    unsigned char *out = malloc(size + 16); /* the header, a subset of the intervals, EOI */
-    if (start == NULL || out == NULL) {
-        free(start);
-        free(out);
-        return NULL;
-    }
-    size_t *end = start + count;
-    size_t needed = (size_t)(bottom - 1) * per_row + last; /* through the window's last */
-    if (!split_intervals(data, size, layout.scan_start, count, needed, start, end)) {
-        free(start);
-        free(out);
-        return NULL;
+    Writer out = {malloc(size + 4), 0, size + 4};
+    if (out.bytes == NULL) {
+        return NO_MEMORY;
     }
     /* The header: every segment but metadata (APP1-13, APP15, COM); JFIF's APP0 and Adobe's
      * APP14 stay, since they decide the colour space. The frame's size is patched. */
-    size_t written = 0;
-    out[written++] = 0xFF;
-    out[written++] = 0xD8;
-    unsigned int width = (last * layout.interval * layout.mcu_width < layout.width
-                          ? last * layout.interval * layout.mcu_width : layout.width)
-                         - first * layout.interval * layout.mcu_width;
-    unsigned int height = (bottom * layout.mcu_height < layout.height
-                           ? bottom * layout.mcu_height : layout.height)
-                          - top * layout.mcu_height;
+    unsigned int width = (unsigned int)((last * layout.interval * layout.mcu_width < layout.width
+                                         ? last * layout.interval * layout.mcu_width
+                                         : layout.width)
+                                        - first * layout.interval * layout.mcu_width);
+    unsigned int height = (unsigned int)((bottom * layout.mcu_height < layout.height
+                                          ? bottom * layout.mcu_height : layout.height)
+                                         - top * layout.mcu_height);
+    static const unsigned char soi[2] = {0xFF, 0xD8}, eoi[2] = {0xFF, 0xD9};
+    int written = put(&out, soi, 2);
     unsigned char marker = 0;
     unsigned int length = 0;
-    /* (restart_layout walked these segments already: every one is well formed) */
-    for (size_t at = 2; at < layout.scan_start && header_segment(data, size, &at, &marker,
-                                                                 &length); at += 2 + length) {
+    for (size_t at = 2; written && at < layout.scan_start
+                        && header_segment(data, size, &at, &marker, &length); at += 2 + length) {
         int metadata = (marker >= 0xE1 && marker <= 0xED) || marker == 0xEF || marker == 0xFE;
-        if (!metadata) {
-            memcpy(out + written, data + at, 2 + length);
-            if (marker == 0xC0 || marker == 0xC1) {
-                out[written + 5] = (unsigned char)(height >> 8);
-                out[written + 6] = (unsigned char)(height & 0xFF);
-                out[written + 7] = (unsigned char)(width >> 8);
-                out[written + 8] = (unsigned char)(width & 0xFF);
+        if (metadata) {
+            continue;
+        }
+        size_t frame = out.used;
+        written = put(&out, data + at, 2 + length);
+        if (written && (marker == 0xC0 || marker == 0xC1)) {
+            written = length >= 8; /* (restart_layout checked it: every frame is whole) */
+            if (written) {
+                out.bytes[frame + 5] = (unsigned char)(height >> 8);
+                out.bytes[frame + 6] = (unsigned char)(height & 0xFF);
+                out.bytes[frame + 7] = (unsigned char)(width >> 8);
+                out.bytes[frame + 8] = (unsigned char)(width & 0xFF);
             }
-            written += 2 + length;
         }
     }
-    size_t copied = 0;
-    for (unsigned int row = top; row < bottom; row++) {
-        for (unsigned int column = first; column < last; column++) {
-            size_t index = (size_t)row * per_row + column;
-            if (copied > 0) {
-                out[written++] = 0xFF;
-                out[written++] = (unsigned char)(0xD0 + ((copied - 1) & 7));
-            }
-            memcpy(out + written, data + start[index], end[index] - start[index]);
-            written += end[index] - start[index];
-            copied++;
-        }
+    if (!written || !copy_intervals(data, size, &layout, per_row, first, last, top, bottom, &out)
+            || !put(&out, eoi, 2)) {
+        free(out.bytes);
+        return FAILED;
     }
-    out[written++] = 0xFF;
-    out[written++] = 0xD9;
-    free(start);
-    *out_size = written;
-    *origin_x = first * layout.interval * layout.mcu_width;
-    *origin_y = top * layout.mcu_height;
-    return out;
+    *result = out.bytes;
+    *out_size = out.used;
+    *origin_x = (unsigned int)(first * layout.interval * layout.mcu_width);
+    *origin_y = (unsigned int)(top * layout.mcu_height);
+    return DONE;
 }
+
+/* ---- Output: a growing buffer this file owns ---------------------------------------------------
+ * Not jpeg_mem_dest: that one frees and replaces the caller's buffer as the output grows past
+ * 4 KiB, and writes the new address back only when compression finishes, so after an error the
+ * caller holds a freed pointer and the live buffer is lost (add_restarts freed it twice: issue
+ * 25). This one keeps the buffer where transcode's exit path frees it, whatever happened. */
+typedef struct {
+    struct jpeg_destination_mgr manager;
+    unsigned char *bytes; /* NULL, or malloc'd: `capacity` bytes */
+    size_t capacity;
+} Output;
+
+#define OUTPUT_START 4096 /* bytes; doubled as needed */
+
+static void output_start(j_compress_ptr info) {
+    Output *out = (Output *)info->dest;
+    if (out->bytes == NULL) {
+        out->bytes = malloc(OUTPUT_START);
+        if (out->bytes == NULL) {
+            ERREXIT1(info, JERR_OUT_OF_MEMORY, 10);
+        }
+        out->capacity = OUTPUT_START;
+    }
+    out->manager.next_output_byte = out->bytes;
+    out->manager.free_in_buffer = out->capacity;
+}
+
+static boolean output_grow(j_compress_ptr info) { /* called when the buffer is full */
+    Output *out = (Output *)info->dest;
+    size_t capacity = 2 * out->capacity;
+    unsigned char *grown = capacity > out->capacity ? realloc(out->bytes, capacity) : NULL;
+    if (grown == NULL) {
+        ERREXIT1(info, JERR_OUT_OF_MEMORY, 11); /* out->bytes is still ours, and freed */
+    }
+    out->manager.next_output_byte = grown + out->capacity;
+    out->manager.free_in_buffer = capacity - out->capacity;
+    out->bytes = grown;
+    out->capacity = capacity;
+    return TRUE;
+}
+
+static void output_end(j_compress_ptr info) { (void)info; }
 
 /* Rewrites a JPEG with a restart marker every `interval` MCUs, the largest divisor of its MCUs
  * per row spanning at most `target` pixels (at least one MCU), losslessly: see add_restarts.
- * *result is malloc'd by libjpeg (the caller frees it, on failure too). */
+ * DONE and a malloc'd *result of *result_size bytes (the caller frees it), or FAILED /
+ * OVER_BUDGET with *result untouched and `message` set. */
 static int transcode(const unsigned char *data, size_t size, unsigned int target,
-                     unsigned char **result, unsigned long *result_size, char *message) {
+                     unsigned long long max_pixels, unsigned char **result, size_t *result_size,
+                     char *message) {
     struct jpeg_decompress_struct source;
     struct jpeg_compress_struct sink;
+    struct jpeg_progress_mgr progress;
     StrictErrors errors;
-    volatile int have_source = 0, have_sink = 0;
+    Output output = {{0}, NULL, 0};
+    volatile int have_source = 0, have_sink = 0, status = FAILED;
 
+    output.manager.init_destination = output_start;
+    output.manager.empty_output_buffer = output_grow;
+    output.manager.term_destination = output_end;
     source.err = sink.err = strict_errors(&errors);
     if (setjmp(errors.escape)) {
-        if (have_sink) {
-            jpeg_destroy_compress(&sink);
-        }
-        if (have_source) {
-            jpeg_destroy_decompress(&source);
-        }
         snprintf(message, JMSG_LENGTH_MAX, "%s", errors.message);
-        return -1;
+        goto finish;
     }
     jpeg_create_decompress(&source);
     have_source = 1;
-    jpeg_mem_src(&source, data, (unsigned long)size);
+    read_from(&source, &progress, data, size);
     jpeg_save_markers(&source, JPEG_COM, 0xFFFF);
     for (int app = 0; app < 16; app++) {
         jpeg_save_markers(&source, JPEG_APP0 + app, 0xFFFF);
     }
     jpeg_read_header(&source, TRUE);
+    if (over_budget(source.image_width, source.image_height, max_pixels, message)) {
+        status = OVER_BUDGET; /* before jpeg_read_coefficients allocates them all */
+        goto finish;
+    }
     if (source.jpeg_color_space == JCS_CMYK || source.jpeg_color_space == JCS_YCCK) {
-        jpeg_destroy_decompress(&source);
         snprintf(message, JMSG_LENGTH_MAX, "CMYK JPEGs are kept as they are");
-        return -1;
+        goto finish;
     }
     jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&source);
     jpeg_create_compress(&sink);
     have_sink = 1;
-    jpeg_mem_dest(&sink, result, result_size);
+    sink.dest = &output.manager;
     jpeg_copy_critical_parameters(&source, &sink);
     sink.optimize_coding = TRUE;
     unsigned int mcu_width = source.num_components == 1 ? 8 : 8 * source.max_h_samp_factor;
@@ -463,15 +584,101 @@ static int transcode(const unsigned char *data, size_t size, unsigned int target
     }
     jpeg_finish_compress(&sink);
     jpeg_finish_decompress(&source);
-    jpeg_destroy_compress(&sink);
-    jpeg_destroy_decompress(&source);
-    return 0;
+    *result = output.bytes;
+    *result_size = output.capacity - output.manager.free_in_buffer;
+    output.bytes = NULL; /* the caller's now */
+    status = DONE;
+finish:
+    if (have_sink) {
+        jpeg_destroy_compress(&sink);
+    }
+    if (have_source) {
+        jpeg_destroy_decompress(&source);
+    }
+    free(output.bytes);
+    return status;
 }
 
-static PyObject *add_restarts(PyObject *Py_UNUSED(module), PyObject *args) {
+/* decode_region's work, without the GIL: the window from its restart intervals alone when the
+ * JPEG has a fitting layout, else (or if that fails) from the whole stream. */
+static int decode_window(const unsigned char *data, size_t size, unsigned char *out,
+                         size_t capacity, unsigned int left, unsigned int top, unsigned int width,
+                         unsigned int height, unsigned int k, int channels, int fast_dct,
+                         unsigned long long max_pixels, JDIMENSION *row, JDIMENSION *dx,
+                         char *message) {
+    unsigned int frame_height = 0, frame_width = 0;
+    if (max_pixels > 0 && frame_size(data, size, &frame_height, &frame_width)
+            && over_budget(frame_width, frame_height, max_pixels, message)) {
+        return OVER_BUDGET; /* the sub-image would be smaller: refused all the same */
+    }
+    /* The intervals around the window (EDGE more on each side, in unscaled pixels). */
+    unsigned int origin_x = 0, origin_y = 0, x0 = left * k, y0 = top * k;
+    unsigned char *sub = NULL;
+    size_t sub_size = 0;
+    int status = restart_subimage(data, size, x0 > EDGE * k ? x0 - EDGE * k : 0,
+                                  y0 > EDGE * k ? y0 - EDGE * k : 0, (left + width + EDGE) * k,
+                                  (top + height + EDGE) * k, &sub, &sub_size, &origin_x,
+                                  &origin_y);
+    if (status == NO_MEMORY) {
+        return NO_MEMORY;
+    }
+    if (status == DONE) {
+        status = decode(sub, sub_size, out, capacity, left - origin_x / k, top - origin_y / k,
+                        width, height, k, channels, fast_dct, max_pixels, row, dx, message);
+        free(sub);
+        if (status == DONE || status == OVER_BUDGET) {
+            return status;
+        }
+    }
+    return decode(data, size, out, capacity, left, top, width, height, k, channels, fast_dct,
+                  max_pixels, row, dx, message);
+}
+
+#ifndef JPEG_REGION_NO_PYTHON
+/* ---- The Python entry points --------------------------------------------------------------- */
+
+static PyObject *PixelBudgetError; /* a ValueError: the module's attribute */
+
+/* Sets the exception for a C function's status (not DONE) and message; returns NULL. */
+static PyObject *set_error(int status, const char *message) {
+    if (status == NO_MEMORY) {
+        return PyErr_NoMemory();
+    }
+    PyErr_SetString(status == OVER_BUDGET ? PixelBudgetError : PyExc_ValueError, message);
+    return NULL;
+}
+
+/* max_pixels: None or 0 (no budget), or a positive int; 0 and the exception if not. */
+static int parse_budget(PyObject *value, unsigned long long *max_pixels) {
+    *max_pixels = 0;
+    if (value == NULL || value == Py_None) {
+        return 1;
+    }
+    long long pixels = PyLong_AsLongLong(value);
+    if (pixels == -1 && PyErr_Occurred()) {
+        return 0;
+    }
+    if (pixels < 0) {
+        PyErr_Format(PyExc_ValueError, "max_pixels must be >= 0 (0: no budget), got %lld",
+                     pixels);
+        return 0;
+    }
+    *max_pixels = (unsigned long long)pixels;
+    return 1;
+}
+
+static PyObject *add_restarts(PyObject *Py_UNUSED(module), PyObject *args, PyObject *keywords) {
+    static char *names[] = {"", "", "max_pixels", NULL};
     Py_buffer data;
     int target;
-    if (!PyArg_ParseTuple(args, "y*i:add_restarts", &data, &target)) {
+    PyObject *budget = NULL;
+    unsigned long long max_pixels = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, keywords, "y*i|O:add_restarts", names, &data, &target,
+                                     &budget)) {
+        return NULL;
+    }
+    if (!parse_budget(budget, &max_pixels)) {
+        PyBuffer_Release(&data);
         return NULL;
     }
     if (target < 1 || target > 65535) {
@@ -481,17 +688,15 @@ static PyObject *add_restarts(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     char message[JMSG_LENGTH_MAX];
     unsigned char *result = NULL;
-    unsigned long result_size = 0;
+    size_t result_size = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = transcode((const unsigned char *)data.buf, (size_t)data.len, (unsigned int)target,
-                       &result, &result_size, message);
+                       max_pixels, &result, &result_size, message);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
-    if (status != 0) {
-        free(result);
-        PyErr_SetString(PyExc_ValueError, message);
-        return NULL;
+    if (status != DONE) {
+        return set_error(status, message);
     }
     PyObject *bytes = PyBytes_FromStringAndSize((const char *)result, (Py_ssize_t)result_size);
     free(result);
@@ -510,14 +715,18 @@ static PyObject *sub_image(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "pixel bounds must be within 0-65535");
         return NULL;
     }
+    unsigned char *sub = NULL;
     size_t size = 0;
     unsigned int origin_x = 0, origin_y = 0;
-    unsigned char *sub = restart_subimage((const unsigned char *)data.buf, (size_t)data.len,
-                                          (unsigned int)x0, (unsigned int)y0, (unsigned int)x1,
-                                          (unsigned int)y1, &size, &origin_x, &origin_y);
+    int status = restart_subimage((const unsigned char *)data.buf, (size_t)data.len,
+                                  (unsigned int)x0, (unsigned int)y0, (unsigned int)x1,
+                                  (unsigned int)y1, &sub, &size, &origin_x, &origin_y);
     PyBuffer_Release(&data);
-    if (sub == NULL) {
-        Py_RETURN_NONE;
+    if (status == NO_MEMORY) {
+        return PyErr_NoMemory();
+    }
+    if (status != DONE) {
+        Py_RETURN_NONE; /* no fitting layout */
     }
     PyObject *result = Py_BuildValue("y#II", (const char *)sub, (Py_ssize_t)size, origin_x,
                                      origin_y);
@@ -550,12 +759,16 @@ static PyObject *restart_interval(PyObject *Py_UNUSED(module), PyObject *args) {
     return PyLong_FromUnsignedLong(usable ? layout.interval : 0);
 }
 
-static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args) {
+static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args, PyObject *keywords) {
+    static char *names[] = {"", "", "", "", "", "", "", "", "", "max_pixels", NULL};
     Py_buffer data, out;
     Py_ssize_t left, top, width, height;
     int scale, channels, fast_dct;
-    if (!PyArg_ParseTuple(args, "y*w*nnnniip:decode_region", &data, &out, &left, &top, &width,
-                          &height, &scale, &channels, &fast_dct)) {
+    PyObject *budget = NULL;
+    unsigned long long max_pixels = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, keywords, "y*w*nnnniip|O:decode_region", names, &data,
+                                     &out, &left, &top, &width, &height, &scale, &channels,
+                                     &fast_dct, &budget)) {
         return NULL;
     }
     /* JPEG sides are at most 65,535: bounds that also keep every sum below from overflowing. */
@@ -569,54 +782,46 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args) {
                         "window within 0-65535");
         return NULL;
     }
+    if (!parse_budget(budget, &max_pixels)) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
     char message[JMSG_LENGTH_MAX];
     JDIMENSION row = 0, dx = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    /* With fitting restart markers, the intervals around the window (EDGE more on each side, in
-     * unscaled pixels) alone; the whole stream if that is not possible or fails. */
-    unsigned int k = (unsigned int)scale, origin_x = 0, origin_y = 0;
-    unsigned int x0 = (unsigned int)left * k, y0 = (unsigned int)top * k;
-    size_t sub_size = 0;
-    unsigned char *sub = restart_subimage(
-        (const unsigned char *)data.buf, (size_t)data.len, x0 > EDGE * k ? x0 - EDGE * k : 0,
-        y0 > EDGE * k ? y0 - EDGE * k : 0, (unsigned int)(left + width + EDGE) * k,
-        (unsigned int)(top + height + EDGE) * k, &sub_size, &origin_x, &origin_y);
-    status = -1;
-    if (sub != NULL) {
-        status = decode(sub, sub_size, (unsigned char *)out.buf, (size_t)out.len,
-                        (JDIMENSION)left - origin_x / k, (JDIMENSION)top - origin_y / k,
-                        (JDIMENSION)width, (JDIMENSION)height, k, channels, fast_dct, &row, &dx,
-                        message);
-        free(sub);
-    }
-    if (status != 0) {
-        status = decode((const unsigned char *)data.buf, (size_t)data.len,
-                        (unsigned char *)out.buf, (size_t)out.len, (JDIMENSION)left,
-                        (JDIMENSION)top, (JDIMENSION)width, (JDIMENSION)height, k, channels,
-                        fast_dct, &row, &dx, message);
-    }
+    status = decode_window((const unsigned char *)data.buf, (size_t)data.len,
+                           (unsigned char *)out.buf, (size_t)out.len, (unsigned int)left,
+                           (unsigned int)top, (unsigned int)width, (unsigned int)height,
+                           (unsigned int)scale, channels, fast_dct, max_pixels, &row, &dx,
+                           message);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
-    if (status != 0) {
-        PyErr_SetString(PyExc_ValueError, message);
-        return NULL;
+    if (status != DONE) {
+        return set_error(status, message);
     }
     return Py_BuildValue("II", row, dx);
 }
 
 static PyMethodDef methods[] = {
-    {"decode_region", decode_region, METH_VARARGS,
-     "decode_region(data, out, left, top, width, height, scale, channels, fast_dct) -> "
-     "(row, dx): decodes a window of a JPEG into out (see the module's source)."},
-    {"add_restarts", add_restarts, METH_VARARGS,
-     "add_restarts(data, target) -> bytes: the JPEG rewritten losslessly with a restart marker "
-     "every N MCUs, N the largest divisor of its MCUs per row spanning at most target pixels."},
+    {"decode_region", (PyCFunction)(void (*)(void))decode_region, METH_VARARGS | METH_KEYWORDS,
+     "decode_region(data, out, left, top, width, height, scale, channels, fast_dct, "
+     "max_pixels=0) -> (row, dx): decodes a window of a JPEG into out (see the module's "
+     "source); PixelBudgetError if its frame declares more than max_pixels pixels (0: no "
+     "budget)."},
+    {"add_restarts", (PyCFunction)(void (*)(void))add_restarts, METH_VARARGS | METH_KEYWORDS,
+     "add_restarts(data, target, max_pixels=0) -> bytes: the JPEG rewritten losslessly with a "
+     "restart marker every N MCUs, N the largest divisor of its MCUs per row spanning at most "
+     "target pixels. ValueError if libjpeg cannot (CMYK, damaged); PixelBudgetError before "
+     "reading its coefficients (2 bytes per sample) if its frame declares more than max_pixels "
+     "pixels (0: no budget)."},
     {"sub_image", sub_image, METH_VARARGS,
      "sub_image(data, x0, y0, x1, y1) -> (bytes, x, y) | None: the JPEG of the intervals "
-     "covering pixels [x0, x1) x [y0, y1) and its origin, or None (decode_region's fast path, "
-     "exposed for tests)."},
+     "covering pixels [x0, x1) x [y0, y1) and its origin, or None when data has no fitting "
+     "restart layout (decode_region's fast path, exposed for tests). MemoryError if the copy "
+     "cannot be allocated."},
     {"image_size", image_size, METH_O,
      "image_size(data) -> (height, width) | None: the JPEG frame's size from its SOF segment, "
      "or None if data is not a JPEG with one before its first scan (GIL held: ~0.2 us)."},
@@ -628,7 +833,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef definition = {
     PyModuleDef_HEAD_INIT, "_jpeg_region",
-    "Region (ROI) decoding of JPEGs with libjpeg-turbo, for trainfeed's decode-stage crops.",
+    "Region (ROI) decoding of JPEGs with libjpeg-turbo, for trainfeed's decode-stage crops.\n\n"
+    "Every entry point that decodes takes max_pixels (0, the default: no budget) and raises "
+    "PixelBudgetError, a ValueError, before allocating anything for a JPEG whose frame declares "
+    "more pixels: 'the JPEG declares WxH pixels, over the budget of N'. Progressive files are "
+    "refused the same way (their coefficient buffers are the big allocation), and so are files "
+    "of more than 500 scans (ValueError).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
@@ -637,11 +847,29 @@ PyMODINIT_FUNC PyInit__jpeg_region(void) {
     if (module == NULL) {
         return NULL;
     }
+    if (PixelBudgetError == NULL) {
+        PixelBudgetError = PyErr_NewExceptionWithDoc(
+            "trainfeed.worker._jpeg_region.PixelBudgetError",
+            "A JPEG declares more pixels than the decoder's max_pixels budget.",
+            PyExc_ValueError, NULL);
+        if (PixelBudgetError == NULL) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    Py_INCREF(PixelBudgetError);
+    if (PyModule_AddObject(module, "PixelBudgetError", PixelBudgetError) < 0) {
+        Py_DECREF(PixelBudgetError);
+        Py_DECREF(module);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(module, "LIBJPEG_TURBO_VERSION_NUMBER",
                                 LIBJPEG_TURBO_VERSION_NUMBER) < 0
-            || PyModule_AddIntConstant(module, "MARGIN", REGION_MARGIN) < 0) {
+            || PyModule_AddIntConstant(module, "MARGIN", REGION_MARGIN) < 0
+            || PyModule_AddIntConstant(module, "MAX_SCANS", MAX_SCANS) < 0) {
         Py_DECREF(module);
         return NULL;
     }
     return module;
 }
+#endif /* JPEG_REGION_NO_PYTHON */

@@ -8,6 +8,7 @@ from trainfeed import settings
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
+from trainfeed.reader.options import ReaderArguments
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.world import SyncGroup, detect_world
@@ -106,6 +107,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         ...     pass
     """
     validate_dataset_name(name)
+    ReaderArguments(seed, prefetch_partitions, local, sync, world_size, rank, lost_partitions,
+                    job, master, storage, distribution_rules, state)  # types and ranges
     if prefetch is not None:
         warnings.warn("dist.reader(prefetch=...) is deprecated: it is prefetch_partitions= "
                       "(partitions loaded ahead; prefetch_batches= counts prepared batches)",

@@ -65,7 +65,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       (seed, epoch, record) so that a re-read makes the same crops; `resize_shorter=256` (or,
       unset, image_size / 0.875) with a centre crop of `image_size` in modes "validation" and
       "score" (and in training without random_resized_crop).
-    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
+    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, integer
+      labels by value (trainfeed.formats.labels), or, in the given order,
       `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
       agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
     - `resample`: rebalance classes toward "uniform", a dict class -> weight, or a power of the

@@ -133,8 +133,9 @@ class DecodeOptions:
 
 @dataclass(frozen=True)
 class LabelOptions:
-    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted, or `class_values`,
-    e.g. a training reader's, so that a validation reader lacking classes agrees); `one_hot`:
+    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted: integer labels by
+    value, trainfeed.formats.labels; or `class_values` in the given order, e.g. a training
+    reader's, so that a validation reader lacking classes agrees); `one_hot`:
     float32 (n, K) instead; `class_weights`: a per-record loss weight "_weight" ("uniform", a dict
     class -> weight, or a power of the source distribution)."""
 

@@ -19,7 +19,7 @@ from trainfeed import dist
 from trainfeed.errors import CheckpointError
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker.client import MasterClient
+from trainfeed.worker.client import GIVE_UP_ENV, MasterClient
 
 N = 100  # records, in 13 partitions of up to 8 (row_group_rows=8)
 TAKEN = 20  # records the checkpointing reader had before its checkpoint
@@ -97,7 +97,10 @@ def test_the_unedited_local_state_still_resumes_exactly(storage: str) -> None:
 
 
 @pytest.mark.integration
-def test_a_bad_master_fed_state_is_refused_and_the_job_is_left_as_it_was(storage: str) -> None:
+def test_a_bad_master_fed_state_is_refused_and_the_job_is_left_as_it_was(
+        storage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reader that did try the unreachable master below gives up in 2 s (and fails the test).
+    monkeypatch.setenv(GIVE_UP_ENV, "2")
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None, address: str = master.address) -> Any:
             return dist.reader("flowers", local=False, master=address, job="train",

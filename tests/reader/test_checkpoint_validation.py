@@ -8,7 +8,8 @@ a negative count was a pyarrow IndexError."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,14 @@ OLD_STATE_OUT_OF_RANGE = ("partition out of range in a state without its plan's 
                           r"the master refused this reader's state: .*partition 13")
 
 
+def batches(reader: dist.Reader) -> Iterator[dict[str, Any]]:
+    """One pass in batches of 10: column batches, or the pipeline's with its options."""
+    return reader() if reader.options.active else reader.column_batches(10)
+
+
 def checkpoint(reader: dist.Reader) -> tuple[list[int], dict[str, Any]]:
     """The ids of the first TAKEN records and the state saved after them."""
-    batches = reader.column_batches(10)
-    ids = [int(i) for b in itertools.islice(batches, TAKEN // 10) for i in b["_id"]]
+    ids = [int(i) for b in itertools.islice(batches(reader), TAKEN // 10) for i in b["_id"]]
     return ids, reader.state_dict()
 
 
@@ -135,20 +140,33 @@ def test_a_bad_master_fed_state_is_refused_and_the_job_is_left_as_it_was(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 16, "batch_size": 4}])
-def test_a_master_fed_position_past_the_partitions_end_fails_the_pass_not_its_records(
+@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 16, "batch_size": 10}])
+def test_a_master_fed_position_past_the_partitions_end_loses_no_record_silently(
         storage: str, options: dict[str, Any]) -> None:
+    """The reader cannot check a partition's size before it sends the state; when the master
+    hands it the partition with more records "already handed" than it delivers, the pass fails
+    naming it. (A master that cuts such a position to what reports showed, as issue 25 asks,
+    makes the pass deliver every record instead: either way none is lost silently. Before, its
+    unread records were dropped without a word: 4 of 100 here.)"""
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None) -> Any:
             return dist.reader("flowers", local=False, master=master.address, job="train",
                                state=state, **options)
         first = reader()
-        next(iter(first()))
-        saved = first.state_dict()
+        before, saved = checkpoint(first)
         first.close()
-        case, edit, match = PAST_THE_END
-        restored = reader(edit(saved))
-        with pytest.raises(CheckpointError, match=match):
-            for _ in restored():  # before: the partition came empty, its records were lost
-                pass
-        restored.close()
+        partial = [p for p, n in saved["positions"] if n < 8]
+        assert partial, saved  # the test means something: a partition half handed
+        bad = {**saved, "positions": [[p, 10**6 if p == partial[0] else n]
+                                      for p, n in saved["positions"]]}
+        restored = reader(bad)
+        rest: list[int] = []
+        try:
+            for batch in batches(restored):
+                rest += [int(i) for i in batch["_id"]] if restored.epoch == 0 else []
+        except CheckpointError as e:
+            assert re.search(PAST_THE_END[2], str(e)) and f"partition {partial[0]} " in str(e)
+        else:
+            assert set(before + rest) == set(range(N)), "records lost without an error"
+        finally:
+            restored.close()

@@ -155,6 +155,8 @@ def test_good_values_of_each_kind_pass_and_are_normalized() -> None:
     assert options.decode.random_resized_crop == ((0.5, 1.0), (1.0, 1.0))
     assert options.decode.color_jitter == (0.4, 0, 1)
     assert options.labels.class_values == ("b", "2", "a")  # the given order: ids 0, 1, 2
+    assert type(options.batch.size) is int  # JSON-able, as numpy's ints are not
+    assert DecodeOptions(True, channels=np.int64(1)).channels == 1  # type: ignore[arg-type]
     assert ReaderArguments(seed=np.uint32(3), local=np.bool_(True)).seed == 3  # type: ignore[arg-type]
 
 

@@ -33,11 +33,11 @@ def check_bool(option: str, value: Any) -> None:
         raise TypeError(f"{option} must be True or False, got {_shown(value)}")
 
 
-def check_int(option: str, value: Any, minimum: int, none: str = "") -> None:
-    """An int ≥ `minimum` (numpy's too; not a bool or a float, not even 32.0); `none`, when
-    given, says what None means and allows it."""
+def check_int(option: str, value: Any, minimum: int, none: str = "") -> Any:
+    """An int ≥ `minimum` (numpy's too; not a bool or a float, not even 32.0), returned as a
+    Python int; `none`, when given, says what None means and allows it (returned as is)."""
     if value is None and none:
-        return
+        return None
     rule = f"an int ≥ {minimum}" + (f" or None ({none})" if none else "")
     if isinstance(value, bool):
         raise TypeError(f"{option} must be {rule}, got {_shown(value)}")
@@ -47,6 +47,7 @@ def check_int(option: str, value: Any, minimum: int, none: str = "") -> None:
         raise TypeError(f"{option} must be {rule}, got {_shown(value)}") from None
     if number < minimum:
         raise ValueError(f"{option} must be {rule}, got {number}")
+    return number
 
 
 def check_number(option: str, value: Any, rule: str, low: float = -math.inf,

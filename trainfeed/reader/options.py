@@ -69,15 +69,17 @@ class DecodeOptions:
         check_bool("decode", self.enabled)
         check_bool("crop", self.crop)
         check_bool("random_flip", self.random_flip)
-        check_int("channels", self.channels, 1)
+        object.__setattr__(self, "channels", check_int("channels", self.channels, 1))
         check_choice("channels", self.channels, [3, 1])  # RGB or grey
         if self.normalizing_const is not None:
             check_number("normalizing_const", self.normalizing_const,
                          "a number > 0 that pixels are divided by (e.g. 255.0), or None",
                          low=0, low_open=True)
         check_choice("decode_errors", self.errors, DECODE_POLICIES)
-        check_int("decode_threads", self.threads, 1, none="this process's cores")
-        check_int("resize_shorter", self.resize_shorter, 1, none="image_size / 0.875")
+        object.__setattr__(self, "threads", check_int("decode_threads", self.threads, 1,
+                                                      none="this process's cores"))
+        object.__setattr__(self, "resize_shorter", check_int(
+            "resize_shorter", self.resize_shorter, 1, none="image_size / 0.875"))
         if self.random_resized_crop is not None:
             object.__setattr__(self, "random_resized_crop", _pairs(
                 "random_resized_crop", self.random_resized_crop,
@@ -160,7 +162,8 @@ class SamplingOptions:
     resample: Target | None = None
 
     def __post_init__(self) -> None:
-        check_int("shuffle_buffer", self.shuffle_buffer, 0)
+        object.__setattr__(self, "shuffle_buffer",
+                           check_int("shuffle_buffer", self.shuffle_buffer, 0))
         check_target("resample", self.resample)
 
 
@@ -174,8 +177,9 @@ class BatchOptions:
     prefetch: int = field(default=2, metadata=_keyword("prefetch_batches"))
 
     def __post_init__(self) -> None:
-        check_int("batch_size", self.size, 1, none="one instance at a time")
-        check_int("prefetch_batches", self.prefetch, 1)
+        object.__setattr__(self, "size",
+                           check_int("batch_size", self.size, 1, none="one instance at a time"))
+        object.__setattr__(self, "prefetch", check_int("prefetch_batches", self.prefetch, 1))
 
 
 @dataclass(frozen=True)

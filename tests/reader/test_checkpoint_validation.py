@@ -82,15 +82,20 @@ def checkpoint(reader: dist.Reader) -> tuple[list[int], dict[str, Any]]:
     return ids, reader.state_dict()
 
 
+@pytest.mark.parametrize("how", ["state=", "load_state_dict"])
 @pytest.mark.parametrize("case,edit,match", [*BAD, PAST_THE_END],
                          ids=[c for c, _, _ in [*BAD, PAST_THE_END]])
 def test_a_bad_local_state_is_refused_before_a_record_is_read(
         storage: str, case: str, edit: Callable[[dict[str, Any]], dict[str, Any]],
-        match: str) -> None:
+        match: str, how: str) -> None:
     saved = checkpoint(dist.reader("flowers", local=True, storage=storage))[1]
     assert saved["mode"] == "local" and saved["partitions"] == 13
     with pytest.raises(CheckpointError, match=match):
-        reader = dist.reader("flowers", local=True, storage=storage, state=edit(saved))
+        if how == "state=":
+            reader = dist.reader("flowers", local=True, storage=storage, state=edit(saved))
+        else:
+            reader = dist.reader("flowers", local=True, storage=storage)
+            reader.load_state_dict(edit(saved))
         next(iter(reader()))
 
 

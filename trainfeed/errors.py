@@ -138,3 +138,10 @@ class StateStoreError(TrainfeedError):
 class ClusterError(TrainfeedError):
     """Kubernetes refused or cannot run a job (no kubeconfig, unknown job, exceeded quota, an image
     that cannot be pulled); the message says what to change."""
+
+
+class CheckpointError(TrainfeedError, ValueError):
+    """A saved reader state (`state_dict()`) that cannot be restored into this reader: a missing
+    key, a value of the wrong type or range, or a position the dataset does not have. The
+    message names the key, the value and the rule; restore the state the reader saved,
+    unchanged, into a reader of the same dataset."""

@@ -35,6 +35,7 @@ from trainfeed.errors import (
     UndecodableImagesError,
 )
 from trainfeed.formats import shards as shard_format
+from trainfeed.formats.labels import label_order
 from trainfeed.formats.listfile import Kind, ListEntry, ParsedList, outside_paths, parse_list
 from trainfeed.formats.manifest import (
     MANIFEST_NAME,
@@ -607,7 +608,7 @@ def _upload_locked(parsed: ParsedList, list_bytes: bytes, dataset: str, store: S
         num_records=sum(s.shard.num_rows for s in shards),
         num_bytes=sum(s.payload_bytes for s in shards),
         shards=tuple(s.shard for s in shards),
-        label_histogram=dict(sorted(labels.items())),
+        label_histogram=dict(sorted(labels.items())), label_order=label_order(labels),
         fingerprint=fingerprint, source=os.path.basename(parsed.path),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), skipped=skipped,
         sources=sources)

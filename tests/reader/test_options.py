@@ -9,7 +9,7 @@ from sample_data import make_image_list
 
 import trainfeed
 from trainfeed import BatchOptions, DecodeOptions, PipelineOptions, SamplingOptions, dist
-from trainfeed.reader.options import GROUPS, KEYWORDS, keyword_defaults
+from trainfeed.reader.options import GROUPS, KEYWORDS, ReaderArguments, keyword_defaults
 from trainfeed.upload import UploadOptions, upload
 
 
@@ -38,16 +38,126 @@ def test_the_package_face_exports_the_groups_sorted() -> None:
 @pytest.mark.parametrize("make,message", [
     (lambda: DecodeOptions(image_size=(8, 8)), "pass decode=True"),
     (lambda: DecodeOptions(True, image_size=(8,)), r"image_size must be \(height, width\)"),
-    (lambda: DecodeOptions(True, channels=4), "channels must be 3"),
-    (lambda: DecodeOptions(True, errors="ignore"), "decode_errors must be one of"),
-    (lambda: BatchOptions(size=0), "batch_size must be ≥ 1"),
-    (lambda: BatchOptions(prefetch=0), "prefetch_batches must be ≥ 1"),
-    (lambda: SamplingOptions(shuffle_buffer=-1), "shuffle_buffer must be ≥ 0"),
-    (lambda: PipelineOptions(mode="predict"), "mode must be one of"),
+    (lambda: DecodeOptions(True, random_flip=True), "random_flip is a decode-stage option"),
+    (lambda: DecodeOptions(True, crop=True, image_size=(8, 8),
+                           random_resized_crop=((0.1, 1), (1, 1))), "crop=True and"),
 ])
-def test_groups_validate_themselves(make: object, message: str) -> None:
+def test_groups_check_options_that_go_together(make: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()  # type: ignore[operator]
+
+
+# Every reader option by type and range (issue 26: batch_size="32" was a "'<' not supported"
+# from inside the first pass, 32.0 failed only there): (option, bad value, error, message). A
+# value of the wrong type is a TypeError, one out of range or not among the choices a ValueError;
+# each names the option and the value. Pipeline options are set with decode=True and an
+# image_size where they need them.
+BAD_OPTIONS: list[tuple[str, object, type, str]] = [
+    ("decode", 1, TypeError, r"decode must be True or False, got 1 \(int\)"),
+    ("decode", "yes", TypeError, r"decode must be True or False, got 'yes' \(str\)"),
+    ("image_size", (8, 8.0), TypeError, r"image_size width must be an int ≥ 1, got 8.0"),
+    ("image_size", (0, 8), ValueError, r"image_size height must be an int ≥ 1, got 0"),
+    ("image_size", "8x8", ValueError, r"image_size must be \(height, width\)"),
+    ("image_size", (True, 8), TypeError, r"image_size height must be an int ≥ 1, got True"),
+    ("crop", "no", TypeError, r"crop must be True or False, got 'no'"),
+    ("channels", 4, ValueError, r"channels is 4 \(int\), expected one of \[3, 1\]"),
+    ("channels", 3.0, TypeError, r"channels must be an int ≥ 1, got 3.0 \(float\)"),
+    ("normalizing_const", 0, ValueError, r"normalizing_const must be a number > 0"),
+    ("normalizing_const", -255.0, ValueError, r"normalizing_const must be a number > 0.*-255"),
+    ("normalizing_const", float("nan"), ValueError, r"normalizing_const must be a number > 0"),
+    ("normalizing_const", "255", TypeError, r"normalizing_const must be a number > 0.*'255'"),
+    ("decode_errors", "ignore", ValueError,
+     r"decode_errors is 'ignore' \(str\), expected one of \['raise', 'skip'\]"),
+    ("decode_threads", 0, ValueError, r"decode_threads must be an int ≥ 1 or None .*got 0"),
+    ("decode_threads", "4", TypeError, r"decode_threads must be an int ≥ 1 or None"),
+    ("random_resized_crop", ((0.08, 1.0),), ValueError, r"random_resized_crop must be"),
+    ("random_resized_crop", (("a", 1.0), (0.75, 1.33)), TypeError, r"random_resized_crop must be"),
+    ("random_resized_crop", ((0.0, 1.0), (0.75, 1.33)), ValueError, r"scale must satisfy 0 <"),
+    ("random_flip", 0.5, TypeError, r"random_flip must be True or False, got 0.5"),
+    ("resize_shorter", 0, ValueError, r"resize_shorter must be an int ≥ 1"),
+    ("resize_shorter", 256.0, TypeError, r"resize_shorter must be an int ≥ 1.*256.0"),
+    ("color_jitter", (0.4, 0.4), ValueError, r"color_jitter must be \(brightness, contrast"),
+    ("color_jitter", (0.4, -0.1, 0.4), ValueError, r"color_jitter contrast must be a number ≥ 0"),
+    ("one_hot", "true", TypeError, r"one_hot must be True or False, got 'true'"),
+    ("class_values", "cat", TypeError, r"class_values must be a sequence of labels"),
+    ("class_values", ["cat", None], TypeError, r"class_values\[1\] must be a label"),
+    ("class_values", ["cat", "dog", "cat"], ValueError, r"class_values\[2\] is 'cat' again"),
+    ("class_values", [], ValueError, r"class_values is empty"),
+    ("class_weights", "balanced", ValueError,
+     r"class_weights is 'balanced' \(str\), expected one of \['uniform'\]"),
+    ("class_weights", {"cat": -1}, ValueError, r"class_weights\['cat'\] must be a weight ≥ 0"),
+    ("class_weights", [1, 2], TypeError, r"class_weights must be \"uniform\", a dict"),
+    ("shuffle_buffer", -1, ValueError, r"shuffle_buffer must be an int ≥ 0, got -1"),
+    ("shuffle_buffer", 1e3, TypeError, r"shuffle_buffer must be an int ≥ 0, got 1000.0"),
+    ("resample", "flat", ValueError, r"resample is 'flat' \(str\), expected one of"),
+    ("resample", float("inf"), ValueError, r"resample must be \"uniform\", a dict"),
+    ("resample", {"cat": "1"}, TypeError, r"resample\['cat'\] must be a weight ≥ 0"),
+    ("batch_size", "32", TypeError, r"batch_size must be an int ≥ 1 or None .*got '32' \(str\)"),
+    ("batch_size", 32.0, TypeError, r"batch_size must be an int ≥ 1 or None .*got 32.0 \(float\)"),
+    ("batch_size", 0, ValueError, r"batch_size must be an int ≥ 1 or None .*got 0"),
+    ("batch_size", True, TypeError, r"batch_size must be an int ≥ 1.*got True \(bool\)"),
+    ("prefetch_batches", 0, ValueError, r"prefetch_batches must be an int ≥ 1, got 0"),
+    ("prefetch_batches", "2", TypeError, r"prefetch_batches must be an int ≥ 1, got '2'"),
+    ("transform", 3, TypeError, r"transform must be the name of a saved transformer.*got int"),
+    ("augment", "trainfeed.augment:random_flip", TypeError, r"augment must be a sequence"),
+    ("augment", [3], TypeError, r"augment\[0\] must be \"module:function\""),
+    ("augment", [("m:f", 1)], TypeError, r"augment\[0\] must be"),
+    ("mode", "predict", ValueError,
+     r"mode is 'predict' \(str\), expected one of \['train', 'validation', 'score'\]"),
+    ("mode", None, ValueError, r"mode is None \(NoneType\), expected one of"),
+    # dist.reader's own arguments (trainfeed.reader.options.ReaderArguments)
+    ("seed", -1, ValueError, r"seed must be an int ≥ 0, got -1"),
+    ("seed", "7", TypeError, r"seed must be an int ≥ 0, got '7'"),
+    ("prefetch_partitions", 0, ValueError, r"prefetch_partitions must be an int ≥ 1"),
+    ("prefetch_partitions", 2.0, TypeError, r"prefetch_partitions must be an int ≥ 1"),
+    ("local", "1", TypeError, r"local must be True or False, got '1'"),
+    ("sync", 1, TypeError, r"sync must be True or False, got 1"),
+    ("world_size", 0, ValueError, r"world_size must be an int ≥ 1"),
+    ("rank", "0", TypeError, r"rank must be an int ≥ 0"),
+    ("lost_partitions", "ignore", ValueError,
+     r"lost_partitions is 'ignore' \(str\), expected one of \['raise', 'skip'\]"),
+    ("job", 3, TypeError, r"job must be a string or None"),
+    ("master", ("host", 1), TypeError, r"master must be a string or None"),
+    ("storage", 3, TypeError, r"storage must be a string or None"),
+    ("distribution_rules", ["gpu"], TypeError, r"distribution_rules must be a string or None"),
+    ("state", "{}", TypeError, r"state must be a reader.state_dict\(\) .*got str"),
+]
+# What some options need beside them to be checked at all.
+NEEDS: dict[str, dict[str, object]] = {
+    "image_size": {"decode": True}, "crop": {"decode": True},
+    "normalizing_const": {"decode": True},
+    **{k: {"decode": True, "image_size": (8, 8)} for k in (
+        "random_resized_crop", "resize_shorter", "color_jitter")},
+    "random_flip": {"decode": True, "image_size": (8, 8), "resize_shorter": 10},
+}
+ARGUMENTS = {f.name for f in dataclasses.fields(ReaderArguments)}
+
+
+def test_the_table_covers_every_option() -> None:
+    assert {option for option, *_ in BAD_OPTIONS} == set(KEYWORDS) | ARGUMENTS
+
+
+@pytest.mark.parametrize("option,value,error,message", BAD_OPTIONS,
+                         ids=[f"{o}={v!r}" for o, v, _, _ in BAD_OPTIONS])
+def test_every_option_is_checked_by_type_and_range_when_the_reader_is_created(
+        option: str, value: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):  # nothing read: the dataset does not even exist
+        dist.reader("nowhere", **{"local": True, "storage": "/nonexistent",  # type: ignore
+                                  **NEEDS.get(option, {}), option: value})
+
+
+def test_good_values_of_each_kind_pass_and_are_normalized() -> None:
+    options = PipelineOptions.from_keywords(
+        decode=True, image_size=[np.int64(8), 8], random_resized_crop=([0.5, 1], [1, 1]),
+        color_jitter=[0.4, 0, 1], batch_size=np.int32(4), class_values=["b", 2, "a"],
+        augment=[("trainfeed.augment:random_flip", {})], resample={"a": 1, "b": 0.5})
+    assert options.decode.image_size == (8, 8) and type(options.decode.image_size[0]) is int
+    assert options.decode.random_resized_crop == ((0.5, 1.0), (1.0, 1.0))
+    assert options.decode.color_jitter == (0.4, 0, 1)
+    assert options.labels.class_values == ("b", "2", "a")  # the given order: ids 0, 1, 2
+    assert type(options.batch.size) is int  # JSON-able, as numpy's ints are not
+    assert DecodeOptions(True, channels=np.int64(1)).channels == 1  # type: ignore[arg-type]
+    assert ReaderArguments(seed=np.uint32(3), local=np.bool_(True)).seed == 3  # type: ignore[arg-type]
 
 
 def test_unknown_keywords_and_wrong_group_types_are_named() -> None:
@@ -72,5 +182,5 @@ def test_dist_reader_takes_held_options_and_the_renamed_prefetch(tmp_path) -> No
     with pytest.warns(DeprecationWarning, match="prefetch_partitions"):
         old = dist.reader("flowers", local=True, storage=storage, prefetch=2)
     assert sum(1 for _ in old()) == 20
-    with pytest.raises(ValueError, match="prefetch_partitions must be ≥ 1"):
+    with pytest.raises(ValueError, match="prefetch_partitions must be an int ≥ 1"):
         dist.reader("flowers", local=True, storage=storage, prefetch_partitions=0)

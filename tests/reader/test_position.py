@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from trainfeed.errors import CheckpointError
 from trainfeed.reader.position import POSITION_VERSION, STATE_DICT_VERSION, ReaderPosition
 
 
@@ -49,19 +51,72 @@ def test_a_state_without_the_later_keys_restores_their_defaults() -> None:
     assert position.next_epoch == 3
 
 
+def without(key: str) -> dict:
+    return {k: v for k, v in full().to_state_dict().items() if k != key}
+
+
+def edited(**changes: object) -> dict:
+    return {**full().to_state_dict(), **changes}
+
+
+# Every rule a saved state is checked by before a reader uses it or sends it to the master: the
+# key, the value and the rule named (issue 25: these gave raw KeyErrors, pyarrow IndexErrors,
+# or were taken silently).
 @pytest.mark.parametrize("state,match", [
-    ({"version": 7}, "not a trainfeed reader state"),
+    ({"epoch": 3}, "not a trainfeed reader state"),
     ("text", "not a trainfeed reader state"),
-    ({**full().to_dict(), "dataset": "other"}, "of dataset 'other', not 'flowers'"),
-    ({**full().to_dict(), "mode": "local"}, "saved by a local reader; this one is distributed"),
-    ({**full().to_dict(), "epoch": "x"}, r"malformed reader state \(ValueError: "),
-    ({k: v for k, v in full().to_dict().items() if k != "done"},
-     r"malformed reader state \(KeyError: 'done'\)"),
-    ({**full().to_dict(), "positions": [[1]]}, r"malformed reader state \(ValueError: "),
+    (edited(version=7), r"'version' is 7, expected one of \[1, 2\]"),
+    (edited(version="2"), r"'version' is '2', expected one of \[1, 2\]"),
+    (edited(version=True), r"'version' is True"),
+    (edited(dataset="other"), "of dataset 'other', not 'flowers'"),
+    (edited(mode="local"), "saved by a local reader; this one is distributed"),
+    (edited(mode="cluster"), r"'mode' is 'cluster', expected one of \['local', 'distributed'\]"),
+    (without("done"), r"missing key\(s\) \['done'\]"),
+    (without("dataset"), r"missing key\(s\) \['dataset'\]"),
+    (without("epoch"), r"missing key\(s\) \['epoch'\]"),
+    (edited(epoch="x"), r"'epoch' is 'x', expected an int ≥ -1"),
+    (edited(epoch=-2), r"'epoch' is -2, expected an int ≥ -1"),
+    (edited(epoch=1.0), r"'epoch' is 1.0, expected an int ≥ -1"),
+    (edited(finished="no"), r"'finished' is 'no', expected true or false"),
+    (edited(done=[-1]), r"'done'\[0\] is -1, expected an int ≥ 0"),
+    (edited(done=[1, None]), r"'done'\[1\] is None, expected an int ≥ 0"),
+    (edited(done=5), r"'done' is 5, expected a list of partition indices"),
+    (edited(positions=[[1]]), r"'positions'\[0\] is \[1\], expected a \[partition, records\]"),
+    (edited(positions=[[2, -5]]), r"the records of 'positions'\[0\] is -5, expected an int ≥ 0"),
+    (edited(positions=[[-2, 5]]), r"the partition of 'positions'\[0\] is -2, expected an int ≥ 0"),
+    (edited(positions=[[2, "5"]]), r"the records of 'positions'\[0\] is '5', expected an int"),
+    (edited(positions=[[2, 5], [2, 6]]), r"'positions'\[1\] is 2, expected each partition once"),
+    (edited(positions={"x": 5}), r"the partition of 'positions'\['x'\] is 'x', expected an int"),
+    (edited(positions={"2": -5}), r"the records of 'positions'\[2\] is -5, expected an int ≥ 0"),
+    (edited(positions="2:5"), r"'positions' is '2:5', expected a list of \[partition, records\]"),
+    (edited(delivered=-5), r"'delivered' is -5, expected an int ≥ 0"),
+    (edited(seed=-1), r"'seed' is -1, expected an int ≥ 0"),
+    (edited(partitions=-1), r"'partitions' is -1, expected an int ≥ 0"),
+    (edited(job=3), r"'job' is 3, expected a string"),
 ])
-def test_a_bad_state_is_named(state: object, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_a_bad_state_is_refused_naming_the_key_the_value_and_the_rule(state: object,
+                                                                      match: str) -> None:
+    with pytest.raises(CheckpointError, match=match):
         ReaderPosition.from_dict(state, "flowers", "distributed")  # type: ignore[arg-type]
+
+
+def test_numpy_ints_are_ints_and_the_plan_bounds_positions_by_partition_size() -> None:
+    state = edited(epoch=np.int64(3), positions=[[np.int64(2), np.uint32(5)], [7, 12]])
+    position = ReaderPosition.from_dict(state, "flowers", "distributed")
+    assert position == full()
+    sizes = [8] * 64
+    sizes[7] = 12  # a position may equal its partition's size (all handed, not yet acknowledged)
+    position.check_plan(sizes)
+    with pytest.raises(CheckpointError, match="'done' names partition 64, but dataset "
+                                              "'flowers' has 64"):
+        ReaderPosition.from_dict(edited(done=[64]), "flowers", "distributed").check_plan(None, 64)
+    sizes[7] = 11
+    with pytest.raises(CheckpointError, match="'positions' has 12 records handed of partition 7, "
+                                              "which holds 11"):
+        position.check_plan(sizes)
+    with pytest.raises(CheckpointError, match="'positions' names partition 7, but dataset "
+                                              "'flowers' has 5"):
+        position.check_plan([100] * 5)
 
 
 def test_an_unknown_state_is_shown_cut_at_200_characters() -> None:

@@ -3,7 +3,7 @@
 A dataset folder holds Parquet shards and `manifest.json`. The manifest is written last and
 atomically, so a dataset exists for readers exactly when its manifest does: an interrupted upload
 is invisible. It records the schema, every shard with its row-group boundaries, row and byte
-counts, per-shard SHA-256 and the label histogram.
+counts, per-shard SHA-256, the label histogram and the order of its labels (which class ids follow).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
+from trainfeed.formats.labels import STRING_ORDER, sorted_labels
 from trainfeed.names import validate_dataset_name
 from trainfeed.storage import Storage
 
@@ -72,6 +73,10 @@ class Manifest:
     # Path (in the dataset folder) of the records' sources: file and list line per record id
     # (trainfeed.formats.sources); None for datasets uploaded before it existed, or not from a list.
     sources: str | None = None
+    # The order of the labels that class ids follow (trainfeed.formats.labels): "numeric" for a
+    # dataset uploaded with integer labels, "string" otherwise and for manifests written before
+    # the field existed, so that their class ids stay what their models were trained with.
+    label_order: str = STRING_ORDER
 
     def to_json(self) -> bytes:
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -98,7 +103,12 @@ class Manifest:
         return manifest
 
     def check(self) -> None:
-        """Raises CorruptDatasetError if the counts do not add up."""
+        """Raises CorruptDatasetError if the counts do not add up, or the label order is
+        unknown or does not fit the labels."""
+        try:
+            sorted_labels(self.label_histogram, self.label_order)
+        except ValueError as e:
+            raise CorruptDatasetError(f"dataset {self.name!r}: manifest label_order: {e}") from None
         if self.kind == SQL_KIND:  # rows live in a database; the count is the query's at the time
             return
         rows = sum(s.num_rows for s in self.shards)

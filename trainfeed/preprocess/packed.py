@@ -27,6 +27,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from trainfeed.formats import shards as shard_format
+from trainfeed.formats.labels import NUMERIC_ORDER
 from trainfeed.formats.manifest import (
     PACKED_KIND,
     FieldSpec,
@@ -127,7 +128,9 @@ def _dataset_table(name: str, storage: Storage) -> pa.Table:
     parts: dict[str, list[Any]] = {f.name: [] for f in manifest.fields}
     with dist.reader(name, local=True, storage=storage.url, decode=bool(images), batch_size=1024,
                      mode="score") as reader:
-        labels = reader.class_values if manifest.label_field else ()
+        labels: Sequence[Any] = reader.class_values if manifest.label_field else ()
+        if manifest.label_order == NUMERIC_ORDER:  # integers, as classes sorted by value
+            labels = [int(v) for v in labels]
         for batch in reader():
             for field_name, chunk in parts.items():
                 values = batch[field_name]

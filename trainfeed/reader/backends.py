@@ -11,8 +11,14 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from trainfeed.errors import LostRecordsError
-from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
+from trainfeed.errors import CheckpointError, JobError, LostRecordsError
+from trainfeed.formats.manifest import (
+    MANIFEST_NAME,
+    SQL_KIND,
+    Manifest,
+    dataset_storage,
+    read_manifest,
+)
 from trainfeed.planning.order import epoch_order
 from trainfeed.planning.partitions import plan_of_state, plan_partitions
 from trainfeed.reader.position import ReaderPosition
@@ -199,8 +205,11 @@ class LocalBackend:
         self._manifest = read_manifest(storage, dataset)
         self.folder = dataset_storage(storage, dataset)
         # A restored reader keeps the plan its state counts in (see plan_of_state).
-        self.partitions = (plan_partitions(self.manifest) if resume is None
-                           else plan_of_state(self.manifest, resume.partitions))
+        try:
+            self.partitions = (plan_partitions(self.manifest) if resume is None
+                               else plan_of_state(self.manifest, resume.partitions))
+        except ValueError as e:  # no plan of that many partitions
+            raise CheckpointError(str(e)) from None
         self.field_names = self.manifest.field_names
         self.seed = seed
         self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
@@ -209,10 +218,8 @@ class LocalBackend:
         self._stats = ReadStats()
         self._payload_buffers = payload_buffer_pool()  # shared by the passes' readers
         if resume is not None:
-            bad = [p for p in (*resume.done, *resume.positions) if p >= len(self.partitions)]
-            if bad:
-                raise ValueError(f"reader state names partition {bad[0]}, but dataset "
-                                 f"{dataset!r} has {len(self.partitions)}: was it re-uploaded?")
+            sql = self._manifest.kind == SQL_KIND  # a bucket's rows are known once queried
+            resume.check_plan([None if sql else p.num_records for p in self.partitions])
             if resume.finished:
                 resume = ReaderPosition("local", dataset, resume.next_epoch, seed=seed)
         self._position = resume or ReaderPosition("local", dataset, 0, seed=seed)
@@ -306,12 +313,23 @@ class DistributedBackend:
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
         self.lost: list[tuple[int, int, int, str]] = []
+        if resume is not None and resume.partitions:
+            # Checked here, before the state goes to the master; the master holds the plan and
+            # checks it again (and a partition's records: see batcher.past_the_end).
+            resume.check_plan(None, resume.partitions)
         self.client = MasterClient(master)
         try:
             sync = None if group is None else pb.SyncGroup(
                 world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
             self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
                                          _rewind_request(resume), sync)
+        except JobError as e:
+            self.client.close()
+            if resume is not None and _refused_resume(e):
+                raise CheckpointError(f"the master refused this reader's state: {e}; restore "
+                                      f"the state the reader saved, unchanged, into a reader "
+                                      f"of the same job") from None
+            raise
         except BaseException:
             self.client.close()
             raise
@@ -348,7 +366,10 @@ class DistributedBackend:
         return self.session.dataset
 
     def position(self) -> ReaderPosition:
-        return _copy(self._position)
+        # The master's partition count: a restored reader checks the state against it before
+        # sending it (the master checks the records per partition).
+        return dataclasses.replace(_copy(self._position),
+                                   partitions=self.session.num_partitions)
 
     @property
     def read_stats(self) -> ReadStats:
@@ -421,6 +442,13 @@ def check_lost_policy(policy: str) -> str:
 def _copy(position: ReaderPosition) -> ReaderPosition:
     return dataclasses.replace(position, done=set(position.done),
                                positions=dict(position.positions))
+
+
+def _refused_resume(error: JobError) -> bool:
+    """Whether the master refused OpenJob for its resume position (INVALID_ARGUMENT naming it:
+    a partition it does not have, more records than a partition holds)."""
+    text = str(error)
+    return "INVALID_ARGUMENT" in text and "resume" in text
 
 
 def _rewind_request(resume: ReaderPosition | None) -> pb.ResumePosition | None:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trainfeed.errors import CheckpointError
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.gather import compacted, take_rows
 from trainfeed.worker.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
@@ -89,13 +90,32 @@ class Piece:
         return self.table is not None and not self.dropped
 
 
+def past_the_end(task: TaskRef, delivered: int) -> CheckpointError:
+    """A partition that starts after more records than it delivers: a restored state's position
+    past its end (or a master told so). Raised, not read as an empty partition, which silently
+    lost its records (issue 25)."""
+    return CheckpointError(
+        f"partition {task.partition} of epoch {task.epoch}: {task.skip} of its records were "
+        f"handed to the trainer before, but it delivers {delivered} in this reader's order: a "
+        f"restored reader state with a position past the partition's end; restore the state "
+        f"the reader saved, unchanged, into a reader with the same options")
+
+
+def bounded_load(reader: PartitionReader, task: TaskRef) -> pa.Table:
+    """`plain_load`, refusing a skip past the partition's records (a SQL bucket's count is
+    unknown until its query runs: 0, not checked)."""
+    if task.num_records and task.skip > task.num_records:
+        raise past_the_end(task, task.num_records)
+    return plain_load(reader, task)
+
+
 def partition_loader(selector: Selector | None, shuffle_seed: int | None) -> Load:
     """How a pass reads a task (in the producer's thread): its records in delivery order, minus
     the first `task.skip`. With a `selector` (resampling) each kept row comes as many times as it
     says; with a `shuffle_seed` the partition's records are permuted by (seed, epoch, partition),
     so that every holder of a partition (after a crash, a restore) agrees on its order."""
     if selector is None and shuffle_seed is None:
-        return plain_load
+        return bounded_load
 
     def load(reader: PartitionReader, task: TaskRef) -> pa.Table:
         # Skip and stop count in delivery order: read the whole partition, then cut it.
@@ -108,6 +128,8 @@ def partition_loader(selector: Selector | None, shuffle_seed: int | None) -> Loa
             rng = np.random.default_rng((shuffle_seed, PARTITION_ORDER_STREAM, task.epoch,
                                          task.partition))
             rows = rows[rng.permutation(len(rows))]
+        if task.skip > len(rows):
+            raise past_the_end(task, len(rows))
         rows = rows[task.skip:task.stop or None]
         if len(rows) == table.num_rows and (rows == np.arange(len(rows))).all():
             return table

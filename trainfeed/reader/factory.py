@@ -8,6 +8,7 @@ from trainfeed import settings
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
+from trainfeed.reader.options import ReaderArguments
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.world import SyncGroup, detect_world
@@ -64,7 +65,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
       (seed, epoch, record) so that a re-read makes the same crops; `resize_shorter=256` (or,
       unset, image_size / 0.875) with a centre crop of `image_size` in modes "validation" and
       "score" (and in training without random_resized_crop).
-    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, or
+    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, integer
+      labels by value (trainfeed.formats.labels), or, in the given order,
       `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
       agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
     - `resample`: rebalance classes toward "uniform", a dict class -> weight, or a power of the
@@ -106,6 +108,8 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
         ...     pass
     """
     validate_dataset_name(name)
+    ReaderArguments(seed, prefetch_partitions, local, sync, world_size, rank, lost_partitions,
+                    job, master, storage, distribution_rules, state)  # types and ranges
     if prefetch is not None:
         warnings.warn("dist.reader(prefetch=...) is deprecated: it is prefetch_partitions= "
                       "(partitions loaded ahead; prefetch_batches= counts prepared batches)",

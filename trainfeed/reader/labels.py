@@ -1,6 +1,7 @@
 """Labels to integer class ids, the same on every worker and in validation.
 
-Class values come from the dataset's label histogram (in the manifest), sorted: every reader of a
+Class values come from the dataset's label histogram (in the manifest), in the dataset's label
+order (trainfeed.formats.labels: integer labels by value, others as text): every reader of a
 dataset derives the same ids without talking to the others, and a validation set that lacks some
 classes still maps the ones it has to the training ids when given the training class values.
 """
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainfeed.errors import TrainfeedError
+from trainfeed.formats.labels import STRING_ORDER, sorted_labels
 
 
 class UnknownLabelError(TrainfeedError, ValueError):
@@ -20,17 +22,22 @@ class UnknownLabelError(TrainfeedError, ValueError):
 
 
 class ClassIndex:
-    """Sorted class values and the mapping of labels to ids 0..K-1."""
+    """Class values and the mapping of labels to ids 0..K-1: `values[i]` is class i."""
 
     def __init__(self, values: Iterable[str]):
-        self.values: tuple[str, ...] = tuple(sorted(set(map(str, values))))
+        """`values` in class-id order, each once (e.g. a training reader's `class_values`)."""
+        self.values: tuple[str, ...] = tuple(map(str, values))
         if not self.values:
             raise ValueError("no class values (the dataset has no label histogram)")
+        if len(set(self.values)) != len(self.values):
+            raise ValueError(f"class values must be distinct, got {list(self.values)[:20]}")
         self._value_set = pa.array(self.values, pa.string())
 
     @classmethod
-    def from_histogram(cls, histogram: Mapping[str, int]) -> ClassIndex:
-        return cls(histogram)
+    def from_histogram(cls, histogram: Mapping[str, int],
+                       order: str = STRING_ORDER) -> ClassIndex:
+        """The dataset's labels in its label order (a manifest's `label_order`)."""
+        return cls(sorted_labels(histogram, order))
 
     @property
     def num_classes(self) -> int:

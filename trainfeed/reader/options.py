@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfeed.reader.backends import LOST_POLICIES
+from trainfeed.reader.checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_target,
+    check_text,
+)
 from trainfeed.reader.resample import Target
 from trainfeed.reader.transforms import AugmentStep, Standardize
 from trainfeed.worker.crops import CropOptions
@@ -56,29 +66,36 @@ class DecodeOptions:
     color_jitter: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
+        check_bool("decode", self.enabled)
+        check_bool("crop", self.crop)
+        check_bool("random_flip", self.random_flip)
+        object.__setattr__(self, "channels", check_int("channels", self.channels, 1))
+        check_choice("channels", self.channels, [3, 1])  # RGB or grey
+        if self.normalizing_const is not None:
+            check_number("normalizing_const", self.normalizing_const,
+                         "a number > 0 that pixels are divided by (e.g. 255.0), or None",
+                         low=0, low_open=True)
+        check_choice("decode_errors", self.errors, DECODE_POLICIES)
+        object.__setattr__(self, "threads", check_int("decode_threads", self.threads, 1,
+                                                      none="this process's cores"))
+        object.__setattr__(self, "resize_shorter", check_int(
+            "resize_shorter", self.resize_shorter, 1, none="image_size / 0.875"))
         if self.random_resized_crop is not None:
-            object.__setattr__(self, "random_resized_crop",
-                               tuple(tuple(float(v) for v in pair)
-                                     for pair in self.random_resized_crop))
+            object.__setattr__(self, "random_resized_crop", _pairs(
+                "random_resized_crop", self.random_resized_crop,
+                "((min_scale, max_scale), (min_ratio, max_ratio)), e.g. ((0.08, 1.0), (3/4, 4/3))"))
+        if self.color_jitter is not None:
+            jitter = _numbers("color_jitter", self.color_jitter, 3,
+                              "(brightness, contrast, saturation), each a number ≥ 0")
+            for name, value in zip(("brightness", "contrast", "saturation"), jitter):
+                check_number(f"color_jitter {name}", value, "a number ≥ 0", low=0)
+            object.__setattr__(self, "color_jitter", jitter)
         if self.image_size is not None:
-            try:
-                size = tuple(operator.index(x) for x in self.image_size)
-            except TypeError:
-                size = ()
-            if len(size) != 2 or min(size) < 1:
-                raise ValueError(f"image_size must be (height, width) of positive ints, got "
-                                 f"{self.image_size!r}")
-            object.__setattr__(self, "image_size", size)
-        if self.channels not in (1, 3):
-            raise ValueError(f"channels must be 3 (RGB) or 1 (grey), got {self.channels!r}")
-        if self.normalizing_const is not None and self.normalizing_const == 0:
-            raise ValueError("normalizing_const must not be 0")
-        if self.errors not in DECODE_POLICIES:
-            raise ValueError(f"decode_errors must be one of {DECODE_POLICIES}, "
-                             f"got {self.errors!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"decode_threads must be ≥ 1 or None (all cores), "
-                             f"got {self.threads}")
+            size = _numbers("image_size", self.image_size, 2,
+                            "(height, width) of positive ints")
+            for name, value in zip(("height", "width"), size):
+                check_int(f"image_size {name}", value, 1)
+            object.__setattr__(self, "image_size", tuple(operator.index(x) for x in size))
         if ((self.image_size is not None or self.normalizing_const is not None or self.crop)
                 and not self.enabled):
             raise ValueError("image_size, crop and normalizing_const apply to decoded images: "
@@ -118,8 +135,9 @@ class DecodeOptions:
 
 @dataclass(frozen=True)
 class LabelOptions:
-    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted, or `class_values`,
-    e.g. a training reader's, so that a validation reader lacking classes agrees); `one_hot`:
+    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted: integer labels by
+    value, trainfeed.formats.labels; or `class_values` in the given order, e.g. a training
+    reader's, so that a validation reader lacking classes agrees); `one_hot`:
     float32 (n, K) instead; `class_weights`: a per-record loss weight "_weight" ("uniform", a dict
     class -> weight, or a power of the source distribution)."""
 
@@ -128,11 +146,10 @@ class LabelOptions:
     class_weights: Target | None = None
 
     def __post_init__(self) -> None:
+        check_bool("one_hot", self.one_hot)
+        check_target("class_weights", self.class_weights)
         if self.class_values is not None:
-            if isinstance(self.class_values, str):
-                raise TypeError(f"class_values must be a sequence of labels, not the string "
-                                f"{self.class_values!r}")
-            object.__setattr__(self, "class_values", tuple(self.class_values))
+            object.__setattr__(self, "class_values", _class_values(self.class_values))
 
 
 @dataclass(frozen=True)
@@ -145,8 +162,9 @@ class SamplingOptions:
     resample: Target | None = None
 
     def __post_init__(self) -> None:
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be ≥ 0, got {self.shuffle_buffer}")
+        object.__setattr__(self, "shuffle_buffer",
+                           check_int("shuffle_buffer", self.shuffle_buffer, 0))
+        check_target("resample", self.resample)
 
 
 @dataclass(frozen=True)
@@ -159,10 +177,9 @@ class BatchOptions:
     prefetch: int = field(default=2, metadata=_keyword("prefetch_batches"))
 
     def __post_init__(self) -> None:
-        if self.size is not None and self.size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {self.size}")
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch_batches must be ≥ 1, got {self.prefetch}")
+        object.__setattr__(self, "size",
+                           check_int("batch_size", self.size, 1, none="one instance at a time"))
+        object.__setattr__(self, "prefetch", check_int("prefetch_batches", self.prefetch, 1))
 
 
 @dataclass(frozen=True)
@@ -175,9 +192,23 @@ class TransformOptions:
     augment: tuple[AugmentStep, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.transform is not None and not isinstance(self.transform, str) and not callable(
+                getattr(self.transform, "apply", None)):
+            raise TypeError(f"transform must be the name of a saved transformer, a fitted one "
+                            f"(with an apply(batch) method, e.g. Standardize) or None, got "
+                            f"{type(self.transform).__name__}")
         if isinstance(self.augment, str):
             raise TypeError(f"augment must be a sequence of steps, not the string "
                             f"{self.augment!r}: pass [{self.augment!r}]")
+        if not isinstance(self.augment, Sequence):
+            raise TypeError(f"augment must be a sequence of steps, got "
+                            f"{type(self.augment).__name__}")
+        for i, step in enumerate(self.augment):
+            if not (isinstance(step, str) or (
+                    isinstance(step, Sequence) and len(step) == 2
+                    and isinstance(step[0], str) and isinstance(step[1], Mapping))):
+                raise TypeError(f"augment[{i}] must be \"module:function\" or (\"module:"
+                                f"function\", {{params}}), got {str(repr(step))[:80]}")
         object.__setattr__(self, "augment", tuple(self.augment))
 
 
@@ -211,8 +242,7 @@ class PipelineOptions:
             if kind is not None and not isinstance(value, kind):
                 raise TypeError(f"PipelineOptions.{f.name} must be a {kind.__name__}, got "
                                 f"{type(value).__name__}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_choice("mode", self.mode, MODES)
 
     @classmethod
     def from_keywords(cls, base: PipelineOptions | None = None,
@@ -261,6 +291,84 @@ class PipelineOptions:
         return self.mode == "train" and bool(self.transform.augment)
 
 
+def _numbers(option: str, value: Any, length: int, rule: str) -> tuple[Any, ...]:
+    """`value` as a tuple of `length` items (a list or tuple of them)."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != length:
+        raise ValueError(f"{option} must be {rule}, got {str(repr(value))[:80]}")
+    return tuple(value)
+
+
+def _pairs(option: str, value: Any, rule: str) -> tuple[tuple[float, float], ...]:
+    """Two (low, high) pairs of numbers, as floats (CropOptions checks their ranges)."""
+    pairs = _numbers(option, value, 2, rule)
+    out = []
+    for pair in pairs:
+        for x in _numbers(option, pair, 2, rule):
+            check_number(option, x, rule)
+        out.append((float(pair[0]), float(pair[1])))
+    return tuple(out)
+
+
+def _class_values(values: Any) -> tuple[str, ...]:
+    """The labels behind class ids 0..K-1, in the given order: distinct strings (ints are taken
+    as their decimal text, as labels are stored)."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise TypeError(f"class_values must be a sequence of labels (e.g. a training reader's "
+                        f"class_values), got {str(repr(values))[:80]}")
+    labels = []
+    for i, label in enumerate(values):
+        if isinstance(label, bool) or not isinstance(label, str | numbers.Integral):
+            raise TypeError(f"class_values[{i}] must be a label (a string, or an int for its "
+                            f"decimal text), got {str(repr(label))[:80]}")
+        labels.append(str(label))
+    if not labels:
+        raise ValueError("class_values is empty: give the labels behind class ids 0..K-1")
+    seen: set[str] = set()
+    for i, label in enumerate(labels):
+        if label in seen:
+            raise ValueError(f"class_values[{i}] is {label!r} again: each label once")
+        seen.add(label)
+    return tuple(labels)
+
+
+@dataclass(frozen=True)
+class ReaderArguments:
+    """`dist.reader`'s own arguments (where and how it reads, not what the pipeline does),
+    checked by type and range when the reader is created. What each means: dist.reader."""
+
+    seed: int = 0
+    prefetch_partitions: int | None = None
+    local: bool | None = None
+    sync: bool = False
+    world_size: int | None = None
+    rank: int | None = None
+    lost_partitions: str = "raise"
+    job: str | None = None
+    master: str | None = None
+    storage: str | None = None
+    distribution_rules: str | None = None
+    state: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # The seed seeds numpy's generators, (seed, epoch, ...), which take ints ≥ 0 only.
+        check_int("seed", self.seed, 0)
+        check_int("prefetch_partitions", self.prefetch_partitions, 1,
+                  none="as many as fit 64 MiB")
+        if self.local is not None:
+            check_bool("local", self.local)
+        check_bool("sync", self.sync)
+        check_int("world_size", self.world_size, 1, none="from the environment")
+        check_int("rank", self.rank, 0, none="from the environment")
+        check_choice("lost_partitions", self.lost_partitions, LOST_POLICIES)
+        check_text("job", self.job, none="$TRAINFEED_JOB, else 'default'")
+        check_text("master", self.master, none="$TRAINFEED_MASTER")
+        check_text("storage", self.storage, none="$TRAINFEED_STORAGE, else ./trainfeed-data")
+        check_text("distribution_rules", self.distribution_rules, none="the dataset's or 'all'")
+        if self.state is not None and not isinstance(self.state, dict):
+            raise TypeError(f"state must be a reader.state_dict() saved with a checkpoint (a "
+                            f"dict) or None, got {type(self.state).__name__}")
+
+
 GROUPS: dict[str, type] = {"decode": DecodeOptions, "labels": LabelOptions,
                            "sampling": SamplingOptions, "batch": BatchOptions,
                            "transform": TransformOptions}
@@ -291,4 +399,4 @@ def keyword_defaults() -> dict[str, Any]:
 
 
 __all__: Sequence[str] = ["BatchOptions", "DecodeOptions", "LabelOptions", "PipelineOptions",
-                          "SamplingOptions", "TransformOptions"]
+                          "ReaderArguments", "SamplingOptions", "TransformOptions"]

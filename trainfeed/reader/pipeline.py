@@ -84,7 +84,8 @@ class Pipeline:
                                   if f.type == "binary") if options.decode.enabled else ()
         values = options.labels.class_values
         self.classes = (ClassIndex(values) if values is not None
-                        else ClassIndex.from_histogram(manifest.label_histogram)
+                        else ClassIndex.from_histogram(manifest.label_histogram,
+                                                       manifest.label_order)
                         if self.label_field else None)
         self.resampler: Resampler | None = None
         if options.resamples:

@@ -16,12 +16,18 @@ fresh reader's `state_dict()`, and would drop per-partition keys that a fresh re
 """
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainfeed.errors import CheckpointError
 
 POSITION_VERSION = 1
 STATE_DICT_VERSION = 2
 MODES = ("local", "distributed")
+# Keys every saved state has (the others came later: a state without them gets their default).
+REQUIRED_KEYS = ("version", "mode", "dataset", "epoch", "finished", "done", "positions")
 
 
 @dataclass
@@ -46,8 +52,9 @@ class ReaderPosition:
     # Records handed to the trainer in batches this epoch: a synchronous rank's progress toward
     # its quota (trainfeed.reader.world), so that a restored rank takes the rest of it.
     delivered: int = 0
-    # How many partitions the plan that `done` and `positions` name had (local readers; 0 in
-    # states older than sliced partitions, and in distributed ones: the master keeps its plan).
+    # How many partitions the plan that `done` and `positions` name had (0 in states older
+    # than sliced partitions, and in distributed ones older than this count: the master keeps
+    # its plan, and a restored reader checks against it before it sends the state).
     partitions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,30 +74,152 @@ class ReaderPosition:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any], dataset: str, mode: str) -> ReaderPosition:
-        """Validates a saved state against the reader restoring it."""
-        if not isinstance(state, dict) or state.get("version") not in (POSITION_VERSION,
-                                                                       STATE_DICT_VERSION):
-            raise ValueError(f"not a trainfeed reader state (version {POSITION_VERSION} or "
-                             f"{STATE_DICT_VERSION}): {str(state)[:200]}")
-        if state["dataset"] != dataset:
-            raise ValueError(f"reader state is of dataset {state['dataset']!r}, not {dataset!r}")
-        if state["mode"] != mode:
-            raise ValueError(f"reader state was saved by a {state['mode']} reader; this one is "
-                             f"{mode} (TRAIN_LOCAL must match between save and restore)")
-        try:
-            pairs = state["positions"]
-            pairs = pairs.items() if isinstance(pairs, dict) else [tuple(x) for x in pairs]
-            return cls(mode=mode, dataset=dataset, epoch=int(state["epoch"]),
-                       done={int(p) for p in state["done"]},
-                       positions={int(p): int(n) for p, n in pairs},
-                       finished=bool(state["finished"]), job=str(state.get("job", "")),
-                       worker=str(state.get("worker", "")), seed=int(state.get("seed", 0)),
-                       order=str(state.get("order", "")),
-                       delivered=int(state.get("delivered", 0)),
-                       partitions=int(state.get("partitions", 0)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed reader state ({type(e).__name__}: {e})") from e
+        """Validates a saved state against the reader restoring it: every key, type and range
+        that does not need the dataset's partition plan (`check_plan` does the rest, once the
+        reader knows the plan or, master-fed, before it sends the state: against the count of
+        partitions the state says its plan had).
+
+        Raises:
+            CheckpointError (a ValueError): not a reader state, an unknown version, a missing
+                key, a value of the wrong type or range, another dataset or mode.
+        """
+        if not isinstance(state, dict) or "version" not in state:
+            raise CheckpointError(f"not a trainfeed reader state (a dict with a 'version', "
+                                  f"{POSITION_VERSION} or {STATE_DICT_VERSION}): "
+                                  f"{str(state)[:200]}")
+        version = state["version"]
+        if type(version) is not int or version not in (POSITION_VERSION, STATE_DICT_VERSION):
+            raise CheckpointError(f"not a trainfeed reader state: 'version' is {version!r}, "
+                                  f"expected one of [{POSITION_VERSION}, {STATE_DICT_VERSION}] "
+                                  f"(was it saved by a newer trainfeed?)")
+        missing = [k for k in REQUIRED_KEYS if k not in state]
+        if missing:
+            raise CheckpointError(f"malformed reader state: missing key(s) {missing} (a "
+                                  f"state_dict() has {list(REQUIRED_KEYS)}); restore the state "
+                                  f"the reader saved, unchanged")
+        saved_mode = _text(state, "mode")
+        if saved_mode not in MODES:
+            raise CheckpointError(f"malformed reader state: 'mode' is {saved_mode!r}, expected "
+                                  f"one of {list(MODES)}")
+        saved_dataset = _text(state, "dataset")
+        if saved_dataset != dataset:
+            raise CheckpointError(f"reader state is of dataset {saved_dataset!r}, not "
+                                  f"{dataset!r}")
+        if saved_mode != mode:
+            raise CheckpointError(f"reader state was saved by a {saved_mode} reader; this one "
+                                  f"is {mode} (TRAIN_LOCAL must match between save and restore)")
+        position = cls(mode=mode, dataset=dataset, epoch=_count(state, "epoch", -1),
+                       done=_partitions(state), positions=_positions(state),
+                       finished=_flag(state, "finished"), job=_text(state, "job"),
+                       worker=_text(state, "worker"), seed=_count(state, "seed"),
+                       order=_text(state, "order"), delivered=_count(state, "delivered"),
+                       partitions=_count(state, "partitions"))
+        return position
+
+    @property
+    def may_repeat(self) -> bool:
+        """Whether its counts may exceed a partition's records: over-sampling (resample=)
+        delivers copies, and a state older than `order` does not say whether it resampled."""
+        return not self.order or "resample=" in self.order
+
+    def check_plan(self, sizes: Sequence[int | None] | None, count: int | None = None) -> None:
+        """Checks `done` and `positions` against a partition plan: `sizes` (records per
+        partition, None where unknown: a SQL bucket), or only its partition `count` where the
+        sizes are not known here. Counts are bounded by sizes unless `may_repeat` (then the
+        partition's load checks them: trainfeed.reader.batcher.past_the_end).
+
+        Raises:
+            CheckpointError: a partition the plan does not have, or more records handed of a
+                partition than it holds.
+        """
+        count = len(sizes) if sizes is not None else count
+        assert count is not None, "check_plan needs the sizes or the count"
+        for key, partitions in (("done", sorted(self.done)), ("positions", self.positions)):
+            for p in partitions:
+                if p >= count:
+                    raise CheckpointError(
+                        f"reader state: {key!r} names partition {p}, but dataset "
+                        f"{self.dataset!r} has {count} (partitions 0..{count - 1}): was it "
+                        f"re-uploaded, or the state edited?")
+        if sizes is None or self.may_repeat:
+            return
+        for p, n in self.positions.items():
+            size = sizes[p]
+            if size is not None and n > size:
+                raise CheckpointError(
+                    f"reader state: 'positions' has {n} records handed of partition {p}, which "
+                    f"holds {sizes[p]} (a position is at most its partition's size): was the "
+                    f"dataset re-uploaded, or the state edited?")
 
     @property
     def next_epoch(self) -> int:
         return self.epoch + 1 if self.finished else self.epoch
+
+
+def _bad(key: str, value: Any, rule: str) -> CheckpointError:
+    return CheckpointError(f"malformed reader state: {key} is {str(repr(value))[:100]}, "
+                           f"expected {rule}; restore the state the reader saved, unchanged")
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    """An int (numpy's too, not a bool or a float) ≥ `minimum`."""
+    if isinstance(value, bool):
+        raise _bad(key, value, f"an int ≥ {minimum}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise _bad(key, value, f"an int ≥ {minimum}") from None
+    if number < minimum:
+        raise _bad(key, value, f"an int ≥ {minimum}")
+    return number
+
+
+def _count(state: dict[str, Any], key: str, minimum: int = 0) -> int:
+    return _int(repr(key), state.get(key, 0), minimum)
+
+
+def _text(state: dict[str, Any], key: str) -> str:
+    value = state.get(key, "")
+    if not isinstance(value, str):
+        raise _bad(repr(key), value, "a string")
+    return value
+
+
+def _flag(state: dict[str, Any], key: str) -> bool:
+    value = state[key]
+    if not isinstance(value, bool):
+        raise _bad(repr(key), value, "true or false")
+    return value
+
+
+def _partitions(state: dict[str, Any]) -> set[int]:
+    done = state["done"]
+    if not isinstance(done, list | tuple):
+        raise _bad("'done'", done, "a list of partition indices")
+    return {_int(f"'done'[{i}]", p, 0) for i, p in enumerate(done)}
+
+
+def _positions(state: dict[str, Any]) -> dict[int, int]:
+    """`positions` in either shape: {"partition": count} (version 1) or [[partition, count]]."""
+    raw = state["positions"]
+    if isinstance(raw, dict):
+        pairs: list[tuple[str, Any, Any]] = []
+        for p, n in raw.items():
+            if isinstance(p, str) and p.isdecimal():
+                p = int(p)
+            pairs.append((f"'positions'[{p!r}]", p, n))
+    elif isinstance(raw, list | tuple):
+        pairs = []
+        for i, pair in enumerate(raw):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise _bad(f"'positions'[{i}]", pair, "a [partition, records] pair")
+            pairs.append((f"'positions'[{i}]", *pair))
+    else:
+        raise _bad("'positions'", raw, "a list of [partition, records] pairs")
+    positions: dict[int, int] = {}
+    for where, p, n in pairs:
+        partition = _int(f"the partition of {where}", p, 0)
+        if partition in positions:
+            raise _bad(where, p, "each partition once")
+        positions[partition] = _int(f"the records of {where}", n, 0)
+    return positions

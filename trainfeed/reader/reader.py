@@ -19,12 +19,12 @@ import pyarrow as pa
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
 from trainfeed.reader.backends import Backend, PassStream
-from trainfeed.reader.batcher import Cutter, Piece, deliver
+from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
-from trainfeed.worker.task_loop import Load, plain_load
+from trainfeed.worker.task_loop import Load
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Reader:
         """Bytes of payload (file bytes) this reader fetched from storage so far."""
         return self.backend.read_stats.payload_bytes
 
-    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = plain_load,
+    def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = bounded_load,
                   order: str = STORED) -> Iterator[Any]:
         """One pass through `body` (which runs the batcher; it ends the stream)."""
         saved = self._resume

@@ -49,6 +49,9 @@ class ReaderPosition:
     # How many partitions the plan that `done` and `positions` name had (local readers; 0 in
     # states older than sliced partitions, and in distributed ones: the master keeps its plan).
     partitions: int = 0
+    # Distributed: the resume credential the master gave `worker`'s session, without which the
+    # master refuses to rewind that session's work ("" in states older than it, and local ones).
+    credential: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": POSITION_VERSION, "mode": self.mode, "dataset": self.dataset,
@@ -56,7 +59,7 @@ class ReaderPosition:
                 "finished": self.finished, "done": sorted(self.done),
                 "positions": {str(p): n for p, n in sorted(self.positions.items())},
                 "order": self.order, "delivered": self.delivered,
-                "partitions": self.partitions}
+                "partitions": self.partitions, "credential": self.credential}
 
     def to_state_dict(self) -> dict[str, Any]:
         """The same as `to_dict()` with fixed keys: `positions` as [partition, count] pairs."""
@@ -87,7 +90,8 @@ class ReaderPosition:
                        worker=str(state.get("worker", "")), seed=int(state.get("seed", 0)),
                        order=str(state.get("order", "")),
                        delivered=int(state.get("delivered", 0)),
-                       partitions=int(state.get("partitions", 0)))
+                       partitions=int(state.get("partitions", 0)),
+                       credential=str(state.get("credential", "")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed reader state ({type(e).__name__}: {e})") from e
 

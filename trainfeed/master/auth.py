@@ -7,9 +7,11 @@ rejected call changes nothing in the service.
 A job token (`job_token`, printed by `trainfeed token JOB`, made per job by `trainfeed submit`)
 is `tfjob:<job>:<HMAC-SHA256(master token, job)>`: the master checks it with nothing stored, and
 the servicer lets its calls touch that job only (`job_of_call`), so one job's trainers cannot
-touch another's. The master's own token opens every job: keep it to operators. The token is compared with `hmac.compare_digest`, whose time
-does not depend on where a guess first differs. The gRPC health service is exempt: Kubernetes'
-native gRPC probes cannot send metadata, and the health status reveals nothing about jobs.
+touch another's. The master's own token opens every job: keep it to operators.
+
+Tokens are compared with `hmac.compare_digest`, whose time does not depend on where a guess first
+differs. The gRPC health service is exempt: Kubernetes' native gRPC probes cannot send metadata,
+and the health status reveals nothing about jobs.
 """
 from __future__ import annotations
 

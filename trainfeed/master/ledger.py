@@ -18,11 +18,12 @@ rebuilds the ledger exactly, so the store never has to save the whole ledger per
 deadlines are not journaled: a restarted master gives every lease a fresh one anyway.
 
 Fencing: every lease gets a token (`leases`, from a counter that is part of the state, so replay
-gives the same tokens). With a `token_key` (the master gives every job a random one, saved with
-the state) a token is a keyed hash of the counter, 63 bits that nobody without the key can guess;
-without one (tests, old states) the token is the counter itself. A report counts only from the partition's latest holder with that lease's
-token (`check_report`); anything else is refused and changes nothing, so a reader whose lease
-expired and went to another reader can neither finish, fail nor advance the partition.
+gives the same tokens). With a `token_key` (the master gives every job a random one, saved with the
+state) a token is a keyed hash of the counter, 63 bits that nobody without the key can guess;
+without one (tests, old states) the token is the counter itself. A report counts only from the
+partition's latest holder with that lease's token (`check_report`); anything else is refused and
+changes nothing, so a reader whose lease expired and went to another reader can neither finish, fail
+nor advance the partition.
 
 Balance (issue 13): a reader that finds todo empty while others hold leases they have not started
 (no progress reported) may ask for them back (`unstarted`; which ones, trainfeed.master.stealing):

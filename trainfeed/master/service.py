@@ -41,6 +41,7 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage, read_manifest
+from trainfeed.master import auth
 from trainfeed.master.ledger import (
     DEFAULT_MAX_FAILURES,
     LeaseStatus,
@@ -48,7 +49,6 @@ from trainfeed.master.ledger import (
     Outcome,
     Verdict,
 )
-from trainfeed.master import auth
 from trainfeed.master.sessions import (
     DEFAULT_MAX_SESSIONS,
     RateLimitedLog,
@@ -582,9 +582,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def OpenJob(self, request: pb.OpenJobRequest,
                       context: grpc.aio.ServicerContext) -> pb.OpenJobResponse:
         await self._check_scope(request.job, context)
-        bad_name = check_worker_name(request.worker_name)
+        bad_name = (check_worker_name(request.worker_name)
+                    or check_worker_name(request.resources.name, "worker resources name")
+                    or check_worker_name(request.resources.hostname, "worker hostname"))
         if bad_name is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job {request.job!r}: {bad_name}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"job {clip(request.job)!r}: {bad_name}")
         try:
             validate_job_name(request.job)
             validate_dataset_name(request.dataset)

@@ -48,14 +48,14 @@ def clip(text: str, limit: int = CLIP_CHARS) -> str:
     return f"{text[:limit]}…[{len(text)} chars]"
 
 
-def check_worker_name(name: str) -> str | None:
+def check_worker_name(name: str, what: str = "worker name") -> str | None:
     """None if `name` may name a worker, else why not (for INVALID_ARGUMENT)."""
     raw = name.encode("utf-8", "replace")
     if len(raw) > MAX_WORKER_NAME_BYTES:
-        return (f"worker name of {len(raw)} bytes ({clip(name, 40)!r}): at most "
+        return (f"{what} of {len(raw)} bytes ({clip(name, 40)!r}): at most "
                 f"{MAX_WORKER_NAME_BYTES} bytes; name the reader host:pid (the default)")
     if not (name.isascii() and name.isprintable()):
-        return (f"worker name {clip(name, 40)!r}: only printable ASCII characters may name a "
+        return (f"{what} {clip(name, 40)!r}: only printable ASCII characters may name a "
                 f"worker (it appears in logs)")
     return None
 

@@ -199,7 +199,8 @@ class MasterClient:
         `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
-            max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports), reconcile=held is not None, max_records=max_records,
+            max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
+            reconcile=held is not None, max_records=max_records,
             held=_held_tasks(held or (), started)),
             CALL_TIMEOUT_S + wait_ms / 1000)
 

@@ -113,6 +113,16 @@ def stub_of(channel: grpc.Channel) -> master_pb2_grpc.MasterStub:
     return master_pb2_grpc.MasterStub(channel)
 
 
+def attempt(call: Callable[..., Any], request: Any) -> tuple[grpc.StatusCode, str]:
+    """The status (OK if accepted) and error text of a call: forgeries are collected during the
+    pass and judged after it, so that where one is accepted the test shows what it cost."""
+    try:
+        call(request, timeout=30)
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""  # type: ignore[attr-defined]
+    return grpc.StatusCode.OK, ""
+
+
 def refused(call: Callable[..., Any], request: Any) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         call(request, timeout=30)
@@ -130,6 +140,7 @@ def test_a_forged_released_is_refused(storage: str) -> None:
     with MasterProcess(storage, extra_args=["--lease-timeout", "60"]) as master, \
             grpc.insecure_channel(master.address) as channel:
         stub = stub_of(channel)
+        answers = []
         with honest_pass(master) as (sessions, got):
             own = open_own(stub)
             for victim in sessions:
@@ -139,11 +150,11 @@ def test_a_forged_released_is_refused(storage: str) -> None:
                                          consumed=PARTITIONS) for (e, p), t in leases.items()]
                 # No secret, the attacker's own session's secret, a made-up one.
                 for secret in ("", getattr(own, "session_secret", ""), "0" * 32):
-                    error = refused(stub.Report, with_fields(pb.ReportRequest(
+                    answers.append(attempt(stub.Report, with_fields(pb.ReportRequest(
                         job="j", worker_id=victim.worker, reports=reports),
-                        session_secret=secret))
-                    assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+                        session_secret=secret)))
         exactly_once(got)
+        assert {code for code, _ in answers} == {grpc.StatusCode.PERMISSION_DENIED}, answers
 
 
 def test_a_forged_leave_is_refused(storage: str) -> None:
@@ -151,16 +162,14 @@ def test_a_forged_leave_is_refused(storage: str) -> None:
     with MasterProcess(storage, extra_args=["--lease-timeout", "60"]) as master, \
             grpc.insecure_channel(master.address) as channel:
         stub = stub_of(channel)
+        answers = []
         with honest_pass(master) as (sessions, got):
             for victim in sessions:
-                error = refused(stub.LeaveJob, pb.LeaveJobRequest(job="j",
-                                                                  worker_id=victim.worker))
-                assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
-                assert "session secret" in (error.details() or "")
-            # The readers that were left for go on after the attack: give the pass a moment
-            # in which a wrongly released lease would be leased again by the other reader.
-            time.sleep(0.5)
+                answers.append(attempt(stub.LeaveJob, pb.LeaveJobRequest(
+                    job="j", worker_id=victim.worker)))
         exactly_once(got)
+        for code, details in answers:
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "session secret" in details
 
 
 def test_a_forged_resume_rewind_is_refused(storage: str) -> None:
@@ -168,17 +177,18 @@ def test_a_forged_resume_rewind_is_refused(storage: str) -> None:
     with MasterProcess(storage, extra_args=["--lease-timeout", "60"]) as master, \
             grpc.insecure_channel(master.address) as channel:
         stub = stub_of(channel)
+        answers = []
         with honest_pass(master) as (sessions, got):
             own = open_own(stub)
             for victim in sessions:
                 for credential in ("", getattr(own, "resume_credential", ""), "f" * 32):
                     resume = with_fields(pb.ResumePosition(epoch=0, worker_id=victim.worker),
                                          credential=credential)
-                    error = refused(stub.OpenJob, pb.OpenJobRequest(
-                        job="j", dataset="flowers", worker_name="attacker", resume=resume))
-                    assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
-                    assert "resume credential" in (error.details() or "")
+                    answers.append(attempt(stub.OpenJob, pb.OpenJobRequest(
+                        job="j", dataset="flowers", worker_name="attacker", resume=resume)))
         exactly_once(got)
+        for code, details in answers:
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "resume credential" in details
 
 
 def test_a_resume_cannot_mark_records_consumed(storage: str) -> None:
@@ -195,10 +205,10 @@ def test_a_resume_cannot_mark_records_consumed(storage: str) -> None:
                 pb.ResumePosition(epoch=0, worker_id=own.worker_id, done=list(range(PARTITIONS)),
                                   positions=everything),
                 credential=getattr(own, "resume_credential", "")))
-            assert answer.resumed_partitions == 0  # it held nothing: nothing to rewind
-            assert answer.resume_cut == PARTITIONS
-            assert "resume where the reports left them" in "".join(master.log)
         exactly_once(got)
+        assert answer.resumed_partitions == 0  # it held nothing: nothing to rewind
+        assert getattr(answer, "resume_cut", None) == PARTITIONS
+        assert "resume where the reports left them" in "".join(master.log)
 
 
 def test_refusals_name_no_holder_and_no_token(storage: str) -> None:

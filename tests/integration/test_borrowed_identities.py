@@ -12,7 +12,10 @@ out), which is how the tests were checked to fail there.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -24,9 +27,12 @@ import grpc
 import pytest
 
 from trainfeed import dist
+from trainfeed.errors import AuthenticationError, JobError
 from trainfeed.master.process import MasterProcess
+from trainfeed.security import job_token
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
+from trainfeed.worker.client import MasterClient
 from trainfeed.worker.task_loop import WorkerSession
 
 pytestmark = pytest.mark.integration
@@ -329,3 +335,36 @@ def test_sessions_outlive_a_master_restart(storage: str, tmp_path: Any) -> None:
                                                           session_secret="0" * 32))
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert opened.session_secret not in "".join(master.log)
+
+
+def test_a_job_token_opens_its_job_only(storage: str) -> None:
+    """Job tokens (`trainfeed token JOB`, what `submit` gives the workers): one job's trainers
+    cannot touch another's; the master's token opens every job; a forged job token nothing."""
+    master_token = "master-token-for-tests-0123456789"
+    printed = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "token", "a"],
+                             env={**os.environ, "TRAINFEED_TOKEN": master_token},
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    token_a = printed.strip()
+    assert token_a == job_token(master_token, "a") and master_token not in token_a
+    with MasterProcess(storage, token=master_token) as master, \
+            MasterClient(master.address, token=master_token, give_up_s=10) as admin, \
+            MasterClient(master.address, token=token_a, give_up_s=10) as trainer_a:
+        admin.open_job("b", "flowers", seed=0)
+        opened = trainer_a.open_job("a", "flowers", seed=0)
+        assert trainer_a.get_tasks("a", opened.worker_id, 0, 1, 0).tasks
+        assert trainer_a.job_status("a").pending == 1
+        for call in (lambda: trainer_a.open_job("b", "flowers", seed=0),
+                     lambda: trainer_a.job_status("b")):
+            with pytest.raises(JobError, match="PERMISSION_DENIED.*token of another job"):
+                call()
+        # Its job not created yet: not found, without listing the jobs of others.
+        with MasterClient(master.address, token=job_token(master_token, "c"),
+                          give_up_s=10) as trainer_c, \
+                pytest.raises(JobError, match="NOT_FOUND") as caught:
+            trainer_c.job_status("c")
+        assert "'b'" not in str(caught.value) and "'a'" not in str(caught.value)
+        assert admin.job_status("a").pending == 1  # the master's token opens every job
+        for forged in (f"tfjob:b:{token_a.rpartition(':')[2]}", "tfjob:a:" + "0" * 64):
+            with MasterClient(master.address, token=forged, give_up_s=10) as intruder, \
+                    pytest.raises(AuthenticationError):
+                intruder.job_status("b")

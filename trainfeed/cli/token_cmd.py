@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.auth import job_token
 from trainfeed.names import validate_job_name
-from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV, load_token
+from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV, job_token, load_token
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,7 +15,6 @@ and the health status reveals nothing about jobs.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import time
@@ -24,7 +23,14 @@ from typing import Any
 
 import grpc
 
-from trainfeed.security import AUTH_METADATA_KEY, BEARER_SCHEME, TOKEN_ENV, TOKEN_FILE_ENV
+from trainfeed.security import (
+    AUTH_METADATA_KEY,
+    BEARER_SCHEME,
+    JOB_TOKEN_PREFIX,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    job_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +44,6 @@ _HOW_TO_FIX = (f"send metadata '{AUTH_METADATA_KEY}: {BEARER_SCHEME} <token>'; t
                f"token the master was started with")
 MISSING_MESSAGE = f"this master requires a token and the call carried none: {_HOW_TO_FIX}"
 WRONG_MESSAGE = f"the call's token is not this master's: {_HOW_TO_FIX}"
-
-# A job token's prefix; job names cannot hold ':' (trainfeed.names), so it splits unambiguously.
-JOB_TOKEN_PREFIX = "tfjob:"
-_JOB_TOKEN_LABEL = b"trainfeed job token\0"
-
-
-def job_token(master_token: str, job: str) -> str:
-    """The token that opens `job` only, on a master started with `master_token`."""
-    mac = hmac.new(master_token.encode(), _JOB_TOKEN_LABEL + job.encode(), hashlib.sha256)
-    return f"{JOB_TOKEN_PREFIX}{job}:{mac.hexdigest()}"
-
 
 def _bearer(metadata: Any) -> str | None:
     """The bearer token a call's metadata carries ("" for another scheme), None if none."""

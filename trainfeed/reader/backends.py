@@ -351,7 +351,7 @@ class DistributedBackend:
     def position(self) -> ReaderPosition:
         """Where the trainer stands, once the master knows it too (see WorkerSession.flush)."""
         position = _copy(self._position)
-        self.session.flush()
+        self.session.flush(position.epoch, position.positions)
         return position
 
     @property

@@ -219,12 +219,20 @@ class WorkerSession:
             self._cond.notify_all()
         return reports
 
-    def flush(self) -> None:
+    def flush(self, epoch: int = -1, positions: dict[int, int] | None = None) -> None:
         """Sends every queued report and the progress not yet sent, now, and waits for the
         answer: a checkpoint taken after it resumes exactly (the master lets a resume claim
-        only what reports showed consumed). A master that cannot be reached only costs
-        exactness: logged, not raised (a resume then repeats the unsent part)."""
+        only what reports showed consumed). `positions` (partition -> records of it the trainer
+        had, of `epoch`) may be ahead of the progress noted so far (the batcher notes it every
+        few records): it is sent too, for the leases still held. A master that cannot be
+        reached only costs exactness: logged, not raised (a resume then repeats the unsent
+        part)."""
         with self._cond:
+            for partition, consumed in (positions or {}).items():
+                key = (epoch, partition)
+                if key in self._held and consumed > self._progress.get(key, 0):
+                    self._progress[key] = consumed
+                    self._progress_dirty.add(key)
             if not self._reports and not self._progress_dirty:
                 return
         try:

@@ -647,7 +647,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.HasField("resume"):
             await self._check_resume(job, request.resume, context)
         await self._check_room(job, context)
-        worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
+        worker = new_worker_id(job, request.worker_name)
         self._touch(job, worker)
         resumed: list[int] = []
         cut: list[int] = []
@@ -854,6 +854,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             records_served=job.records_served, bytes_served=job.bytes_served,
             reports_refused=job.reports_refused, **counts)
+
+
+# Random bits of a worker id after its name: ids (and so session secrets) never repeat in a job.
+WORKER_ID_HEX = 16
+
+
+def new_worker_id(job: Job, name: str) -> str:
+    """`name`-<64 random bits>, none of the job's known workers' (a session's secret derives
+    from its id, so two sessions must never share one)."""
+    while True:
+        worker = f"{name or 'worker'}-{uuid.uuid4().hex[:WORKER_ID_HEX]}"
+        if worker not in job.workers and worker not in job.ledger.by_worker:
+            return worker
 
 
 # Positions count records in delivery order, where over-sampling (resample=) repeats records:

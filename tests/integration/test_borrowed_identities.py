@@ -290,8 +290,11 @@ def test_huge_worker_names_are_refused_and_the_master_stays_small(storage: str) 
             assert warm_up == {grpc.StatusCode.INVALID_ARGUMENT: 50}, warm_up
             assert codes == {grpc.StatusCode.INVALID_ARGUMENT: 100,
                              grpc.StatusCode.PERMISSION_DENIED: 200}, codes
-            # Before issue 25: +370 MB of RSS and +300 MB of log for the same calls.
-            assert grown < 48 * MIB and logged < 64 * 1024
+            # Before issue 25: +427 MiB of RSS and +100 MB of log for the same calls here. Now
+            # about 45 MiB (35-52 in 6 runs), which is glibc's allocator keeping freed 1 MiB
+            # buffers (with MALLOC_MMAP_THRESHOLD_ fixed, RSS goes up and down instead): the
+            # bound leaves room for that, not for the names.
+            assert grown < 128 * MIB and logged < 64 * 1024
         exactly_once(got)
 
 

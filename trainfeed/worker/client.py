@@ -66,6 +66,8 @@ RECONNECT_MS = 1000
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
+# The longest worker name the master accepts (trainfeed.master.sessions.MAX_WORKER_NAME_BYTES).
+WORKER_NAME_MAX_BYTES = 256
 # The master lists refused reports here (trainfeed.master.service.REFUSED_TRAILER).
 REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
@@ -176,6 +178,9 @@ class MasterClient:
         name = f"{socket.gethostname()}:{os.getpid()}"
         if sync is not None:
             name = f"rank{sync.rank}-{name}"
+        # The master refuses names over 256 bytes or not printable ASCII (a very long FQDN).
+        name = "".join(c if c.isascii() and c.isprintable() else "?" for c in name)
+        name = name[:WORKER_NAME_MAX_BYTES]
         opened = self._call(self._stub.OpenJob, pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),

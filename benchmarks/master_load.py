@@ -222,7 +222,7 @@ class _Shared:
             self.all_warm.set()
 
 
-async def _open_workers(cfg: dict[str, Any]) -> tuple[list[Any], list[tuple[Any, str]]]:
+async def _open_workers(cfg: dict[str, Any]) -> tuple[list[Any], list[tuple[Any, str, str]]]:
     import grpc
     from grpc_health.v1 import health_pb2_grpc
 
@@ -236,16 +236,16 @@ async def _open_workers(cfg: dict[str, Any]) -> tuple[list[Any], list[tuple[Any,
                 for _ in range(cfg["workers"])]
     gate = asyncio.Semaphore(OPEN_CONCURRENCY)
 
-    async def join(i: int, channel: Any) -> tuple[Any, str]:
+    async def join(i: int, channel: Any) -> tuple[Any, str, str]:
         async with gate:
             if cfg["mode"] == "health":
                 await asyncio.wait_for(channel.channel_ready(), cfg["open_timeout_s"])
-                return health_pb2_grpc.HealthStub(channel), ""
+                return health_pb2_grpc.HealthStub(channel), "", ""
             stub = master_pb2_grpc.MasterStub(channel)
             reply = await stub.OpenJob(pb.OpenJobRequest(
                 job=cfg["job"], dataset=cfg["dataset"],
                 worker_name=f"load-{cfg['index']}-{i}", seed=1), timeout=cfg["open_timeout_s"])
-            return stub, reply.worker_id
+            return stub, reply.worker_id, reply.session_secret
 
     # The first join alone: the call that creates the job reads the manifest, and OpenJob calls
     # that arrive while it does would each read it too (they find no job yet).
@@ -254,7 +254,7 @@ async def _open_workers(cfg: dict[str, Any]) -> tuple[list[Any], list[tuple[Any,
     return channels, first + list(rest)
 
 
-async def _worker(index: int, stub: Any, worker_id: str, cfg: dict[str, Any],
+async def _worker(index: int, stub: Any, worker_id: str, secret: str, cfg: dict[str, Any],
                   shared: _Shared) -> None:
     """One simulated worker: calls back to back (closed loop) until `shared.stop_at`."""
     from grpc_health.v1 import health_pb2
@@ -281,7 +281,8 @@ async def _worker(index: int, stub: Any, worker_id: str, cfg: dict[str, Any],
             # Like a reader: it holds nothing but the tasks it reports (reconcile costs too).
             request = pb.GetTasksRequest(job=cfg["job"], worker_id=worker_id, epoch=epoch,
                                          max_tasks=cfg["tasks_per_call"], wait_ms=wait_ms,
-                                         reports=reports, reconcile=True)
+                                         reports=reports, reconcile=True,
+                                         session_secret=secret)
             call = stub.GetTasks
         start = time.perf_counter()
         if wait_ms == 0:
@@ -340,8 +341,8 @@ async def _run_window(cfg: dict[str, Any], conn: multiprocessing.connection.Conn
         await _recv(conn, cfg["open_timeout_s"] + 30, "go")
         shared = _Shared(workers=len(joined))
         went = time.monotonic()
-        tasks = [asyncio.create_task(_worker(i, stub, wid, cfg, shared))
-                 for i, (stub, wid) in enumerate(joined)]
+        tasks = [asyncio.create_task(_worker(i, stub, wid, secret, cfg, shared))
+                 for i, (stub, wid, secret) in enumerate(joined)]
         try:
             await asyncio.wait_for(shared.all_warm.wait(), cfg["warmup_max_s"])
         except asyncio.TimeoutError:

@@ -10,7 +10,7 @@ import pytest
 from trainfeed.cli.main import build_parser, main
 
 COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess",
-            "sql", "health", "submit", "scale", "status", "delete", "doctor"]
+            "sql", "health", "submit", "scale", "status", "delete", "doctor", "token"]
 
 
 def test_every_command_has_help() -> None:

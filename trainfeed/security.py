@@ -14,6 +14,8 @@ Nothing here talks to the network: it reads files and builds gRPC credentials.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,19 @@ BEARER_SCHEME = "Bearer"
 # Shorter tokens can be guessed; secrets.token_urlsafe(32) gives 43 characters.
 MIN_TOKEN_CHARS = 16
 HOW_TO_MAKE_A_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+# A job token (`job_token`): `tfjob:<job>:<hex HMAC>`; job names cannot hold ':'
+# (trainfeed.names), so it splits unambiguously.
+JOB_TOKEN_PREFIX = "tfjob:"
+_JOB_TOKEN_LABEL = b"trainfeed job token\0"
+
+
+def job_token(master_token: str, job: str) -> str:
+    """The token that opens `job` only on a master started with `master_token`: an HMAC of the
+    job name, so the master checks it with nothing stored (trainfeed.master.auth)."""
+    mac = hmac.new(master_token.encode(), _JOB_TOKEN_LABEL + job.encode(), hashlib.sha256)
+    return f"{JOB_TOKEN_PREFIX}{job}:{mac.hexdigest()}"
 
 
 def read_setting_file(path: str, setting: str) -> bytes:

@@ -8,6 +8,7 @@ import pytest
 
 from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import JobSpec, Toleration
+from trainfeed.security import job_token
 
 TOKEN = "t0k3n-for-tests-only-0123456789"
 
@@ -46,7 +47,9 @@ def test_objects_come_in_creation_order_with_the_job_labels() -> None:
 def test_token_secret() -> None:
     secret = build()["Secret"]
     assert secret["metadata"]["name"] == "resnet-trainfeed-auth"
-    assert secret["stringData"] == {"token": TOKEN} and secret["type"] == "Opaque"
+    # The master's token, and the job token the workers get (it opens this job only).
+    assert secret["stringData"] == {"token": TOKEN, "job-token": job_token(TOKEN, "resnet")}
+    assert secret["type"] == "Opaque"
 
 
 def test_workers_find_the_master_service_and_get_the_job_token_and_storage() -> None:
@@ -64,7 +67,7 @@ def test_workers_find_the_master_service_and_get_the_job_token_and_storage() -> 
     assert env["TRAINFEED_DATASET"] == "public/flowers"
     assert env["TRAINFEED_STORAGE"] == "/data"
     assert env["TRAINFEED_TOKEN"] == {"secretKeyRef": {"name": "resnet-trainfeed-auth",
-                                                       "key": "token"}}
+                                                       "key": "job-token"}}
     assert env["TRAINFEED_GPUS"] == "2"
     assert env["TRAINFEED_WORKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "TRAIN_LOCAL" not in env and "envFrom" not in container

@@ -85,10 +85,10 @@ def test_the_standby_serves_only_after_the_leader_dies(tmp_path: Path, etcd_url:
     standby: Standby | None = None
     try:
         with MasterClient(leader.address, give_up_s=10) as client:
-            client.open_job("train", "flowers", seed=0)
-            got = client.get_tasks("train", "w1", epoch=0, max_tasks=3, wait_ms=0)
+            w1 = client.open_job("train", "flowers", seed=0).worker_id  # (with its secret)
+            got = client.get_tasks("train", w1, epoch=0, max_tasks=3, wait_ms=0)
             assert got.status == pb.GetTasksResponse.TASKS
-            client.report("train", "w1", [
+            client.report("train", w1, [
                 pb.TaskReport(epoch=t.epoch, partition=t.partition,
                               outcome=pb.TaskReport.DONE, lease=t.lease) for t in got.tasks])
             before = client.job_status("train")

@@ -413,8 +413,11 @@ def test_the_state_is_json_as_it_is() -> None:
         "todo": [r, epoch_order(4, 0, 0)[3]], "pending": {str(q): "a"}, "done": {str(p): "a"},
         "failed": {}, "previous_failed": {}, "failures": {str(r): 1},
         "progress": {str(q): 3}, "progress_by": {},
-        # Fencing: tokens 1-3 in lease order; a lease stays known until the next one.
-        "next_token": 4, "leases": {str(p): ["a", 1], str(q): ["a", 2], str(r): ["a", 3]},
+        # Fencing: tokens 1-3 in lease order (no key: the counter itself); a lease stays known
+        # until the next one; who held each partition this epoch (whose checkpoint may rewind it).
+        "next_token": 4, "token_key": None,
+        "leases": {str(p): ["a", 1], str(q): ["a", 2], str(r): ["a", 3]},
+        "holders": {str(p): ["a"], str(q): ["a"], str(r): ["a"]},
         # Not a synchronous epoch: no cut.
         "keep": None, "limits": {}, "dropped": 0}
 

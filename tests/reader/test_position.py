@@ -15,7 +15,7 @@ def full() -> ReaderPosition:
     return ReaderPosition(mode="distributed", dataset="flowers", epoch=3, done={4, 1},
                           positions={7: 12, 2: 5}, finished=False, job="resnet",
                           worker="host:1-ab12", seed=9, order="shuffle:9:64",
-                          delivered=170, partitions=64)
+                          delivered=170, partitions=64, credential="c0ffee")
 
 
 def test_to_dict_holds_every_field_under_its_key() -> None:
@@ -23,7 +23,7 @@ def test_to_dict_holds_every_field_under_its_key() -> None:
         "version": POSITION_VERSION, "mode": "distributed", "dataset": "flowers",
         "job": "resnet", "worker": "host:1-ab12", "seed": 9, "epoch": 3, "finished": False,
         "done": [1, 4], "positions": {"2": 5, "7": 12}, "order": "shuffle:9:64",
-        "delivered": 170, "partitions": 64}
+        "delivered": 170, "partitions": 64, "credential": "c0ffee"}
 
 
 def test_to_state_dict_has_fixed_keys_and_pairs() -> None:

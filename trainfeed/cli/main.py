@@ -20,6 +20,7 @@ from trainfeed.cli import (
     master_cmd,
     preprocess_cmd,
     sql_cmd,
+    token_cmd,
     upload_cmd,
 )
 from trainfeed.cli.log_format import (
@@ -33,7 +34,7 @@ from trainfeed.errors import TrainfeedError
 
 logger = logging.getLogger("trainfeed.cli")
 COMMANDS = (upload_cmd, master_cmd, health_cmd, datasets_cmd, builtin_cmd, demo_cmd,
-            preprocess_cmd, sql_cmd, cluster_cmd, doctor_cmd)
+            preprocess_cmd, sql_cmd, cluster_cmd, doctor_cmd, token_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from trainfeed.master.server import (
     run_master,
 )
 from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
+from trainfeed.master.sessions import DEFAULT_MAX_SESSIONS
 from trainfeed.master.stores import STATE_ENV, StateStore, open_state_store
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.redaction import redact_text, secrets_in
@@ -60,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"target partitions per dataset, ≥ 16 per expected worker (default "
                         f"{DEFAULT_TARGET_PARTITIONS}; a dataset of fewer row groups has them cut "
                         f"into slices of at least {MIN_PARTITION_ROWS} records)")
+    p.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, metavar="N",
+                   help=f"live reader sessions per job; a reader opening one more is refused "
+                        f"with RESOURCE_EXHAUSTED (default {DEFAULT_MAX_SESSIONS})")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits (for masters spawned by scripts)")
     security = p.add_argument_group(
@@ -146,7 +150,8 @@ def _state_store(url: str | None) -> StateStore:
 def run(args: argparse.Namespace) -> int:
     options = server_options(args)  # before anything else: a bad setting fails at once
     config = MasterConfig(storage=storage_from(args), lease_timeout_s=args.lease_timeout,
-                          max_failures=args.max_failures, target_partitions=args.partitions)
+                          max_failures=args.max_failures, target_partitions=args.partitions,
+                          max_sessions=args.max_sessions)
     store = _state_store(args.state)
     json_logs = getattr(args, "log_format", "text") == "json"
 

@@ -19,6 +19,7 @@ from trainfeed.cluster.spec import (
     DATASET_ANNOTATION,
     GRPC_PORT,
     JOB_LABEL,
+    JOB_TOKEN_KEY,
     MANAGED_BY_LABEL,
     METRICS_PORT,
     PART_OF_LABEL,
@@ -28,6 +29,7 @@ from trainfeed.cluster.spec import (
     TOKEN_KEY,
     JobSpec,
 )
+from trainfeed.security import job_token
 
 Obj = dict[str, Any]
 
@@ -77,12 +79,13 @@ def _container_security(read_only_root: bool) -> Obj:
             "capabilities": {"drop": ["ALL"]}}
 
 
-def _storage_env(spec: JobSpec) -> list[Obj]:
-    """What both the master and the workers need to reach the datasets, and the job's token."""
+def _storage_env(spec: JobSpec, token_key: str = TOKEN_KEY) -> list[Obj]:
+    """What both the master and the workers need to reach the datasets, and a token: the master's
+    (TOKEN_KEY), or for the workers the job token (JOB_TOKEN_KEY), which opens this job only."""
     env: list[Obj] = [
         {"name": settings.STORAGE.name, "value": spec.storage_url},
         {"name": settings.TOKEN.name, "valueFrom": {"secretKeyRef": {
-            "name": spec.names.auth, "key": TOKEN_KEY}}},
+            "name": spec.names.auth, "key": token_key}}},
     ]
     if spec.s3_endpoint:
         env.append({"name": settings.S3_ENDPOINT.name, "value": spec.s3_endpoint})
@@ -105,7 +108,10 @@ def _data_volume(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
 
 def token_secret(spec: JobSpec, token: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(spec, spec.names.auth, "auth"),
-            "type": "Opaque", "stringData": {TOKEN_KEY: token}}
+            "type": "Opaque",
+            # (No token, as in deploy/k8s/ where the user fills it in: no job token either.)
+            "stringData": {TOKEN_KEY: token,
+                           JOB_TOKEN_KEY: job_token(token, spec.name) if token else ""}}
 
 
 def state_claim(spec: JobSpec) -> Obj:
@@ -240,7 +246,7 @@ def workers_job(spec: JobSpec) -> Obj:
         {"name": settings.MASTER.name, "value": spec.names.master_address},
         {"name": settings.JOB.name, "value": spec.name},
         {"name": settings.DATASET.name, "value": spec.dataset},
-        *_storage_env(spec),
+        *_storage_env(spec, JOB_TOKEN_KEY),
         # The master's "gpu" distribution rule admits workers that declare GPUs; the NVIDIA
         # device plugin sets NVIDIA_VISIBLE_DEVICES, not CUDA_VISIBLE_DEVICES, so say it here.
         {"name": settings.GPUS.name, "value": str(spec.gpus_per_worker)},

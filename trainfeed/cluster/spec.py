@@ -24,8 +24,9 @@ STATE_FILE = f"{STATE_DIR}/master.db"
 # The uid/gid of the Dockerfile's `trainfeed` user; pods run as it even if an image has no USER.
 RUN_AS_USER = 10001
 
-# The key of the token in the job's Secret.
+# The keys of the master's token and of the job token (what the workers get) in the job's Secret.
 TOKEN_KEY = "token"
+JOB_TOKEN_KEY = "job-token"
 
 # Label keys that tie a job's objects together (`delete` and `status` select on JOB_LABEL).
 PART_OF_LABEL = "app.kubernetes.io/part-of"

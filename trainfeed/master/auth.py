@@ -1,10 +1,17 @@
-"""Per-job token authentication of the master's gRPC API: a server interceptor.
+"""Token authentication of the master's gRPC API: a server interceptor, and job tokens.
 
-Every call must carry metadata `authorization: Bearer <token>` with the master's token; any other
-call is answered UNAUTHENTICATED before its request is even deserialized, so a rejected call
-changes nothing in the service. The token is compared with `hmac.compare_digest`, whose time
-does not depend on where a guess first differs. The gRPC health service is exempt: Kubernetes'
-native gRPC probes cannot send metadata, and the health status reveals nothing about jobs.
+Every call must carry metadata `authorization: Bearer <token>` with the master's token or a job
+token; any other call is answered UNAUTHENTICATED before its request is even deserialized, so a
+rejected call changes nothing in the service.
+
+A job token (`job_token`, printed by `trainfeed token JOB`, made per job by `trainfeed submit`)
+is `tfjob:<job>:<HMAC-SHA256(master token, job)>`: the master checks it with nothing stored, and
+the servicer lets its calls touch that job only (`job_of_call`), so one job's trainers cannot
+touch another's. The master's own token opens every job: keep it to operators.
+
+Tokens are compared with `hmac.compare_digest`, whose time does not depend on where a guess first
+differs. The gRPC health service is exempt: Kubernetes' native gRPC probes cannot send metadata,
+and the health status reveals nothing about jobs.
 """
 from __future__ import annotations
 
@@ -16,7 +23,14 @@ from typing import Any
 
 import grpc
 
-from trainfeed.security import AUTH_METADATA_KEY, BEARER_SCHEME, TOKEN_ENV, TOKEN_FILE_ENV
+from trainfeed.security import (
+    AUTH_METADATA_KEY,
+    BEARER_SCHEME,
+    JOB_TOKEN_PREFIX,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    job_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +45,24 @@ _HOW_TO_FIX = (f"send metadata '{AUTH_METADATA_KEY}: {BEARER_SCHEME} <token>'; t
 MISSING_MESSAGE = f"this master requires a token and the call carried none: {_HOW_TO_FIX}"
 WRONG_MESSAGE = f"the call's token is not this master's: {_HOW_TO_FIX}"
 
+def _bearer(metadata: Any) -> str | None:
+    """The bearer token a call's metadata carries ("" for another scheme), None if none."""
+    for key, value in metadata or ():
+        if key == AUTH_METADATA_KEY:
+            scheme, _, given = (value if isinstance(value, str)
+                                else value.decode("latin-1")).partition(" ")
+            return given.strip() if scheme.lower() == BEARER_SCHEME.lower() else ""
+    return None
+
+
+def job_of_call(metadata: Any) -> str | None:
+    """The job a call's (already admitted) job token names; None for the master's token."""
+    given = _bearer(metadata) or ""
+    if not given.startswith(JOB_TOKEN_PREFIX):
+        return None
+    return given[len(JOB_TOKEN_PREFIX):].rpartition(":")[0]
+
+
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 
@@ -41,6 +73,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, token: str):
+        self._master_token = token
         self._expected = token.encode()
         self.rejected = 0
         self._logged_at = float("-inf")
@@ -60,16 +93,18 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                                   self._rejecter(method, problem))
 
     def _problem(self, metadata: Any) -> str | None:
-        """None if the metadata carries the token, else what is wrong with it."""
-        for key, value in metadata or ():
-            if key == AUTH_METADATA_KEY:
-                scheme, _, given = (value if isinstance(value, str)
-                                    else value.decode("latin-1")).partition(" ")
-                if scheme.lower() == BEARER_SCHEME.lower() and hmac.compare_digest(
-                        given.strip().encode(), self._expected):
-                    return None
-                return WRONG_MESSAGE
-        return MISSING_MESSAGE
+        """None if the metadata carries the master's token or a job token, else what is wrong."""
+        given = _bearer(metadata)
+        if given is None:
+            return MISSING_MESSAGE
+        if hmac.compare_digest(given.encode("utf-8", "replace"), self._expected):
+            return None
+        if given.startswith(JOB_TOKEN_PREFIX):
+            job = given[len(JOB_TOKEN_PREFIX):].rpartition(":")[0]
+            if hmac.compare_digest(given.encode("utf-8", "replace"),
+                                   job_token(self._master_token, job).encode()):
+                return None
+        return WRONG_MESSAGE
 
     def _rejecter(self, method: str, problem: str) -> Callable[[Any, grpc.aio.ServicerContext],
                                                                Awaitable[None]]:

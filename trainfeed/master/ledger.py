@@ -18,9 +18,12 @@ rebuilds the ledger exactly, so the store never has to save the whole ledger per
 deadlines are not journaled: a restarted master gives every lease a fresh one anyway.
 
 Fencing: every lease gets a token (`leases`, from a counter that is part of the state, so replay
-gives the same tokens). A report counts only from the partition's latest holder with that lease's
-token (`check_report`); anything else is refused and changes nothing, so a reader whose lease
-expired and went to another reader can neither finish, fail nor advance the partition.
+gives the same tokens). With a `token_key` (the master gives every job a random one, saved with the
+state) a token is a keyed hash of the counter, 63 bits that nobody without the key can guess;
+without one (tests, old states) the token is the counter itself. A report counts only from the
+partition's latest holder with that lease's token (`check_report`); anything else is refused and
+changes nothing, so a reader whose lease expired and went to another reader can neither finish, fail
+nor advance the partition.
 
 Balance (issue 13): a reader that finds todo empty while others hold leases they have not started
 (no progress reported) may ask for them back (`unstarted`; which ones, trainfeed.master.stealing):
@@ -42,7 +45,9 @@ from a heap, so 1,000 workers over 100,000 partitions cost the same per call as 
 from __future__ import annotations
 
 import enum
+import hashlib
 import heapq
+import hmac
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +90,20 @@ class LeaseResult:
     partitions: tuple[int, ...] = ()
 
 
+# Fencing tokens travel as uint64 and JSON integers: 63 bits keep them positive everywhere.
+TOKEN_BITS = 63
+
+
+def lease_token(key: bytes | None, counter: int) -> int:
+    """The fencing token of the `counter`-th lease: HMAC-SHA256(key, counter) cut to TOKEN_BITS
+    bits (never 0, which means "no lease"), or `counter` itself without a key. Deterministic, so
+    a replayed journal gives every lease the token it had; unguessable without the key."""
+    if key is None:
+        return counter
+    digest = hmac.new(key, counter.to_bytes(8, "big"), hashlib.sha256).digest()
+    return (int.from_bytes(digest[:8], "big") >> (64 - TOKEN_BITS)) or 1
+
+
 class Ledger:
     """Todo / pending / done / failed partitions of one job's current epoch.
 
@@ -93,7 +112,8 @@ class Ledger:
     """
 
     def __init__(self, num_partitions: int, seed: int = 0,
-                 max_failures: int = DEFAULT_MAX_FAILURES, epoch: int = 0):
+                 max_failures: int = DEFAULT_MAX_FAILURES, epoch: int = 0,
+                 token_key: bytes | None = None):
         if num_partitions < 1:
             raise ValueError(f"a job needs at least one partition, got {num_partitions}")
         if max_failures < 1:
@@ -106,8 +126,10 @@ class Ledger:
         # Partitions whose lease expired since this object was made: a metric, not state (not
         # saved; a restarted master counts from 0, as Prometheus counters may).
         self.expired_leases = 0
-        # The fencing token the next lease gets (tokens are never reused, across epochs too).
+        # The counter of the fencing token the next lease gets (never reused, across epochs too).
         self.next_token = 1
+        # Keys the tokens (see `lease_token`): None gives the counter itself.
+        self.token_key = token_key
         # The partitions the previous epoch gave up on, with reasons: a reader whose pass of
         # that epoch ends after another reader started the next one must still be told.
         self.previous_failed: dict[int, str] = {}
@@ -137,6 +159,9 @@ class Ledger:
         # partition -> (worker, token) of its latest lease this epoch; kept after an expiry or a
         # hand-back until the partition is leased again (see `check_report`).
         self.leases: dict[int, tuple[str, int]] = {}
+        # partition -> every worker that held a lease of it this epoch: whose checkpoint may
+        # rewind it (see `vouched_resume`).
+        self.holders: dict[int, set[str]] = {}
         # A synchronous epoch's cut: records it delivers (None: all), the partition the cut falls
         # in -> its records delivered, and how many records were dropped.
         self.keep: int | None = None
@@ -369,6 +394,36 @@ class Ledger:
             self._apply(["P", p, max(0, positions.get(p, 0))])
         return back
 
+    def vouched_resume(self, epoch: int, worker: str, keep_done: Iterable[int],
+                       positions: Mapping[int, int]) -> tuple[list[int], dict[int, int], list[int]]:
+        """What of a restored reader's checkpoint this ledger can vouch for, as `rewind`'s
+        arguments: a resume may re-deliver records, never mark as consumed a record that no
+        fenced report showed consumed, and never touch a partition `worker` did not hold.
+
+        Of `keep_done` and `positions`, only partitions `worker` held a lease of in `epoch`
+        count. A partition kept done must be done here (else it resumes where its reports left
+        it); a position is cut to the records reported consumed (a done partition's: any). Returns
+        (keep_done, positions, the partitions whose claim was cut or dropped), all sorted; nothing
+        when `epoch` is not the current one (then `rewind` does nothing either). Pure.
+        """
+        if epoch != self.epoch:
+            return [], {}, []
+        ours = {p for p, workers in self.holders.items() if worker in workers}
+        keep = sorted({p for p in keep_done if p in ours and p in self.done})
+        cut = sorted({p for p in keep_done if p not in keep}
+                     | {p for p in positions if p not in ours})
+        vouched: dict[int, int] = {}
+        for p in sorted(p for p in keep_done if p in ours and p not in self.done):
+            vouched[p] = self.progress.get(p, 0)  # claimed whole: as far as reports showed
+        for p, n in sorted(positions.items()):
+            if p not in ours or p in vouched:
+                continue
+            known = n if p in self.done else self.progress.get(p, 0)
+            vouched[p] = min(n, known)
+            if n > known:
+                cut.append(p)
+        return keep, vouched, sorted(set(cut))
+
     def held_by(self, worker: str) -> list[int]:
         return list(self.by_worker.get(worker, ()))
 
@@ -412,6 +467,7 @@ class Ledger:
                 self.pending[partition] = worker
                 held[partition] = None  # mutmut: any value is equivalent (an ordered set)
                 self._fence(partition, worker)
+                self.holders.setdefault(partition, set()).add(worker)
         elif kind == "D":
             partition = op[1]
             if not self._unlease(partition):
@@ -464,7 +520,7 @@ class Ledger:
     def _fence(self, partition: int, worker: str) -> None:
         """Gives the lease of `partition` just made to `worker` the next token (within `_apply`,
         so replaying the journal gives every lease the token it had)."""
-        self.leases[partition] = (worker, self.next_token)
+        self.leases[partition] = (worker, lease_token(self.token_key, self.next_token))
         self.next_token += 1
 
     def token_of(self, partition: int) -> int:
@@ -532,7 +588,9 @@ class Ledger:
             "progress": {str(p): n for p, n in self.progress.items()},
             "progress_by": {str(p): w for p, w in self.progress_by.items()},
             "next_token": self.next_token,
+            "token_key": self.token_key.hex() if self.token_key is not None else None,
             "leases": {str(p): [worker, token] for p, (worker, token) in self.leases.items()},
+            "holders": {str(p): sorted(w) for p, w in self.holders.items()},
             "keep": self.keep, "limits": {str(p): n for p, n in self.limits.items()},
             "dropped": self.dropped,
         }
@@ -569,11 +627,23 @@ class Ledger:
         """Tokens from a v3 state; a v1/v2 state had none: its pending leases get fresh ones
         (in partition order, so that every restore of the same state agrees)."""
         self.next_token = state.get("next_token", 1)
+        key = state.get("token_key")
+        self.token_key = bytes.fromhex(key) if key else None
         self.leases = {int(p): (worker, token)
                        for p, (worker, token) in state.get("leases", {}).items()}
         for p in sorted(self.pending):
             if p not in self.leases:
                 self._fence(p, self.pending[p])
+        holders = state.get("holders")
+        if holders is None:  # a state older than it: the holders it still names
+            self.holders = {}
+            for p, (worker, _) in self.leases.items():
+                self.holders.setdefault(p, set()).add(worker)
+            for p, worker in (*self.done.items(), *self.progress_by.items()):
+                if worker:
+                    self.holders.setdefault(p, set()).add(worker)
+        else:
+            self.holders = {int(p): set(w) for p, w in holders.items()}
 
     def refresh_deadlines(self, now: float, lease_timeout: float,
                           workers: Iterable[str] | None = None) -> None:

@@ -100,6 +100,7 @@ async def serve(config: MasterConfig, store: StateStore,
     await asyncio.to_thread(servicer.restore)
     interceptors: list[grpc.aio.ServerInterceptor] = []
     auth = TokenInterceptor(options.token) if options.token is not None else None
+    servicer.job_scoped = auth is not None  # job tokens restrict their calls to their job
     if auth is not None:  # first: a refused call reaches nothing else
         interceptors.append(auth)
     registry = CollectorRegistry(auto_describe=False)

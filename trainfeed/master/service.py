@@ -10,8 +10,11 @@ expiry, a leave) instead of making readers spin.
 
 Trust: a report counts only from the partition's current lease holder with the lease's fencing
 token (Ledger.check_report). A call carrying any other report is refused whole with
-FAILED_PRECONDITION (the refused reports listed in its trailing metadata, counted, logged once per
-worker) and changes nothing; partition ids and epochs that cannot exist get INVALID_ARGUMENT.
+FAILED_PRECONDITION (the refused reports listed in its trailing metadata, counted, logged with a
+rate limit) and changes nothing; partition ids and epochs that cannot exist get INVALID_ARGUMENT.
+Every call of a reader session carries the secret its OpenJob gave it (trainfeed.master.sessions),
+else PERMISSION_DENIED; a call may be restricted to one job by its token (trainfeed.master.auth).
+No answer or log line names another session's secret or lease token.
 
 Outages: a master that restarts, or whose process was stalled (SIGSTOP, a swapped-out host),
 could not hear the readers' heartbeats meanwhile. So it gives every outstanding lease a grace of
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -37,12 +41,20 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage, read_manifest
+from trainfeed.master import auth
 from trainfeed.master.ledger import (
     DEFAULT_MAX_FAILURES,
     LeaseStatus,
     Ledger,
     Outcome,
     Verdict,
+)
+from trainfeed.master.sessions import (
+    DEFAULT_MAX_SESSIONS,
+    RateLimitedLog,
+    SessionKeys,
+    check_worker_name,
+    clip,
 )
 from trainfeed.master.stealing import Stealing
 from trainfeed.master.stores import StateStore
@@ -86,9 +98,10 @@ REFUSED_TRAILER = "trainfeed-refused-bin"
 # It lists at most this many (gRPC caps metadata at 16 KiB; a HeldTask takes at most ~25 bytes):
 # a client sending more refused reports learns the rest on its retry.
 MAX_REFUSED_LISTED = 512
-# Workers whose refused reports were logged, per job: once per worker, up to this many (hostile
-# callers can invent ids; past the cap refusals are only counted).
-MAX_REFUSALS_LOGGED = 10_000
+# A FAILED report's reason is kept in the ledger (and its state) and shown by status: this much.
+MAX_REASON_CHARS = 2000
+# Random bytes of each job's lease-token key (trainfeed.master.ledger.lease_token).
+TOKEN_KEY_BYTES = 32
 _OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
              pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
 
@@ -101,8 +114,12 @@ class MasterConfig:
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
     max_failures: int = DEFAULT_MAX_FAILURES
     target_partitions: int = DEFAULT_TARGET_PARTITIONS
+    # Live reader sessions per job (trainfeed.master.sessions); OpenJob past it: RESOURCE_EXHAUSTED.
+    max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"max sessions per job must be ≥ 1, got {self.max_sessions}")
         if self.lease_timeout_s <= 0:
             raise ValueError(f"lease timeout must be > 0 s, got {self.lease_timeout_s}")
         if self.max_failures < 1:
@@ -149,7 +166,8 @@ class Job:
     bytes_served: int = 0
     # Reports refused (not from the holder with its token) since this master started: metrics.
     reports_refused: int = 0
-    refusals_logged: set[str] = field(default_factory=set)
+    # Derives and checks the secrets of its reader sessions (saved with the job's state).
+    sessions: SessionKeys = field(default_factory=SessionKeys.new)
     # Work stealing: rates, outstanding asks (not state: a restart forgets them).
     stealing: Stealing = field(default_factory=Stealing)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -175,6 +193,7 @@ class Job:
                 "fingerprint": self.manifest.fingerprint,
                 "target_partitions": self.target_partitions,
                 "distribution_rules": str(self.rules), "ledger": self.ledger.state(),
+                "session_key": self.sessions.hex(),
                 "sync_group": list(self.ledger.group) if self.ledger.group else None}
 
 
@@ -193,6 +212,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._manifest_reads: dict[tuple[str, str], asyncio.Future[Manifest]] = {}
         # When the event loop last ran (time.time): a longer gap is a stall (see `alive`).
         self._alive_at = time.time()
+        # Set by the server when calls carry tokens: a job token's call may touch its job only.
+        self.job_scoped = False
+        # Refusals (of reports, of sessions) hostile callers can make at will: a bounded log.
+        self._refusal_log = RateLimitedLog(logger)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self) -> None:
@@ -221,9 +244,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             group = state.get("sync_group")
             ledger.group = (int(group[0]), int(group[1])) if group else None
             ledger.replay(saved.journal)
+            if ledger.token_key is None:  # saved before keyed tokens: the next leases get them
+                ledger.token_key = secrets.token_bytes(TOKEN_KEY_BYTES)
             ledger.refresh_deadlines(now, self.config.lease_timeout_s)
             rules = DistributionRules.parse(state.get("distribution_rules"))
-            job = Job(name, manifest, partitions, ledger, state["target_partitions"], rules)
+            job = Job(name, manifest, partitions, ledger, state["target_partitions"], rules,
+                      sessions=SessionKeys.from_state(state.get("session_key")))
             self.jobs[name] = job
             self._snapshot(job)
             logger.info("restored job %r (dataset %r, epoch %d, %s; %d journaled ops replayed)",
@@ -320,14 +346,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """The job named by a request: INVALID_ARGUMENT for a name no job can have, NOT_FOUND
         for one not here. (A known name was validated when its job was created, so the check
         costs nothing on the hot path.)"""
+        await self._check_scope(name, context)
         job = self.jobs.get(name)
         if job is None:
             try:
                 validate_job_name(name)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            listed = "" if self._scope(context) is not None else f" (jobs: {sorted(self.jobs)})"
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no job {name!r} on this master (jobs: {sorted(self.jobs)}); "
+                                f"no job {name!r} on this master{listed}; "
                                 f"a reader creates its job with OpenJob")
         assert job is not None  # abort raised
         return job
@@ -363,6 +391,54 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await self._refuse(job, worker, refused, context)
         return verdicts
 
+    # -- sessions and scopes (issue 25; trainfeed.master.sessions, trainfeed.master.auth) --------
+    def _scope(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The one job this call's token may touch; None: any (the master's own token)."""
+        if not self.job_scoped:
+            return None
+        return auth.job_of_call(context.invocation_metadata())
+
+    async def _check_scope(self, name: str, context: grpc.aio.ServicerContext) -> None:
+        """PERMISSION_DENIED for a call about job `name` whose token is another job's."""
+        scope = self._scope(context)
+        if scope is not None and scope != name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, (
+                f"job {clip(name)!r}: this call's token is a job token of another job; a job "
+                f"token opens only its own job (`trainfeed token JOB` prints it; the master's "
+                f"token opens every job)"))
+
+    async def _session(self, job: Job, worker: str, secret: str,
+                       context: grpc.aio.ServicerContext) -> None:
+        """PERMISSION_DENIED unless `secret` is the one OpenJob gave session `worker`. The
+        answer names neither the secret nor anything about the session it names."""
+        if job.sessions.is_secret(worker, secret):
+            return
+        self._refusal_log.warning(f"job {job.name!r}: refused a call as worker {clip(worker)}: "
+                                  f"{'a wrong' if secret else 'no'} session secret")
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, (
+            f"job {job.name!r}: the call carries {'a wrong' if secret else 'no'} session secret "
+            f"for worker {clip(worker)}; every call of a reader session carries the "
+            f"session_secret of its OpenJob answer (a reader that lost it opens a new session)"))
+
+    async def _check_room(self, job: Job, context: grpc.aio.ServicerContext) -> None:
+        """RESOURCE_EXHAUSTED when the job has `max_sessions` live sessions; first forgets the
+        sessions not heard from within three lease timeouts (their leases expired long ago)."""
+        now = time.time()
+        limit = self.config.max_sessions
+        if len(job.workers) < limit:
+            return
+        alive_since = now - 3 * self.config.lease_timeout_s
+        for worker in [w for w, seen in job.workers.items() if seen < alive_since]:
+            del job.workers[worker]
+        job.live_workers_at = 0.0
+        if len(job.workers) >= limit:
+            self._refusal_log.warning(f"job {job.name!r}: refused a new session: {limit} live "
+                                      f"reader sessions already")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"job {job.name!r} has {len(job.workers)} live reader sessions, the most this "
+                f"master allows per job (trainfeed master --max-sessions {limit}); sessions "
+                f"that stop calling are forgotten after {3 * self.config.lease_timeout_s:g} s"))
+
     @staticmethod
     def _out_of_range(job: Job, what: str) -> str:
         return (f"job {job.name!r}: {what}: partitions are 0..{len(job.partitions) - 1} and "
@@ -372,22 +448,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                       context: grpc.aio.ServicerContext) -> None:
         job.reports_refused += len(refused)
         first = refused[0]
-        holder = job.ledger.leases.get(first.partition)
-        why = (f"partition {first.partition} of epoch {first.epoch} with lease {first.lease}: "
-               f"the job is at epoch {job.ledger.epoch}, and the partition's latest lease is "
-               + (f"{holder[1]}, of {holder[0]}" if holder else "none"))
-        if worker not in job.refusals_logged and len(job.refusals_logged) < MAX_REFUSALS_LOGGED:
-            job.refusals_logged.add(worker)
-            logger.warning("job %r: refused %d report(s) of worker %s, which does not hold their "
-                           "lease (logged once per worker); first: %s", job.name, len(refused),
-                           worker, why)
+        # Neither the partition's holder nor any token: that is what let a caller report as
+        # another reader (issue 25).
+        why = (f"partition {first.partition} of epoch {first.epoch}: not this worker's lease "
+               f"(any more); the job is at epoch {job.ledger.epoch}")
+        self._refusal_log.warning(
+            f"job {job.name!r}: refused {len(refused)} report(s) of worker {clip(worker)}, "
+            f"which does not hold their lease; first: {why}")
         trailer = pb.RefusedReports(reports=[
             pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
             for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"job {job.name!r}: {len(refused)} report(s) of worker {worker} "
-                            f"refused: it does not hold their lease (it expired, or the partition "
-                            f"went to another reader); first: {why}",
+                            f"job {job.name!r}: {len(refused)} report(s) of worker "
+                            f"{clip(worker)} refused: it does not hold their lease (it expired, "
+                            f"or the partition went to another reader); first: {why}",
                             trailing_metadata=((REFUSED_TRAILER, trailer),))
 
     async def _check_held(self, job: Job, held: Any,
@@ -429,13 +503,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     changed = True
                     job.stealing.released(worker, report.partition, now)
             elif report.outcome == pb.TaskReport.FAILED:
-                if job.ledger.report_failed(report.epoch, report.partition, report.reason):
+                reason = clip(report.reason, MAX_REASON_CHARS)
+                if job.ledger.report_failed(report.epoch, report.partition, reason):
                     changed = True
                     failed = report.partition in job.ledger.failed
                     logger.warning("job %r: worker %s failed partition %d (epoch %d)%s: %s",
                                    job.name, worker, report.partition, report.epoch,
                                    "; giving up on it this epoch" if failed else "",
-                                   report.reason)
+                                   clip(reason, 500))
         return changed
 
     @staticmethod
@@ -506,6 +581,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     # -- RPCs ---------------------------------------------------------------------------------
     async def OpenJob(self, request: pb.OpenJobRequest,
                       context: grpc.aio.ServicerContext) -> pb.OpenJobResponse:
+        await self._check_scope(request.job, context)
+        bad_name = (check_worker_name(request.worker_name)
+                    or check_worker_name(request.resources.name, "worker resources name")
+                    or check_worker_name(request.resources.hostname, "worker hostname"))
+        if bad_name is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"job {clip(request.job)!r}: {bad_name}")
         try:
             validate_job_name(request.job)
             validate_dataset_name(request.dataset)
@@ -536,7 +618,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         manifest.extra.get("summary", {}).get("distribution_rules"))
                 partitions = plan_partitions(manifest, self.config.target_partitions)
                 ledger = Ledger(len(partitions), seed=request.seed,
-                                max_failures=self.config.max_failures)
+                                max_failures=self.config.max_failures,
+                                token_key=secrets.token_bytes(TOKEN_KEY_BYTES))
                 ledger.sizes = tuple(p.num_records for p in partitions)
                 job = Job(request.job, manifest, partitions, ledger,
                           self.config.target_partitions, rules)
@@ -561,13 +644,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 f"job {job.name!r} is synchronous (world size {job.ledger.group[0]}, batch size "
                 f"{job.ledger.group[1]}): read it with dist.reader(..., sync=True), or use "
                 f"another job name"))
-        worker = f"{request.worker_name or 'worker'}-{uuid.uuid4().hex[:8]}"
         if request.HasField("resume"):
             await self._check_resume(job, request.resume, context)
+        await self._check_room(job, context)
+        worker = new_worker_id(job, request.worker_name)
         self._touch(job, worker)
         resumed: list[int] = []
+        cut: list[int] = []
         if request.HasField("resume"):
-            resumed = await self._resume(job, worker, request.resume, context)
+            resumed, cut = await self._resume(job, worker, request.resume, context)
         folder = dataset_storage(self.config.storage, job.manifest.name)
         return pb.OpenJobResponse(
             worker_id=worker, job=job.name, dataset=job.manifest.name, dataset_url=folder.url,
@@ -575,7 +660,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             fields=[pb.Field(name=f.name, type=f.type) for f in job.manifest.fields],
             num_records=job.manifest.num_records, num_partitions=len(job.partitions),
             current_epoch=job.ledger.join_epoch(), lease_timeout_s=self.config.lease_timeout_s,
-            num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed))
+            num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed),
+            session_secret=job.sessions.secret(worker),
+            resume_credential=job.sessions.resume_credential(worker), resume_cut=len(cut))
 
     async def _join_group(self, job: Job, sync: pb.SyncGroup,
                           context: grpc.aio.ServicerContext) -> None:
@@ -614,8 +701,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     async def _check_resume(self, job: Job, resume: pb.ResumePosition,
                             context: grpc.aio.ServicerContext) -> None:
-        """INVALID_ARGUMENT, before anything changed, for a resume position naming a partition
+        """PERMISSION_DENIED, before anything changed, for a resume without the checkpointing
+        session's resume credential; INVALID_ARGUMENT for a resume position naming a partition
         that does not exist or more records of one than it has."""
+        if not job.sessions.is_resume_credential(resume.worker_id, resume.credential):
+            self._refusal_log.warning(f"job {job.name!r}: refused a resume of worker "
+                                      f"{clip(resume.worker_id)}: no or a wrong resume credential")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, (
+                f"job {job.name!r}: resume of worker {clip(resume.worker_id)} refused: the "
+                f"checkpoint carries {'a wrong' if resume.credential else 'no'} resume "
+                f"credential for it (a reader's state_dict() carries the one its session got; "
+                f"a checkpoint of another job, of another master's state, or from before "
+                f"resume credentials cannot be resumed: start the reader without state)"))
         for p in (*resume.done, *resume.positions):
             if p >= len(job.partitions):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._out_of_range(
@@ -627,10 +724,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                     f"partition {p}, which has {job.partitions[p].num_records}")
 
     async def _resume(self, job: Job, worker: str, resume: pb.ResumePosition,
-                      context: grpc.aio.ServicerContext) -> list[int]:
-        """Rewinds what the checkpointing reader `resume.worker_id` did after its checkpoint."""
-        positions = {int(p): int(n) for p, n in resume.positions.items()}
-        back = job.ledger.rewind(resume.epoch, resume.worker_id, resume.done, positions)
+                      context: grpc.aio.ServicerContext) -> tuple[list[int], list[int]]:
+        """Rewinds what the checkpointing reader `resume.worker_id` did after its checkpoint,
+        as far as the ledger can vouch for it (Ledger.vouched_resume): returns the partitions
+        put back, and those whose claim went beyond what reports showed (cut to it)."""
+        keep, positions, cut = job.ledger.vouched_resume(
+            resume.epoch, resume.worker_id, resume.done,
+            {int(p): int(n) for p, n in resume.positions.items()})
+        if cut:
+            logger.warning("job %r: the checkpoint of %s claims more than its reports showed "
+                           "consumed, or partitions it never held, in %d partition(s) (%s): "
+                           "they resume where the reports left them", job.name,
+                           resume.worker_id, len(cut), cut[:10])
+        back = job.ledger.rewind(resume.epoch, resume.worker_id, keep, positions)
         if resume.epoch != job.ledger.epoch:
             logger.warning("job %r: worker %s resumes a checkpoint of epoch %d, but the job is "
                            "at epoch %d; nothing to rewind", job.name, worker, resume.epoch,
@@ -642,12 +748,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job.workers.pop(resume.worker_id, None)  # the checkpointing reader is gone
         await self._durably(job, context)
         job.notify()
-        return back
+        return back, cut
 
     async def GetTasks(self, request: pb.GetTasksRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
         job = await self._job(request.job, context)
         worker = request.worker_id
+        await self._session(job, worker, request.session_secret, context)
         if not -1 <= request.epoch <= job.ledger.epoch + 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"job {job.name!r}: cannot lease tasks of epoch {request.epoch}: "
@@ -708,6 +815,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
         job = await self._job(request.job, context)
+        await self._session(job, request.worker_id, request.session_secret, context)
         held = await self._check_held(job, request.held, context)
         self.alive()
         verdicts = await self._check_reports(job, request.worker_id, request.reports, context)
@@ -724,6 +832,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
         job = await self._job(request.job, context)
+        await self._session(job, request.worker_id, request.session_secret, context)
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
         job.stealing.forget(request.worker_id)
@@ -745,6 +854,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             records_served=job.records_served, bytes_served=job.bytes_served,
             reports_refused=job.reports_refused, **counts)
+
+
+# Random bits of a worker id after its name: ids (and so session secrets) never repeat in a job.
+WORKER_ID_HEX = 16
+
+
+def new_worker_id(job: Job, name: str) -> str:
+    """`name`-<64 random bits>, none of the job's known workers' (a session's secret derives
+    from its id, so two sessions must never share one)."""
+    while True:
+        worker = f"{name or 'worker'}-{uuid.uuid4().hex[:WORKER_ID_HEX]}"
+        if worker not in job.workers and worker not in job.ledger.by_worker:
+            return worker
 
 
 # Positions count records in delivery order, where over-sampling (resample=) repeats records:

@@ -341,7 +341,8 @@ class DistributedBackend:
         self._manifest: Manifest | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
         self._position = ReaderPosition("distributed", dataset, JOIN_CURRENT_EPOCH, job=job,
-                                        worker=self.session.worker, seed=seed)
+                                        worker=self.session.worker, seed=seed,
+                                        credential=self.session.resume_credential)
         if resume is not None and resume.next_epoch >= 0:
             self._next_epoch = resume.next_epoch
             if not resume.finished:  # the master put the rest back; our own view goes on
@@ -366,10 +367,13 @@ class DistributedBackend:
         return self.session.dataset
 
     def position(self) -> ReaderPosition:
-        # The master's partition count: a restored reader checks the state against it before
-        # sending it (the master checks the records per partition).
-        return dataclasses.replace(_copy(self._position),
-                                   partitions=self.session.num_partitions)
+        """Where the trainer stands, once the master knows it too (see WorkerSession.flush),
+        with the master's partition count: a restored reader checks the state against it before
+        sending it (the master checks the records per partition)."""
+        position = dataclasses.replace(_copy(self._position),
+                                       partitions=self.session.num_partitions)
+        self.session.flush(position.epoch, position.positions)
+        return position
 
     @property
     def read_stats(self) -> ReadStats:
@@ -379,7 +383,8 @@ class DistributedBackend:
         if self._position.finished:
             self._position = ReaderPosition("distributed", self._position.dataset,
                                             self._next_epoch, job=self._position.job,
-                                            worker=self.session.worker, seed=self._position.seed)
+                                            worker=self.session.worker, seed=self._position.seed,
+                                            credential=self.session.resume_credential)
         quota = None
         if self.group is not None:
             quota = self.group.quota(self.session.num_records)
@@ -458,6 +463,8 @@ def _rewind_request(resume: ReaderPosition | None) -> pb.ResumePosition | None:
     if resume is None or resume.next_epoch < 0 or not resume.worker:
         return None
     if resume.finished:
-        return pb.ResumePosition(epoch=resume.next_epoch, worker_id=resume.worker)
+        return pb.ResumePosition(epoch=resume.next_epoch, worker_id=resume.worker,
+                                 credential=resume.credential)
     return pb.ResumePosition(epoch=resume.epoch, worker_id=resume.worker,
-                             done=sorted(resume.done), positions=resume.positions)
+                             done=sorted(resume.done), positions=resume.positions,
+                             credential=resume.credential)

@@ -56,6 +56,9 @@ class ReaderPosition:
     # than sliced partitions, and in distributed ones older than this count: the master keeps
     # its plan, and a restored reader checks against it before it sends the state).
     partitions: int = 0
+    # Distributed: the resume credential the master gave `worker`'s session, without which the
+    # master refuses to rewind that session's work ("" in states older than it, and local ones).
+    credential: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": POSITION_VERSION, "mode": self.mode, "dataset": self.dataset,
@@ -63,7 +66,7 @@ class ReaderPosition:
                 "finished": self.finished, "done": sorted(self.done),
                 "positions": {str(p): n for p, n in sorted(self.positions.items())},
                 "order": self.order, "delivered": self.delivered,
-                "partitions": self.partitions}
+                "partitions": self.partitions, "credential": self.credential}
 
     def to_state_dict(self) -> dict[str, Any]:
         """The same as `to_dict()` with fixed keys: `positions` as [partition, count] pairs."""
@@ -113,7 +116,8 @@ class ReaderPosition:
                        finished=_flag(state, "finished"), job=_text(state, "job"),
                        worker=_text(state, "worker"), seed=_count(state, "seed"),
                        order=_text(state, "order"), delivered=_count(state, "delivered"),
-                       partitions=_count(state, "partitions"))
+                       partitions=_count(state, "partitions"),
+                       credential=_text(state, "credential"))
         return position
 
     @property

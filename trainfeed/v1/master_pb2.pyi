@@ -38,7 +38,7 @@ class SyncGroup(_message.Message):
     def __init__(self, world_size: _Optional[int] = ..., rank: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ResumePosition(_message.Message):
-    __slots__ = ("epoch", "worker_id", "done", "positions")
+    __slots__ = ("epoch", "worker_id", "done", "positions", "credential")
     class PositionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,11 +50,13 @@ class ResumePosition(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     worker_id: str
     done: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.ScalarMap[int, int]
-    def __init__(self, epoch: _Optional[int] = ..., worker_id: _Optional[str] = ..., done: _Optional[_Iterable[int]] = ..., positions: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    credential: str
+    def __init__(self, epoch: _Optional[int] = ..., worker_id: _Optional[str] = ..., done: _Optional[_Iterable[int]] = ..., positions: _Optional[_Mapping[int, int]] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class WorkerResources(_message.Message):
     __slots__ = ("hostname", "name", "gpus")
@@ -75,7 +77,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class OpenJobResponse(_message.Message):
-    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions")
+    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions", "session_secret", "resume_credential", "resume_cut")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +90,9 @@ class OpenJobResponse(_message.Message):
     LEASE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESUMED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    RESUME_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    RESUME_CUT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job: str
     dataset: str
@@ -100,7 +105,10 @@ class OpenJobResponse(_message.Message):
     lease_timeout_s: float
     num_bytes: int
     resumed_partitions: int
-    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ...) -> None: ...
+    session_secret: str
+    resume_credential: str
+    resume_cut: int
+    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ..., session_secret: _Optional[str] = ..., resume_credential: _Optional[str] = ..., resume_cut: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "row_start", "stop_records")
@@ -161,7 +169,7 @@ class RefusedReports(_message.Message):
     def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records")
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +179,7 @@ class GetTasksRequest(_message.Message):
     RECONCILE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     epoch: int
@@ -180,7 +189,8 @@ class GetTasksRequest(_message.Message):
     reconcile: bool
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
     max_records: int
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class HeldTask(_message.Message):
     __slots__ = ("epoch", "partition", "lease", "started")
@@ -235,16 +245,18 @@ class FailedPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., reason: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "reports", "held")
+    __slots__ = ("job", "worker_id", "reports", "held", "session_secret")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("current_epoch", "revoked", "give_back")
@@ -257,12 +269,14 @@ class ReportResponse(_message.Message):
     def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
-    __slots__ = ("job", "worker_id")
+    __slots__ = ("job", "worker_id", "session_secret")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    session_secret: str
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class LeaveJobResponse(_message.Message):
     __slots__ = ("released_tasks",)

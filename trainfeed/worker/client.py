@@ -8,6 +8,10 @@ MasterUnavailableError naming the address. The channel itself reconnects at most
 an attempt failed (gRPC's default backoff grows to 120 s: readers came back up to 34 s after the
 master did). Other errors are the master's answer and raise at once.
 
+Sessions: `open_job` keeps the session secret the master answers with (never logged), and every
+later call of that worker id carries it (issue 25: a job token alone must not let a caller act as
+another reader).
+
 Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
 reader no longer holds their lease), the call is retried at once without them, and the answer's
 `revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
@@ -51,8 +55,9 @@ CALL_TIMEOUT_S = 10.0
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
               grpc.StatusCode.CANCELLED)
-# RESOURCE_EXHAUSTED for a message over the size limit is this call's fault: no retry helps.
-_TOO_LARGE = re.compile(r"larger than max|message length", re.IGNORECASE)
+# RESOURCE_EXHAUSTED for a message over the size limit is this call's fault, and a job full of
+# reader sessions an operator's setting (--max-sessions): no quick retry helps either.
+_TOO_LARGE = re.compile(r"larger than max|message length|live reader sessions", re.IGNORECASE)
 # Backoff between retries grows from 50 ms to this (with full jitter): a master that is back is
 # found within about a second.
 MAX_BACKOFF_S = 1.0
@@ -61,6 +66,8 @@ RECONNECT_MS = 1000
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
+# The longest worker name the master accepts (trainfeed.master.sessions.MAX_WORKER_NAME_BYTES).
+WORKER_NAME_MAX_BYTES = 256
 # The master lists refused reports here (trainfeed.master.service.REFUSED_TRAILER).
 REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
@@ -98,6 +105,8 @@ class MasterClient:
         self._metadata = security.metadata
         self._channel = security.open_channel(self.address, CHANNEL_OPTIONS)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
+        # (job, worker id) -> the secret its OpenJob answer gave: sent with its every call.
+        self._secrets: dict[tuple[str, str], str] = {}
 
     def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
         started = time.monotonic()
@@ -169,10 +178,19 @@ class MasterClient:
         name = f"{socket.gethostname()}:{os.getpid()}"
         if sync is not None:
             name = f"rank{sync.rank}-{name}"
-        return self._call(self._stub.OpenJob, pb.OpenJobRequest(
+        # The master refuses names over 256 bytes or not printable ASCII (a very long FQDN).
+        name = "".join(c if c.isascii() and c.isprintable() else "?" for c in name)
+        name = name[:WORKER_NAME_MAX_BYTES]
+        opened = self._call(self._stub.OpenJob, pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
             resume=resume, sync=sync), CALL_TIMEOUT_S)
+        self._secrets[(opened.job, opened.worker_id)] = opened.session_secret
+        return opened
+
+    def secret(self, job: str, worker: str) -> str:
+        """The session secret of `worker` ("" for a worker this client did not open)."""
+        return self._secrets.get((job, worker), "")
 
     def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
                   reports: Iterable[pb.TaskReport] = (),
@@ -185,8 +203,9 @@ class MasterClient:
         `started`: those of `held` the caller's trainer has begun (never asked back).
         `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
-            job=job, worker_id=worker, epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms,
-            reports=list(reports), reconcile=held is not None, max_records=max_records,
+            job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
+            max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
+            reconcile=held is not None, max_records=max_records,
             held=_held_tasks(held or (), started)),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
@@ -197,13 +216,13 @@ class MasterClient:
         (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
         for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
-            job=job, worker_id=worker, reports=list(reports),
-            held=_held_tasks(held, started)),
+            job=job, worker_id=worker, session_secret=self.secret(job, worker),
+            reports=list(reports), held=_held_tasks(held, started)),
             CALL_TIMEOUT_S)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
-        return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(job=job, worker_id=worker),
-                          CALL_TIMEOUT_S)
+        return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
+            job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S)
 
     def job_status(self, job: str) -> pb.JobStatus:
         return self._call(self._stub.GetJobStatus, pb.GetJobStatusRequest(job=job),

@@ -85,6 +85,14 @@ class WorkerSession:
         self.resumed_partitions = opened.resumed_partitions
         self.job = opened.job
         self.worker = opened.worker_id
+        # What a checkpoint of this session carries so that a restored reader may rewind its
+        # work (never its session secret, which the client keeps).
+        self.resume_credential = opened.resume_credential
+        if opened.resume_cut:
+            logger.warning("the master resumed %d partition(s) of the checkpoint where the "
+                           "master's records of its progress left them, not where the checkpoint "
+                           "says (its progress had not reached the master): their records after "
+                           "that are delivered again", opened.resume_cut)
         self.dataset = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))
         self.field_names = tuple(f.name for f in opened.fields)
         self.binary_fields = tuple(f.name for f in opened.fields if f.type == "binary")
@@ -210,6 +218,29 @@ class WorkerSession:
             self._progress_dirty.clear()
             self._cond.notify_all()
         return reports
+
+    def flush(self, epoch: int = -1, positions: dict[int, int] | None = None) -> None:
+        """Sends every queued report and the progress not yet sent, now, and waits for the
+        answer: a checkpoint taken after it resumes exactly (the master lets a resume claim
+        only what reports showed consumed). `positions` (partition -> records of it the trainer
+        had, of `epoch`) may be ahead of the progress noted so far (the batcher notes it every
+        few records): it is sent too, for the leases still held. A master that cannot be
+        reached only costs exactness: logged, not raised (a resume then repeats the unsent
+        part)."""
+        with self._cond:
+            for partition, consumed in (positions or {}).items():
+                key = (epoch, partition)
+                if key in self._held and consumed > self._progress.get(key, 0):
+                    self._progress[key] = consumed
+                    self._progress_dirty.add(key)
+            if not self._reports and not self._progress_dirty:
+                return
+        try:
+            self._send()
+        except Exception as e:
+            logger.warning("could not send this reader's progress to the master before a "
+                           "checkpoint (%s): a reader restored from it repeats what was not "
+                           "sent", e)
 
     def _set_fetching(self, fetching: bool) -> None:
         with self._cond:

@@ -1,11 +1,9 @@
 """`trainfeed status` shows the real number of live workers (issue 26 §6): 0 for a job nobody
 reads any more, where the master's JobStatus said 1.
 
-The count comes from the master (GetJobStatus's `workers`), which reports `max(1, live)`: the
+The count comes from the master (GetJobStatus's `workers`), which reported `max(1, live)`: the
 floor belongs to the fair-share arithmetic (trainfeed/master/service.py, `_live_workers`) and
-leaked into the status answer. The fix is the master's (`workers=self._count_live_workers(...)`
-in GetJobStatus), outside the CLI, hence the strict xfail: it turns into a failure the day the
-master answers right, and then this mark goes."""
+leaked into the status answer, which now counts the live workers themselves."""
 from __future__ import annotations
 
 import pytest
@@ -19,8 +17,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "status-live-workers-token-0123456789"
 
 
-@pytest.mark.xfail(strict=True, reason="the master's GetJobStatus reports max(1, live workers) "
-                                       "(trainfeed/master/service.py); CLI shows what it says")
 def test_status_of_a_job_whose_reader_left_shows_no_worker(
         storage: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -850,7 +850,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         counts = job.ledger.counts()
         return pb.JobStatus(
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
-            num_partitions=len(job.partitions), workers=self._live_workers(job, time.time()),
+            num_partitions=len(job.partitions),
+            workers=self._count_live_workers(job, time.time()),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             records_served=job.records_served, bytes_served=job.bytes_served,
             reports_refused=job.reports_refused, **counts)

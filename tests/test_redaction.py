@@ -240,3 +240,14 @@ def test_dry_run_manifests_keep_the_urls_they_were_given(
     err = capsys.readouterr().err
     assert "--storage 'http://key:***@seaweedfs:8333': with --storage-pvc" in err
     assert PASSWORD not in err
+
+
+def test_a_library_caller_s_etcd_url_error_masks_its_password() -> None:
+    """Not only the CLI: the etcd store's own refusal of a URL with credentials (issue 25 §5
+    printed it whole) masks the password in the exception itself."""
+    from trainfeed.master.stores.etcd import EtcdLocation
+
+    with pytest.raises(ValueError) as refused:
+        EtcdLocation.parse("etcd://root:SECRETPW@127.0.0.1:2379/jobs?ttl=x")
+    assert "SECRETPW" not in str(refused.value)
+    assert "root:***@127.0.0.1:2379" in str(refused.value)

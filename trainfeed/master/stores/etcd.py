@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from trainfeed.errors import ConfigurationError, LeadershipError, TrainfeedError
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
+from trainfeed.redaction import redact_url
 
 if TYPE_CHECKING:
     from etcd3gw.client import Etcd3Client
@@ -67,30 +68,31 @@ class EtcdLocation:
 
     @classmethod
     def parse(cls, url: str) -> EtcdLocation:
-        """Raises ValueError naming `url` and the rule it breaks."""
+        """Raises ValueError naming `url` (its password masked) and the rule it breaks."""
+        shown = redact_url(url)
         usage = "expected etcd://host:port[/prefix][?ttl=SECONDS]"
         parts = urlsplit(url)
         if parts.scheme != "etcd":
-            raise ValueError(f"not an etcd state URL: {url!r}; {usage}")
+            raise ValueError(f"not an etcd state URL: {shown!r}; {usage}")
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError:
-            raise ValueError(f"bad port in etcd state URL {url!r}; {usage}") from None
+            raise ValueError(f"bad port in etcd state URL {shown!r}; {usage}") from None
         if not parts.hostname:
-            raise ValueError(f"no host in etcd state URL {url!r}; {usage}")
+            raise ValueError(f"no host in etcd state URL {shown!r}; {usage}")
         if parts.username is not None or parts.fragment:
-            raise ValueError(f"etcd state URL {url!r} may not hold credentials or a fragment; "
+            raise ValueError(f"etcd state URL {shown!r} may not hold credentials or a fragment; "
                              f"{usage}")
         query = parse_qs(parts.query, keep_blank_values=True)
         unknown = sorted(set(query) - {"ttl"})
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown} in etcd state URL {url!r}; {usage}")
+            raise ValueError(f"unknown option(s) {unknown} in etcd state URL {shown!r}; {usage}")
         ttl_s = DEFAULT_TTL_S
         if "ttl" in query:
             text = query["ttl"][-1]
             if not text.isdigit() or int(text) < 1:
                 raise ValueError(f"ttl must be a whole number of seconds >= 1 in etcd state URL "
-                                 f"{url!r}, got {text!r}")
+                                 f"{shown!r}, got {text!r}")
             ttl_s = int(text)
         prefix = parts.path.rstrip("/") or DEFAULT_PREFIX
         return cls(parts.hostname, port, prefix, ttl_s)

@@ -251,3 +251,12 @@ def test_a_library_caller_s_etcd_url_error_masks_its_password() -> None:
         EtcdLocation.parse("etcd://root:SECRETPW@127.0.0.1:2379/jobs?ttl=x")
     assert "SECRETPW" not in str(refused.value)
     assert "root:***@127.0.0.1:2379" in str(refused.value)
+
+
+def test_a_storage_access_error_masks_the_url_s_password() -> None:
+    from trainfeed.storage import access_error
+
+    url = "s3://user:SECRETPW@bucket/data"
+    error = access_error(url, PermissionError(f"denied for {url}"))
+    assert "SECRETPW" not in str(error)
+    assert "bucket/data" in str(error)

@@ -20,6 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from trainfeed import settings
 from trainfeed.errors import StorageAccessError
+from trainfeed.redaction import redact_url, scrub
 
 # A network filesystem's FUSE client (GlusterFS) can refuse an open() that races the rename
 # replacing the file (ESTALE); the file itself is whole, so a short retry is the remedy.
@@ -127,7 +128,8 @@ def access_error(url: str, cause: BaseException) -> StorageAccessError:
     """A StorageAccessError for `url` that says which credentials apply."""
     hint = ("check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and the endpoint) of this process"
             if url.startswith(("s3://", "s3a://")) else "check this process's permissions")
-    return StorageAccessError(f"access to {url} refused ({cause}); {hint}")
+    shown = redact_url(url)
+    return StorageAccessError(f"access to {shown} refused ({scrub(str(cause), url)}); {hint}")
 
 
 def open_storage(url: str | None = None, *, s3_endpoint: str | None = None,

@@ -1,9 +1,10 @@
 """Shared pytest fixtures.
 
-Real-service fixtures are session-scoped: each server starts once (seconds) and is shared by all
-tests that ask for it; tests isolate themselves by using their own bucket, directory or key
-prefix. A service this machine cannot run is skipped locally, but fails the run under CI=true,
-where every integration test must really run.
+Real-service fixtures are session-scoped: each server starts once per pytest process (seconds:
+once per xdist worker, see "running in parallel" below) and is shared by all tests that ask for
+it; tests isolate themselves by using their own bucket, directory or key prefix. A service this
+machine cannot run is skipped locally, but fails the run under CI=true, where every integration
+test must really run.
 """
 
 from __future__ import annotations
@@ -97,6 +98,81 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     superuser, trust authentication, no password. Tests create their own uniquely named tables."""
     with ExitStack() as stack:
         yield _start(stack, postgres_server(tmp_path_factory.mktemp("postgres")))
+
+
+# --- running in parallel (pytest-xdist) ---------------------------------------------------
+#
+# pyproject.toml runs the suite on several xdist workers (`--dist loadgroup`). Every worker is a
+# separate pytest session, so each starts its own session-scoped servers above, on its own ports
+# (services.py gives each worker a slice of the port range) and in its own temporary folder.
+# GlusterFS cannot be started twice: glusterd is one per machine, and a worker that started it
+# stops it at the end of its session, under another worker's mount. So every test that uses it
+# joins one xdist group, which runs on a single worker; so do the tests whose assertions are
+# about timing (marked xdist_group("timing")), so that they never compete with each other.
+
+#: Service fixture -> the xdist group that every test using it (directly or not) joins.
+SERVICE_GROUPS = {"glusterfs_mount": "glusterfs"}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
+    """Before every other plugin: join the service groups, and in an xdist worker sort slow
+    tests first. After them all: make sure xdist's groups took effect."""
+    worker = hasattr(config, "workerinput")
+    if worker:  # every worker sorts alike, as xdist requires
+        # Slow tests go out first, so that none of them starts near the end and keeps one
+        # worker busy while the others idle. (Serially the order is left alone: a module's
+        # fixtures would otherwise be set up again for each run of its tests.)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in SERVICE_GROUPS.items():
+            if fixture not in fixtures:
+                continue
+            item.add_marker(pytest.mark.xdist_group(group))
+            others = _groups(item) - {group}
+            if others:
+                # xdist would join the names into a group of their own, on another worker.
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {fixture}, so it must run in xdist group {group!r} "
+                    f"only, but it is also marked xdist_group {sorted(others)}: remove that mark"
+                )
+    yield
+    if worker and config.getvalue("loadgroup"):
+        for item in items:
+            _join_xdist_group(item)
+
+
+def _groups(item: pytest.Item) -> set[str]:
+    return {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")}
+
+
+def _join_xdist_group(item: pytest.Item) -> None:
+    """Give ``item`` the ``@GROUP`` node-id suffix by which xdist's loadgroup scheduler (in the
+    controller, which sees only node ids) keeps a group on one worker.
+
+    xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (node ids became
+    structured, ``item._id``): the groups were silently ignored and the GlusterFS tests ran on
+    two workers at once (pytest-dev/pytest-xdist#1386, open). Where xdist's write took effect
+    this does nothing; where neither works, the run stops here rather than collide.
+    """
+    groups = _groups(item)
+    if not groups:
+        return
+    suffix = "@" + "_".join(sorted(groups))  # xdist's own naming
+    if item.nodeid.endswith(suffix):
+        return
+    from _pytest.nodeid import NodeId  # pytest >= 9.2; its only public form is str(item.nodeid)
+
+    item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+    if not item.nodeid.endswith(suffix):
+        raise pytest.UsageError(
+            f"cannot put {item.nodeid} in xdist group {suffix[1:]!r} with this pytest and "
+            "pytest-xdist: run with -n 0, or see pytest-dev/pytest-xdist#1386 for a fix"
+        )
 
 
 # --- small datasets -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 N = 600  # 3 row groups of 200 rows: 64 slices of 9 or 10 records
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -24,7 +24,8 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from integration.services import (  # noqa: E402 (after the sys.path set-up)
+from integration.run_alone import RunAloneLock  # noqa: E402 (after the sys.path set-up)
+from integration.services import (  # noqa: E402
     S3Server,
     ServiceUnavailable,
     etcd_server,
@@ -102,47 +103,98 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 # --- running in parallel (pytest-xdist) ---------------------------------------------------
 #
-# pyproject.toml runs the suite on several xdist workers (`--dist loadgroup`). Every worker is a
-# separate pytest session, so each starts its own session-scoped servers above, on its own ports
-# (services.py gives each worker a slice of the port range) and in its own temporary folder.
-# GlusterFS cannot be started twice: glusterd is one per machine, and a worker that started it
-# stops it at the end of its session, under another worker's mount. So every test that uses it
-# joins one xdist group, which runs on a single worker; so do the tests whose assertions are
-# about timing (marked xdist_group("timing")), so that they never compete with each other.
+# pyproject.toml runs the suite on xdist workers (`-n auto --dist loadgroup`; "auto" is WORKERS
+# below). Every worker is a separate pytest session, so each starts its own session-scoped
+# servers above, on its own ports (services.py gives each worker a slice of the port range) and
+# in its own temporary folder. Two kinds of tests need more:
+# - GlusterFS cannot be started twice: glusterd is one per machine, and a worker that started it
+#   stops it at the end of its session, under another worker's mount. Every test that uses it
+#   joins one xdist group, which runs on a single worker.
+# - Tests marked `timing` assert on wall-clock time (a lease outlived, a share of the work, a
+#   wait under 2 s): each runs alone, with no other test running on any worker (a file lock),
+#   as in a serial run. They join one group, go out last, and take a few minutes in all.
+
+#: Workers for `-n auto`: most of the suite's time is waiting on servers, processes and
+#: timeouts, so more workers than a 2-core machine's cores (measured: docs/testing.md).
+WORKERS = 4
 
 #: Service fixture -> the xdist group that every test using it (directly or not) joins.
 SERVICE_GROUPS = {"glusterfs_mount": "glusterfs"}
+TIMING_GROUP = "timing"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: WORKERS, or 0 (this process, serially: -s and --pdb work) when the command
+    names tests of one file only, the usual way to run a single test."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    files = {arg.split("::")[0] for arg in config.args}
+    if len(files) == 1 and (config.invocation_params.dir / files.pop()).is_file():
+        return 0
+    return WORKERS
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> Iterator[None]:
-    """Before every other plugin: join the service groups, and in an xdist worker sort slow
-    tests first. After them all: make sure xdist's groups took effect."""
+    """Before every other plugin: join the groups, and in an xdist worker order the tests.
+    After them all: make sure xdist's groups took effect."""
     worker = hasattr(config, "workerinput")
     if worker:  # every worker sorts alike, as xdist requires
         # Slow tests go out first, so that none of them starts near the end and keeps one
-        # worker busy while the others idle. (Serially the order is left alone: a module's
-        # fixtures would otherwise be set up again for each run of its tests.)
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        # worker busy while the others idle; the timing tests last, when the other workers
+        # have little left to finish before one can run alone. (Serially the order is left
+        # alone: a module's fixtures would otherwise be set up again for each run of its tests.)
+        items.sort(key=lambda item: (item.get_closest_marker("timing") is not None,
+                                     item.get_closest_marker("slow") is None))
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        for fixture, group in SERVICE_GROUPS.items():
-            if fixture not in fixtures:
-                continue
+        wanted = {group for fixture, group in SERVICE_GROUPS.items()
+                  if fixture in getattr(item, "fixturenames", ())}
+        if item.get_closest_marker("timing") is not None:
+            wanted.add(TIMING_GROUP)
+        for group in sorted(wanted):
             item.add_marker(pytest.mark.xdist_group(group))
-            others = _groups(item) - {group}
-            if others:
-                # xdist would join the names into a group of their own, on another worker.
-                raise pytest.UsageError(
-                    f"{item.nodeid} uses {fixture}, so it must run in xdist group {group!r} "
-                    f"only, but it is also marked xdist_group {sorted(others)}: remove that mark"
-                )
+        if len(_groups(item)) > 1:
+            # xdist would join the names into a group of their own, on another worker.
+            raise pytest.UsageError(
+                f"{item.nodeid} is in xdist groups {sorted(_groups(item))}, but a test can run "
+                f"in one only: {SERVICE_GROUPS} are for the tests using those fixtures, "
+                f"{TIMING_GROUP!r} for those marked timing"
+            )
     yield
     if worker and config.getvalue("loadgroup"):
         for item in items:
             _join_xdist_group(item)
+
+
+_RUN_ALONE = pytest.StashKey[RunAloneLock]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    basetemp = session.config.option.basetemp
+    if hasattr(session.config, "workerinput") and basetemp:
+        # The workers' temporary folders have one parent, this run's.
+        lock = RunAloneLock(Path(basetemp).parent).__enter__()
+        session.config.stash[_RUN_ALONE] = lock
+        session.config.add_cleanup(lambda: lock.__exit__(None, None, None))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest-timeout: waiting is not the test
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Under xdist, a test marked timing runs (set-up and teardown too) with no other test
+    running on any worker; any other test runs beside any but those."""
+    lock = item.config.stash.get(_RUN_ALONE, None)
+    if lock is None:
+        return (yield)
+    if item.get_closest_marker("timing") is not None:
+        with lock.alone(item.nodeid):
+            return (yield)
+    with lock.beside_others():
+        return (yield)
 
 
 def _groups(item: pytest.Item) -> set[str]:

@@ -147,7 +147,7 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("timing")
+@pytest.mark.timing
 def test_heartbeats_keep_leases_of_slow_partitions_alive(dataset: tuple[str, Path],
                                                          tmp_path: Path) -> None:
     # One 8-row partition takes ~2.4 s to "train" (0.3 s per batch of 1) against a 1 s lease:

@@ -53,6 +53,7 @@ def test_two_readers_split_sliced_epochs_exactly_once(dataset: tuple[str, Path],
     assert all(any(not l.get("end") for l in lines(out)) for out in outs)  # both got work
 
 
+@pytest.mark.timing
 def test_pipeline_readers_decode_and_shuffle_slices_exactly_once(dataset: tuple[str, Path],
                                                                  tmp_path: Path) -> None:
     storage, source = dataset

@@ -1,16 +1,17 @@
 """Shared pytest fixtures.
 
-Real-service fixtures are session-scoped: each server starts once (seconds) and is shared by all
-tests that ask for it; tests isolate themselves by using their own bucket, directory or key
-prefix. A service this machine cannot run is skipped locally, but fails the run under CI=true,
-where every integration test must really run.
+Real-service fixtures are session-scoped: each server starts once per pytest process (seconds:
+once per xdist worker, see "running in parallel" below) and is shared by all tests that ask for
+it; tests isolate themselves by using their own bucket, directory or key prefix. A service this
+machine cannot run is skipped locally, but fails the run under CI=true, where every integration
+test must really run.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -23,7 +24,8 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from integration.services import (  # noqa: E402 (after the sys.path set-up)
+from integration.run_alone import RunAloneLock  # noqa: E402 (after the sys.path set-up)
+from integration.services import (  # noqa: E402
     S3Server,
     ServiceUnavailable,
     etcd_server,
@@ -97,6 +99,132 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     superuser, trust authentication, no password. Tests create their own uniquely named tables."""
     with ExitStack() as stack:
         yield _start(stack, postgres_server(tmp_path_factory.mktemp("postgres")))
+
+
+# --- running in parallel (pytest-xdist) ---------------------------------------------------
+#
+# pyproject.toml runs the suite on xdist workers (`-n auto --dist loadgroup`; "auto" is WORKERS
+# below). Every worker is a separate pytest session, so each starts its own session-scoped
+# servers above, on its own ports (services.py gives each worker a slice of the port range) and
+# in its own temporary folder. Two kinds of tests need more:
+# - GlusterFS cannot be started twice: glusterd is one per machine, and a worker that started it
+#   stops it at the end of its session, under another worker's mount. Every test that uses it
+#   joins one xdist group, which runs on a single worker.
+# - Tests marked `timing` assert on wall-clock time (a lease outlived, a share of the work, a
+#   wait under 2 s): each runs alone, with no other test running on any worker (a file lock),
+#   as in a serial run. They join one group, go out last, and take a few minutes in all.
+
+#: Workers for `-n auto`: most of the suite's time is waiting on servers, processes and
+#: timeouts, so more workers than a 2-core machine's cores (measured: docs/testing.md).
+WORKERS = 4
+
+#: Service fixture -> the xdist group that every test using it (directly or not) joins.
+SERVICE_GROUPS = {"glusterfs_mount": "glusterfs"}
+TIMING_GROUP = "timing"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: WORKERS, or 0 (this process, serially: -s and --pdb work) when the command
+    names tests of one file only, the usual way to run a single test."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    files = {arg.split("::")[0] for arg in config.args}
+    if len(files) == 1 and (config.invocation_params.dir / files.pop()).is_file():
+        return 0
+    return WORKERS
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
+    """Before every other plugin: join the groups, and in an xdist worker order the tests.
+    After them all: make sure xdist's groups took effect."""
+    worker = hasattr(config, "workerinput")
+    if worker:  # every worker sorts alike, as xdist requires
+        # Slow tests go out first, so that none of them starts near the end and keeps one
+        # worker busy while the others idle; the timing tests last, when the other workers
+        # have little left to finish before one can run alone. (Serially the order is left
+        # alone: a module's fixtures would otherwise be set up again for each run of its tests.)
+        items.sort(key=lambda item: (item.get_closest_marker("timing") is not None,
+                                     item.get_closest_marker("slow") is None))
+    for item in items:
+        wanted = {group for fixture, group in SERVICE_GROUPS.items()
+                  if fixture in getattr(item, "fixturenames", ())}
+        if item.get_closest_marker("timing") is not None:
+            wanted.add(TIMING_GROUP)
+        for group in sorted(wanted):
+            item.add_marker(pytest.mark.xdist_group(group))
+        if len(_groups(item)) > 1:
+            # xdist would join the names into a group of their own, on another worker.
+            raise pytest.UsageError(
+                f"{item.nodeid} is in xdist groups {sorted(_groups(item))}, but a test can run "
+                f"in one only: {SERVICE_GROUPS} are for the tests using those fixtures, "
+                f"{TIMING_GROUP!r} for those marked timing"
+            )
+    yield
+    if worker and config.getvalue("loadgroup"):
+        for item in items:
+            _join_xdist_group(item)
+
+
+_RUN_ALONE = pytest.StashKey[RunAloneLock]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    basetemp = session.config.option.basetemp
+    if hasattr(session.config, "workerinput") and basetemp:
+        # The workers' temporary folders have one parent, this run's.
+        lock = RunAloneLock(Path(basetemp).parent).__enter__()
+        session.config.stash[_RUN_ALONE] = lock
+        session.config.add_cleanup(lambda: lock.__exit__(None, None, None))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest-timeout: waiting is not the test
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Under xdist, a test marked timing runs (set-up and teardown too) with no other test
+    running on any worker; any other test runs beside any but those."""
+    lock = item.config.stash.get(_RUN_ALONE, None)
+    if lock is None:
+        return (yield)
+    if item.get_closest_marker("timing") is not None:
+        with lock.alone(item.nodeid):
+            return (yield)
+    with lock.beside_others():
+        return (yield)
+
+
+def _groups(item: pytest.Item) -> set[str]:
+    return {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")}
+
+
+def _join_xdist_group(item: pytest.Item) -> None:
+    """Give ``item`` the ``@GROUP`` node-id suffix by which xdist's loadgroup scheduler (in the
+    controller, which sees only node ids) keeps a group on one worker.
+
+    xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (node ids became
+    structured, ``item._id``): the groups were silently ignored and the GlusterFS tests ran on
+    two workers at once (pytest-dev/pytest-xdist#1386, open). Where xdist's write took effect
+    this does nothing; where neither works, the run stops here rather than collide.
+    """
+    groups = _groups(item)
+    if not groups:
+        return
+    suffix = "@" + "_".join(sorted(groups))  # xdist's own naming
+    if item.nodeid.endswith(suffix):
+        return
+    from _pytest.nodeid import NodeId  # pytest >= 9.2; its only public form is str(item.nodeid)
+
+    item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+    if not item.nodeid.endswith(suffix):
+        raise pytest.UsageError(
+            f"cannot put {item.nodeid} in xdist group {suffix[1:]!r} with this pytest and "
+            "pytest-xdist: run with -n 0, or see pytest-dev/pytest-xdist#1386 for a fix"
+        )
 
 
 # --- small datasets -------------------------------------------------------------------------

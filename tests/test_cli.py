@@ -13,6 +13,7 @@ COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "prepro
             "sql", "health", "submit", "scale", "status", "delete", "doctor", "token"]
 
 
+@pytest.mark.slow
 def test_every_command_has_help() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert isinstance(sub.choices, dict) and sorted(sub.choices) == sorted(COMMANDS)
@@ -64,6 +65,7 @@ def test_storage_defaults_to_env_then_local_folder(image_list: Path, tmp_path: P
     assert (tmp_path / "elsewhere" / "b" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
     for expected_epoch in (0, 1):  # the master's SQLite state carries the job across runs
         result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "demo", "--images",

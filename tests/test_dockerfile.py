@@ -115,6 +115,7 @@ def context_files(rules: list[str]) -> list[str]:
     return sorted(kept)
 
 
+@pytest.mark.slow
 def test_the_context_dockerignore_keeps_builds_the_wheel(tmp_path: Path) -> None:
     rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
              if line.strip() and not line.startswith("#")]

@@ -82,6 +82,7 @@ def test_an_extra_with_a_missing_package_is_reported(monkeypatch: pytest.MonkeyP
     assert status["s3"]["installed"]
 
 
+@pytest.mark.slow
 def test_doctor_command_prints_the_report_without_secrets() -> None:
     env = {"PATH": "", "TRAINFEED_TOKEN": "do-not-print-me", "TRAIN_LOCAL": "1"}
     for extra in ([], ["--json"]):

@@ -46,6 +46,7 @@ def test_an_exception_travels_in_the_same_line() -> None:
     assert "RuntimeError: disk on fire\nsecond line" in entry["exception"]
 
 
+@pytest.mark.slow
 def test_a_master_logs_only_json_lines(image_list: Path, storage_dir: str) -> None:
     from trainfeed.upload import UploadOptions, upload
     from trainfeed.worker.client import MasterClient

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -13,6 +15,7 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_mypy_passes_on_the_package() -> None:
     result = run("mypy", "trainfeed")
     assert result.returncode == 0, result.stdout + result.stderr

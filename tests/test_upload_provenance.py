@@ -75,6 +75,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_check_images_and_single_messages(image_list: Path, storage_dir: str) -> None:
     corrupt(image_list, (3,))
     failed = run_cli("upload", str(image_list), "--dataset", "flowers", "--storage",

@@ -5,7 +5,8 @@ fakes hide exactly the things that break in production (signature checks, FUSE s
 eventual readiness). Each helper here is a context manager that
 
 * picks free loopback ports, so tests never collide with each other or with a server that a
-  package's post-install script may have started on the default port;
+  package's post-install script may have started on the default port; under pytest-xdist each
+  worker process starts its own servers, drawing ports from its own slice of the range;
 * keeps its state (data, logs, sockets) under the caller's ``workdir`` where the server allows
   it (exceptions: SeaweedFS gRPC sockets in /tmp, removed on teardown; glusterd's own state in
   /var/lib/glusterd, hence the unique, always-deleted volume; PostgreSQL under root runs as the
@@ -76,6 +77,26 @@ GRPC_OFFSET = 10000
 _PORT_RANGE = (15000, 25000)
 
 
+def _port_range() -> tuple[int, int]:
+    """This process's share of ``_PORT_RANGE``: under pytest-xdist, worker ``gwN`` of ``M``
+    draws only from the N-th of M equal slices.
+
+    Each xdist worker starts its own servers (session fixtures are per process), often at the
+    same moment; between one worker's free-port check and its server's bind another worker
+    could draw the same random port, and the loser would fail to start. Disjoint slices make
+    that impossible. Outside xdist the whole range is used.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return _PORT_RANGE
+    index, workers = int(worker[2:]), max(1, int(count))
+    low, high = _PORT_RANGE
+    width = (high - low) // workers
+    start = low + (index % workers) * width
+    return start, start + width
+
+
 class ServiceUnavailable(RuntimeError):
     """This machine cannot run the service at all (missing binary, not root, no FUSE).
 
@@ -122,10 +143,11 @@ def _free_ports(count: int, *, grpc_offset: int | None = None) -> list[int]:
     taken: set[int] = set()
     ports: list[int] = []
     rng = random.Random()
+    port_range = _port_range()
     for _ in range(2000):
         if len(ports) == count:
             break
-        port = rng.randrange(*_PORT_RANGE)
+        port = rng.randrange(*port_range)
         wanted = [port] if grpc_offset is None else [port, port + grpc_offset]
         if any(p in taken or p >= 65536 for p in wanted):
             continue
@@ -133,7 +155,7 @@ def _free_ports(count: int, *, grpc_offset: int | None = None) -> list[int]:
             ports.append(port)
             taken.update(wanted)
     if len(ports) != count:
-        raise ServiceError(f"could not find {count} free loopback ports in {_PORT_RANGE}")
+        raise ServiceError(f"could not find {count} free loopback ports in {port_range}")
     return ports
 
 
@@ -598,7 +620,7 @@ def postgres_server(workdir: Path, *, timeout_s: float = 60.0) -> Iterator[str]:
     run_dir = Path(tempfile.mkdtemp(prefix="trainfeed-pg-"))
     data_dir = run_dir / "data"
     log_path = run_dir / "postgres.log"
-    port = free_port()
+    (port,) = _free_ports(1)  # below the ephemeral range, in this xdist worker's slice
     proc: subprocess.Popen[bytes] | None = None
     try:
         if uid is not None:

@@ -21,7 +21,7 @@ from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 N = 600  # records
 ROWS = 8  # records per row group, hence per partition (75 partitions: many per reader)

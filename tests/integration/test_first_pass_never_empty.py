@@ -22,7 +22,7 @@ from trainfeed import dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RECORDS = 64
 
 

@@ -130,6 +130,7 @@ def _parquet_files(folder: Path) -> list[str]:
     return [f for f in _files(folder) if f.endswith(".parquet")]
 
 
+@pytest.mark.slow
 def test_readers_get_every_record_once_per_epoch(
     source: SourceImages, gluster_storage: Path, tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from sample_data import make_image_list
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("mwms_worker.py"))
 N = 100
 TIMEOUT_S = 300

@@ -138,6 +138,7 @@ def test_the_token_can_come_from_a_file_on_both_ends(storage: str, token: str,
         assert sorted(read_ids(master.address, "j")) == list(range(RECORDS))
 
 
+@pytest.mark.slow
 def test_the_master_refuses_to_start_without_a_token_or_insecure(storage: str,
                                                                  token: str) -> None:
     base = ("master", "--storage", storage, "--state", "memory://", "--port", "0",
@@ -158,6 +159,7 @@ def test_the_master_refuses_to_start_without_a_token_or_insecure(storage: str,
     assert result.returncode == 2 and "needs both --tls-cert and --tls-key" in result.stderr
 
 
+@pytest.mark.slow
 def test_tls_round_trip_with_a_generated_certificate(storage: str, token: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     ca = CertificateAuthority(tmp_path)
@@ -195,6 +197,7 @@ def test_tls_round_trip_with_a_generated_certificate(storage: str, token: str, t
         assert probe.returncode == 1 and "set $TRAINFEED_TLS_CA" in probe.stderr
 
 
+@pytest.mark.slow
 def test_mutual_tls_refuses_clients_without_a_certificate_it_trusts(
         storage: str, token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ca = CertificateAuthority(tmp_path)

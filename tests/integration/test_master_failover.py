@@ -23,7 +23,7 @@ from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker.client import MasterClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TTL_S = 2  # etcd's smallest lease ttl with its default election timeout
 
 

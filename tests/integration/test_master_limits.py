@@ -22,6 +22,7 @@ def code_of(call: grpc.UnaryUnaryMultiCallable, request: object) -> grpc.StatusC
     return grpc.StatusCode.OK
 
 
+@pytest.mark.slow
 def test_requests_over_the_configured_size_limit_are_refused_without_a_change(
         storage: str) -> None:
     with MasterProcess(storage, extra_args=["--max-message-bytes", str(LIMIT)]) as master, \

@@ -84,6 +84,7 @@ def test_an_epoch_read_shows_in_the_metrics(storage: str) -> None:
         assert value(second, "trainfeed_bytes_served_total", job="j") == 2 * payload_bytes
 
 
+@pytest.mark.slow
 def test_expired_leases_are_counted(storage: str) -> None:
     with MasterProcess(storage, extra_args=["--lease-timeout", "1"]) as master, \
             MasterClient(master.address) as client:

@@ -26,6 +26,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_readers_ride_through_a_master_killed_and_restarted(tmp_path: Path) -> None:
     source = make_image_list(tmp_path / "source", N)
     storage = str(tmp_path / "storage")

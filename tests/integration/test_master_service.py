@@ -55,6 +55,7 @@ def test_oversized_requests_are_rejected(storage: str) -> None:
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+@pytest.mark.slow
 def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
                                                                  tmp_path: Path) -> None:
     state = f"sqlite:///{tmp_path / 'master.db'}"
@@ -83,6 +84,7 @@ def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage
                 assert sum(sizes) == 100 and sizes[0] == 64
 
 
+@pytest.mark.slow
 def test_a_spawned_master_does_not_outlive_its_parent(storage: str) -> None:
     parent = subprocess.run(
         [sys.executable, "-c", "import os, sys; from trainfeed.master.process import "
@@ -140,6 +142,7 @@ def test_distribution_rules_admit_only_matching_workers(
             list(dist.reader("flowers", master=master.address, job="named")())
 
 
+@pytest.mark.slow
 def test_an_unreachable_master_gives_up_with_a_clear_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from trainfeed.errors import MasterUnavailableError

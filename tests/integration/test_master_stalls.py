@@ -25,7 +25,7 @@ from test_multiprocess import delivered, lines, signal_after, start_reader
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 N = 480  # records
 ROWS = 8  # records per row group, hence per partition (60 partitions)

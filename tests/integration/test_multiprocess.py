@@ -83,6 +83,7 @@ def delivered(outs: list[Path], digests: dict[int, tuple[str, str]]) -> dict[int
     return per_epoch
 
 
+@pytest.mark.slow
 def test_readers_of_one_job_split_every_epoch_exactly_once(dataset: tuple[str, Path],
                                                            tmp_path: Path) -> None:
     storage, source = dataset
@@ -123,6 +124,7 @@ def test_train_local_yields_the_same_multiset_without_a_master(dataset: tuple[st
         assert counts == Counter(range(N))
 
 
+@pytest.mark.slow
 def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
         dataset: tuple[str, Path], tmp_path: Path) -> None:
     storage, source = dataset
@@ -144,6 +146,8 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
     assert len(repeated) <= 3 * 8
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_heartbeats_keep_leases_of_slow_partitions_alive(dataset: tuple[str, Path],
                                                          tmp_path: Path) -> None:
     # One 8-row partition takes ~2.4 s to "train" (0.3 s per batch of 1) against a 1 s lease:
@@ -160,6 +164,7 @@ def test_heartbeats_keep_leases_of_slow_partitions_alive(dataset: tuple[str, Pat
     assert "expired" not in log, log
 
 
+@pytest.mark.slow
 def test_a_poisoned_shard_is_given_up_on_and_the_epoch_still_completes(
         tmp_path: Path) -> None:
     source = make_image_list(tmp_path / "source", N)
@@ -188,6 +193,7 @@ def test_a_poisoned_shard_is_given_up_on_and_the_epoch_still_completes(
         status.failed_reasons
 
 
+@pytest.mark.slow
 def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Path],
                                                          tmp_path: Path) -> None:
     storage, source = dataset
@@ -209,6 +215,7 @@ def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Pat
     assert len(repeated) <= 3 * 8  # the batch that was in the victim's hands
 
 
+@pytest.mark.slow
 def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path) -> None:
     # Partitions of 100 records consumed at ~40 records/s: the victim dies ~2 s into its first
     # partition. Progress reaches the master at least every PROGRESS_INTERVAL_S (1 s), so the
@@ -231,6 +238,7 @@ def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path
     assert repeated <= 40 + 4 + 4
 
 
+@pytest.mark.slow
 def test_pipeline_readers_split_decoded_shuffled_epochs_exactly_once(
         dataset: tuple[str, Path], tmp_path: Path) -> None:
     storage, source = dataset

@@ -14,7 +14,7 @@ from test_multiprocess import lines, signal_after, start_reader, wait_all
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 N = 300
 CHECKPOINT_AFTER = 4  # batches
 

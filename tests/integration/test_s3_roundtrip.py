@@ -104,6 +104,7 @@ def s3_master(s3_server: S3Server, s3_dataset: S3Dataset) -> MasterProcess:
     )
 
 
+@pytest.mark.slow
 def test_readers_get_every_record_once_per_epoch(
     s3_server: S3Server, s3_env: dict[str, str], s3_dataset: S3Dataset, tmp_path: Path
 ) -> None:
@@ -151,6 +152,7 @@ def test_local_reader_with_wrong_secret_fails(
     assert "AWS_SECRET_ACCESS_KEY" in failed.stderr, failed.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_distributed_reader_with_wrong_secret_fails(
     s3_server: S3Server, s3_env: dict[str, str], s3_dataset: S3Dataset, tmp_path: Path
 ) -> None:

@@ -17,7 +17,7 @@ from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 N = 600  # 3 row groups of 200 rows: 64 slices of 9 or 10 records
 
 
@@ -53,6 +53,7 @@ def test_two_readers_split_sliced_epochs_exactly_once(dataset: tuple[str, Path],
     assert all(any(not l.get("end") for l in lines(out)) for out in outs)  # both got work
 
 
+@pytest.mark.timing
 def test_pipeline_readers_decode_and_shuffle_slices_exactly_once(dataset: tuple[str, Path],
                                                                  tmp_path: Path) -> None:
     storage, source = dataset

@@ -29,7 +29,7 @@ from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.worker.client import MasterClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("team_worker.py"))
 RECORDS = 3000
 TIMEOUT_S = 180
@@ -99,6 +99,7 @@ def assert_exactly_once(seen: dict[int, list[Counter[int]]], epochs: int) -> Non
         assert max(total.values()) == 1, f"epoch {epoch}: {total.most_common(3)} twice"
 
 
+@pytest.mark.timing
 def test_three_readers_started_together_share_every_epoch_and_line_up(
         team_master: MasterProcess, tmp_path: Path) -> None:
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
@@ -120,6 +121,7 @@ def test_three_readers_started_together_share_every_epoch_and_line_up(
             assert b["pass"] == b["epoch"]
 
 
+@pytest.mark.timing
 def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
         team_master: MasterProcess, tmp_path: Path) -> None:
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
@@ -153,6 +155,7 @@ def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
     assert_exactly_once(per_epoch(outs), 1)
 
 
+@pytest.mark.timing
 def test_work_stealing_finishes_readers_of_unequal_speed_near_the_ideal_time(
         team_master: MasterProcess, tmp_path: Path) -> None:
     """Speeds 1x, 1x and 1/3x: the epoch takes within 10 % of records / sum of the rates, and

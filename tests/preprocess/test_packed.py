@@ -167,6 +167,7 @@ def test_the_cli_packs_a_csv_with_json_array_cells(tmp_path: Path,
     assert "no column 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from trainfeed.errors import JobError
@@ -183,6 +184,7 @@ def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
             assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rules", ["all_segments", "ALL_SEGMENTS", "all", None])
 def test_madlibs_all_segments_admits_every_reader(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules: str | None) -> None:

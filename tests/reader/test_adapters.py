@@ -147,6 +147,7 @@ def test_each_keras_epoch_is_one_fresh_whole_pass(make_reader: MakeReader,
     assert "abandoned" not in caplog.text
 
 
+@pytest.mark.slow
 def test_named_inputs_and_outputs_feed_a_multi_input_multi_output_model(
         make_reader: MakeReader) -> None:
     require("tensorflow")
@@ -177,6 +178,7 @@ def test_named_inputs_and_outputs_feed_a_multi_input_multi_output_model(
         spec["image"], spec["_id"], spec["label"]]
 
 
+@pytest.mark.slow
 def test_a_pass_cut_short_is_logged_with_what_to_do(make_reader: MakeReader,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     require("tensorflow")

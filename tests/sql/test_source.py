@@ -128,6 +128,7 @@ def _column(values: st.SearchStrategy[object]) -> st.SearchStrategy[list[object]
     return st.lists(st.one_of(st.none(), values), max_size=60)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(

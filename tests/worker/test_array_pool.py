@@ -24,6 +24,7 @@ def test_a_dropped_batch_is_reused() -> None:
     assert address(again) == where and pool.reused == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("holder", ["array", "view", "slice", "memoryview", "dlpack", "torch"])
 def test_a_batch_anything_still_holds_is_never_written_over(holder: str) -> None:
     pool = ArrayPool()
@@ -114,6 +115,7 @@ def test_a_released_buffer_is_reused_for_a_read_of_a_similar_size() -> None:
         pool.buffer(-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("holder", ["view", "arrow buffer", "arrow slice", "memoryview"])
 def test_a_buffer_anything_still_holds_is_never_written_over(holder: str) -> None:
     """A row group's payloads become an Arrow column over the buffer, and the shuffle keeps
@@ -154,6 +156,7 @@ def test_a_buffer_anything_still_holds_is_never_written_over(holder: str) -> Non
 
 
 
+@pytest.mark.slow
 def test_keep_bytes_bounds_what_the_pool_holds_on_to() -> None:
     """Buffers of large partitions: the pool forgets the oldest beyond `keep_bytes`, so they
     are freed when their holders let go instead of being kept for reuse."""

@@ -29,6 +29,7 @@ def test_torchrun_s_local_ranks_share_the_cores() -> None:
         default_decode_threads({"LOCAL_WORLD_SIZE": "two"})
 
 
+@pytest.mark.slow
 def test_a_narrower_cpu_affinity_is_what_counts() -> None:
     """As in a container's cpuset or under taskset: os.cpu_count() would still say every core."""
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "

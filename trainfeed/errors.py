@@ -133,3 +133,20 @@ class StateStoreError(TrainfeedError):
 class ClusterError(TrainfeedError):
     """Kubernetes refused or cannot run a job (no kubeconfig, unknown job, exceeded quota, an image
     that cannot be pulled); the message says what to change."""
+
+
+class SyncGroupBrokenError(SyncShortfallError):
+    """A synchronous group lost a rank: it died, left, never arrived, or its rank went to another
+    process. The master names the rank(s); the others raise this instead of waiting for records
+    that no rank will take (restart the whole group, e.g. torchrun's --max-restarts)."""
+
+
+class RankTakenError(JobError):
+    """A second process claimed a synchronous rank that a live reader holds (two processes with
+    the same RANK): the message names the holder and the claimant."""
+
+
+class DeliveryOrderError(JobError):
+    """A reader's sampling options (seed, shuffle, resample, sync) differ from those its job is
+    read with: readers of one job must deliver in one order. The message names both and
+    suggests another job name."""

@@ -24,6 +24,7 @@ from trainfeed.errors import (
     CorruptDatasetError,
     MasterUnavailableError,
     PartitionReadError,
+    SyncGroupBrokenError,
     SyncShortfallError,
 )
 from trainfeed.storage import Storage
@@ -59,6 +60,10 @@ STEAL_POLL_S = 0.25
 LEASE_HORIZON_S = 2.0
 LEASE_RATE_WINDOW = 16
 MIN_LEASES = 2
+# A pass waiting this long for partitions others hold logs what it waits for and until when
+# (again when that changes, or every WAIT_LOG_EVERY_S): no wait over 5 s is silent (issue 26).
+WAIT_LOG_S = 5.0
+WAIT_LOG_EVERY_S = 30.0
 
 # Reads a task's partition as the trainer will get it: its records in delivery order, minus the
 # `task.skip` first ones (trainfeed.reader.batcher.partition_loader builds the pipeline's).
@@ -79,9 +84,13 @@ class WorkerSession:
 
     def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
                  distribution_rules: str = "", resume: pb.ResumePosition | None = None,
-                 sync: pb.SyncGroup | None = None):
+                 sync: pb.SyncGroup | None = None, order: pb.DeliveryOrder | None = None):
         self.client = client
-        opened = client.open_job(job, dataset, seed, distribution_rules, resume, sync)
+        opened = client.open_job(job, dataset, seed, distribution_rules, resume, sync, order)
+        # A synchronous rank's group, sent with every call (a restarted master learns it again),
+        # and why the group broke once the master said so (raised at the trainer's next batch).
+        self.sync = sync
+        self.broken: SyncGroupBrokenError | None = None
         self.resumed_partitions = opened.resumed_partitions
         self.job = opened.job
         self.worker = opened.worker_id
@@ -145,6 +154,8 @@ class WorkerSession:
     # -- reports ------------------------------------------------------------------------------
     def note_progress(self, task: TaskRef, handed: int) -> None:
         """The trainer consumed the first `handed` records of this holder's share of `task`."""
+        if self.broken is not None:
+            raise self.broken
         key = (task.epoch, task.partition)
         consumed = task.skip + handed
         with self._cond:
@@ -239,20 +250,34 @@ class WorkerSession:
         started = time.monotonic()
         held, begun = self._held_now()
         try:
-            response = self.client.report(self.job, self.worker, reports, held, begun)
+            response = self.client.report(self.job, self.worker, reports, held, begun,
+                                          sync=self.sync)
         except BaseException:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
             raise
-        self._revoke(response.revoked, started)
+        self._group_broken(response.group_broken)
+        self._revoke(response.revoked, started, response.revoked_why)
         self._confirmed(reports)
         self._give_back(response.give_back)
         self._contacted()
 
     # -- fencing: leases the master took away (issue 14) ----------------------------------------
-    def _revoke(self, revoked: Sequence[pb.HeldTask], started: float) -> None:
+    def _group_broken(self, why: str) -> None:
+        """The master said this rank's synchronous group broke (`why` names the missing
+        ranks; "" if not): from now on the pass and the trainer's next batch raise."""
+        if not why or self.broken is not None:
+            return
+        self.broken = SyncGroupBrokenError(f"job {self.job!r}: {why}")
+        self.error = self.error or self.broken
+        logger.error("%s", self.broken)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _revoke(self, revoked: Sequence[pb.HeldTask], started: float, why: str = "") -> None:
         """A call that started at `started` (monotonic) succeeded: our other leases are renewed
-        until a lease timeout after it; `revoked` ones are not ours any more (forget them)."""
+        until a lease timeout after it; `revoked` ones are not ours any more (forget them).
+        `why`: the master's reason, when it is not an expiry."""
         gone: list[tuple[int, int]] = []
         with self._cond:
             self._leases_sure_until = max(self._leases_sure_until,
@@ -270,9 +295,10 @@ class WorkerSession:
                 self._lost.add((*key, t.lease))
                 gone.append(key)
         if gone:
-            logger.warning("the master took away %d lease(s) of this reader (it was frozen or "
-                           "cut off longer than the lease timeout?); their undelivered records "
-                           "are dropped: %s", len(gone), gone[:10])
+            logger.warning("the master took away %d lease(s) of this reader (%s); their "
+                           "undelivered records are dropped: %s", len(gone),
+                           why or "it was not heard from for longer than the lease timeout: "
+                           "frozen, or cut off from the master?", gone[:10])
 
     def _unkeep(self, key: tuple[int, int], lease: int) -> None:
         """A held lease's records will not be delivered here (given back, failed, revoked): a
@@ -327,6 +353,8 @@ class WorkerSession:
         the trainer must be dropped (another reader delivers them). Past the time the lease is
         sure to live (this process was frozen, or the master unreachable), first confirms with
         a heartbeat: blocks until the master answers."""
+        if self.broken is not None:
+            raise self.broken
         key = (task.epoch, task.partition, task.lease)
         if key in self._lost:
             return True
@@ -389,6 +417,8 @@ class WorkerSession:
                 return
             except Exception:
                 logger.exception("report to master failed; retrying")
+            if self.broken is not None:
+                return  # the group is over: nothing to renew
 
     # -- passes -------------------------------------------------------------------------------
     def open_pass(self, epoch: int, depth: int, on_epoch: Callable[[int], None],
@@ -445,6 +475,7 @@ class WorkerSession:
         # Ask when half the window is free (or the consumer runs dry): a few fat calls, not one
         # call per partition.
         low_water = max(1, credits.total // 2)
+        waits = _WaitLog(self.job)
         with self._cond:
             self._outstanding = 0
             self._need = quota
@@ -505,15 +536,19 @@ class WorkerSession:
                                                      LONG_POLL_MS if long_poll else 0,
                                                      reports, held=held,
                                                      max_records=max(0, still or 0),
-                                                     started=begun)
+                                                     started=begun, sync=self.sync)
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports
                     raise
                 finally:
                     self._set_fetching(True)
-                self._revoke(response.revoked, started)
+                self._group_broken(response.group_broken)
+                if self.broken is not None:
+                    raise self.broken
+                self._revoke(response.revoked, started, response.revoked_why)
                 self._confirmed(reports)
+                waits.saw(response, epoch)
                 with self._cond:
                     self._held.update(((t.epoch, t.partition), t.lease) for t in response.tasks)
                 self._give_back(response.give_back)
@@ -611,3 +646,48 @@ class WorkerSession:
             self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)
+
+
+class _WaitLog:
+    """Says, once a pass has waited WAIT_LOG_S for partitions that others hold, what it waits
+    for and until when: the holders and when their leases run out (a dead reader's at the end
+    of its lease; a live one's are renewed). Again when the holders change, or every
+    WAIT_LOG_EVERY_S. Not thread-safe: the producer's own."""
+
+    def __init__(self, job: str):
+        self.job = job
+        self.since: float | None = None  # when the current run of WAIT answers began
+        self.logged_at = 0.0
+        self.logged: tuple[str, ...] = ()
+
+    def saw(self, response: pb.GetTasksResponse, asked: int) -> None:
+        now = time.monotonic()
+        if response.status != pb.GetTasksResponse.WAIT:
+            self.since = None
+            return
+        if self.since is None:
+            self.since = now
+        holders = tuple(sorted(h.worker for h in response.holders))
+        if now - self.since < WAIT_LOG_S or (holders == self.logged
+                                             and now - self.logged_at < WAIT_LOG_EVERY_S):
+            return
+        self.logged, self.logged_at = holders, now
+        logger.warning("job %r: %s", self.job, describe_wait(response, asked, now - self.since))
+
+
+def describe_wait(response: pb.GetTasksResponse, asked: int, waited: float) -> str:
+    """What a pass that got WAIT answers for `waited` seconds waits for, and until when."""
+    epoch = response.current_epoch
+    what = (f"epoch {asked} starts once epoch {epoch} is complete" if asked > epoch
+            else f"epoch {epoch}'s last partitions")
+    if not response.holders:
+        return (f"waited {waited:.0f} s for {what}; no reader holds a lease on its remaining "
+                f"partitions (a synchronous rank short of its share?)")
+    now = time.time()
+    held = "; ".join(
+        f"{h.partitions} partition(s) held by {h.worker} until "
+        f"{time.strftime('%H:%M:%S', time.localtime(h.lease_until))}"
+        + (f" (not heard from for {h.quiet_s:.0f} s: its lease runs out then)"
+           if h.quiet_s > 2 and h.lease_until > now else " (renewed while it lives)")
+        for h in response.holders)
+    return f"waited {waited:.0f} s for {what}: waiting for partitions {held}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from typing import Any
 
@@ -11,9 +12,11 @@ from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
-from trainfeed.reader.world import SyncGroup, detect_world
+from trainfeed.reader.world import SyncGroup, locate
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 
 def train_local() -> bool:
@@ -151,7 +154,8 @@ def _sync_group(options: PipelineOptions, world_size: int | None,
     if options.decode.errors != "raise":
         raise ValueError('sync=True needs decode_errors="raise": a skipped record would leave '
                          "its rank a record short of the others")
-    size, index = detect_world(world_size, rank)
+    size, index, source = locate(world_size, rank)
+    logger.info("synchronous reader: rank %d of world size %d (from %s)", index, size, source)
     return SyncGroup(size, index, options.batch.size)
 
 

@@ -150,3 +150,8 @@ class DeliveryOrderError(JobError):
     """A reader's sampling options (seed, shuffle, resample, sync) differ from those its job is
     read with: readers of one job must deliver in one order. The message names both and
     suggests another job name."""
+
+
+class SupersededError(JobError):
+    """A reader restored from this reader's checkpoint took over its partitions: this reader
+    gets no more tasks (its records would be delivered twice). Close it."""

@@ -717,14 +717,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._touch(job, worker)
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
                                  time.time())
-        if stop:  # a broken synchronous group: no more tasks for it
+        why = admission.revoked_why(job, worker)
+        if stop or why:  # a broken synchronous group, or a superseded reader: no more tasks
             if changed:
                 await self._durably(job, context)
                 job.notify()
             return pb.GetTasksResponse(status=pb.GetTasksResponse.WAIT,
                                        current_epoch=job.ledger.epoch, revoked=revoked,
-                                       group_broken=stop,
-                                       revoked_why=admission.revoked_why(job, worker))
+                                       group_broken=stop, revoked_why=why, superseded=why)
         epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(request.wait_ms, MAX_WAIT_MS) / 1000
@@ -787,7 +787,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                                        request.reports),
                                  give_back=self._asked_back(job, request.worker_id, held),
                                  group_broken=stop,
-                                 revoked_why=admission.revoked_why(job, request.worker_id))
+                                 revoked_why=admission.revoked_why(job, request.worker_id),
+                                 superseded=admission.revoked_why(job, request.worker_id))
 
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:

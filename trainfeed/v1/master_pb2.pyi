@@ -211,7 +211,7 @@ class HeldTask(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ..., started: _Optional[bool] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back", "group_broken", "holders", "revoked_why")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back", "group_broken", "holders", "revoked_why", "superseded")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -233,6 +233,7 @@ class GetTasksResponse(_message.Message):
     GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
@@ -244,7 +245,8 @@ class GetTasksResponse(_message.Message):
     group_broken: str
     holders: _containers.RepeatedCompositeFieldContainer[Holding]
     revoked_why: str
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ..., revoked_why: _Optional[str] = ...) -> None: ...
+    superseded: str
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
 
 class Holding(_message.Message):
     __slots__ = ("worker", "partitions", "lease_until", "quiet_s")
@@ -283,18 +285,20 @@ class ReportRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("current_epoch", "revoked", "give_back", "group_broken", "revoked_why")
+    __slots__ = ("current_epoch", "revoked", "give_back", "group_broken", "revoked_why", "superseded")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
     REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
     group_broken: str
     revoked_why: str
-    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., revoked_why: _Optional[str] = ...) -> None: ...
+    superseded: str
+    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., revoked_why: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
     __slots__ = ("job", "worker_id")

@@ -24,6 +24,7 @@ from trainfeed.errors import (
     CorruptDatasetError,
     MasterUnavailableError,
     PartitionReadError,
+    SupersededError,
     SyncGroupBrokenError,
     SyncShortfallError,
 )
@@ -257,6 +258,7 @@ class WorkerSession:
                 self._reports[:0] = reports
             raise
         self._group_broken(response.group_broken)
+        self._superseded(response.superseded)
         self._revoke(response.revoked, started, response.revoked_why)
         self._confirmed(reports)
         self._give_back(response.give_back)
@@ -273,6 +275,13 @@ class WorkerSession:
         logger.error("%s", self.broken)
         with self._cond:
             self._cond.notify_all()
+
+    def _superseded(self, why: str) -> None:
+        """The master said a reader restored from this one's checkpoint took over (`why`; ""
+        if not): this reader's passes raise from now on."""
+        if why and not isinstance(self.error, SupersededError):
+            self.error = SupersededError(f"job {self.job!r}: {why}; this reader gets no more "
+                                         f"tasks (close it, and read on with the restored one)")
 
     def _revoke(self, revoked: Sequence[pb.HeldTask], started: float, why: str = "") -> None:
         """A call that started at `started` (monotonic) succeeded: our other leases are renewed
@@ -533,7 +542,7 @@ class WorkerSession:
                 held, begun = self._held_now()
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
-                                                     LONG_POLL_MS if long_poll else 0,
+                                                     waits.poll_ms() if long_poll else 0,
                                                      reports, held=held,
                                                      max_records=max(0, still or 0),
                                                      started=begun, sync=self.sync)
@@ -544,11 +553,14 @@ class WorkerSession:
                 finally:
                     self._set_fetching(True)
                 self._group_broken(response.group_broken)
+                self._superseded(response.superseded)
                 if self.broken is not None:
                     raise self.broken
+                if isinstance(self.error, SupersededError):
+                    raise self.error
                 self._revoke(response.revoked, started, response.revoked_why)
                 self._confirmed(reports)
-                waits.saw(response, epoch)
+                waits.saw(response, epoch, started)
                 with self._cond:
                     self._held.update(((t.epoch, t.partition), t.lease) for t in response.tasks)
                 self._give_back(response.give_back)
@@ -660,13 +672,23 @@ class _WaitLog:
         self.logged_at = 0.0
         self.logged: tuple[str, ...] = ()
 
-    def saw(self, response: pb.GetTasksResponse, asked: int) -> None:
+    def poll_ms(self) -> int:
+        """How long the next long-poll may wait: LONG_POLL_MS, or less when a log line is due
+        sooner (so that it comes at WAIT_LOG_S, not up to a poll later)."""
+        if self.since is None or self.logged_at >= self.since:
+            return LONG_POLL_MS
+        due = self.since + WAIT_LOG_S - time.monotonic()
+        return max(100, min(LONG_POLL_MS, int(due * 1000) + 50))
+
+    def saw(self, response: pb.GetTasksResponse, asked: int, asked_at: float) -> None:
+        """An answer to a call made at `asked_at` (monotonic): a WAIT's long-poll waited from
+        then on."""
         now = time.monotonic()
         if response.status != pb.GetTasksResponse.WAIT:
             self.since = None
             return
         if self.since is None:
-            self.since = now
+            self.since = asked_at
         holders = tuple(sorted(h.worker for h in response.holders))
         if now - self.since < WAIT_LOG_S or (holders == self.logged
                                              and now - self.logged_at < WAIT_LOG_EVERY_S):
@@ -685,7 +707,7 @@ def describe_wait(response: pb.GetTasksResponse, asked: int, waited: float) -> s
                 f"partitions (a synchronous rank short of its share?)")
     now = time.time()
     held = "; ".join(
-        f"{h.partitions} partition(s) held by {h.worker} until "
+        f"{h.partitions} held by {h.worker} until "
         f"{time.strftime('%H:%M:%S', time.localtime(h.lease_until))}"
         + (f" (not heard from for {h.quiet_s:.0f} s: its lease runs out then)"
            if h.quiet_s > 2 and h.lease_until > now else " (renewed while it lives)")

@@ -17,14 +17,25 @@ kind, which the client turns into RankTakenError or DeliveryOrderError.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from trainfeed.master import delivery_order
+from trainfeed.master.ledger import Ledger
 from trainfeed.master.sync_group import SyncMembers, alive_window
 from trainfeed.v1 import master_pb2 as pb
 
-if TYPE_CHECKING:
-    from trainfeed.master.service import Job
+
+class Job(Protocol):
+    """What admission reads and keeps of the servicer's job (trainfeed.master.service.Job)."""
+
+    name: str
+    ledger: Ledger
+    workers: dict[str, float]  # worker id -> last heard from (time.time)
+    members: SyncMembers | None
+    order: pb.DeliveryOrder | None
+    order_by: str
+    superseded: dict[str, str]
+
 
 logger = logging.getLogger(__name__)
 

@@ -690,8 +690,9 @@ class _WaitLog:
         if self.since is None:
             self.since = asked_at
         holders = tuple(sorted(h.worker for h in response.holders))
-        if now - self.since < WAIT_LOG_S or (holders == self.logged
-                                             and now - self.logged_at < WAIT_LOG_EVERY_S):
+        quiet_for = now - self.logged_at
+        if now - self.since < WAIT_LOG_S or quiet_for < WAIT_LOG_S or (
+                holders == self.logged and quiet_for < WAIT_LOG_EVERY_S):
             return
         self.logged, self.logged_at = holders, now
         logger.warning("job %r: %s", self.job, describe_wait(response, asked, now - self.since))

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -160,3 +161,46 @@ def test_a_restored_checkpoints_old_reader_is_told_why_its_leases_went(
         list(batches)
     new.close()
     old.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_held_by_a_live_reader_is_logged_with_its_holder(
+        master: MasterProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """Reader A took 5 records of a partition and stopped (its trainer is busy): B, done with
+    the rest, says within LOG_WITHIN_S that it waits for A's partition, renewed while A lives."""
+    caplog.set_level(logging.INFO)
+    a = dist.reader("flowers", master=master.address, job="held", batch_size=5,
+                    prefetch_partitions=2)
+    b = dist.reader("flowers", master=master.address, job="held", batch_size=5)
+    try:
+        a_pass = iter(a())  # kept: a pass dropped is abandoned, and hands its leases back
+        taken = [int(i) for i in next(a_pass)["_id"]]
+        got: list[tuple[float, int]] = []
+
+        def read_b() -> None:
+            for batch_ in b():
+                now = time.time()
+                got.extend((now, int(i)) for i in batch_["_id"])
+
+        b_pass = threading.Thread(target=read_b, daemon=True)
+        b_pass.start()
+        deadline = time.monotonic() + 30
+        waiting: list[logging.LogRecord] = []
+        while not waiting and time.monotonic() < deadline:
+            time.sleep(0.1)
+            waiting = logged(caplog, r"waiting for partitions 1 held by .*"
+                                     r"\(renewed while it lives\)$")
+        assert waiting, [r.getMessage() for r in caplog.records]
+        assert a.backend.session.worker in waiting[0].getMessage()  # A, and only A
+        assert b.backend.session.worker not in waiting[0].getMessage()
+        before = [t for t, _ in got if t < waiting[0].created]
+        assert before and waiting[0].created - max(before) <= LOG_WITHIN_S
+        a.close()  # hands its partition back: B's pass ends with the rest of it
+        b_pass.join(60)
+        assert not b_pass.is_alive()
+        b_ids = [i for _, i in got]
+        # (A's batch was in its trainer's hands, never acknowledged: B may deliver it again.)
+        assert len(set(b_ids)) == len(b_ids) and set(b_ids) | set(taken) == set(range(100))
+    finally:
+        a.close()
+        b.close()

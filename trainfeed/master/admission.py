@@ -192,10 +192,12 @@ def hold_off(job: Job, now: float, until: float) -> None:
         job.members.hold_off(now, until)
 
 
-def holdings(job: Job, now: float) -> list[pb.Holding]:
-    """Who holds the current epoch's partitions still out, until when (for a WAIT answer)."""
+def holdings(job: Job, now: float, caller: str) -> list[pb.Holding]:
+    """Who but `caller` holds the current epoch's partitions still out, until when (for a WAIT
+    answer to `caller`, whose own leases wait for its trainer, not for others)."""
     ledger = job.ledger
     return [pb.Holding(worker=worker, partitions=len(held),
                        lease_until=ledger.deadlines.get(worker, 0.0),
                        quiet_s=max(0.0, now - job.workers.get(worker, now)))
-            for worker, held in sorted(ledger.by_worker.items()) if held][:20]
+            for worker, held in sorted(ledger.by_worker.items())
+            if held and worker != caller][:20]

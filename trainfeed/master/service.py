@@ -765,7 +765,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             failed=failed, failed_known=failed_known,
             give_back=self._asked_back(job, worker, held),
             group_broken=admission.on_call(job, worker, None, time.time()),
-            holders=(admission.holdings(job, time.time())
+            holders=(admission.holdings(job, time.time(), worker)
                      if result.status is LeaseStatus.WAIT else ()),
             revoked_why=admission.revoked_why(job, worker))
 

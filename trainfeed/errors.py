@@ -145,3 +145,25 @@ class CheckpointError(TrainfeedError, ValueError):
     key, a value of the wrong type or range, or a position the dataset does not have. The
     message names the key, the value and the rule; restore the state the reader saved,
     unchanged, into a reader of the same dataset."""
+
+
+class SyncGroupBrokenError(SyncShortfallError):
+    """A synchronous group lost a rank: it died, left, never arrived, or its rank went to another
+    process. The master names the rank(s); the others raise this instead of waiting for records
+    that no rank will take (restart the whole group, e.g. torchrun's --max-restarts)."""
+
+
+class RankTakenError(JobError):
+    """A second process claimed a synchronous rank that a live reader holds (two processes with
+    the same RANK): the message names the holder and the claimant."""
+
+
+class DeliveryOrderError(JobError):
+    """A reader's sampling options (seed, shuffle, resample, sync) differ from those its job is
+    read with: readers of one job must deliver in one order. The message names both and
+    suggests another job name."""
+
+
+class SupersededError(JobError):
+    """A reader restored from this reader's checkpoint took over its partitions: this reader
+    gets no more tasks (its records would be delivered twice). Close it."""

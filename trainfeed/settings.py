@@ -42,6 +42,8 @@ __all__ = [
     "RANK",
     "S3_ENDPOINT",
     "SETTINGS",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
     "STATE",
     "STORAGE",
     "TF_CONFIG",
@@ -253,13 +255,20 @@ TF_CONFIG: Setting[str | None] = Setting(
     "TF_CONFIG", None, _text,
     "synchronous readers: TensorFlow's cluster JSON; chief and workers are ranks, in that order, "
     "when WORLD_SIZE is unset")
+SLURM_NTASKS: Setting[int | None] = Setting(
+    "SLURM_NTASKS", None, _optional_count,
+    "synchronous readers under SLURM's srun: tasks in the job step, the world size when neither "
+    "torch.distributed nor WORLD_SIZE is set")
+SLURM_PROCID: Setting[int | None] = Setting(
+    "SLURM_PROCID", None, _optional_count,
+    "synchronous readers under SLURM's srun: this task's rank, with SLURM_NTASKS")
 
 #: Every setting by variable name, in the README table's order.
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA,
     TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
-    TF_CONFIG)}
+    TF_CONFIG, SLURM_NTASKS, SLURM_PROCID)}
 
 
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:

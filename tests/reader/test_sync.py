@@ -3,6 +3,8 @@ local shares, and what the adapters tell the frameworks (steps per epoch)."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 
 from trainfeed import dist
 from trainfeed.errors import ConfigurationError
-from trainfeed.reader.world import SyncGroup, detect_world
+from trainfeed.reader.world import SyncGroup, detect_world, locate
 from trainfeed.upload import UploadOptions, upload
 
 RECORDS = 500
@@ -29,15 +31,73 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
-def test_the_group_comes_from_arguments_then_torchrun_then_tf_config() -> None:
-    assert detect_world(4, 1, {"WORLD_SIZE": "8", "RANK": "3"}) == (4, 1)
+def test_the_group_comes_from_torchrun_slurm_tf_config_or_the_arguments() -> None:
+    assert detect_world(4, 1, {"WORLD_SIZE": "4", "RANK": "1"}) == (4, 1)
+    assert detect_world(4, 1, {}) == (4, 1)
     assert detect_world(environ={"WORLD_SIZE": "8", "RANK": "3"}) == (8, 3)
+    assert detect_world(environ={"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}) == (4, 2)
+    # torchrun inside srun renumbers SLURM's tasks: WORLD_SIZE/RANK win, no disagreement.
+    assert detect_world(environ={"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "WORLD_SIZE": "8",
+                                 "RANK": "3"}) == (8, 3)
     tf_config = {"cluster": {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]},
                  "task": {"type": "worker", "index": 1}}
     assert detect_world(environ={"TF_CONFIG": json.dumps(tf_config)}) == (3, 2)
     tf_config["task"] = {"type": "chief", "index": 0}
     assert detect_world(environ={"TF_CONFIG": json.dumps(tf_config)}) == (3, 0)
     assert detect_world(environ={}) == (1, 0)
+
+
+class FakeTorchDistributed:
+    """What `torch.distributed` answers in a process that called init_process_group."""
+
+    def __init__(self, world_size: int, rank: int):
+        self.world_size, self.rank = world_size, rank
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_rank(self) -> int:
+        return self.rank
+
+
+def test_an_initialised_torch_distributed_gives_the_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: mp.spawn + init_process_group(rank=, world_size=) sets no environment."""
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeTorchDistributed(2, 1))
+    assert locate(environ={}) == (2, 1, "torch.distributed (init_process_group)")
+    assert detect_world(2, 1, {"WORLD_SIZE": "2", "RANK": "1"}) == (2, 1)
+    # Its group supersedes SLURM's task numbers (one srun task spawning a process per GPU).
+    assert detect_world(environ={"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == (2, 1)
+
+
+@pytest.mark.parametrize("environ,kwargs,named", [
+    ({"WORLD_SIZE": "1", "RANK": "0"}, {},
+     [r"torch.distributed \(init_process_group\) says rank 1 of world size 2",
+      r"\$WORLD_SIZE/\$RANK says rank 0 of world size 1"]),
+    ({}, {"world_size": 2, "rank": 0},
+     ["torch.distributed", "world_size=/rank= says rank 0 of world size 2"]),
+])
+def test_sources_that_disagree_are_refused_naming_each(
+        monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], kwargs: dict[str, Any],
+        named: list[str]) -> None:
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeTorchDistributed(2, 1))
+    with pytest.raises(ConfigurationError, match="given twice, differently") as e:
+        detect_world(environ=environ, **kwargs)
+    for pattern in named:
+        assert re.search(pattern, str(e.value)), (pattern, str(e.value))
+
+
+def test_the_environment_and_arguments_that_disagree_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"\$SLURM_NTASKS/\$SLURM_PROCID says rank 2 "
+                                                 r"of world size 4; world_size=/rank= says "
+                                                 r"rank 1 of world size 4"):
+        detect_world(4, 1, {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"})
 
 
 @pytest.mark.parametrize("kwargs,environ,error,match", [

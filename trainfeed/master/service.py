@@ -41,7 +41,8 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage, read_manifest
-from trainfeed.master import auth
+from trainfeed.master import admission, auth
+from trainfeed.master.admission import Refusal
 from trainfeed.master.ledger import (
     DEFAULT_MAX_FAILURES,
     LeaseStatus,
@@ -58,6 +59,7 @@ from trainfeed.master.sessions import (
 )
 from trainfeed.master.stealing import Stealing
 from trainfeed.master.stores import StateStore
+from trainfeed.master.sync_group import SyncMembers
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import (
@@ -170,6 +172,14 @@ class Job:
     sessions: SessionKeys = field(default_factory=SessionKeys.new)
     # Work stealing: rates, outstanding asks (not state: a restart forgets them).
     stealing: Stealing = field(default_factory=Stealing)
+    # Issues 25, 26 (trainfeed.master.admission; not state: readers tell a restarted master
+    # again): the synchronous group's members, the delivery order of the job's readers (and
+    # which reader set it), readers whose partitions went to a reader restored from their
+    # checkpoint (worker id -> why).
+    members: SyncMembers | None = None
+    order: pb.DeliveryOrder | None = None
+    order_by: str = ""
+    superseded: dict[str, str] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -263,6 +273,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         grace = RESTART_GRACE_LEASES * self.config.lease_timeout_s
         for job in self.jobs.values():
             job.ledger.refresh_deadlines(now, grace)
+            admission.hold_off(job, now, now + grace)
 
     def alive(self) -> float:
         """Notes that the event loop runs, and returns the time. After a gap of more than STALL_S
@@ -287,6 +298,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 logger.warning("job %r: %d lease(s) expired, partitions %s back to todo",
                                job.name, len(overdue), overdue[:10])
                 self._save(job)
+                job.notify()
+            if admission.check_group(job, now, self.config.lease_timeout_s):
                 job.notify()
 
     def job_stats(self) -> list[JobStats]:
@@ -534,6 +547,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             logger.debug("job %r: %s is idle; asking %s to give back partition %d", job.name,
                          thief, victim, partition)
 
+    def _group_waits(self, job: Job, worker: str, now: float) -> bool:
+        """A synchronous rank is about to wait for records: whether its group is broken (a
+        rank that left counts as missing now), so that it is told at once, not after a wait."""
+        if job.members is None:
+            return False
+        if admission.check_group(job, now, self.config.lease_timeout_s, waiting=True):
+            job.notify()
+        return bool(job.members.message_for(worker))
+
     @staticmethod
     def _listed(job: Job, worker: str, held: Any) -> None:
         """A call's held leases, and which of them its trainer began: an ask for one begun is
@@ -637,6 +659,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if not job.rules.admits(res.name, res.gpus):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
+        await self._admit(job, request, context)
         if request.HasField("sync"):
             await self._join_group(job, request.sync, context)
         elif job.ledger.group is not None:
@@ -651,7 +674,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._touch(job, worker)
         resumed: list[int] = []
         cut: list[int] = []
+        if request.HasField("sync"):
+            await self._admit(job, request, context, worker)
         if request.HasField("resume"):
+            admission.superseded(job, request.resume.worker_id, request.worker_name, worker)
             resumed, cut = await self._resume(job, worker, request.resume, context)
         folder = dataset_storage(self.config.storage, job.manifest.name)
         return pb.OpenJobResponse(
@@ -698,6 +724,27 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     job.name, world, batch, ledger.epoch + (0 if ledger.untouched else 1),
                     f"; {ledger.dropped} records of it dropped" if ledger.untouched else "")
         await self._durably(job, context)
+
+    async def _admit(self, job: Job, request: pb.OpenJobRequest,
+                     context: grpc.aio.ServicerContext, worker: str = "") -> None:
+        """Before the reader has an id: FAILED_PRECONDITION for a reader whose delivery order
+        differs from the job's, or a synchronous rank a live reader holds; with its `worker`
+        id, makes it a member of the job's group (see trainfeed.master.admission)."""
+        now, timeout = time.time(), self.config.lease_timeout_s
+        name = request.worker_name or "a reader"
+        resumes = request.resume.worker_id if request.HasField("resume") else ""
+        if worker:
+            admission.join_rank(job, request.sync, worker, name, resumes, now, timeout)
+            return
+        try:
+            if request.HasField("order"):
+                admission.check_order(job, request.order, name, now, timeout)
+            if request.HasField("sync"):
+                admission.check_rank(job, request.sync, name, resumes, now, timeout)
+        except Refusal as e:
+            logger.warning("job %r: refused %s: %s", job.name, name, e.message[:500])
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, e.message,
+                                trailing_metadata=e.trailer)
 
     async def _check_resume(self, job: Job, resume: pb.ResumePosition,
                             context: grpc.aio.ServicerContext) -> None:
@@ -774,6 +821,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                "lost to a restart?); back to todo", job.name, worker, orphans)
                 changed = True
         self._touch(job, worker)
+        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
+                                 time.time())
+        why = admission.revoked_why(job, worker)
+        if stop or why:  # a broken synchronous group, or a superseded reader: no more tasks
+            if changed:
+                await self._durably(job, context)
+                job.notify()
+            return pb.GetTasksResponse(status=pb.GetTasksResponse.WAIT,
+                                       current_epoch=job.ledger.epoch, revoked=revoked,
+                                       group_broken=stop, revoked_why=why, superseded=why)
         epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(request.wait_ms, MAX_WAIT_MS) / 1000
@@ -794,6 +851,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 changed = False
             if result.status is not LeaseStatus.WAIT or loop.time() >= give_up:
                 break
+            if self._group_waits(job, worker, now):
+                break
             await job.wait_changed(give_up - loop.time())
         status = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
                   LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
@@ -810,7 +869,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             status=status, current_epoch=result.epoch, todo_left=len(job.ledger.todo),
             tasks=[self._task(job, result.epoch, p) for p in result.partitions], revoked=revoked,
             failed=failed, failed_known=failed_known,
-            give_back=self._asked_back(job, worker, held))
+            give_back=self._asked_back(job, worker, held),
+            group_broken=admission.on_call(job, worker, None, time.time()),
+            holders=(admission.holdings(job, time.time(), worker)
+                     if result.status is LeaseStatus.WAIT else ()),
+            revoked_why=admission.revoked_why(job, worker))
 
     async def Report(self, request: pb.ReportRequest,
                      context: grpc.aio.ServicerContext) -> pb.ReportResponse:
@@ -824,10 +887,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job.notify()
         self._listed(job, request.worker_id, request.held)
         self._touch(job, request.worker_id)
+        stop = admission.on_call(job, request.worker_id,
+                                 request.sync if request.HasField("sync") else None, time.time())
         return pb.ReportResponse(current_epoch=job.ledger.epoch,
                                  revoked=self._revoked(job, request.worker_id, held,
                                                        request.reports),
-                                 give_back=self._asked_back(job, request.worker_id, held))
+                                 give_back=self._asked_back(job, request.worker_id, held),
+                                 group_broken=stop,
+                                 revoked_why=admission.revoked_why(job, request.worker_id),
+                                 superseded=admission.revoked_why(job, request.worker_id))
 
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
@@ -836,6 +904,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
         job.stealing.forget(request.worker_id)
+        admission.left(job, request.worker_id, time.time())
         job.live_workers_at = 0.0
         if released:
             logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,

@@ -308,7 +308,7 @@ class DistributedBackend:
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
                  prefetch: int | None, distribution_rules: str = "",
                  resume: ReaderPosition | None = None, lost_partitions: str = "raise",
-                 group: SyncGroup | None = None):
+                 group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None):
         self.lost_policy = check_lost_policy(lost_partitions)
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
@@ -322,7 +322,7 @@ class DistributedBackend:
             sync = None if group is None else pb.SyncGroup(
                 world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
             self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
-                                         _rewind_request(resume), sync)
+                                         _rewind_request(resume), sync, order)
         except JobError as e:
             self.client.close()
             if resume is not None and _refused_resume(e):

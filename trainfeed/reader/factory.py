@@ -1,6 +1,8 @@
 """`dist.reader(name, ...)`: one call for a laptop and a cluster alike."""
 from __future__ import annotations
 
+import json
+import logging
 import warnings
 from typing import Any
 
@@ -11,8 +13,11 @@ from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lo
 from trainfeed.reader.options import ReaderArguments
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
-from trainfeed.reader.world import SyncGroup, detect_world
+from trainfeed.reader.world import SyncGroup, locate
 from trainfeed.storage import open_storage
+from trainfeed.v1 import master_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 
 def train_local() -> bool:
@@ -135,8 +140,9 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     # (a packed dataset's summary) or "all".
     rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
     check_lost_policy(lost_partitions)
+    order = delivery_order(options, seed, group)
     return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, depth, rules,
-                                                    resume, lost_partitions, group),
+                                                    resume, lost_partitions, group, order),
                   name, "distributed", state, options, seed, group)
 
 
@@ -152,5 +158,19 @@ def _sync_group(options: PipelineOptions, world_size: int | None,
     if options.decode.errors != "raise":
         raise ValueError('sync=True needs decode_errors="raise": a skipped record would leave '
                          "its rank a record short of the others")
-    size, index = detect_world(world_size, rank)
+    size, index, source = locate(world_size, rank)
+    logger.info("synchronous reader: rank %d of world size %d (from %s)", index, size, source)
     return SyncGroup(size, index, options.batch.size)
+
+
+def delivery_order(options: PipelineOptions, seed: int,
+                   group: SyncGroup | None) -> pb.DeliveryOrder:
+    """What shapes the order this reader delivers a job's records in, as it takes effect: the
+    master refuses a reader whose order differs from its job's (trainfeed.master.delivery_order)
+    rather than let the two deliver records twice or hang."""
+    resample = options.sampling.resample if options.resamples else None
+    buffer = options.sampling.shuffle_buffer
+    return pb.DeliveryOrder(
+        seed=seed, shuffle_buffer=buffer if options.mode == "train" and buffer > 1 else 0,
+        resample="" if resample is None else json.dumps(resample, sort_keys=True, default=str),
+        sync_batch_size=group.batch_size if group is not None else 0)

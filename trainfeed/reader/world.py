@@ -7,13 +7,21 @@ reader takes exactly `steps × batch_size` records per epoch, where `steps = rec
 (world_size × batch_size)`; the rest of the epoch (fewer than `world_size × batch_size`
 records, the last ones of its shuffled partition order) is dropped, and counted.
 
-Where the group comes from, first match wins: `world_size=`/`rank=` arguments; torchrun's
-`WORLD_SIZE`/`RANK`; `TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …: the order
-MultiWorkerMirroredStrategy numbers them); else a group of one (a laptop).
+Where the group comes from (`detect_world`), looked up in this order: an initialised
+`torch.distributed` process group (`torch.multiprocessing.spawn` + `init_process_group(rank=,
+world_size=)` sets no environment: without it each rank read the whole epoch, issue 26); the
+environment: torchrun's `WORLD_SIZE`/`RANK`, else SLURM's `SLURM_NTASKS`/`SLURM_PROCID`, else
+`TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …: the order
+MultiWorkerMirroredStrategy numbers them); then the `world_size=`/`rank=` arguments; else a group
+of one (a laptop). Sources that are set must agree: two that disagree are refused, each named
+with its value, rather than one silently winning. (SLURM's and TF_CONFIG's numbers describe the
+launcher's tasks, which torch.distributed may subdivide, as torchrun inside `srun` does: they
+are consulted only when neither torch.distributed nor WORLD_SIZE/RANK is set.)
 """
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -59,29 +67,84 @@ class SyncGroup:
 
 def detect_world(world_size: int | None = None, rank: int | None = None,
                  environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(world_size, rank) of this process: the arguments, else WORLD_SIZE/RANK, else
-    TF_CONFIG, else (1, 0).
+    """(world_size, rank) of this process: see `locate` (which also says where it came from)."""
+    world, index, _ = locate(world_size, rank, environ)
+    return world, index
+
+
+def locate(world_size: int | None = None, rank: int | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[int, int, str]:
+    """(world_size, rank, where they came from) of this process: an initialised
+    torch.distributed, the environment (WORLD_SIZE/RANK, else SLURM_NTASKS/SLURM_PROCID, else
+    TF_CONFIG), the arguments; else (1, 0, "default").
 
     Raises:
         ValueError: only one of world_size/rank is given, or they are out of range.
-        ConfigurationError: WORLD_SIZE without RANK (or the reverse), or a TF_CONFIG that does
-            not parse or names no training task.
+        ConfigurationError: two sources disagree (each is named with its values); WORLD_SIZE
+            without RANK (or the reverse), or a TF_CONFIG that does not parse or names no
+            training task.
     """
     if (world_size is None) != (rank is None):
         raise ValueError("pass world_size and rank together (or neither: they come from "
-                         "WORLD_SIZE/RANK, set by torchrun, or TF_CONFIG)")
+                         "torch.distributed, WORLD_SIZE/RANK set by torchrun, SLURM, or "
+                         "TF_CONFIG)")
+    found: list[tuple[int, int, str]] = []
+    torch_group = _from_torch()
+    if torch_group is not None:
+        found.append((*torch_group, "torch.distributed (init_process_group)"))
+    env = _from_environment(environ, launcher=torch_group is None)
+    if env is not None:
+        found.append(env)
     if world_size is not None and rank is not None:
-        return _checked(world_size, rank, "world_size=/rank=")
+        found.append((*_checked(world_size, rank, "world_size=/rank="), "world_size=/rank="))
+    if not found:
+        return 1, 0, "default (a group of one)"
+    first = found[0]
+    differ = [f for f in found[1:] if f[:2] != first[:2]]
+    if differ:
+        said = "; ".join(f"{source} says rank {r} of world size {w}" for w, r, source in found)
+        raise ConfigurationError(
+            f"synchronous reader: where this process stands in its group is given twice, "
+            f"differently: {said}. Make them agree, or drop all but one (torch.distributed, "
+            f"when initialised, is the one the trainer all-reduces with)")
+    return first
+
+
+def _from_torch() -> tuple[int, int] | None:
+    """(world_size, rank) of torch.distributed's default group, if this process initialised one.
+    Never imports torch: a process that did not import torch.distributed has no group."""
+    torch_dist = sys.modules.get("torch.distributed")
+    if torch_dist is None:
+        return None
+    try:
+        if not (torch_dist.is_available() and torch_dist.is_initialized()):
+            return None
+        return int(torch_dist.get_world_size()), int(torch_dist.get_rank())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _from_environment(environ: Mapping[str, str] | None,
+                      launcher: bool) -> tuple[int, int, str] | None:
+    """(world_size, rank, variables) from WORLD_SIZE/RANK; with `launcher`, else from SLURM's
+    task numbers, else TF_CONFIG; None if none is set."""
     env_world, env_rank = settings.WORLD_SIZE.get(environ), settings.RANK.get(environ)
     if env_world is not None or env_rank is not None:
         if env_world is None or env_rank is None:
             raise ConfigurationError(f"${settings.WORLD_SIZE.name} and ${settings.RANK.name} "
                                      "must be set together (torchrun sets both)")
-        return _checked(env_world, env_rank, "$WORLD_SIZE/$RANK")
+        source = f"${settings.WORLD_SIZE.name}/${settings.RANK.name}"
+        return (*_checked(env_world, env_rank, source), source)
+    if not launcher:
+        return None
+    tasks, task = settings.SLURM_NTASKS.get(environ), settings.SLURM_PROCID.get(environ)
+    if tasks is not None and task is not None:
+        source = f"${settings.SLURM_NTASKS.name}/${settings.SLURM_PROCID.name}"
+        return (*_checked(tasks, task, source), source)
     tf_config = settings.TF_CONFIG.get(environ)
     if tf_config is not None:
-        return _from_tf_config(tf_config)
-    return 1, 0
+        return (*_from_tf_config(tf_config), f"${settings.TF_CONFIG.name}")
+    return None
 
 
 def _checked(world_size: int, rank: int, source: str) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync")
+    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync", "order")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class OpenJobRequest(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     worker_name: str
@@ -25,7 +26,20 @@ class OpenJobRequest(_message.Message):
     resources: WorkerResources
     resume: ResumePosition
     sync: SyncGroup
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
+    order: DeliveryOrder
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., order: _Optional[_Union[DeliveryOrder, _Mapping]] = ...) -> None: ...
+
+class DeliveryOrder(_message.Message):
+    __slots__ = ("seed", "shuffle_buffer", "resample", "sync_batch_size")
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    shuffle_buffer: int
+    resample: str
+    sync_batch_size: int
+    def __init__(self, seed: _Optional[int] = ..., shuffle_buffer: _Optional[int] = ..., resample: _Optional[str] = ..., sync_batch_size: _Optional[int] = ...) -> None: ...
 
 class SyncGroup(_message.Message):
     __slots__ = ("world_size", "rank", "batch_size")
@@ -169,7 +183,7 @@ class RefusedReports(_message.Message):
     def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret")
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret", "sync")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +194,7 @@ class GetTasksRequest(_message.Message):
     HELD_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     epoch: int
@@ -190,7 +205,8 @@ class GetTasksRequest(_message.Message):
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
     max_records: int
     session_secret: str
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    sync: SyncGroup
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
 
 class HeldTask(_message.Message):
     __slots__ = ("epoch", "partition", "lease", "started")
@@ -205,7 +221,7 @@ class HeldTask(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., lease: _Optional[int] = ..., started: _Optional[bool] = ...) -> None: ...
 
 class GetTasksResponse(_message.Message):
-    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back")
+    __slots__ = ("status", "tasks", "current_epoch", "todo_left", "revoked", "failed", "failed_known", "give_back", "group_broken", "holders", "revoked_why", "superseded")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[GetTasksResponse.Status]
@@ -224,6 +240,10 @@ class GetTasksResponse(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILED_KNOWN_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     status: GetTasksResponse.Status
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     current_epoch: int
@@ -232,7 +252,23 @@ class GetTasksResponse(_message.Message):
     failed: _containers.RepeatedCompositeFieldContainer[FailedPartition]
     failed_known: bool
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    group_broken: str
+    holders: _containers.RepeatedCompositeFieldContainer[Holding]
+    revoked_why: str
+    superseded: str
+    def __init__(self, status: _Optional[_Union[GetTasksResponse.Status, str]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., current_epoch: _Optional[int] = ..., todo_left: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[FailedPartition, _Mapping]]] = ..., failed_known: _Optional[bool] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
+
+class Holding(_message.Message):
+    __slots__ = ("worker", "partitions", "lease_until", "quiet_s")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    QUIET_S_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    partitions: int
+    lease_until: float
+    quiet_s: float
+    def __init__(self, worker: _Optional[str] = ..., partitions: _Optional[int] = ..., lease_until: _Optional[float] = ..., quiet_s: _Optional[float] = ...) -> None: ...
 
 class FailedPartition(_message.Message):
     __slots__ = ("partition", "reason", "num_records")
@@ -245,28 +281,36 @@ class FailedPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., reason: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "reports", "held", "session_secret")
+    __slots__ = ("job", "worker_id", "reports", "held", "session_secret", "sync")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
     session_secret: str
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    sync: SyncGroup
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("current_epoch", "revoked", "give_back")
+    __slots__ = ("current_epoch", "revoked", "give_back", "group_broken", "revoked_why", "superseded")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+    group_broken: str
+    revoked_why: str
+    superseded: str
+    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., revoked_why: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
     __slots__ = ("job", "worker_id", "session_secret")

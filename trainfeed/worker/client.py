@@ -19,6 +19,7 @@ reader no longer holds their lease), the call is retried at once without them, a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 import re
@@ -33,8 +34,10 @@ from trainfeed import settings
 from trainfeed.errors import (
     AuthenticationError,
     ConfigurationError,
+    DeliveryOrderError,
     JobError,
     MasterUnavailableError,
+    RankTakenError,
 )
 from trainfeed.security import (
     TLS_CA_ENV,
@@ -73,6 +76,26 @@ REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
 # (A master that refuses this client's certificate just closes the connection: "Socket closed".)
 _TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
+# Which refusal a FAILED_PRECONDITION OpenJob answer is (trainfeed.master.admission), and for a
+# taken rank how long its holder has been quiet and may stay quiet before it is presumed dead.
+REFUSAL_TRAILER = "trainfeed-refusal"
+RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"
+RANK_LAPSE_TRAILER = "trainfeed-rank-lapse-s"
+_REFUSALS: dict[str, type[JobError]] = {"rank-taken": RankTakenError,
+                                        "delivery-order": DeliveryOrderError}
+# A call retried this long logs what it waits for and until when (then every WAIT_LOG_EVERY_S):
+# no wait longer than that is silent.
+WAIT_LOG_S = 5.0
+WAIT_LOG_EVERY_S = 30.0
+# A claim on a synchronous rank whose holder went quiet (a process restarted in its place) is
+# retried this often until the holder's claim lapses; a holder heard from meanwhile is alive.
+RANK_RETRY_S = 0.5
+# What gRPC says when the connection closed during or instead of a TLS handshake (a plaintext
+# client at a TLS master: "Socket closed"; a TLS client at a plaintext one: "handshake",
+# "WRONG_VERSION_NUMBER"), as opposed to a master that is not there ("Connection refused").
+_TLS_MISMATCH = re.compile(r"socket closed|handshake|ssl|tls|wrong_version|end of file",
+                           re.IGNORECASE)
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -111,6 +134,7 @@ class MasterClient:
     def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
         started = time.monotonic()
         delay = 0.05
+        logged = 0.0  # when the last "still unreachable" line was logged (monotonic)
         while True:
             try:
                 return method(request, timeout=timeout, metadata=self._metadata)
@@ -126,6 +150,13 @@ class MasterClient:
                     refused = _refused(e)
                     if refused:
                         raise _Refused(refused, details) from None
+                    kind = _trailer(e, REFUSAL_TRAILER)
+                    if kind in _REFUSALS:
+                        error = _REFUSALS[kind](f"master {self.address}: {details}")
+                        if kind == "rank-taken":
+                            raise _RankTaken(error, float(_trailer(e, RANK_QUIET_TRAILER) or 0),
+                                             float(_trailer(e, RANK_LAPSE_TRAILER) or 0)) from None
+                        raise error from None
                 if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
                                               and _TOO_LARGE.search(details or "")):
                     raise JobError(f"master {self.address}: {code.name}: {details}") from None
@@ -139,7 +170,14 @@ class MasterClient:
                     raise MasterUnavailableError(
                         f"master {self.address} unreachable for {waited:.0f} s ({details}); "
                         f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
-                        f"{self._unreachable_hint()}") from None
+                        f"{self._unreachable_hint(details)}") from None
+                if waited >= WAIT_LOG_S and time.monotonic() - logged >= WAIT_LOG_EVERY_S:
+                    logged = time.monotonic()
+                    logger.warning(
+                        "master %s unreachable for %.0f s (%s); retrying until %s (give-up "
+                        "time: $%s=%g)", self.address, waited, details,
+                        _clock(time.time() + self.give_up_s - waited), GIVE_UP_ENV,
+                        self.give_up_s)
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
@@ -165,8 +203,11 @@ class MasterClient:
             response.revoked.extend(refused)  # type: ignore[attr-defined]
             return response
 
-    def _unreachable_hint(self) -> str:
-        # A master that closes the connection at once may want TLS, or a client certificate.
+    def _unreachable_hint(self, details: str | None) -> str:
+        # A master that closes the connection at once may want TLS, or a client certificate;
+        # one that refuses the connection is not there, whatever it serves.
+        if not _TLS_MISMATCH.search(details or ""):
+            return ""
         if not self.security.tls:
             return f"; if it serves TLS, set ${TLS_CA_ENV}"
         return (f"; if it requires client certificates, set ${TLS_CERT_ENV} and ${TLS_KEY_ENV} "
@@ -174,19 +215,40 @@ class MasterClient:
 
     def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
                  resume: pb.ResumePosition | None = None,
-                 sync: pb.SyncGroup | None = None) -> pb.OpenJobResponse:
+                 sync: pb.SyncGroup | None = None,
+                 order: pb.DeliveryOrder | None = None) -> pb.OpenJobResponse:
+        """Joins `job`. `order`: what shapes this reader's delivery order (a reader whose order
+        differs from the job's raises DeliveryOrderError). A synchronous rank (`sync`) held by a
+        live reader raises RankTakenError; one whose holder went quiet (a restarted process in
+        its place) is claimed again until the holder's claim lapses."""
         name = f"{socket.gethostname()}:{os.getpid()}"
         if sync is not None:
             name = f"rank{sync.rank}-{name}"
         # The master refuses names over 256 bytes or not printable ASCII (a very long FQDN).
         name = "".join(c if c.isascii() and c.isprintable() else "?" for c in name)
         name = name[:WORKER_NAME_MAX_BYTES]
-        opened = self._call(self._stub.OpenJob, pb.OpenJobRequest(
+        request = pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
-            resume=resume, sync=sync), CALL_TIMEOUT_S)
-        self._secrets[(opened.job, opened.worker_id)] = opened.session_secret
-        return opened
+            resume=resume, sync=sync, order=order)
+        holder_heard: float | None = None  # when the rank's holder was last heard (wall clock)
+        logged = False
+        while True:
+            try:
+                opened = self._call(self._stub.OpenJob, request, CALL_TIMEOUT_S)
+            except _RankTaken as e:
+                heard = time.time() - e.quiet_s
+                if holder_heard is not None and heard > holder_heard + RANK_RETRY_S:
+                    raise e.error from None  # heard from since: a live process holds the rank
+                holder_heard = heard if holder_heard is None else holder_heard
+                if not logged:
+                    logged = True
+                    logger.warning("%s; waiting until %s to see whether its holder is alive",
+                                   e.error, _clock(time.time() + e.lapse_s))
+                time.sleep(min(RANK_RETRY_S, max(0.05, e.lapse_s)))
+                continue
+            self._secrets[(opened.job, opened.worker_id)] = opened.session_secret
+            return opened
 
     def secret(self, job: str, worker: str) -> str:
         """The session secret of `worker` ("" for a worker this client did not open)."""
@@ -196,7 +258,8 @@ class MasterClient:
                   reports: Iterable[pb.TaskReport] = (),
                   held: Iterable[tuple[int, int, int]] | None = None,
                   max_records: int = 0,
-                  started: Collection[tuple[int, int, int]] = ()) -> pb.GetTasksResponse:
+                  started: Collection[tuple[int, int, int]] = (),
+                  sync: pb.SyncGroup | None = None) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
@@ -206,18 +269,19 @@ class MasterClient:
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
             max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
             reconcile=held is not None, max_records=max_records,
-            held=_held_tasks(held or (), started)),
+            held=_held_tasks(held or (), started), sync=sync),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
                held: Iterable[tuple[int, int, int]] = (),
-               started: Collection[tuple[int, int, int]] = ()) -> pb.ReportResponse:
+               started: Collection[tuple[int, int, int]] = (),
+               sync: pb.SyncGroup | None = None) -> pb.ReportResponse:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
         (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
         for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
-            reports=list(reports), held=_held_tasks(held, started)),
+            reports=list(reports), held=_held_tasks(held, started), sync=sync),
             CALL_TIMEOUT_S)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
@@ -245,6 +309,29 @@ class _Refused(Exception):
         super().__init__(details)
         self.refused = refused
         self.details = details
+
+
+class _RankTaken(Exception):
+    """OpenJob refused a synchronous rank that another reader holds: `error` to raise, unless
+    its holder stays quiet `lapse_s` more seconds (it was quiet `quiet_s`)."""
+
+    def __init__(self, error: JobError, quiet_s: float, lapse_s: float):
+        super().__init__(str(error))
+        self.error, self.quiet_s, self.lapse_s = error, quiet_s, lapse_s
+
+
+def _trailer(error: grpc.RpcError, key: str) -> str | None:
+    """A text value of an error's trailing metadata."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for name, value in (trailing() if callable(trailing) else None) or ():
+        if name == key:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def _clock(unix: float) -> str:
+    """A wall-clock time for a log line: 23:05:17."""
+    return time.strftime("%H:%M:%S", time.localtime(unix))
 
 
 def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:

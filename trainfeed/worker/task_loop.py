@@ -24,6 +24,8 @@ from trainfeed.errors import (
     CorruptDatasetError,
     MasterUnavailableError,
     PartitionReadError,
+    SupersededError,
+    SyncGroupBrokenError,
     SyncShortfallError,
 )
 from trainfeed.storage import Storage
@@ -59,6 +61,10 @@ STEAL_POLL_S = 0.25
 LEASE_HORIZON_S = 2.0
 LEASE_RATE_WINDOW = 16
 MIN_LEASES = 2
+# A pass waiting this long for partitions others hold logs what it waits for and until when
+# (again when that changes, or every WAIT_LOG_EVERY_S): no wait over 5 s is silent (issue 26).
+WAIT_LOG_S = 5.0
+WAIT_LOG_EVERY_S = 30.0
 
 # Reads a task's partition as the trainer will get it: its records in delivery order, minus the
 # `task.skip` first ones (trainfeed.reader.batcher.partition_loader builds the pipeline's).
@@ -79,9 +85,13 @@ class WorkerSession:
 
     def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
                  distribution_rules: str = "", resume: pb.ResumePosition | None = None,
-                 sync: pb.SyncGroup | None = None):
+                 sync: pb.SyncGroup | None = None, order: pb.DeliveryOrder | None = None):
         self.client = client
-        opened = client.open_job(job, dataset, seed, distribution_rules, resume, sync)
+        opened = client.open_job(job, dataset, seed, distribution_rules, resume, sync, order)
+        # A synchronous rank's group, sent with every call (a restarted master learns it again),
+        # and why the group broke once the master said so (raised at the trainer's next batch).
+        self.sync = sync
+        self.broken: SyncGroupBrokenError | None = None
         self.resumed_partitions = opened.resumed_partitions
         self.job = opened.job
         self.worker = opened.worker_id
@@ -153,6 +163,8 @@ class WorkerSession:
     # -- reports ------------------------------------------------------------------------------
     def note_progress(self, task: TaskRef, handed: int) -> None:
         """The trainer consumed the first `handed` records of this holder's share of `task`."""
+        if self.broken is not None:
+            raise self.broken
         key = (task.epoch, task.partition)
         consumed = task.skip + handed
         with self._cond:
@@ -270,20 +282,42 @@ class WorkerSession:
         started = time.monotonic()
         held, begun = self._held_now()
         try:
-            response = self.client.report(self.job, self.worker, reports, held, begun)
+            response = self.client.report(self.job, self.worker, reports, held, begun,
+                                          sync=self.sync)
         except BaseException:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
             raise
-        self._revoke(response.revoked, started)
+        self._group_broken(response.group_broken)
+        self._superseded(response.superseded)
+        self._revoke(response.revoked, started, response.revoked_why)
         self._confirmed(reports)
         self._give_back(response.give_back)
         self._contacted()
 
     # -- fencing: leases the master took away (issue 14) ----------------------------------------
-    def _revoke(self, revoked: Sequence[pb.HeldTask], started: float) -> None:
+    def _group_broken(self, why: str) -> None:
+        """The master said this rank's synchronous group broke (`why` names the missing
+        ranks; "" if not): from now on the pass and the trainer's next batch raise."""
+        if not why or self.broken is not None:
+            return
+        self.broken = SyncGroupBrokenError(f"job {self.job!r}: {why}")
+        self.error = self.error or self.broken
+        logger.error("%s", self.broken)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _superseded(self, why: str) -> None:
+        """The master said a reader restored from this one's checkpoint took over (`why`; ""
+        if not): this reader's passes raise from now on."""
+        if why and not isinstance(self.error, SupersededError):
+            self.error = SupersededError(f"job {self.job!r}: {why}; this reader gets no more "
+                                         f"tasks (close it, and read on with the restored one)")
+
+    def _revoke(self, revoked: Sequence[pb.HeldTask], started: float, why: str = "") -> None:
         """A call that started at `started` (monotonic) succeeded: our other leases are renewed
-        until a lease timeout after it; `revoked` ones are not ours any more (forget them)."""
+        until a lease timeout after it; `revoked` ones are not ours any more (forget them).
+        `why`: the master's reason, when it is not an expiry."""
         gone: list[tuple[int, int]] = []
         with self._cond:
             self._leases_sure_until = max(self._leases_sure_until,
@@ -301,9 +335,10 @@ class WorkerSession:
                 self._lost.add((*key, t.lease))
                 gone.append(key)
         if gone:
-            logger.warning("the master took away %d lease(s) of this reader (it was frozen or "
-                           "cut off longer than the lease timeout?); their undelivered records "
-                           "are dropped: %s", len(gone), gone[:10])
+            logger.warning("the master took away %d lease(s) of this reader (%s); their "
+                           "undelivered records are dropped: %s", len(gone),
+                           why or "it was not heard from for longer than the lease timeout: "
+                           "frozen, or cut off from the master?", gone[:10])
 
     def _unkeep(self, key: tuple[int, int], lease: int) -> None:
         """A held lease's records will not be delivered here (given back, failed, revoked): a
@@ -358,6 +393,8 @@ class WorkerSession:
         the trainer must be dropped (another reader delivers them). Past the time the lease is
         sure to live (this process was frozen, or the master unreachable), first confirms with
         a heartbeat: blocks until the master answers."""
+        if self.broken is not None:
+            raise self.broken
         key = (task.epoch, task.partition, task.lease)
         if key in self._lost:
             return True
@@ -420,6 +457,8 @@ class WorkerSession:
                 return
             except Exception:
                 logger.exception("report to master failed; retrying")
+            if self.broken is not None:
+                return  # the group is over: nothing to renew
 
     # -- passes -------------------------------------------------------------------------------
     def open_pass(self, epoch: int, depth: int, on_epoch: Callable[[int], None],
@@ -476,6 +515,7 @@ class WorkerSession:
         # Ask when half the window is free (or the consumer runs dry): a few fat calls, not one
         # call per partition.
         low_water = max(1, credits.total // 2)
+        waits = _WaitLog(self.job)
         with self._cond:
             self._outstanding = 0
             self._need = quota
@@ -533,18 +573,25 @@ class WorkerSession:
                 held, begun = self._held_now()
                 try:
                     response = self.client.get_tasks(self.job, self.worker, epoch, free,
-                                                     LONG_POLL_MS if long_poll else 0,
+                                                     waits.poll_ms() if long_poll else 0,
                                                      reports, held=held,
                                                      max_records=max(0, still or 0),
-                                                     started=begun)
+                                                     started=begun, sync=self.sync)
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports
                     raise
                 finally:
                     self._set_fetching(True)
-                self._revoke(response.revoked, started)
+                self._group_broken(response.group_broken)
+                self._superseded(response.superseded)
+                if self.broken is not None:
+                    raise self.broken
+                if isinstance(self.error, SupersededError):
+                    raise self.error
+                self._revoke(response.revoked, started, response.revoked_why)
                 self._confirmed(reports)
+                waits.saw(response, epoch, started)
                 with self._cond:
                     self._held.update(((t.epoch, t.partition), t.lease) for t in response.tasks)
                 self._give_back(response.give_back)
@@ -642,3 +689,59 @@ class WorkerSession:
             self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)
+
+
+class _WaitLog:
+    """Says, once a pass has waited WAIT_LOG_S for partitions that others hold, what it waits
+    for and until when: the holders and when their leases run out (a dead reader's at the end
+    of its lease; a live one's are renewed). Again when the holders change, or every
+    WAIT_LOG_EVERY_S. Not thread-safe: the producer's own."""
+
+    def __init__(self, job: str):
+        self.job = job
+        self.since: float | None = None  # when the current run of WAIT answers began
+        self.logged_at = 0.0
+        self.logged: tuple[str, ...] = ()
+
+    def poll_ms(self) -> int:
+        """How long the next long-poll may wait: LONG_POLL_MS, or less when a log line is due
+        sooner (so that it comes at WAIT_LOG_S, not up to a poll later)."""
+        if self.since is None or self.logged_at >= self.since:
+            return LONG_POLL_MS
+        due = self.since + WAIT_LOG_S - time.monotonic()
+        return max(100, min(LONG_POLL_MS, int(due * 1000) + 50))
+
+    def saw(self, response: pb.GetTasksResponse, asked: int, asked_at: float) -> None:
+        """An answer to a call made at `asked_at` (monotonic): a WAIT's long-poll waited from
+        then on."""
+        now = time.monotonic()
+        if response.status != pb.GetTasksResponse.WAIT:
+            self.since = None
+            return
+        if self.since is None:
+            self.since = asked_at
+        holders = tuple(sorted(h.worker for h in response.holders))
+        quiet_for = now - self.logged_at
+        if now - self.since < WAIT_LOG_S or quiet_for < WAIT_LOG_S or (
+                holders == self.logged and quiet_for < WAIT_LOG_EVERY_S):
+            return
+        self.logged, self.logged_at = holders, now
+        logger.warning("job %r: %s", self.job, describe_wait(response, asked, now - self.since))
+
+
+def describe_wait(response: pb.GetTasksResponse, asked: int, waited: float) -> str:
+    """What a pass that got WAIT answers for `waited` seconds waits for, and until when."""
+    epoch = response.current_epoch
+    what = (f"epoch {asked} starts once epoch {epoch} is complete" if asked > epoch
+            else f"epoch {epoch}'s last partitions")
+    if not response.holders:
+        return (f"waited {waited:.0f} s for {what}; no reader holds a lease on its remaining "
+                f"partitions (a synchronous rank short of its share?)")
+    now = time.time()
+    held = "; ".join(
+        f"{h.partitions} held by {h.worker} until "
+        f"{time.strftime('%H:%M:%S', time.localtime(h.lease_until))}"
+        + (f" (not heard from for {h.quiet_s:.0f} s: its lease runs out then)"
+           if h.quiet_s > 2 and h.lease_until > now else " (renewed while it lives)")
+        for h in response.holders)
+    return f"waited {waited:.0f} s for {what}: waiting for partitions {held}"

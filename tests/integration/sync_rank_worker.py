@@ -1,0 +1,97 @@
+"""A synchronous rank for tests/integration/test_sync_groups.py, run as a separate process.
+
+Modes:
+- `rank` (default): one rank as torchrun starts it (WORLD_SIZE/RANK in the environment, and with
+  `--gloo` a gloo process group from MASTER_ADDR/MASTER_PORT). It reads `--epochs` passes of
+  `dist.reader(DATASET, sync=True)` and appends a JSON line per batch to `--out`
+  ({"rank", "epoch", "ids"}), flushed at once; `--hang-before-reader` makes it a rank that never
+  arrives (it sleeps instead of reading). On an exception it appends {"error": type, "message",
+  "t": wall clock} and exits 3.
+- `spawn`: `torch.multiprocessing.spawn` of `--world` processes, each calling
+  `init_process_group("gloo", rank=, world_size=)` with no WORLD_SIZE/RANK in the environment
+  (issue 26's user), then reading as above into `--out` + its rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from trainfeed import dist
+
+
+def write(path: str, line: dict[str, Any]) -> None:
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
+    reader = dist.reader(args.dataset, sync=True, batch_size=args.batch)
+    try:
+        for _ in range(args.epochs):
+            for batch in reader():
+                write(out, {"rank": rank, "epoch": reader.epoch, "ids": batch["_id"].tolist(),
+                            "t": time.time()})
+                time.sleep(args.delay)
+    finally:
+        reader.close()
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    torch_dist: Any = None
+    if args.gloo:
+        import torch.distributed as torch_dist
+        torch_dist.init_process_group("gloo")
+    rank = int(os.environ.get("RANK", "-1"))
+    out = args.out + (str(rank) if args.per_rank else "")
+    try:
+        if args.hang_before_reader:
+            time.sleep(3600)
+        read(args, out, rank)
+    except Exception as e:
+        write(out, {"rank": rank, "error": type(e).__name__, "message": str(e),
+                    "t": time.time(), "trace": traceback.format_exc()[-2000:]})
+        return 3
+    finally:
+        if torch_dist is not None and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+    return 0
+
+
+def spawned(rank: int, args: argparse.Namespace) -> None:
+    import torch.distributed as torch_dist
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                  rank=rank, world_size=args.world)
+    try:
+        read(args, f"{args.out}{rank}", rank)
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", nargs="?", default="rank", choices=("rank", "spawn"))
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--gloo", action="store_true")
+    parser.add_argument("--per-rank", action="store_true", help="--out + RANK")
+    parser.add_argument("--hang-before-reader", action="store_true")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    if args.mode == "spawn":
+        import torch.multiprocessing as mp
+        mp.spawn(spawned, args=(args,), nprocs=args.world, join=True)
+        return 0
+    return rank_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

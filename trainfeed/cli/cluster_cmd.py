@@ -12,6 +12,7 @@ import secrets
 import sys
 from typing import Any
 
+from trainfeed.cli.common import whole_number_or_none
 from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
 from trainfeed.cluster.jobs import Cluster
@@ -63,14 +64,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _ttl(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected whole seconds or 'none', got {text!r}") from None
+_ttl = whole_number_or_none("whole seconds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

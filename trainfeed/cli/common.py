@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from trainfeed.storage import STORAGE_ENV, Storage, open_storage
 
@@ -19,3 +20,17 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
 
 def storage_from(args: argparse.Namespace) -> Storage:
     return open_storage(args.storage, s3_endpoint=args.s3_endpoint)
+
+
+def whole_number_or_none(expected: str) -> Callable[[str], int | None]:
+    """An argparse type for an option that takes a whole number or 'none' (None); `expected`
+    names the number in the error ("a port number")."""
+    def parse(text: str) -> int | None:
+        if text.lower() == "none":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {expected} or 'none', got {text!r}") from None
+    return parse

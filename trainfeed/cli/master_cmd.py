@@ -5,7 +5,7 @@ import argparse
 import logging
 
 from trainfeed import settings
-from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.cli.common import add_storage_options, storage_from, whole_number_or_none
 from trainfeed.errors import ConfigurationError
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
 from trainfeed.master.server import (
@@ -98,14 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _metrics_port(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a port number or 'none', got {text!r}") from None
+_metrics_port = whole_number_or_none("a port number")
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:

@@ -201,3 +201,22 @@ def test_a_restart_rewrite_leaves_an_image_over_the_budget_as_it_is() -> None:
     data = jpeg_bomb(64, 64)
     assert roi.with_restarts(data, max_pixels=64 * 63) is data
     assert roi._jpeg_region.restart_interval(roi.with_restarts(data, max_pixels=64 * 64)) > 0
+
+
+
+def test_the_region_decoder_s_own_budget_check_is_not_taken_for_damage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: should the Python reading of a header ever say less than the
+    extension's, the extension's own PixelBudgetError refuses the image: it is not mistaken
+    for damage and handed to a whole-image decoder (which would allocate it)."""
+    from trainfeed.worker.crops import Window
+
+    if roi._jpeg_region is None:
+        pytest.skip("the region decoder is not built")
+    data = photo(64, 48)
+    monkeypatch.setattr(roi, "header_size", lambda _data: (8, 8))  # a reading that says less
+    dst = np.empty((16, 16, 3), np.uint8)
+    with pytest.raises(PixelBudgetError, match="budget"):
+        roi.decode_crop(data, lambda h, w: Window(0, 0, 8, 8), dst, max_pixels=1000)
+    assert roi.with_restarts(data, max_pixels=1000) == data  # bytes kept, not rewritten
+    assert roi.with_restarts(data) != data

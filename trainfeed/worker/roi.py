@@ -47,6 +47,7 @@ import simplejpeg
 
 from trainfeed.worker.crops import Window
 from trainfeed.worker.pixel_budget import (
+    PixelBudgetError,
     check_pixels,
     header_size,
     max_image_pixels,
@@ -126,9 +127,10 @@ def with_restarts(data: bytes, max_pixels: int | None = None) -> bytes:
     budget = max_pixels if max_pixels is not None else max_image_pixels()
     if size is not None and size[0] * size[1] > budget:
         return data
-    try:
-        rewritten: bytes = _jpeg_region.add_restarts(data, RESTART_TARGET_PIXELS)
-    except ValueError:
+    try:  # the extension checks the budget again, from its own reading of the header
+        rewritten: bytes = _jpeg_region.add_restarts(data, RESTART_TARGET_PIXELS,
+                                                     max_pixels=budget)
+    except ValueError:  # its PixelBudgetError included: the bytes are kept, as for damage
         return data
     return rewritten
 
@@ -137,15 +139,23 @@ _scratch = threading.local()
 
 
 def _decode_region(data: bytes | memoryview, window: Window, k: int, channels: int,
-                   fast_dct: bool) -> np.ndarray:
+                   fast_dct: bool, budget: int) -> np.ndarray:
     """The window (in pixels of the image scaled by 1/k) decoded alone, as a view of this
-    thread's scratch buffer: valid until the thread's next call."""
+    thread's scratch buffer: valid until the thread's next call.
+
+    Raises PixelBudgetError where the extension's own reading of the header declares more than
+    `budget` pixels (defence in depth: the caller checked its own reading already), not the
+    ValueError of damaged data after which the whole-image decoders are tried."""
     need = window.height * (window.width + _jpeg_region.MARGIN) * channels
     buffer = getattr(_scratch, "buffer", None)
     if buffer is None or buffer.size < need:
         buffer = _scratch.buffer = np.empty(max(need, 1 << 20), np.uint8)
-    row, dx = _jpeg_region.decode_region(data, buffer, window.left, window.top, window.width,
-                                         window.height, k, channels, fast_dct)
+    try:
+        row, dx = _jpeg_region.decode_region(data, buffer, window.left, window.top,
+                                             window.width, window.height, k, channels, fast_dct,
+                                             max_pixels=budget)
+    except _jpeg_region.PixelBudgetError as e:
+        raise PixelBudgetError(str(e)) from None
     rows = buffer[:window.height * row * channels].reshape(window.height, row, channels)
     return rows[:, dx:dx + window.width]
 
@@ -179,7 +189,9 @@ def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: 
             if _jpeg_region is not None:
                 scaled = window.on_grid(k, height, width).divided(k) if k > 1 else window
                 try:
-                    crop = _decode_region(data, scaled, k, channels, fast_dct)
+                    crop = _decode_region(data, scaled, k, channels, fast_dct, budget)
+                except PixelBudgetError:
+                    raise  # not a damaged file: no whole-image decoder may try it either
                 except ValueError:
                     pass  # damaged, CMYK...: the whole-image paths below say what they can
                 else:
@@ -192,6 +204,8 @@ def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: 
                                                min_height=math.ceil(height / k),
                                                min_width=math.ceil(width / k))
                 window = window.on_grid(k, height, width).divided(k)
+        except PixelBudgetError:
+            raise
         except ValueError:
             image = None  # e.g. a CMYK, progressive-arithmetic or damaged JPEG: Pillow tries
     if image is None:

@@ -1,6 +1,42 @@
 """trainfeed: an elastic master/worker data service that feeds deep-learning training."""
 from trainfeed import dist
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import (
+    AuthenticationError,
+    CheckpointError,
+    ClusterError,
+    ConcurrentUploadError,
+    ConfigurationError,
+    CorruptDatasetError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    DecodeError,
+    DeliveryOrderError,
+    EtcdUnavailableError,
+    InvalidNameError,
+    InvalidQueryError,
+    JobError,
+    LeadershipError,
+    ListFileError,
+    LostRecordsError,
+    MasterUnavailableError,
+    MissingFilesError,
+    OutsidePathsError,
+    OversizeRecordsError,
+    PartitionReadError,
+    PixelBudgetError,
+    PreprocessError,
+    RankTakenError,
+    SqlError,
+    StateStoreError,
+    StorageAccessError,
+    SupersededError,
+    SyncGroupBrokenError,
+    SyncShortfallError,
+    TrainfeedError,
+    UndecodableImagesError,
+    UnknownColumnError,
+    UnknownLabelError,
+)
 from trainfeed.reader.batch import batch
 from trainfeed.reader.options import (
     BatchOptions,
@@ -13,7 +49,15 @@ from trainfeed.reader.options import (
 from trainfeed.reader.reader import Reader
 from trainfeed.upload import UploadOptions, upload
 
-__all__ = ["BatchOptions", "DecodeOptions", "LabelOptions", "PipelineOptions", "Reader",
-           "SamplingOptions", "TrainfeedError", "TransformOptions", "UploadOptions", "batch",
-           "dist", "upload"]
+__all__ = ["AuthenticationError", "BatchOptions", "CheckpointError", "ClusterError",
+           "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",
+           "DatasetExistsError", "DatasetNotFoundError", "DecodeError", "DecodeOptions",
+           "DeliveryOrderError", "EtcdUnavailableError", "InvalidNameError", "InvalidQueryError",
+           "JobError", "LabelOptions", "LeadershipError", "ListFileError", "LostRecordsError",
+           "MasterUnavailableError", "MissingFilesError", "OutsidePathsError",
+           "OversizeRecordsError", "PartitionReadError", "PipelineOptions", "PixelBudgetError",
+           "PreprocessError", "RankTakenError", "Reader", "SamplingOptions", "SqlError",
+           "StateStoreError", "StorageAccessError", "SupersededError", "SyncGroupBrokenError",
+           "SyncShortfallError", "TrainfeedError", "TransformOptions", "UndecodableImagesError",
+           "UnknownColumnError", "UnknownLabelError", "UploadOptions", "batch", "dist", "upload"]
 __version__ = "0.1.0"

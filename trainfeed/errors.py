@@ -167,3 +167,50 @@ class DeliveryOrderError(JobError):
 class SupersededError(JobError):
     """A reader restored from this reader's checkpoint took over its partitions: this reader
     gets no more tasks (its records would be delivered twice). Close it."""
+
+
+class EtcdUnavailableError(TrainfeedError, ConnectionError):
+    """The master's `etcd://` state store could not reach etcd (connection refused or timed
+    out); the message names the state URL and the etcd address. Start etcd or correct the
+    address in the state URL."""
+
+
+class DecodeError(TrainfeedError):
+    """A record's bytes are not an image this pipeline can decode (damaged, an unknown format,
+    over the pixel budget), or a batch mixes image shapes. Raised under the reader's default
+    `decode_errors="raise"`; the message names the record, its source file and list line. Fix or
+    drop the file, or read with `decode_errors="skip"` to count and log such records instead."""
+
+
+class PixelBudgetError(TrainfeedError, ValueError):
+    """An image's header declares more pixels than the pixel budget allows
+    (`$TRAINFEED_MAX_IMAGE_PIXELS`), a possible decompression bomb: refused before a pixel is
+    allocated. The decoders report it as a DecodeError naming the record; raise the budget if
+    such images are meant to be data."""
+
+
+class UnknownLabelError(TrainfeedError, ValueError):
+    """A record's label is not among the class values the reader maps to ids (e.g. a validation
+    set with a class the training set lacks); the message names the record and the label. Pass
+    the training reader's class values, or correct the label."""
+
+
+class PreprocessError(TrainfeedError, ValueError):
+    """A source column that `trainfeed.preprocess` cannot pack as MADlib does (missing,
+    non-numeric, ragged, an unknown class, too small a `num_classes`); the message names the
+    column and the row."""
+
+
+class SqlError(TrainfeedError):
+    """A SQL source's query or connection failed; the message names the database URL (never its
+    password) and the database's own error."""
+
+
+class InvalidQueryError(SqlError, ValueError):
+    """A SQL source's query is not exactly one statement (empty, or several separated by ``;``):
+    pass one SELECT."""
+
+
+class UnknownColumnError(SqlError, LookupError):
+    """A key or statistics column named for a SQL source that the query's result does not have;
+    the message names the column and the ones the result has."""

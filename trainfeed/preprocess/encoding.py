@@ -15,14 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import PreprocessError
 
 # MADlib stores one-hot dependent variables as small integers.
 ONE_HOT_DTYPE = np.int16
-
-
-class PreprocessError(TrainfeedError, ValueError):
-    """A source column that cannot be packed (missing, non-numeric, ragged, unknown class)."""
 
 
 def class_values(values: Iterable[Any], column: str,

@@ -13,12 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import UnknownLabelError
 from trainfeed.formats.labels import STRING_ORDER, sorted_labels
-
-
-class UnknownLabelError(TrainfeedError, ValueError):
-    """A record's label is not among the class values."""
 
 
 class ClassIndex:

@@ -34,7 +34,7 @@ import simplejpeg
 from PIL import Image, features
 
 from trainfeed import settings
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import DecodeError
 from trainfeed.worker.array_pool import ArrayPool
 from trainfeed.worker.crops import CropOptions, record_uniforms
 from trainfeed.worker.jitter import color_jitter
@@ -101,10 +101,6 @@ def binary_views(column: pa.ChunkedArray) -> list[bytes | memoryview]:
 def jpeg_fast_path(data: bytes | memoryview) -> bool:
     """Whether `data` goes through simplejpeg (libjpeg-turbo) rather than Pillow."""
     return data[:2] == JPEG_MAGIC
-
-
-class DecodeError(TrainfeedError):
-    """A record's bytes are not an image this pipeline can decode."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from trainfeed import settings
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import PixelBudgetError
 
 try:  # built by setup.py where libjpeg-turbo's headers were found (see trainfeed.worker.roi)
     import trainfeed.worker._jpeg_region as _jpeg_region
@@ -50,10 +50,6 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # Markers without a length: TEM, RST0-7 (SOI and EOI never occur inside a header).
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
-
-
-class PixelBudgetError(TrainfeedError, ValueError):
-    """An image declares more pixels than the pixel budget allows: refused before decoding."""
 
 
 def max_image_pixels() -> int:

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from trainfeed.errors import ConfigurationError, LeadershipError, TrainfeedError
+from trainfeed.errors import (
+    ConfigurationError,
+    EtcdUnavailableError,
+    LeadershipError,
+    TrainfeedError,
+)
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
 from trainfeed.redaction import redact_url
 
@@ -51,10 +56,6 @@ DEFAULT_TTL_S = 10
 # Chunks stay well under etcd's default 1.5 MiB request limit even base64-encoded (x 4/3).
 CHUNK_BYTES = 512 << 10
 _SEQ_DIGITS = 20
-
-
-class EtcdUnavailableError(TrainfeedError, ConnectionError):
-    """etcd could not be reached (refused, timed out); the message names the URL."""
 
 
 @dataclass(frozen=True)

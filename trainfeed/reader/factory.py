@@ -59,9 +59,10 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     - `decode`: JPEG/PNG fields to uint8 HxWxC arrays (`channels` 3 or 1), on all cores;
       `image_size=(h, w)` resizes to a fixed shape (`crop=True`: centre-crops to its aspect
       ratio first, nothing stretched); `normalizing_const` divides (float32);
-      `decode_errors`: "raise" (a DecodeError naming the record) or "skip" (dropped, counted
-      in `reader.decode_failures`); `decode_threads`: None for this process's cores, shared among
-      the LOCAL_WORLD_SIZE processes torchrun started on the node.
+      `decode_errors`: "raise" (a `trainfeed.DecodeError` naming the record) or "skip"
+      (dropped, counted in `reader.decode_failures`); `decode_threads`: None for this
+      process's cores, shared among the LOCAL_WORLD_SIZE processes torchrun started on the
+      node.
     - decode-stage crops (each image decoded, cropped, resized to `image_size` and flipped on
       the decode threads, uint8; docs/imagenet.md): `random_resized_crop=(scale, ratio)`, e.g.
       `((0.08, 1.0), (3/4, 4/3))`, torchvision's RandomResizedCrop, `random_flip=True`

@@ -44,8 +44,9 @@ class DecodeOptions:
     """Images: JPEG/PNG fields to uint8 HxWxC arrays (float32 once normalized), on all cores.
 
     `image_size=(h, w)` resizes to a fixed shape (`crop`: centre-crops to its aspect ratio first,
-    nothing stretched); `normalizing_const` divides; `errors` "raise" (a DecodeError naming the
-    record) or "skip" (dropped, counted in `reader.decode_failures`); `threads` None: all cores.
+    nothing stretched); `normalizing_const` divides; `errors` "raise" (a `trainfeed.DecodeError`
+    naming the record) or "skip" (dropped, counted in `reader.decode_failures`); `threads` None:
+    all cores.
     """
 
     enabled: bool = field(default=False, metadata=_keyword("decode"))

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from optional import require
 
 from trainfeed.redaction import (
     REDACTED,
@@ -70,7 +71,7 @@ def test_urls_without_secrets_and_plain_paths_are_kept_exactly() -> None:
 
 def test_libpq_reads_a_password_where_a_generic_parser_sees_none() -> None:
     # libpq: the user info runs to the first '@' before any '/', so the password is "p?x".
-    pytest.importorskip("psycopg")
+    require("psycopg")
     url = "postgresql://alice:s3cret?Zq8@db/shop"
     assert "s3cret" not in redact_url(url) and "s3cret" not in redact_url(url, drop=True)
     assert redact_url(url) == f"postgresql://alice:{REDACTED}@db/shop"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional import require
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -99,7 +100,7 @@ def test_a_killed_rank_breaks_the_group_loudly_within_the_lease_timeout(
         master: MasterProcess, tmp_path: Path) -> None:
     """3 ranks in torchrun's environment with a gloo group; rank 2 is SIGKILLed after its first
     batch. Ranks 0 and 1 raise SyncGroupBrokenError naming rank 2, within BOUND_S of the kill."""
-    pytest.importorskip("torch")
+    require("torch")
     outs = [tmp_path / f"rank{r}.jsonl" for r in range(3)]
     port = str(free_port())
     procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="killed",
@@ -129,7 +130,7 @@ def test_a_rank_that_never_arrives_under_torchrun_is_named(master: MasterProcess
                                                            tmp_path: Path) -> None:
     """torchrun --nproc-per-node 3 with gloo; rank 2 joins the gloo group but never builds its
     reader. Ranks 0 and 1 raise SyncGroupBrokenError naming rank 2, and torchrun ends."""
-    pytest.importorskip("torch")
+    require("torch")
     out = tmp_path / "rank"
     script = tmp_path / "per_rank.py"
     script.write_text(
@@ -190,7 +191,7 @@ def _spawned(tmp_path: Path, env: dict[str, str], epochs: int) -> list[Path]:
 def test_mp_spawn_ranks_read_their_share_from_torch_distributed(
         where: str, rows: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Issue 26's script: mp.spawn, init_process_group(rank=, world_size=), no environment."""
-    pytest.importorskip("torch")
+    require("torch")
     if where == "master":
         env = clean_env(TRAINFEED_MASTER=request.getfixturevalue("master").address,
                         TRAINFEED_JOB="spawned")

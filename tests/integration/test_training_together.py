@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional import require
 
 from trainfeed import dist
 from trainfeed.master.process import MasterProcess
@@ -218,7 +219,7 @@ def check_sync(outs: list[Path], epochs: int, batch: int) -> None:
 def test_ddp_ranks_take_the_same_steps_under_a_real_all_reduce(
         where: str, team_storage: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """3 gloo ranks (torchrun's environment), one 3x slower, an all-reduce every step."""
-    pytest.importorskip("torch")
+    require("torch")
     outs = [tmp_path / f"rank{i}.jsonl" for i in range(3)]
     if where == "master":
         master = request.getfixturevalue("team_master")
@@ -238,7 +239,7 @@ def test_ddp_ranks_take_the_same_steps_under_a_real_all_reduce(
 
 def test_sync_ranks_under_torchrun(team_master: MasterProcess, tmp_path: Path) -> None:
     """The same script started by torchrun itself (3 processes, standalone rendezvous)."""
-    pytest.importorskip("torch")
+    require("torch")
     out = tmp_path / "rank.jsonl"
     env = {**os.environ, **master_env(team_master, "torchrun")}
     # Each rank writes its own file: torchrun gives every process the same command line.

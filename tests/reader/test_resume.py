@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from optional import require
 from sample_data import file_digests, make_image_list
 
 from trainfeed import Reader, batch, dist
@@ -144,7 +145,7 @@ MATRIX = [(path, "none") for path in RAW] + [
 
 
 def _torch_units(reader: Reader) -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     del torch
     from torch.utils.data import DataLoader
     return iter(DataLoader(reader.as_torch(), batch_size=None))
@@ -152,7 +153,7 @@ def _torch_units(reader: Reader) -> Iterator[Any]:
 
 def _tf_units(reader: Reader) -> Iterator[Any]:
     """Keras's view: (inputs, targets) elements; the inputs here are the record ids."""
-    pytest.importorskip("tensorflow")
+    require("tensorflow")
     return (tuple(x.numpy() for x in element)
             for element in reader.as_tf_dataset(inputs="_id", targets="label"))
 
@@ -228,8 +229,8 @@ def test_stateful_dataloader_and_distributed_checkpoint_resume_exactly(
         request: pytest.FixtureRequest) -> None:
     """torchdata's StatefulDataLoader saves the dataset's state_dict and restores it with
     load_state_dict (no replay); torch.distributed.checkpoint saves and loads it in place."""
-    pytest.importorskip("torch")
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    require("torch")
+    stateful = require("torchdata.stateful_dataloader")
     import torch.distributed.checkpoint as dcp
 
     out = storage[0]

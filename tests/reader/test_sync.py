@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional import require
 
 from trainfeed import dist
 from trainfeed.errors import ConfigurationError
@@ -189,7 +190,7 @@ def test_other_batch_sizes_are_refused_on_a_synchronous_reader(storage: str) -> 
 
 
 def test_adapters_know_a_synchronous_epoch_s_length(storage: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     reader = dist.reader("rows", local=True, storage=storage, sync=True, world_size=2, rank=0,
                          batch_size=10)
     data = reader.as_torch()
@@ -201,7 +202,7 @@ def test_adapters_know_a_synchronous_epoch_s_length(storage: str) -> None:
 
 
 def test_keras_gets_a_dataset_of_known_cardinality(storage: str) -> None:
-    tf = pytest.importorskip("tensorflow")
+    tf = require("tensorflow")
     reader = dist.reader("rows", local=True, storage=storage, sync=True, world_size=2, rank=1,
                          batch_size=10)
     dataset = reader.as_tf_dataset(inputs="text0", targets=())

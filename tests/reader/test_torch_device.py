@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from optional import require
 from sample_data import make_image_list
 
 from trainfeed import dist
@@ -29,7 +30,7 @@ def reader(storage: str) -> Reader:
 
 
 def test_images_are_normalized_on_the_device_as_nchw_float(storage: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     raw = {int(i): image for b in reader(storage)() for i, image in zip(b["_id"], b["image"])}
     dataset = reader(storage).as_torch(device="cpu", mean=MEAN, std=STD)
     seen = 0
@@ -46,13 +47,13 @@ def test_images_are_normalized_on_the_device_as_nchw_float(storage: str) -> None
 
 
 def test_without_mean_and_std_batches_stay_uint8(storage: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     batch = next(iter(reader(storage).as_torch(device="cpu", pin_memory=False)))
     assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape[1:]) == (32, 32, 3)
 
 
 def test_bad_normalization_arguments_are_refused(storage: str) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     with pytest.raises(ValueError, match="together"):
         reader(storage).as_torch(mean=MEAN)
     with pytest.raises(ValueError, match="3 values"):

@@ -5,6 +5,7 @@ import gc
 
 import numpy as np
 import pytest
+from optional import require
 
 from trainfeed.worker.array_pool import ArrayPool
 
@@ -41,7 +42,7 @@ def test_a_batch_anything_still_holds_is_never_written_over(holder: str) -> None
     elif holder == "dlpack":
         kept = batch.__dlpack__()
     else:
-        torch = pytest.importorskip("torch")
+        torch = require("torch")
         kept = torch.from_numpy(batch)
     where = address(batch)
     del batch
@@ -64,7 +65,7 @@ def test_a_batch_anything_still_holds_is_never_written_over(holder: str) -> None
 def test_tensorflow_tensors_made_from_a_batch_keep_their_values() -> None:
     """TensorFlow copies a numpy array into its own tensor (it holds no reference to the
     batch), so the pool may reuse the batch's memory: the tensor must not change."""
-    tf = pytest.importorskip("tensorflow")
+    tf = require("tensorflow")
     pool = ArrayPool()
     batch = pool.empty(SHAPE, np.uint8)
     batch[:] = 5
@@ -120,7 +121,7 @@ def test_a_released_buffer_is_reused_for_a_read_of_a_similar_size() -> None:
 def test_a_buffer_anything_still_holds_is_never_written_over(holder: str) -> None:
     """A row group's payloads become an Arrow column over the buffer, and the shuffle keeps
     slices of it: as long as any of them lives, the buffer is not handed out again."""
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow")
     pool = ArrayPool()
     data = pool.buffer(2_000_000)
     data[:] = 7

@@ -440,7 +440,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         limit = self.config.max_sessions
         if len(job.workers) < limit:
             return
-        alive_since = now - 3 * self.config.lease_timeout_s
+        alive_since = now - self._live_window_s
         for worker in [w for w, seen in job.workers.items() if seen < alive_since]:
             del job.workers[worker]
         job.live_workers_at = 0.0
@@ -450,7 +450,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
                 f"job {job.name!r} has {len(job.workers)} live reader sessions, the most this "
                 f"master allows per job (trainfeed master --max-sessions {limit}); sessions "
-                f"that stop calling are forgotten after {3 * self.config.lease_timeout_s:g} s"))
+                f"that stop calling are forgotten after {self._live_window_s:g} s"))
 
     @staticmethod
     def _out_of_range(job: Job, what: str) -> str:
@@ -586,9 +586,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job.live_workers_at = now
         return max(1, job.live_workers)
 
+    @property
+    def _live_window_s(self) -> float:
+        """How recently a worker must have called to count as live: three lease timeouts (its
+        leases expired long before). The one window of the live count, the session cap and
+        the forgetting of silent sessions."""
+        return 3 * self.config.lease_timeout_s
+
     def _count_live_workers(self, job: Job, now: float) -> int:
-        """Workers heard from within three lease timeouts, counted now."""
-        alive_since = now - 3 * self.config.lease_timeout_s
+        """Workers heard from within the live window, counted now."""
+        alive_since = now - self._live_window_s
         return sum(1 for seen in job.workers.values() if seen >= alive_since)
 
     def _task(self, job: Job, epoch: int, partition: int) -> pb.Task:

@@ -176,7 +176,7 @@ class MasterClient:
                     logger.warning(
                         "master %s unreachable for %.0f s (%s); retrying until %s (give-up "
                         "time: $%s=%g)", self.address, waited, details,
-                        _clock(time.time() + self.give_up_s - waited), GIVE_UP_ENV,
+                        wall_clock(time.time() + self.give_up_s - waited), GIVE_UP_ENV,
                         self.give_up_s)
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, MAX_BACKOFF_S)
@@ -244,7 +244,7 @@ class MasterClient:
                 if not logged:
                     logged = True
                     logger.warning("%s; waiting until %s to see whether its holder is alive",
-                                   e.error, _clock(time.time() + e.lapse_s))
+                                   e.error, wall_clock(time.time() + e.lapse_s))
                 time.sleep(min(RANK_RETRY_S, max(0.05, e.lapse_s)))
                 continue
             self._secrets[(opened.job, opened.worker_id)] = opened.session_secret
@@ -329,7 +329,7 @@ def _trailer(error: grpc.RpcError, key: str) -> str | None:
     return None
 
 
-def _clock(unix: float) -> str:
+def wall_clock(unix: float) -> str:
     """A wall-clock time for a log line: 23:05:17."""
     return time.strftime("%H:%M:%S", time.localtime(unix))
 

@@ -31,7 +31,7 @@ from trainfeed.errors import (
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.worker import shutdown
-from trainfeed.worker.client import MasterClient
+from trainfeed.worker.client import MasterClient, wall_clock
 from trainfeed.worker.partition_reader import (
     PartitionReader,
     ReadStats,
@@ -740,7 +740,7 @@ def describe_wait(response: pb.GetTasksResponse, asked: int, waited: float) -> s
     now = time.time()
     held = "; ".join(
         f"{h.partitions} held by {h.worker} until "
-        f"{time.strftime('%H:%M:%S', time.localtime(h.lease_until))}"
+        f"{wall_clock(h.lease_until)}"
         + (f" (not heard from for {h.quiet_s:.0f} s: its lease runs out then)"
            if h.quiet_s > 2 and h.lease_until > now else " (renewed while it lives)")
         for h in response.holders)

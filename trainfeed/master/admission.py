@@ -16,6 +16,7 @@ kind, which the client turns into RankTakenError or DeliveryOrderError.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 from typing import Protocol
 
@@ -35,6 +36,8 @@ class Job(Protocol):
     order: pb.DeliveryOrder | None
     order_by: str
     superseded: dict[str, str]
+    # The holdings of a WAIT answer as last computed: (when, epoch, holders), see `holdings`.
+    holdings_cache: tuple[float, int, list[pb.Holding]]
 
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,12 @@ DELIVERY_ORDER = "delivery-order"
 # Readers whose leases went to a reader restored from their checkpoint, per job (a bound: ids
 # come from callers).
 MAX_SUPERSEDED = 1024
+# How stale the holders named in a WAIT answer may be (seconds). They feed a log line a waiting
+# reader writes after 5 s; recomputing them for every WAIT answer scanned every reader's leases
+# per call: a third of the master's CPU with 1,000 readers (benchmarks/master_load.py).
+HOLDINGS_REFRESH_S = 0.5
+# Holders named in a WAIT answer.
+MAX_HOLDERS = 20
 
 
 class Refusal(Exception):
@@ -194,10 +203,17 @@ def hold_off(job: Job, now: float, until: float) -> None:
 
 def holdings(job: Job, now: float, caller: str) -> list[pb.Holding]:
     """Who but `caller` holds the current epoch's partitions still out, until when (for a WAIT
-    answer to `caller`, whose own leases wait for its trainer, not for others)."""
+    answer to `caller`, whose own leases wait for its trainer, not for others): the first
+    MAX_HOLDERS by worker id, as of at most HOLDINGS_REFRESH_S ago in this epoch."""
     ledger = job.ledger
-    return [pb.Holding(worker=worker, partitions=len(held),
-                       lease_until=ledger.deadlines.get(worker, 0.0),
-                       quiet_s=max(0.0, now - job.workers.get(worker, now)))
-            for worker, held in sorted(ledger.by_worker.items())
-            if held and worker != caller][:20]
+    at, epoch, holders = job.holdings_cache
+    if epoch != ledger.epoch or not 0 <= now - at < HOLDINGS_REFRESH_S:
+        # One more than named, for when the caller is among them.
+        first = heapq.nsmallest(MAX_HOLDERS + 1,
+                                (w for w, held in ledger.by_worker.items() if held))
+        holders = [pb.Holding(worker=worker, partitions=len(ledger.by_worker[worker]),
+                              lease_until=ledger.deadlines.get(worker, 0.0),
+                              quiet_s=max(0.0, now - job.workers.get(worker, now)))
+                   for worker in first]
+        job.holdings_cache = (now, ledger.epoch, holders)
+    return [h for h in holders if h.worker != caller][:MAX_HOLDERS]

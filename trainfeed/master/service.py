@@ -180,6 +180,8 @@ class Job:
     order: pb.DeliveryOrder | None = None
     order_by: str = ""
     superseded: dict[str, str] = field(default_factory=dict)
+    # admission.holdings' last answer: (when, epoch, holders); recomputed at most twice a second.
+    holdings_cache: tuple[float, int, list[pb.Holding]] = (float("-inf"), -1, [])
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

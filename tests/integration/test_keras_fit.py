@@ -19,7 +19,7 @@ from sample_data import make_image_list
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 WORKER = str(Path(__file__).with_name("keras_worker.py"))
 N = 200
 LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids in sorted label order

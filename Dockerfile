@@ -15,7 +15,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # --- builder: the trainfeed wheel alone (its dependencies install from PyPI below) ---------------
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# The region decoder (trainfeed/worker/_jpeg_region.c) is compiled against libjpeg-turbo.
+# The region decoder (trainfeed/decode/_jpeg_region.c) is compiled against libjpeg-turbo.
 # Versions are whatever the base image's Debian release carries (security updates included).
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -59,7 +59,7 @@ RUN set -eu; \
     pip install --no-cache-dir "$wheel" $EXTRA_PACKAGES; \
     rm -rf /tmp/wheels; \
     trainfeed --version; \
-    python -c 'from trainfeed.worker import _jpeg_region'  # the region decoder was built
+    python -c 'from trainfeed.decode import _jpeg_region'  # the region decoder was built
 
 USER 10001:10001
 WORKDIR /app

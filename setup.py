@@ -1,4 +1,4 @@
-"""The one compiled part of trainfeed: JPEG region decoding (trainfeed/worker/_jpeg_region.c).
+"""The one compiled part of trainfeed: JPEG region decoding (trainfeed/decode/_jpeg_region.c).
 
 Everything else is declared in pyproject.toml. The extension links libjpeg-turbo, whose headers
 the build needs (Debian/Ubuntu: libjpeg-dev or libjpeg62-turbo-dev; Fedora: libjpeg-turbo-devel;
@@ -8,5 +8,5 @@ which, and the reader warns once.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trainfeed.worker._jpeg_region", ["trainfeed/worker/_jpeg_region.c"],
+setup(ext_modules=[Extension("trainfeed.decode._jpeg_region", ["trainfeed/decode/_jpeg_region.c"],
                              libraries=["jpeg"], extra_compile_args=["-O2"], optional=True)])

@@ -120,7 +120,7 @@ def dist_main(args: argparse.Namespace) -> int:
     job = f"imagenet-{os.getpid()}"
     with MasterProcess(args.storage) as master:
         # Two training processes on one node, as torchrun starts them: LOCAL_WORLD_SIZE=2 gives
-        # each reader half the cores for decoding (trainfeed.worker.decode.default_decode_threads).
+        # each reader half the cores for decoding (trainfeed.decode.pixels.default_decode_threads).
         env = {**os.environ, "TRAINFEED_MASTER": master.address, "TRAIN_LOCAL": "",
                "LOCAL_WORLD_SIZE": os.environ.get("BENCH_LOCAL_WORLD_SIZE", "2")}
         procs = [subprocess.Popen([sys.executable, HERE, "_reader", "--workload", args.workload,
@@ -313,9 +313,9 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     """Single-thread rates of the decoder alone and of trainfeed's per-image paths."""
     import simplejpeg
 
-    from trainfeed.worker import roi
-    from trainfeed.worker.crops import CropOptions, record_uniforms
-    from trainfeed.worker.roi import decode_crop
+    from trainfeed.decode import roi
+    from trainfeed.decode.crops import CropOptions, record_uniforms
+    from trainfeed.decode.roi import decode_crop
     native = roi._jpeg_region
     blobs = [open(p, "rb").read() for p in paths[:args.ceiling_images]]
     u = record_uniforms(0, 0, np.arange(len(blobs)))

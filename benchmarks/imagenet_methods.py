@@ -12,7 +12,7 @@ Each method does the closest thing its tool has; `OPS[method][workload]` says ex
 the harness records it beside every figure. torchvision cannot be installed beside this
 machine's CPU build of torch (its PyPI wheel is a CUDA build whose C ops fail to load), so the
 PyTorch DataLoader row uses the Pillow transforms below, which are what torchvision's do on PIL
-images: RandomResizedCrop's window (trainfeed.worker.crops implements its documented sampling)
+images: RandomResizedCrop's window (trainfeed.decode.crops implements its documented sampling)
 then `Image.resize(..., BILINEAR, box=window)` (torchvision's `resized_crop` on PIL),
 `transpose(FLIP_LEFT_RIGHT)`, and `PILToTensor` (a CHW uint8 tensor).
 """
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from trainfeed.worker.crops import DEFAULT_RATIO, DEFAULT_SCALE, DRAWS, random_resized_crop
+from trainfeed.decode.crops import DEFAULT_RATIO, DEFAULT_SCALE, DRAWS, random_resized_crop
 
 SIZE = 224
 SHORTER = 256

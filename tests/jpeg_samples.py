@@ -1,5 +1,5 @@
 """JPEGs for the region decoder's tests: natural-looking photos in every sampling, and a window
-decoded the way trainfeed/worker/roi.py does (tests/worker/test_jpeg_region.py,
+decoded the way trainfeed/decode/roi.py does (tests/decode/test_jpeg_region.py,
 test_jpeg_restarts.py)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from trainfeed.decode import roi
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker import roi
 
 region = roi._jpeg_region
 
@@ -55,7 +55,7 @@ def upload_photos(folder: Path, photos: Iterable[np.ndarray]) -> str:
 
 
 # ---- Hand-assembled JPEGs: the segments spelled out, for the crafted files of the safety tests
-# (tests/worker/test_jpeg_region_safety.py) and the fuzz corpus (tools/fuzz/seeds.py).
+# (tests/decode/test_jpeg_region_safety.py) and the fuzz corpus (tools/fuzz/seeds.py).
 
 def segment(marker: int, body: bytes) -> bytes:
     """One header segment: 0xFF, its marker, the big-endian length (which counts itself)."""

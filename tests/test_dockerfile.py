@@ -142,8 +142,8 @@ def test_the_context_dockerignore_keeps_builds_the_wheel(tmp_path: Path) -> None
                    "trainfeed/cluster/objects.py"):
         assert module in names
     # The region decoder, compiled (the builder stage installs libjpeg-turbo's headers).
-    assert any(n.startswith("trainfeed/worker/_jpeg_region") and n.endswith(".so")
-               for n in names), sorted(n for n in names if "worker/" in n)
+    assert any(n.startswith("trainfeed/decode/_jpeg_region") and n.endswith(".so")
+               for n in names), sorted(n for n in names if "decode/" in n)
     extras = set(re.findall(r"^Provides-Extra: (\S+)", metadata, re.M))
     default = re.search(r"^ARG EXTRAS=(\S+)", DOCKERFILE.read_text(), re.M)
     assert default is not None

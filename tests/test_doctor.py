@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from trainfeed.decode.pixels import ImageDecoder, decoders
 from trainfeed.doctor import extras_status, report, settings_in_effect
-from trainfeed.worker.decode import ImageDecoder, decoders
 
 
 def encoded(fmt: str, mode: str = "RGB", seed: int = 0) -> bytes:

@@ -20,8 +20,8 @@ from trainfeed import errors
 INTERNAL = {
     "trainfeed.master.admission.Refusal":
         "the master's admission control turns it into a gRPC status; callers never see it",
-    "trainfeed.worker.prefetch.Stopped":
-        "signals a prefetch thread to stop; caught inside trainfeed.worker.prefetch",
+    "trainfeed.io.prefetch.Stopped":
+        "signals a prefetch thread to stop; caught inside trainfeed.io.prefetch",
 }
 
 
@@ -78,12 +78,12 @@ def test_trainfeed_all_is_sorted() -> None:
 def test_old_import_paths_are_the_same_classes() -> None:
     # The modules that used to define them re-export them: old imports keep working, and an
     # `except` on either name catches the same class.
+    from trainfeed.decode.pixel_budget import PixelBudgetError
+    from trainfeed.decode.pixels import DecodeError
     from trainfeed.master.stores.etcd import EtcdUnavailableError
     from trainfeed.preprocess.encoding import PreprocessError
     from trainfeed.reader.labels import UnknownLabelError
     from trainfeed.sql.errors import InvalidQueryError, SqlError, UnknownColumnError
-    from trainfeed.worker.decode import DecodeError
-    from trainfeed.worker.pixel_budget import PixelBudgetError
     assert (EtcdUnavailableError, PreprocessError, UnknownLabelError, InvalidQueryError, SqlError,
             UnknownColumnError, DecodeError, PixelBudgetError) == (
         errors.EtcdUnavailableError, errors.PreprocessError, errors.UnknownLabelError,

@@ -53,10 +53,10 @@ def test_a_reader_module_importing_the_master_is_caught(tmp_path: Path) -> None:
 
 
 def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
-    # trainfeed.worker imports trainfeed.sql (a SQL bucket's rows); sql importing the worker
+    # trainfeed.io imports trainfeed.sql (a SQL bucket's rows); sql importing io
     # back closes a circle that no forbidden-import rule covers: only the acyclic one can fail.
     root = copy_with(tmp_path, "trainfeed.sql.layer_probe",
-                     "from trainfeed.worker.partition_reader import PartitionReader\n")
+                     "from trainfeed.io.partition_reader import PartitionReader\n")
     result = lint_imports(root)
     assert result.returncode != 0
     assert "No import cycles between the packages and modules of trainfeed, at any depth " \

@@ -48,8 +48,8 @@ def test_an_exception_travels_in_the_same_line() -> None:
 
 @pytest.mark.slow
 def test_a_master_logs_only_json_lines(image_list: Path, storage_dir: str) -> None:
+    from trainfeed.lease.client import MasterClient
     from trainfeed.upload import UploadOptions, upload
-    from trainfeed.worker.client import MasterClient
 
     upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=10),
            progress=False)

@@ -12,9 +12,9 @@ from trainfeed import settings
 from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import JobSpec
 from trainfeed.errors import ConfigurationError
+from trainfeed.lease.resources import count_gpus
 from trainfeed.security import ClientSecurity, load_token
 from trainfeed.settings import SETTINGS, settings_in_effect
-from trainfeed.worker.resources import count_gpus
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TOKEN = "k7Qx-3vN_pL9sT2wR8yB4mC6dF1gH5jZ0aE"

@@ -13,9 +13,9 @@ from sample_data import make_image_list
 
 from trainfeed import dist
 from trainfeed.cli.main import main
+from trainfeed.decode import roi
 from trainfeed.errors import ConfigurationError
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker import roi
 
 region = roi._jpeg_region
 CROPS = {"decode": True, "image_size": (32, 32), "random_resized_crop": ((0.08, 1.0),

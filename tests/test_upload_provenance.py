@@ -100,7 +100,7 @@ def test_a_decode_error_names_the_file_and_list_line(image_list: Path,
     """Once `DecodeError: record 14 of shard data/…/shard-00000.parquet`: now the user learns
     which file to open and which line of their list to fix."""
     from trainfeed import dist
-    from trainfeed.worker.decode import DecodeError
+    from trainfeed.decode.pixels import DecodeError
 
     (rel,) = corrupt(image_list, (14,))
     upload(str(image_list), "flowers", storage_dir, progress=False)

@@ -10,9 +10,9 @@ from pathlib import Path
 from bomb_images import jpeg_bomb
 from peak_rss import run_measured
 
+from trainfeed.decode import roi
+from trainfeed.decode.pixel_budget import jpeg_frame
 from trainfeed.upload import DECODE_MEMORY_BYTES
-from trainfeed.worker import roi
-from trainfeed.worker.pixel_budget import jpeg_frame
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

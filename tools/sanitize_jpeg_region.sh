@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The JPEG region decoder (trainfeed/worker/_jpeg_region.c) under AddressSanitizer and UBSan:
+# The JPEG region decoder (trainfeed/decode/_jpeg_region.c) under AddressSanitizer and UBSan:
 #   1. builds it a second time with -fsanitize=address,undefined into a scratch copy of the
-#      package (the normal build in trainfeed/worker/ is never touched) and runs its tests there;
+#      package (the normal build in trainfeed/decode/ is never touched) and runs its tests there;
 #   2. fuzzes every entry point's C core, coverage-guided (libFuzzer: tools/fuzz/), from a seed
 #      corpus that tools/fuzz/seeds.py generates.
 # Any sanitizer report, crash, leak (in the fuzzer), timeout or failed test exits non-zero.
@@ -34,9 +34,9 @@ say "building the extension with -fsanitize=address,undefined into $work/tree"
 tar --exclude=__pycache__ --exclude='*.so' -cf - trainfeed tests pyproject.toml | tar -xf - -C "$work/tree"
 include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-so="$work/tree/trainfeed/worker/_jpeg_region$suffix"
+so="$work/tree/trainfeed/decode/_jpeg_region$suffix"
 gcc -shared -fPIC -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-  -fno-sanitize-recover=all -Wall -Wextra -I"$include" trainfeed/worker/_jpeg_region.c -ljpeg -o "$so"
+  -fno-sanitize-recover=all -Wall -Wextra -I"$include" trainfeed/decode/_jpeg_region.c -ljpeg -o "$so"
 grep -q __asan_init "$so" || { echo "sanitize: $so has no ASan"; exit 1; }
 
 # Python itself is not instrumented: ASan's runtime must come first (LD_PRELOAD). Python keeps
@@ -47,12 +47,12 @@ asan_runtime=$(gcc -print-file-name=libasan.so)
   export PYTHONPATH="$work/tree" LD_PRELOAD="$asan_runtime"
   export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$reports/asan"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
-  loaded=$(python3 -c 'import trainfeed.worker._jpeg_region as m; print(m.__file__)')
+  loaded=$(python3 -c 'import trainfeed.decode._jpeg_region as m; print(m.__file__)')
   [[ "$loaded" == "$so" ]] || { echo "sanitize: the tests would load $loaded, not $so"; exit 1; }
   say "tests of the extension under ASan + UBSan"
-  python3 -m pytest -q -p no:cacheprovider tests/worker/test_jpeg_region.py \
-    tests/worker/test_jpeg_region_safety.py tests/worker/test_jpeg_restarts.py \
-    tests/worker/test_decode_roi.py
+  python3 -m pytest -q -p no:cacheprovider tests/decode/test_jpeg_region.py \
+    tests/decode/test_jpeg_region_safety.py tests/decode/test_jpeg_restarts.py \
+    tests/decode/test_decode_roi.py
 ) || { fail_on_reports "tests"; exit 1; }
 fail_on_reports "tests"
 

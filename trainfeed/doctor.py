@@ -19,8 +19,8 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from trainfeed import __version__, settings
+from trainfeed.decode.pixels import decoders
 from trainfeed.formats.shards import CRC32C_COMPILED
-from trainfeed.worker.decode import decoders
 
 DISTRIBUTION = "trainfeed"
 # The packages whose versions decide speed or wire compatibility, core first, then the extras'.

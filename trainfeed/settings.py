@@ -198,7 +198,7 @@ MASTER_GIVE_UP_S: Setting[float] = Setting(
     "how long a reader retries an unreachable master, in seconds")
 # Pillow's own PIL.Image.MAX_IMAGE_PIXELS (a 0.25 GiB RGBA image), which photo datasets never
 # reach: one budget for every decoder, so a decompression bomb is refused from its header
-# (trainfeed.worker.pixel_budget says what an image within it may cost).
+# (trainfeed.decode.pixel_budget says what an image within it may cost).
 MAX_IMAGE_PIXELS: Setting[int] = Setting(
     "TRAINFEED_MAX_IMAGE_PIXELS", 89_478_485, _positive_count,
     "the most pixels an image may declare: larger ones are refused from their header, before "

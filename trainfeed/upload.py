@@ -64,7 +64,7 @@ READ_AHEAD_BYTES = 16 << 20
 # The lock file of a dataset being uploaded, in its folder (local and mounted storage).
 LOCK_NAME = ".upload.lock"
 # Memory for the images being decoded (--check-images) or rewritten (--jpeg-restarts) at once,
-# as their headers announce it (trainfeed.worker.memory_budget): an image needing more runs
+# as their headers announce it (trainfeed.decode.memory_budget): an image needing more runs
 # alone. 256 MiB holds ~450 ImageNet photos' DCT coefficients (563 KB at 500x375, 4:2:0), far
 # more than there are threads, so it throttles only large images: eight 8,000² JPEGs took
 # 1,621 MB of RSS without it, rewritten 16 at a time.
@@ -231,14 +231,14 @@ def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: in
 
     Decodes run in parallel on up to `threads` threads (at most one per core) and together
     hold at most DECODE_MEMORY_BYTES, or one image's needs alone when larger: each reserves its
-    file's size plus what its header announces (trainfeed.worker.pixel_budget.decode_bytes)
+    file's size plus what its header announces (trainfeed.decode.pixel_budget.decode_bytes)
     before it reads the whole file. An image over the pixel budget (`max_pixels`, default
     $TRAINFEED_MAX_IMAGE_PIXELS) is listed without being decoded.
     """
     # Pillow and simplejpeg only when asked.
-    from trainfeed.worker.decode import ImageDecoder
-    from trainfeed.worker.memory_budget import MemoryBudget
-    from trainfeed.worker.pixel_budget import DECODE_FAILURES, decode_bytes, failure_reason
+    from trainfeed.decode.memory_budget import MemoryBudget
+    from trainfeed.decode.pixel_budget import DECODE_FAILURES, decode_bytes, failure_reason
+    from trainfeed.decode.pixels import ImageDecoder
 
     decoder = ImageDecoder(threads=1, errors="raise", max_pixels=max_pixels)
     memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --check-images")
@@ -379,9 +379,9 @@ def _restart_rewriter(options: UploadOptions,
     budget is stored as it is, with a warning: readers refuse it as they would anyway."""
     if not options.jpeg_restarts:
         return None
-    from trainfeed.worker import roi  # the compiled part, only when asked
-    from trainfeed.worker.memory_budget import MemoryBudget
-    from trainfeed.worker.pixel_budget import jpeg_frame, max_image_pixels
+    from trainfeed.decode import roi  # the compiled part, only when asked
+    from trainfeed.decode.memory_budget import MemoryBudget
+    from trainfeed.decode.pixel_budget import jpeg_frame, max_image_pixels
 
     if roi.region_decoder() is None:
         raise ConfigurationError(

@@ -28,11 +28,11 @@ import pytest
 
 from trainfeed import dist
 from trainfeed.errors import AuthenticationError, JobError
+from trainfeed.lease.client import MasterClient
+from trainfeed.lease.session import WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
-from trainfeed.worker.client import MasterClient
-from trainfeed.worker.task_loop import WorkerSession
 
 pytestmark = pytest.mark.integration
 RECORDS = 100  # the `storage` fixture: 100 records, 10 partitions of 10

@@ -16,10 +16,10 @@ from sample_data import file_digests, make_image_list
 from test_master_restart import free_port
 from test_multiprocess import delivered, lines, signal_after, start_reader
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from sample_data import make_image_list
 
+from trainfeed.io.prefetch import LoadedPartition
+from trainfeed.lease.client import MasterClient
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
-from trainfeed.worker.prefetch import LoadedPartition
-from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, WorkerSession
 
 pytestmark = pytest.mark.integration
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from sample_data import make_image_list
 
+from trainfeed.lease.client import MasterClient
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
-from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH
 
 pytestmark = pytest.mark.integration
 Lease = tuple[int, int, int]

@@ -12,10 +12,10 @@ import grpc
 import pytest
 from test_master_metrics import scrape, value
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 10  # the `storage` fixture: 100 records, 10 partitions of 10

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainfeed import dist
 from trainfeed.errors import AuthenticationError, ConfigurationError, MasterUnavailableError
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.security import ClientSecurity, bearer_metadata
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 SERVER_NAME = "trainfeed-master.test"  # the only name the test server certificate holds

@@ -18,10 +18,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sample_data import make_image_list
 from test_master_restart import free_port
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TTL_S = 2  # etcd's smallest lease ttl with its default election timeout

@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 LIMIT = 64 << 10  # the smallest limit the master takes

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainfeed import dist
 from trainfeed.formats.manifest import read_manifest
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 RECORDS = 100

@@ -11,10 +11,10 @@ import pytest
 from sample_data import file_digests, make_image_list
 from test_multiprocess import delivered, lines, start_reader, wait_all
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 N = 300

@@ -15,10 +15,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainfeed import dist
 from trainfeed.errors import JobError
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 

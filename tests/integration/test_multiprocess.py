@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sample_data import file_digests, make_image_list
 
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 WORKER = str(Path(__file__).with_name("reader_worker.py"))

@@ -26,8 +26,8 @@ import pytest
 
 from trainfeed import batch, dist
 from trainfeed.errors import DeliveryOrderError, MasterUnavailableError, SupersededError
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
-from trainfeed.worker.client import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 # What the issue asks: a log line once a wait passes 5 s; allow for the scheduler of a loaded host.

@@ -11,11 +11,11 @@ from sample_data import file_digests, make_image_list
 from test_multiprocess import delivered, lines, start_reader, wait_all
 
 from trainfeed.formats.manifest import read_manifest
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker.client import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 N = 600  # 3 row groups of 200 rows: 64 slices of 9 or 10 records

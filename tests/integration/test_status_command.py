@@ -11,8 +11,8 @@ from cluster.apiserver import FakeApiServer
 from trainfeed import dist
 from trainfeed.cli.main import main
 from trainfeed.cluster import progress
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
-from trainfeed.worker.client import MasterClient
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ import pytest
 from optional import require
 
 from trainfeed import dist
+from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker.client import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("team_worker.py"))

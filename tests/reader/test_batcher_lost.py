@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from trainfeed.io.prefetch import LoadedPartition, TaskRef
 from trainfeed.reader.batcher import Cutter, deliver
-from trainfeed.worker.prefetch import LoadedPartition, TaskRef
 
 
 class ListStream:

@@ -12,10 +12,10 @@ from PIL import Image
 from sample_data import make_image_list
 
 from trainfeed import dist
+from trainfeed.decode.pixels import DecodeError
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.resample import ratio_factors
 from trainfeed.upload import UploadOptions, upload
-from trainfeed.worker.decode import DecodeError
 
 N = 120
 LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids: bird 0, cat 1, dog 2

@@ -1,4 +1,4 @@
-/* A libFuzzer harness for trainfeed's region decoder (trainfeed/worker/_jpeg_region.c): every
+/* A libFuzzer harness for trainfeed's region decoder (trainfeed/decode/_jpeg_region.c): every
  * Python entry point's C core on each input, with the memory checks the Python side cannot see.
  *
  * Input: PARAMS bytes of parameters (scale, channels, DCT, window, restart target, buffer
@@ -7,10 +7,10 @@
  * undefined. The file is compiled in whole, without its Python part (JPEG_REGION_NO_PYTHON).
  *
  * Every decode gets a pixel budget (BUDGET): without one, a header alone can make libjpeg
- * allocate gigabytes (the budget's own test is tests/worker/test_jpeg_region_safety.py), and
+ * allocate gigabytes (the budget's own test is tests/decode/test_jpeg_region_safety.py), and
  * libFuzzer would stop on its memory limit instead of exploring. */
 #define JPEG_REGION_NO_PYTHON
-#include "../../trainfeed/worker/_jpeg_region.c"
+#include "../../trainfeed/decode/_jpeg_region.c"
 
 #include <stdint.h>
 

@@ -6,7 +6,7 @@ decoder meets or refuses, each behind the harness's parameter bytes in a few var
 Kinds: 4:2:0, 4:4:4, 4:2:2, grey and progressive photos; restart-marked ones (Pillow's markers
 and trainfeed's rewrite); CMYK; a 12-bit frame; metadata larger than 4 KiB (APP1, APP2, COM) and
 over 64 KiB in all; truncated streams; and the crafted files of
-tests/worker/test_jpeg_region_safety.py (the double free, bombs, 501 scans). Generated, never
+tests/decode/test_jpeg_region_safety.py (the double free, bombs, 501 scans). Generated, never
 committed: every run starts from the same corpus.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jpeg_samples import (
     stuffed,
 )
 
-from trainfeed.worker import roi
+from trainfeed.decode import roi
 
 # The harness's parameter bytes (fuzz_jpeg_region.c, PARAMS): [0] scale (bits 0-1), grey
 # (bit 2), fast DCT (bit 3), a buffer short by [11] bytes (bit 4); [1:9] the window's left,

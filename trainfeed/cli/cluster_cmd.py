@@ -31,9 +31,9 @@ from trainfeed.cluster.spec import (
     validate_cluster_job_name,
 )
 from trainfeed.errors import ClusterError, TrainfeedError
+from trainfeed.lease.client import MasterClient
 from trainfeed.names import validate_job_name
 from trainfeed.security import load_token
-from trainfeed.worker.client import MasterClient
 
 # secrets.token_urlsafe(32): 256 random bits, 43 URL-safe characters.
 TOKEN_BYTES = 32

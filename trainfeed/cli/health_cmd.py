@@ -13,8 +13,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainfeed import settings
+from trainfeed.lease.client import MASTER_ENV
 from trainfeed.security import TLS_CA_ENV, TLS_SERVER_NAME_ENV, ClientSecurity
-from trainfeed.worker.client import MASTER_ENV
 
 # Where a probe inside the master's own pod finds it (`trainfeed master`'s default port).
 DEFAULT_ADDRESS = "127.0.0.1:50051"

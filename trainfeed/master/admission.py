@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 # Trailing metadata of a refused OpenJob: which refusal ("rank-taken", "delivery-order"), and
 # for a taken rank the seconds its holder has been quiet and the seconds it may stay quiet before
-# it is presumed dead (the client of a restarted process waits that long; see worker/client.py).
+# it is presumed dead (the client of a restarted process waits that long; see lease/client.py).
 REFUSAL_TRAILER = "trainfeed-refusal"
 RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"
 RANK_LAPSE_TRAILER = "trainfeed-rank-lapse-s"

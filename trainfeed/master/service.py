@@ -88,7 +88,7 @@ MIN_OPS_PER_SNAPSHOT = 4096
 LIVE_WORKERS_REFRESH_S = 1.0
 # After a restart or a stall, outstanding leases live this many lease timeouts from the moment the
 # master serves again: one timeout is the contract (a reader heartbeats at a third of it), the
-# second covers readers that were still backing off (at most ~1 s, see worker/client.py) or that
+# second covers readers that were still backing off (at most ~1 s, see lease/client.py) or that
 # queued behind a crowd of reconnecting readers on a small master.
 RESTART_GRACE_LEASES = 2
 # The lease timer ticks at most every second: a gap of this many seconds between two signs of life
@@ -541,7 +541,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Work stealing: `thief` found nothing to lease while others hold leases they have not
         started: asks them for what it would finish sooner (trainfeed.master.stealing). The
         holders answer on their next call (a reader holding unstarted leases calls at least
-        every STEAL_POLL_S, see trainfeed.worker.task_loop), and what they hand back wakes the
+        every STEAL_POLL_S, see trainfeed.lease.session), and what they hand back wakes the
         thief's long-poll."""
         if job.ledger.group is not None:
             return  # synchronous ranks lease their quota alone, and keep it

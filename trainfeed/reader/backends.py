@@ -19,22 +19,22 @@ from trainfeed.formats.manifest import (
     dataset_storage,
     read_manifest,
 )
-from trainfeed.planning.order import epoch_order
-from trainfeed.planning.partitions import plan_of_state, plan_partitions
-from trainfeed.reader.position import ReaderPosition
-from trainfeed.reader.world import SyncGroup
-from trainfeed.storage import Storage
-from trainfeed.v1 import master_pb2 as pb
-from trainfeed.worker.client import MasterClient
-from trainfeed.worker.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
-from trainfeed.worker.prefetch import (
+from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
+from trainfeed.io.prefetch import (
     Credits,
     LoadedPartition,
     PrefetchStream,
     TaskRef,
     prefetch_depth,
 )
-from trainfeed.worker.task_loop import JOIN_CURRENT_EPOCH, Load, WorkerSession, plain_load
+from trainfeed.lease.client import MasterClient
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH, Load, WorkerSession, plain_load
+from trainfeed.planning.order import epoch_order
+from trainfeed.planning.partitions import plan_of_state, plan_partitions
+from trainfeed.reader.position import ReaderPosition
+from trainfeed.reader.world import SyncGroup
+from trainfeed.storage import Storage
+from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.errors import CheckpointError
+from trainfeed.io.gather import compacted, take_rows
+from trainfeed.io.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
+from trainfeed.io.prefetch import Background, LoadedPartition, TaskRef
+from trainfeed.lease.session import Load, plain_load
 from trainfeed.reader.backends import PassStream
-from trainfeed.reader.gather import compacted, take_rows
-from trainfeed.worker.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
-from trainfeed.worker.prefetch import Background, LoadedPartition, TaskRef
-from trainfeed.worker.task_loop import Load, plain_load
 
 # Streams of the seed (seed, STREAM, epoch, ...) so that draws are independent of each other and
 # of resampling's (trainfeed.reader.resample).

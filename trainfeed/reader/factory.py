@@ -48,7 +48,7 @@ def reader(name: str, *, job: str | None = None, seed: int = 0,
     which workers may take the job's tasks; the reader that creates the job sets them, and a
     worker they exclude is refused with the reason. `prefetch_partitions` is how many partitions
     are loaded ahead of the trainer; by default as many as fit 64 MiB
-    (trainfeed.worker.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32 (`prefetch` is its
+    (trainfeed.io.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32 (`prefetch` is its
     deprecated old name). `state` is a `reader.state_dict()` (or `state()`) saved with a
     checkpoint: the reader continues from there (see Reader.state_dict).
 

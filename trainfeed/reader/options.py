@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfeed.decode.crops import CropOptions
+from trainfeed.decode.pixels import DECODE_POLICIES
 from trainfeed.reader.backends import LOST_POLICIES
 from trainfeed.reader.checks import (
     check_bool,
@@ -28,8 +30,6 @@ from trainfeed.reader.checks import (
 )
 from trainfeed.reader.resample import Target
 from trainfeed.reader.transforms import AugmentStep, Standardize
-from trainfeed.worker.crops import CropOptions
-from trainfeed.worker.decode import DECODE_POLICIES
 
 MODES = ("train", "validation", "score")
 
@@ -56,7 +56,7 @@ class DecodeOptions:
     normalizing_const: float | None = None
     errors: str = field(default="raise", metadata=_keyword("decode_errors"))
     threads: int | None = field(default=None, metadata=_keyword("decode_threads"))
-    # Decode-stage crops (issue 15; trainfeed.worker.crops): ((scale), (ratio)) of torchvision's
+    # Decode-stage crops (issue 15; trainfeed.decode.crops): ((scale), (ratio)) of torchvision's
     # RandomResizedCrop, a left-right flip with probability 0.5 and colour jitter (all three in
     # training only), and the validation resize of the shorter side before a centre crop of
     # image_size.

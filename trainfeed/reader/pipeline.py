@@ -19,8 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trainfeed.decode.pixels import ImageDecoder, binary_views
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
+from trainfeed.io.partition_reader import Selector
+from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease.session import Load
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
 from trainfeed.reader.labels import ClassIndex
@@ -28,10 +32,6 @@ from trainfeed.reader.options import MODES, PipelineOptions
 from trainfeed.reader.resample import Resampler, ratio_factors
 from trainfeed.reader.transforms import Augmentor, load_transformer
 from trainfeed.storage import Storage
-from trainfeed.worker.decode import ImageDecoder, binary_views
-from trainfeed.worker.partition_reader import Selector
-from trainfeed.worker.prefetch import TaskRef
-from trainfeed.worker.task_loop import Load
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class Pipeline:
         out: Batch = {}
         for name in self.image_fields:
             assert self.decoder is not None
-            blobs = binary_views(table.column(name))  # zero-copy (trainfeed.worker.decode)
+            blobs = binary_views(table.column(name))  # zero-copy (trainfeed.decode.pixels)
             decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)),
                                           ids=table.column(ID_COLUMN).to_numpy(),
                                           seed=self.seed, epoch=epoch)

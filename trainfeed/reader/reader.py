@@ -18,13 +18,13 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
+from trainfeed.lease.session import Load
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
-from trainfeed.worker.task_loop import Load
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,75 @@
+"""take_rows: Table.take, with large binary values as slices of the table's own buffers."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from trainfeed.decode.pixels import binary_views
+from trainfeed.io.gather import SLICE_AT_BYTES, gather_slices, take_rows
+
+
+def blob(i: int) -> bytes:
+    return bytes([i % 251]) * (SLICE_AT_BYTES + 37 * i)
+
+
+def table_in_chunks(sizes: list[int]) -> pa.Table:
+    """ids, labels and large blobs (row i: blob(i)), in record batches of `sizes` rows."""
+    batches, start = [], 0
+    for size in sizes:
+        rows = range(start, start + size)
+        batches.append(pa.record_batch({
+            "_id": pa.array(list(rows), pa.int64()),
+            "label": pa.array([f"c{i % 3}" for i in rows]),
+            "image": pa.array([blob(i) for i in rows], pa.binary())}))
+        start += size
+    return pa.Table.from_batches(batches)
+
+
+@pytest.mark.parametrize("rows", [
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],  # in order: one run per chunk
+    [9, 8, 7, 6, 5, 4, 3, 2, 1, 0],  # reversed: a slice per row
+    [3, 4, 5, 0, 1, 8, 9, 2, 6, 7],  # runs that cross chunk boundaries
+    [5, 5, 5, 2],  # repeats (an oversampled record)
+    [],
+])
+def test_the_same_table_as_take(rows: list[int]) -> None:
+    table = table_in_chunks([4, 1, 5])
+    order = np.array(rows, dtype=np.int64)
+    taken = take_rows(table, order)
+    assert taken.schema == table.schema
+    assert taken.to_pylist() == table.take(order).to_pylist()
+    assert [bytes(v) for v in binary_views(taken.column("image"))] == [blob(i) for i in rows]
+
+
+def test_large_values_are_not_copied_and_small_columns_are() -> None:
+    table = table_in_chunks([6, 4])
+    taken = take_rows(table, np.array([7, 8, 1, 2, 3]))
+    source = {chunk.buffers()[2].address for chunk in table.column("image").chunks}
+    assert {chunk.buffers()[2].address for chunk in taken.column("image").chunks} <= source
+    assert taken.column("image").num_chunks == 2  # runs [7, 8] and [1, 2, 3]
+    assert taken.column("label").num_chunks == 1  # taken as usual
+
+
+def test_small_binary_values_are_taken_as_usual() -> None:
+    table = pa.table({"code": pa.array([b"ab", b"c", b"def"], pa.binary())})
+    taken = take_rows(table, np.array([2, 0]))
+    assert taken.column("code").to_pylist() == [b"def", b"ab"]
+    assert taken.column("code").chunks[0].buffers()[2].address != \
+        table.column("code").chunks[0].buffers()[2].address
+
+
+def test_nulls_and_large_binary_keep_their_type_and_values() -> None:
+    values = [blob(1), None, blob(2), blob(3)]
+    for kind in (pa.binary(), pa.large_binary()):
+        table = pa.table({"image": pa.array(values, kind)})
+        taken = take_rows(table, np.array([3, 1, 0]))
+        assert taken.column("image").type == kind
+        assert taken.column("image").to_pylist() == [values[3], None, values[0]]
+
+
+def test_rows_out_of_bounds_are_an_error_not_a_wrong_value() -> None:
+    column = table_in_chunks([3, 3]).column("image")
+    for rows in ([6], [-1], [0, 7]):
+        with pytest.raises(IndexError, match="out of bounds"):
+            gather_slices(column, np.array(rows, dtype=np.int64))

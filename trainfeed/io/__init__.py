@@ -1,0 +1,1 @@
+"""Partition reads from storage: verified ranged reads, buffers, gathers and prefetch."""

@@ -1,0 +1,349 @@
+"""A blocking client of the master that rides through restarts.
+
+Every call retries the transient statuses (UNAVAILABLE: master restarting or network blip;
+DEADLINE_EXCEEDED: master stalled; RESOURCE_EXHAUSTED: master overloaded; ABORTED, CANCELLED: a call
+cut by a stopping master) with exponential backoff capped at MAX_BACKOFF_S and full jitter, so a
+fleet of readers does not hammer a master that comes back; after `give_up_s` it raises
+MasterUnavailableError naming the address. The channel itself reconnects at most RECONNECT_MS after
+an attempt failed (gRPC's default backoff grows to 120 s: readers came back up to 34 s after the
+master did). Other errors are the master's answer and raise at once.
+
+Sessions: `open_job` keeps the session secret the master answers with (never logged), and every
+later call of that worker id carries it (issue 25: a job token alone must not let a caller act as
+another reader).
+
+Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
+reader no longer holds their lease), the call is retried at once without them, and the answer's
+`revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import re
+import socket
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import TypeVar
+
+import grpc
+
+from trainfeed import settings
+from trainfeed.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    DeliveryOrderError,
+    JobError,
+    MasterUnavailableError,
+    RankTakenError,
+)
+from trainfeed.lease.resources import detect_resources
+from trainfeed.security import (
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TLS_SERVER_NAME_ENV,
+    ClientSecurity,
+)
+from trainfeed.v1 import master_pb2 as pb
+from trainfeed.v1 import master_pb2_grpc
+
+MASTER_ENV = settings.MASTER.name
+GIVE_UP_ENV = settings.MASTER_GIVE_UP_S.name
+DEFAULT_GIVE_UP_S = settings.MASTER_GIVE_UP_S.default
+# Per-call deadline on top of any long-poll wait the call asks for.
+CALL_TIMEOUT_S = 10.0
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
+              grpc.StatusCode.CANCELLED)
+# RESOURCE_EXHAUSTED for a message over the size limit is this call's fault, and a job full of
+# reader sessions an operator's setting (--max-sessions): no quick retry helps either.
+_TOO_LARGE = re.compile(r"larger than max|message length|live reader sessions", re.IGNORECASE)
+# Backoff between retries grows from 50 ms to this (with full jitter): a master that is back is
+# found within about a second.
+MAX_BACKOFF_S = 1.0
+# The channel's own reconnect backoff, bounded the same way (gRPC's default grows to 120 s).
+RECONNECT_MS = 1000
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
+# The longest worker name the master accepts (trainfeed.master.sessions.MAX_WORKER_NAME_BYTES).
+WORKER_NAME_MAX_BYTES = 256
+# The master lists refused reports here (trainfeed.master.service.REFUSED_TRAILER).
+REFUSED_TRAILER = "trainfeed-refused-bin"
+# How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
+# (A master that refuses this client's certificate just closes the connection: "Socket closed".)
+_TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
+# Which refusal a FAILED_PRECONDITION OpenJob answer is (trainfeed.master.admission), and for a
+# taken rank how long its holder has been quiet and may stay quiet before it is presumed dead.
+REFUSAL_TRAILER = "trainfeed-refusal"
+RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"
+RANK_LAPSE_TRAILER = "trainfeed-rank-lapse-s"
+_REFUSALS: dict[str, type[JobError]] = {"rank-taken": RankTakenError,
+                                        "delivery-order": DeliveryOrderError}
+# A call retried this long logs what it waits for and until when (then every WAIT_LOG_EVERY_S):
+# no wait longer than that is silent.
+WAIT_LOG_S = 5.0
+WAIT_LOG_EVERY_S = 30.0
+# A claim on a synchronous rank whose holder went quiet (a process restarted in its place) is
+# retried this often until the holder's claim lapses; a holder heard from meanwhile is alive.
+RANK_RETRY_S = 0.5
+# What gRPC says when the connection closed during or instead of a TLS handshake (a plaintext
+# client at a TLS master: "Socket closed"; a TLS client at a plaintext one: "handshake",
+# "WRONG_VERSION_NUMBER"), as opposed to a master that is not there ("Connection refused").
+_TLS_MISMATCH = re.compile(r"socket closed|handshake|ssl|tls|wrong_version|end of file",
+                           re.IGNORECASE)
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def default_master_address() -> str:
+    address = settings.MASTER.get()
+    if not address:
+        raise MasterUnavailableError(
+            f"${MASTER_ENV} is not set: set it to the master's host:port (e.g. localhost:50051), "
+            f"or set TRAIN_LOCAL=1 to read from storage without a master")
+    return address
+
+
+class MasterClient:
+    """One channel to the master. Thread-safe (gRPC channels and stubs are); close() idempotent.
+
+    Credentials: `security` (by default from the environment: `$TRAINFEED_TOKEN` or
+    `$TRAINFEED_TOKEN_FILE`, and `$TRAINFEED_TLS_*`, see trainfeed.security); `token`, if given,
+    replaces its token. A refused token raises AuthenticationError at once (never retried).
+    """
+
+    def __init__(self, address: str | None = None, give_up_s: float | None = None,
+                 token: str | None = None, security: ClientSecurity | None = None):
+        self.address = address or default_master_address()
+        self.give_up_s = give_up_s if give_up_s is not None else settings.MASTER_GIVE_UP_S.get()
+        if security is None:
+            security = ClientSecurity.from_env(token=token)
+        elif token is not None:
+            security = dataclasses.replace(security, token=token)
+        self.security = security
+        self._metadata = security.metadata
+        self._channel = security.open_channel(self.address, CHANNEL_OPTIONS)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+        # (job, worker id) -> the secret its OpenJob answer gave: sent with its every call.
+        self._secrets: dict[tuple[str, str], str] = {}
+
+    def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
+        started = time.monotonic()
+        delay = 0.05
+        logged = 0.0  # when the last "still unreachable" line was logged (monotonic)
+        while True:
+            try:
+                return method(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                details = e.details()  # type: ignore[attr-defined]
+                if code is grpc.StatusCode.UNAUTHENTICATED:
+                    sent = "a token" if self._metadata else "no token"
+                    raise AuthenticationError(
+                        f"master {self.address} refused the call, which carried {sent} "
+                        f"(UNAUTHENTICATED: {details})") from None
+                if code is grpc.StatusCode.FAILED_PRECONDITION:
+                    refused = _refused(e)
+                    if refused:
+                        raise _Refused(refused, details) from None
+                    kind = _trailer(e, REFUSAL_TRAILER)
+                    if kind in _REFUSALS:
+                        error = _REFUSALS[kind](f"master {self.address}: {details}")
+                        if kind == "rank-taken":
+                            raise _RankTaken(error, float(_trailer(e, RANK_QUIET_TRAILER) or 0),
+                                             float(_trailer(e, RANK_LAPSE_TRAILER) or 0)) from None
+                        raise error from None
+                if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
+                                              and _TOO_LARGE.search(details or "")):
+                    raise JobError(f"master {self.address}: {code.name}: {details}") from None
+                if _TLS_REFUSED.search(details or ""):  # this client's settings: no retry helps
+                    raise ConfigurationError(
+                        f"master {self.address}: the TLS handshake failed ({details}); check "
+                        f"${TLS_CA_ENV} (the CA that signed the master's certificate) and "
+                        f"${TLS_SERVER_NAME_ENV} (a name that certificate holds)") from None
+                waited = time.monotonic() - started
+                if waited >= self.give_up_s:
+                    raise MasterUnavailableError(
+                        f"master {self.address} unreachable for {waited:.0f} s ({details}); "
+                        f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
+                        f"{self._unreachable_hint(details)}") from None
+                if waited >= WAIT_LOG_S and time.monotonic() - logged >= WAIT_LOG_EVERY_S:
+                    logged = time.monotonic()
+                    logger.warning(
+                        "master %s unreachable for %.0f s (%s); retrying until %s (give-up "
+                        "time: $%s=%g)", self.address, waited, details,
+                        wall_clock(time.time() + self.give_up_s - waited), GIVE_UP_ENV,
+                        self.give_up_s)
+                time.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def _fenced(self, method: Callable[..., T], request: pb.GetTasksRequest | pb.ReportRequest,
+                timeout: float) -> T:
+        """`_call`, retried at once without the reports the master refused; the answer's
+        `revoked` then also lists those."""
+        refused: list[pb.HeldTask] = []
+        while True:
+            try:
+                response = self._call(method, request, timeout)
+            except _Refused as e:
+                gone = {(t.epoch, t.partition, t.lease) for t in e.refused}
+                kept = [r for r in request.reports
+                        if (r.epoch, r.partition, r.lease) not in gone]
+                if len(kept) == len(request.reports):  # refused what we did not send?
+                    raise JobError(f"master {self.address}: FAILED_PRECONDITION: "
+                                   f"{e.details}") from None
+                refused.extend(e.refused)
+                del request.reports[:]
+                request.reports.extend(kept)
+                continue
+            response.revoked.extend(refused)  # type: ignore[attr-defined]
+            return response
+
+    def _unreachable_hint(self, details: str | None) -> str:
+        # A master that closes the connection at once may want TLS, or a client certificate;
+        # one that refuses the connection is not there, whatever it serves.
+        if not _TLS_MISMATCH.search(details or ""):
+            return ""
+        if not self.security.tls:
+            return f"; if it serves TLS, set ${TLS_CA_ENV}"
+        return (f"; if it requires client certificates, set ${TLS_CERT_ENV} and ${TLS_KEY_ENV} "
+                f"to one that its --tls-client-ca signed")
+
+    def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
+                 resume: pb.ResumePosition | None = None,
+                 sync: pb.SyncGroup | None = None,
+                 order: pb.DeliveryOrder | None = None) -> pb.OpenJobResponse:
+        """Joins `job`. `order`: what shapes this reader's delivery order (a reader whose order
+        differs from the job's raises DeliveryOrderError). A synchronous rank (`sync`) held by a
+        live reader raises RankTakenError; one whose holder went quiet (a restarted process in
+        its place) is claimed again until the holder's claim lapses."""
+        name = f"{socket.gethostname()}:{os.getpid()}"
+        if sync is not None:
+            name = f"rank{sync.rank}-{name}"
+        # The master refuses names over 256 bytes or not printable ASCII (a very long FQDN).
+        name = "".join(c if c.isascii() and c.isprintable() else "?" for c in name)
+        name = name[:WORKER_NAME_MAX_BYTES]
+        request = pb.OpenJobRequest(
+            job=job, dataset=dataset, worker_name=name, seed=seed,
+            distribution_rules=distribution_rules, resources=detect_resources(),
+            resume=resume, sync=sync, order=order)
+        holder_heard: float | None = None  # when the rank's holder was last heard (wall clock)
+        logged = False
+        while True:
+            try:
+                opened = self._call(self._stub.OpenJob, request, CALL_TIMEOUT_S)
+            except _RankTaken as e:
+                heard = time.time() - e.quiet_s
+                if holder_heard is not None and heard > holder_heard + RANK_RETRY_S:
+                    raise e.error from None  # heard from since: a live process holds the rank
+                holder_heard = heard if holder_heard is None else holder_heard
+                if not logged:
+                    logged = True
+                    logger.warning("%s; waiting until %s to see whether its holder is alive",
+                                   e.error, wall_clock(time.time() + e.lapse_s))
+                time.sleep(min(RANK_RETRY_S, max(0.05, e.lapse_s)))
+                continue
+            self._secrets[(opened.job, opened.worker_id)] = opened.session_secret
+            return opened
+
+    def secret(self, job: str, worker: str) -> str:
+        """The session secret of `worker` ("" for a worker this client did not open)."""
+        return self._secrets.get((job, worker), "")
+
+    def get_tasks(self, job: str, worker: str, epoch: int, max_tasks: int, wait_ms: int,
+                  reports: Iterable[pb.TaskReport] = (),
+                  held: Iterable[tuple[int, int, int]] | None = None,
+                  max_records: int = 0,
+                  started: Collection[tuple[int, int, int]] = (),
+                  sync: pb.SyncGroup | None = None) -> pb.GetTasksResponse:
+        """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
+        the master then hands back any other lease it has on the caller (see the proto), and
+        the answer's `revoked` lists those of them that are not the caller's any more.
+        `started`: those of `held` the caller's trainer has begun (never asked back).
+        `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
+        return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
+            job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
+            max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
+            reconcile=held is not None, max_records=max_records,
+            held=_held_tasks(held or (), started), sync=sync),
+            CALL_TIMEOUT_S + wait_ms / 1000)
+
+    def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
+               held: Iterable[tuple[int, int, int]] = (),
+               started: Collection[tuple[int, int, int]] = (),
+               sync: pb.SyncGroup | None = None) -> pb.ReportResponse:
+        """Sends reports and renews this worker's leases; the answer's `revoked` lists the
+        (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
+        for `get_tasks`."""
+        return self._fenced(self._stub.Report, pb.ReportRequest(
+            job=job, worker_id=worker, session_secret=self.secret(job, worker),
+            reports=list(reports), held=_held_tasks(held, started), sync=sync),
+            CALL_TIMEOUT_S)
+
+    def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
+        return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
+            job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S)
+
+    def job_status(self, job: str) -> pb.JobStatus:
+        return self._call(self._stub.GetJobStatus, pb.GetJobStatusRequest(job=job),
+                          CALL_TIMEOUT_S)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Refused(Exception):
+    """The master refused some of a call's reports (FAILED_PRECONDITION): not this reader's."""
+
+    def __init__(self, refused: list[pb.HeldTask], details: str | None):
+        super().__init__(details)
+        self.refused = refused
+        self.details = details
+
+
+class _RankTaken(Exception):
+    """OpenJob refused a synchronous rank that another reader holds: `error` to raise, unless
+    its holder stays quiet `lapse_s` more seconds (it was quiet `quiet_s`)."""
+
+    def __init__(self, error: JobError, quiet_s: float, lapse_s: float):
+        super().__init__(str(error))
+        self.error, self.quiet_s, self.lapse_s = error, quiet_s, lapse_s
+
+
+def _trailer(error: grpc.RpcError, key: str) -> str | None:
+    """A text value of an error's trailing metadata."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for name, value in (trailing() if callable(trailing) else None) or ():
+        if name == key:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def wall_clock(unix: float) -> str:
+    """A wall-clock time for a log line: 23:05:17."""
+    return time.strftime("%H:%M:%S", time.localtime(unix))
+
+
+def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:
+    """The reports a FAILED_PRECONDITION answer lists in its REFUSED_TRAILER metadata."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSED_TRAILER and isinstance(value, bytes):
+            return list(pb.RefusedReports.FromString(value).reports)
+    return []
+
+
+def _held_tasks(held: Iterable[tuple[int, int, int]],
+                started: Collection[tuple[int, int, int]]) -> list[pb.HeldTask]:
+    return [pb.HeldTask(epoch=e, partition=p, lease=t, started=(e, p, t) in started)
+            for e, p, t in held]

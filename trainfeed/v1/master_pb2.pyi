@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync", "order")
+    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync", "order", "protocol_version")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class OpenJobRequest(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     worker_name: str
@@ -27,7 +28,8 @@ class OpenJobRequest(_message.Message):
     resume: ResumePosition
     sync: SyncGroup
     order: DeliveryOrder
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., order: _Optional[_Union[DeliveryOrder, _Mapping]] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., order: _Optional[_Union[DeliveryOrder, _Mapping]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class DeliveryOrder(_message.Message):
     __slots__ = ("seed", "shuffle_buffer", "resample", "sync_batch_size")
@@ -91,7 +93,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class OpenJobResponse(_message.Message):
-    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions", "session_secret", "resume_credential", "resume_cut")
+    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions", "session_secret", "resume_credential", "resume_cut", "protocol_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,7 @@ class OpenJobResponse(_message.Message):
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     RESUME_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     RESUME_CUT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job: str
     dataset: str
@@ -122,7 +125,8 @@ class OpenJobResponse(_message.Message):
     session_secret: str
     resume_credential: str
     resume_cut: int
-    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ..., session_secret: _Optional[str] = ..., resume_credential: _Optional[str] = ..., resume_cut: _Optional[int] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ..., session_secret: _Optional[str] = ..., resume_credential: _Optional[str] = ..., resume_cut: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "row_start", "stop_records")
@@ -183,7 +187,7 @@ class RefusedReports(_message.Message):
     def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
 
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret", "sync")
+    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret", "sync", "stats")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +199,7 @@ class GetTasksRequest(_message.Message):
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     epoch: int
@@ -206,7 +211,8 @@ class GetTasksRequest(_message.Message):
     max_records: int
     session_secret: str
     sync: SyncGroup
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
+    stats: ReaderStats
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
 
 class HeldTask(_message.Message):
     __slots__ = ("epoch", "partition", "lease", "started")
@@ -281,20 +287,22 @@ class FailedPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., reason: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "reports", "held", "session_secret", "sync")
+    __slots__ = ("job", "worker_id", "reports", "held", "session_secret", "sync", "stats")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
     session_secret: str
     sync: SyncGroup
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ...) -> None: ...
+    stats: ReaderStats
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("current_epoch", "revoked", "give_back", "group_broken", "revoked_why", "superseded")
@@ -363,3 +371,53 @@ class JobStatus(_message.Message):
     bytes_served: int
     reports_refused: int
     def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., reports_refused: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job", "worker_id", "session_secret")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    worker_id: str
+    session_secret: str
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded")
+    CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    current_epoch: int
+    give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    revoked_why: str
+    epoch_complete: int
+    group_broken: str
+    superseded: str
+    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
+
+class ReaderStats(_message.Message):
+    __slots__ = ("wall_s", "input_wait_s", "batches", "records", "bytes_read", "read_s", "records_decoded", "decode_s", "decode_failures")
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    READ_S_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DECODED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    wall_s: float
+    input_wait_s: float
+    batches: int
+    records: int
+    bytes_read: int
+    read_s: float
+    records_decoded: int
+    decode_s: float
+    decode_failures: int
+    def __init__(self, wall_s: _Optional[float] = ..., input_wait_s: _Optional[float] = ..., batches: _Optional[int] = ..., records: _Optional[int] = ..., bytes_read: _Optional[int] = ..., read_s: _Optional[float] = ..., records_decoded: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_failures: _Optional[int] = ...) -> None: ...

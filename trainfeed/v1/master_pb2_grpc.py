@@ -59,6 +59,11 @@ class MasterStub:
                 request_serializer=trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.SerializeToString,
                 response_deserializer=trainfeed_dot_v1_dot_master__pb2.JobStatus.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/trainfeed.v1.Master/Watch',
+                request_serializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
+                response_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -100,6 +105,16 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """One stream per reader session, for what the master must tell a reader between its own calls:
+        give-backs, revocations, the end of an epoch and sync-group changes. A reader holding leases
+        it has not started waits on this stream instead of polling. A broken stream (a restarted
+        master) is reopened by the reader; the fencing rules do not depend on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +142,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.GetJobStatus,
                     request_deserializer=trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.FromString,
                     response_serializer=trainfeed_dot_v1_dot_master__pb2.JobStatus.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.FromString,
+                    response_serializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +284,33 @@ class Master:
             '/trainfeed.v1.Master/GetJobStatus',
             trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.SerializeToString,
             trainfeed_dot_v1_dot_master__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trainfeed.v1.Master/Watch',
+            trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
+            trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

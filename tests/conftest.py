@@ -242,3 +242,16 @@ def image_list(tmp_path: Path) -> Path:
 def storage_dir(tmp_path: Path) -> str:
     """An empty local storage root."""
     return str(tmp_path / "storage")
+
+
+@pytest.fixture
+def storage(image_list: Path, storage_dir: str) -> str:
+    """A storage holding "flowers": the 100 records of `image_list` in 13 row groups of 8
+    (the last of 4). tests/integration/conftest.py overrides it for its
+    folder with row groups of 10; a module needing another dataset defines its own (listed in
+    tests/test_suite_hygiene.py with the reason)."""
+    from trainfeed.upload import UploadOptions, upload
+
+    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=8),
+           progress=False)
+    return storage_dir

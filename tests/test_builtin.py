@@ -20,7 +20,7 @@ NUM_DIGITS = 1797  # scikit-learn's load_digits(): the UCI test set of handwritt
 
 
 @pytest.fixture(scope="module")
-def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def builtin_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A storage folder with the builtin datasets published once (it takes a few seconds)."""
     root = tmp_path_factory.mktemp("storage")
     [result] = publish_builtin(open_storage(str(root)), progress=False)
@@ -30,10 +30,10 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_digits_read_as_8x8_grayscale_images(storage: Path) -> None:
+def test_digits_read_as_8x8_grayscale_images(builtin_storage: Path) -> None:
     labels: Counter[str] = Counter()
     ids = []
-    with dist.reader(DIGITS, local=True, storage=str(storage)) as reader:
+    with dist.reader(DIGITS, local=True, storage=str(builtin_storage)) as reader:
         assert reader.field_names == ("image", "label")
         for batch in reader.column_batches(256):
             ids.extend(batch["_id"].tolist())
@@ -45,22 +45,22 @@ def test_digits_read_as_8x8_grayscale_images(storage: Path) -> None:
 
     assert sorted(ids) == list(range(NUM_DIGITS))
     assert sorted(labels) == [str(d) for d in range(10)]
-    manifest = read_manifest(open_storage(str(storage)), DIGITS)
+    manifest = read_manifest(open_storage(str(builtin_storage)), DIGITS)
     assert sum(manifest.label_histogram.values()) == NUM_DIGITS
     assert manifest.label_histogram == dict(labels)
 
 
-def test_publishing_twice_is_a_no_op(storage: Path) -> None:
-    manifest = (storage / DIGITS / "manifest.json").read_bytes()
+def test_publishing_twice_is_a_no_op(builtin_storage: Path) -> None:
+    manifest = (builtin_storage / DIGITS / "manifest.json").read_bytes()
 
-    [again] = publish_builtin(open_storage(str(storage)), progress=False)
+    [again] = publish_builtin(open_storage(str(builtin_storage)), progress=False)
 
     assert again.already_published
-    assert (storage / DIGITS / "manifest.json").read_bytes() == manifest
+    assert (builtin_storage / DIGITS / "manifest.json").read_bytes() == manifest
 
 
-def test_ls_lists_digits(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ls", "--storage", str(storage)]) == 0
+def test_ls_lists_digits(builtin_storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ls", "--storage", str(builtin_storage)]) == 0
 
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == [DIGITS]

@@ -2,12 +2,12 @@
 through (retrying UNAVAILABLE) and every epoch stays whole."""
 from __future__ import annotations
 
-import socket
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from integration.services import free_port
 from sample_data import file_digests, make_image_list
 from test_multiprocess import delivered, lines, start_reader, wait_all
 
@@ -18,12 +18,6 @@ from trainfeed.v1 import master_pb2 as pb
 
 pytestmark = pytest.mark.integration
 N = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

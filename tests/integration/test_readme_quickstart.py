@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from integration.services import free_port
 from optional import require
 
 from trainfeed.demo import make_images
@@ -40,12 +40,6 @@ def demo_storage(tmp_path: Path) -> str:
     storage = str(tmp_path / "trainfeed-data")
     upload(listing, "demo-images", storage, progress=False)
     return storage
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_torchrun(script: Path, env: dict[str, str]) -> str:

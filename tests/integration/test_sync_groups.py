@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from integration.services import free_port
 from optional import require
 
 from trainfeed.master.process import MasterProcess
@@ -64,12 +65,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in WHO}
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

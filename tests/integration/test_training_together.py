@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from integration.services import free_port
 from optional import require
 
 from trainfeed import dist
@@ -186,12 +186,6 @@ def test_work_stealing_finishes_readers_of_unequal_speed_near_the_ideal_time(
         assert took <= 1.1 * ideal, f"epoch {epoch}: {took:.2f} s, ideal {ideal:.2f} s"
     slow_share = sum(sum(c.values()) for c in [seen[e][2] for e in (0, 1)]) / (2 * RECORDS)
     assert slow_share < 0.25, slow_share  # a third of a fast reader's rate: 1/7 of the records
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_sync(outs: list[Path], epochs: int, batch: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,17 +19,9 @@ from trainfeed import dist
 from trainfeed.errors import CheckpointError
 from trainfeed.lease.client import GIVE_UP_ENV, MasterClient
 from trainfeed.master.process import MasterProcess
-from trainfeed.upload import UploadOptions, upload
 
 N = 100  # records, in 13 partitions of up to 8 (row_group_rows=8)
 TAKEN = 20  # records the checkpointing reader had before its checkpoint
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=8),
-           progress=False)
-    return storage_dir
 
 
 def partition_in_hand(state: dict[str, Any]) -> int:

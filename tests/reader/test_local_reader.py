@@ -9,14 +9,6 @@ import pytest
 from sample_data import file_digests
 
 from trainfeed import batch, dist
-from trainfeed.upload import UploadOptions, upload
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=8),
-           progress=False)
-    return storage_dir
 
 
 def test_train_local_env_switches_to_reading_storage(storage: str,

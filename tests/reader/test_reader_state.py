@@ -11,16 +11,8 @@ import pytest
 from sample_data import file_digests
 
 from trainfeed import dist
-from trainfeed.upload import UploadOptions, upload
 
 N = 100
-
-
-@pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
-    upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=8),
-           progress=False)
-    return storage_dir
 
 
 def key(instance: tuple[bytes, str]) -> tuple[str, str]:

@@ -1,5 +1,5 @@
-"""trainfeed.settings: every environment variable in one table, the README's configuration table
-listing exactly those, values parsed with clear errors, and secrets never shown."""
+"""trainfeed.settings: every environment variable in one table, the configuration table of
+docs/usage.md listing exactly those, values parsed with clear errors, and secrets never shown."""
 from __future__ import annotations
 
 import json
@@ -16,13 +16,13 @@ from trainfeed.lease.resources import count_gpus
 from trainfeed.security import ClientSecurity, load_token
 from trainfeed.settings import SETTINGS, settings_in_effect
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+USAGE = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
 TOKEN = "k7Qx-3vN_pL9sT2wR8yB4mC6dF1gH5jZ0aE"
 
 
 def readme_variables() -> list[str]:
-    """The variables named in the first column of the README's configuration table."""
-    text = README.read_text(encoding="utf-8")
+    """The variables named in the first column of docs/usage.md's configuration table."""
+    text = USAGE.read_text(encoding="utf-8")
     section = text.split("### Configuration", 1)[1]
     names: list[str] = []
     for line in section.splitlines()[1:]:
@@ -37,8 +37,8 @@ def test_the_readme_table_lists_exactly_the_settings() -> None:
     listed = readme_variables()
     assert len(listed) == len(set(listed)), "a variable is listed twice"
     assert "TRAINFEED_TOKEN_FILE" in listed and "TRAIN_LOCAL" in listed  # the parser works
-    assert set(listed) - set(SETTINGS) == set(), "in the README but not in trainfeed.settings"
-    assert set(SETTINGS) - set(listed) == set(), "in trainfeed.settings but not in the README"
+    assert set(listed) - set(SETTINGS) == set(), "in docs/usage.md but not in trainfeed.settings"
+    assert set(SETTINGS) - set(listed) == set(), "in trainfeed.settings but not in docs/usage.md"
 
 
 def test_every_setting_is_documented_and_named_once() -> None:

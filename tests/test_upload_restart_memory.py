@@ -1,4 +1,4 @@
-"""`upload --jpeg-restarts` keeps within the memory the README states (issue 25 §3): rewrites
+"""`upload --jpeg-restarts` keeps within the memory the docs state (issue 25 §3): rewrites
 reserve the DCT coefficients their headers announce from one budget, so large files wait for
 room instead of being rewritten on every reading thread at once. Once, eight 1 MB 16,384² JPEGs
 took 4,233 MB of RSS against the README's "about 230 MiB plus two records"."""
@@ -14,7 +14,8 @@ from trainfeed.decode import roi
 from trainfeed.decode.pixel_budget import jpeg_frame
 from trainfeed.upload import DECODE_MEMORY_BYTES
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+#: Where the bound is stated ("How each stage works", Upload); it was in the README.
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
 def large_jpegs(folder: Path, count: int = 8) -> Path:
@@ -31,7 +32,7 @@ def large_jpegs(folder: Path, count: int = 8) -> Path:
 
 
 def test_the_readme_states_the_bound() -> None:
-    text = " ".join(README.read_text(encoding="utf-8").split())
+    text = " ".join(ARCHITECTURE.read_text(encoding="utf-8").split())
     assert (f"`--jpeg-restarts` and `--check-images` add at most "
             f"{DECODE_MEMORY_BYTES >> 20} MiB of images") in text
 

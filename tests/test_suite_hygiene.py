@@ -22,7 +22,6 @@ ALLOWED_DUPLICATES: dict[str, dict[str, str]] = {
     "storage": {
         "integration/conftest.py": "row groups of 10: the master plans 10 partitions of 10, "
                                    "which the integration tests count",
-        "reader/test_batcher_overlap.py": "one row group (the default size), sliced",
         "reader/test_pipeline.py": "120 records whose source images the tests decode to compare",
         "reader/test_resume.py": "module-scoped: 100 JPEGs plus a packed dataset, with a map "
                                  "from each image's sha256 to its record id",
@@ -36,12 +35,6 @@ ALLOWED_DUPLICATES: dict[str, dict[str, str]] = {
         "integration/test_multiprocess.py": "38 partitions of 8 rows; (storage, source)",
         "integration/test_sliced_partitions.py": "3 row groups of 200, sliced into 64 "
                                                  "partitions; (storage, source)",
-        "io/test_partition_slices.py": "row groups of 200 in shards of 2 row groups; module-"
-                                       "scoped (storage, manifest, source)",
-        "io/test_ranged_payload_reads.py": "32-pixel images, four files listed twice (equal "
-                                           "values Parquet may store once); (storage, manifest)",
-        "io/test_verified_reads.py": "row groups of 10, to corrupt; (storage, manifest)",
-        "master/test_restored_plan.py": "160 records in 8 row groups of 20; (Storage, manifest)",
     },
     "master": {
         "integration/test_cut_short_pass.py": "a master with its defaults",

@@ -27,7 +27,7 @@ N = 600  # 3 row groups of 200 (2 in the first shard, 1 in the second): 64 slice
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Manifest, Path]:
+def sliced_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Manifest, Path]:
     root = tmp_path_factory.mktemp("slices")
     source = make_image_list(root / "source", N)
     storage = str(root / "storage")
@@ -60,8 +60,8 @@ def check_rows(table: pa.Table, ids: list[int], digests: dict[int, tuple[str, st
 
 
 def test_the_plan_slices_the_three_row_groups_into_64(
-        dataset: tuple[str, Manifest, Path]) -> None:
-    _, manifest, _ = dataset
+        sliced_dataset: tuple[str, Manifest, Path]) -> None:
+    _, manifest, _ = sliced_dataset
     assert [len(s.row_groups) for s in manifest.shards] == [2, 1]
     parts = plan_partitions(manifest)
     assert len(parts) == 64
@@ -70,8 +70,8 @@ def test_the_plan_slices_the_three_row_groups_into_64(
 
 
 def test_every_slice_reads_exactly_its_rows_and_no_other_payload(
-        dataset: tuple[str, Manifest, Path]) -> None:
-    storage, manifest, source = dataset
+        sliced_dataset: tuple[str, Manifest, Path]) -> None:
+    storage, manifest, source = sliced_dataset
     digests = file_digests(source)
     reader = reader_of(storage)
     seen: list[int] = []
@@ -86,15 +86,16 @@ def test_every_slice_reads_exactly_its_rows_and_no_other_payload(
     assert reader.stats.payload_bytes == files
 
 
-def test_skip_counts_from_the_slice_s_first_record(dataset: tuple[str, Manifest, Path]) -> None:
-    storage, manifest, source = dataset
+def test_skip_counts_from_the_slice_s_first_record(
+        sliced_dataset: tuple[str, Manifest, Path]) -> None:
+    storage, manifest, source = sliced_dataset
     p = next(p for p in plan_partitions(manifest) if p.row_start > 0)
     table = read_task(reader_of(storage), task_of(p, skip=3), None)
     check_rows(table, expected_ids(manifest, p)[3:], file_digests(source))
 
 
-def test_a_selector_sees_the_slice_s_rows_alone(dataset: tuple[str, Manifest, Path]) -> None:
-    storage, manifest, source = dataset
+def test_a_selector_sees_the_slice_s_rows_alone(sliced_dataset: tuple[str, Manifest, Path]) -> None:
+    storage, manifest, source = sliced_dataset
     p = next(p for p in plan_partitions(manifest) if p.row_group_start == 1 and p.row_start > 0)
     ids = expected_ids(manifest, p)
     offered: list[list[int]] = []
@@ -112,8 +113,8 @@ def test_a_selector_sees_the_slice_s_rows_alone(dataset: tuple[str, Manifest, Pa
 
 
 def test_slices_of_a_shard_without_payload_index_are_read_whole_and_cut(
-        dataset: tuple[str, Manifest, Path], tmp_path: Path) -> None:
-    storage, manifest, source = dataset
+        sliced_dataset: tuple[str, Manifest, Path], tmp_path: Path) -> None:
+    storage, manifest, source = sliced_dataset
     old = tmp_path / "old"
     shutil.copytree(storage, old)
     for index in old.rglob("*" + PAYLOAD_INDEX_SUFFIX):
@@ -131,8 +132,8 @@ def test_slices_of_a_shard_without_payload_index_are_read_whole_and_cut(
     assert sorted(seen) == list(range(N))
 
 
-def test_a_slice_past_its_row_group_is_an_error(dataset: tuple[str, Manifest, Path]) -> None:
-    storage, manifest, _ = dataset
+def test_a_slice_past_its_row_group_is_an_error(sliced_dataset: tuple[str, Manifest, Path]) -> None:
+    storage, manifest, _ = sliced_dataset
     last = next(p for p in reversed(plan_partitions(manifest)) if p.row_group_start == 0)
     beyond = dataclasses.replace(task_of(last), row_start=last.row_start + 1)
     with pytest.raises(CorruptDatasetError,
@@ -142,10 +143,10 @@ def test_a_slice_past_its_row_group_is_an_error(dataset: tuple[str, Manifest, Pa
 
 
 def test_slices_over_a_non_local_filesystem_fetch_ranges_alone(
-        dataset: tuple[str, Manifest, Path]) -> None:
+        sliced_dataset: tuple[str, Manifest, Path]) -> None:
     """The object-store path (fsspec `cat_ranges`), on fsspec's in-memory filesystem: the same
     rows and content, each payload fetched once."""
-    storage, manifest, source = dataset
+    storage, manifest, source = sliced_dataset
     memory = fsspec.filesystem("memory")
     root = "/slices-test"
     try:

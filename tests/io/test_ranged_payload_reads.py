@@ -23,7 +23,7 @@ ROWS = 60  # per row group; 3 row groups in one shard
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Manifest]:
+def repeated_files_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Manifest]:
     root = tmp_path_factory.mktemp("ranged")
     source = make_image_list(root / "source", 3 * ROWS - 4, size=32)
     # Repeated files: equal values, which Parquet may store once (in a dictionary page).
@@ -47,8 +47,9 @@ def parquet_read(storage: str, shard: str, start: int, stop: int) -> pa.Table:
     return reader._row_groups(shard, start, stop, held, reader.columns)
 
 
-def test_whole_row_groups_equal_parquet_s_own_read(dataset: tuple[str, Manifest]) -> None:
-    storage, manifest = dataset
+def test_whole_row_groups_equal_parquet_s_own_read(
+        repeated_files_dataset: tuple[str, Manifest]) -> None:
+    storage, manifest = repeated_files_dataset
     shard = manifest.shards[0].path
     reader = reader_of(storage)
     for start, stop in ((0, 1), (1, 3), (0, 3)):
@@ -59,8 +60,8 @@ def test_whole_row_groups_equal_parquet_s_own_read(dataset: tuple[str, Manifest]
 
 
 def test_a_row_group_s_payloads_are_one_buffer_and_one_system_call(
-        dataset: tuple[str, Manifest], monkeypatch: pytest.MonkeyPatch) -> None:
-    storage, manifest = dataset
+        repeated_files_dataset: tuple[str, Manifest], monkeypatch: pytest.MonkeyPatch) -> None:
+    storage, manifest = repeated_files_dataset
     calls, real = [], os.preadv
 
     def counted(fd: int, buffers: list, offset: int) -> int:
@@ -74,10 +75,10 @@ def test_a_row_group_s_payloads_are_one_buffer_and_one_system_call(
     assert len(calls) == 1 and calls[0] >= ROWS  # the values, and the gaps between them
 
 
-def test_small_limits_give_the_same_table(dataset: tuple[str, Manifest],
+def test_small_limits_give_the_same_table(repeated_files_dataset: tuple[str, Manifest],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """No coalescing (gap 0), 7 values per call, buffers of ~3 values: the same rows."""
-    storage, manifest = dataset
+    storage, manifest = repeated_files_dataset
     shard = manifest.shards[0].path
     expected = parquet_read(storage, shard, 0, 3)
     sizes = [len(v) for v in expected.column("image").to_pylist()]
@@ -90,8 +91,8 @@ def test_small_limits_give_the_same_table(dataset: tuple[str, Manifest],
 
 
 def test_a_shard_truncated_after_it_was_opened_is_an_error_naming_the_record(
-        dataset: tuple[str, Manifest], tmp_path: Path) -> None:
-    storage, manifest = dataset
+        repeated_files_dataset: tuple[str, Manifest], tmp_path: Path) -> None:
+    storage, manifest = repeated_files_dataset
     copy = tmp_path / "storage"
     shutil.copytree(storage, copy)
     shard = manifest.shards[0].path
@@ -110,8 +111,8 @@ def test_a_shard_truncated_after_it_was_opened_is_an_error_naming_the_record(
         reader._fetch(shard, reader._index(shard)[rows, 0], first_id + rows - ROWS)
 
 
-def test_no_rows_read_as_an_empty_column(dataset: tuple[str, Manifest]) -> None:
-    storage, manifest = dataset
+def test_no_rows_read_as_an_empty_column(repeated_files_dataset: tuple[str, Manifest]) -> None:
+    storage, manifest = repeated_files_dataset
     reader = reader_of(storage)
     empty = reader._fetch(manifest.shards[0].path, np.zeros((0, 3), np.int64),
                           np.zeros(0, np.int64))
@@ -119,10 +120,10 @@ def test_no_rows_read_as_an_empty_column(dataset: tuple[str, Manifest]) -> None:
 
 
 def test_payload_buffers_are_reused_only_once_nothing_holds_their_rows(
-        dataset: tuple[str, Manifest]) -> None:
+        repeated_files_dataset: tuple[str, Manifest]) -> None:
     """Each row group's payloads go into a recycled buffer (no fresh pages to zero): a slice
     a shuffle buffer still holds keeps its bytes while later reads reuse released buffers."""
-    storage, manifest = dataset
+    storage, manifest = repeated_files_dataset
     shard = manifest.shards[0].path
     reader = reader_of(storage)
     table = reader.read(shard, 0, 1, ROWS)

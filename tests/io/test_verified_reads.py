@@ -26,7 +26,7 @@ N = 40
 
 
 @pytest.fixture
-def dataset(tmp_path: Path, storage_dir: str) -> tuple[str, Manifest]:
+def verified_dataset(tmp_path: Path, storage_dir: str) -> tuple[str, Manifest]:
     upload(str(make_image_list(tmp_path / "src", N)), "flowers", storage_dir,
            UploadOptions(row_group_rows=10), progress=False)
     return storage_dir, read_manifest(open_storage(storage_dir), "flowers")
@@ -65,8 +65,8 @@ def every_id_choose(meta: object) -> np.ndarray:
     return np.ones(len(meta), dtype=np.int64)  # type: ignore[arg-type]
 
 
-def test_the_index_records_a_checksum_per_payload(dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+def test_the_index_records_a_checksum_per_payload(verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     index = payload_offsets(storage_dir, manifest)
     assert index.shape == (manifest.shards[0].num_rows, 1, INDEX_COLUMNS)
     table = reader(storage_dir).read(manifest.shards[0].path, 0, 1, 10)
@@ -80,11 +80,11 @@ def test_the_index_records_a_checksum_per_payload(dataset: tuple[str, Manifest])
 
 @pytest.mark.parametrize("columns", [3, INDEX_COLUMNS])
 def test_the_checksum_readers_verify_is_the_one_the_index_has(
-        dataset: tuple[str, Manifest], columns: int) -> None:
+        verified_dataset: tuple[str, Manifest], columns: int) -> None:
     """Readers verify the CRC-32C of a 4-column index, and the CRC-32 of a 3-column one (as
     earlier versions wrote them): a wrong value in that column is caught, by every read path,
     and a wrong value in the column not checked changes nothing."""
-    storage_dir, manifest = dataset
+    storage_dir, manifest = verified_dataset
     index = payload_offsets(storage_dir, manifest)[:, :, :columns].copy()
     checked = CRC32C_COLUMN if columns == INDEX_COLUMNS else CRC32_COLUMN
     shard = manifest.shards[0].path
@@ -100,8 +100,8 @@ def test_the_checksum_readers_verify_is_the_one_the_index_has(
         reader(storage_dir).read_selected(shard, 1, 2, 10, every_id_choose)
 
 
-def test_flipped_payload_bytes_fail_every_read_path(dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+def test_flipped_payload_bytes_fail_every_read_path(verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     index = payload_offsets(storage_dir, manifest)
     at = int(index[13, 0, 0]) + 100  # inside record 13's JPEG (row group 1)
     flip(shard_file(storage_dir, manifest), at)
@@ -125,8 +125,8 @@ def test_flipped_payload_bytes_fail_every_read_path(dataset: tuple[str, Manifest
         reader(storage_dir).read(shard, 1, 2, 10)
 
 
-def test_a_shifted_index_is_caught_by_the_checksums(dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+def test_a_shifted_index_is_caught_by_the_checksums(verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     index_path = shard_file(storage_dir, manifest).with_name(
         Path(manifest.shards[0].path).name + PAYLOAD_INDEX_SUFFIX)
     index = np.load(index_path)
@@ -138,8 +138,9 @@ def test_a_shifted_index_is_caught_by_the_checksums(dataset: tuple[str, Manifest
         reader(storage_dir).read_selected(manifest.shards[0].path, 0, 1, 10, every_id_choose)
 
 
-def test_an_index_pointing_outside_the_shard_is_refused(dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+def test_an_index_pointing_outside_the_shard_is_refused(
+        verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     index_path = shard_file(storage_dir, manifest).with_name(
         Path(manifest.shards[0].path).name + PAYLOAD_INDEX_SUFFIX)
     index = np.load(index_path)
@@ -152,8 +153,8 @@ def test_an_index_pointing_outside_the_shard_is_refused(dataset: tuple[str, Mani
 
 
 def test_a_truncated_or_deleted_shard_is_an_error_naming_it(
-        dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+        verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     path = shard_file(storage_dir, manifest)
     shard = manifest.shards[0].path
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -164,8 +165,8 @@ def test_a_truncated_or_deleted_shard_is_an_error_naming_it(
         reader(storage_dir).read(shard, 0, 1, 10)
 
 
-def test_inflated_row_counts_are_an_error(dataset: tuple[str, Manifest]) -> None:
-    storage_dir, manifest = dataset
+def test_inflated_row_counts_are_an_error(verified_dataset: tuple[str, Manifest]) -> None:
+    storage_dir, manifest = verified_dataset
     with pytest.raises(CorruptDatasetError, match="hold 10 rows, the manifest says 12"):
         reader(storage_dir).read(manifest.shards[0].path, 0, 1, 12)
 

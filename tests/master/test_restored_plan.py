@@ -18,7 +18,7 @@ from trainfeed.upload import UploadOptions, upload
 
 
 @pytest.fixture
-def dataset(tmp_path: Path) -> tuple[Storage, Manifest]:
+def eight_row_groups(tmp_path: Path) -> tuple[Storage, Manifest]:
     """160 records in 8 row groups of 20: today 16 slices, before slices 8 partitions."""
     storage = str(tmp_path / "storage")
     upload(str(make_image_list(tmp_path / "source", 160, size=8)), "flowers", storage,
@@ -38,8 +38,8 @@ def save_job(tmp_path: Path, storage: Storage, manifest: Manifest, num_partition
 
 
 def test_a_job_saved_before_slices_keeps_its_whole_row_group_partitions(
-        tmp_path: Path, dataset: tuple[Storage, Manifest]) -> None:
-    storage, manifest = dataset
+        tmp_path: Path, eight_row_groups: tuple[Storage, Manifest]) -> None:
+    storage, manifest = eight_row_groups
     assert len(plan_partitions(manifest)) == 16
     url = save_job(tmp_path, storage, manifest, 8)
     master = MasterServicer(MasterConfig(storage), open_state_store(url))
@@ -55,9 +55,9 @@ def test_a_job_saved_before_slices_keeps_its_whole_row_group_partitions(
 
 
 def test_a_job_whose_plan_is_unknown_starts_afresh(
-        tmp_path: Path, dataset: tuple[Storage, Manifest],
+        tmp_path: Path, eight_row_groups: tuple[Storage, Manifest],
         caplog: pytest.LogCaptureFixture) -> None:
-    storage, manifest = dataset
+    storage, manifest = eight_row_groups
     url = save_job(tmp_path, storage, manifest, 9)
     master = MasterServicer(MasterConfig(storage), open_state_store(url))
     with caplog.at_level(logging.WARNING):

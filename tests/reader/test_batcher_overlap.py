@@ -98,18 +98,20 @@ def test_closing_early_stops_the_cutting_thread() -> None:
 
 
 @pytest.fixture
-def storage(image_list: Path, storage_dir: str) -> str:
+def one_row_group_storage(image_list: Path, storage_dir: str) -> str:
+    """"flowers": `image_list` in one row group (the default size), sliced into partitions."""
     upload(str(image_list), "flowers", storage_dir, progress=False)
     return storage_dir
 
 
 @pytest.mark.parametrize(("threads", "overlapped"), [(1, False), (2, True)])
-def test_one_decode_thread_means_one_batch_decoding_at_a_time(storage: str, threads: int,
+def test_one_decode_thread_means_one_batch_decoding_at_a_time(one_row_group_storage: str,
+                                                              threads: int,
                                                               overlapped: bool) -> None:
     """With a single decode thread the decoder runs on the converting thread: two converters
     would decode two batches at once against decode_threads=1 (what LOCAL_WORLD_SIZE asks of
     each rank). Seen by the pipeline's named converter threads during a whole pass."""
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
+    reader = dist.reader("flowers", local=True, storage=one_row_group_storage, decode=True,
                          image_size=(16, 16), batch_size=10, decode_threads=threads)
     seen = set()
     for _ in reader():

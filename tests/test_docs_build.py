@@ -31,6 +31,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "trainfeed upload" in usage and "--jpeg-restarts" in usage  # the parser's help
 
 
+@pytest.mark.slow
 def test_a_broken_reference_fails_the_build(tmp_path: Path) -> None:
     """The check can fail: a page referencing a module that does not exist, in a copy of the
     site's configuration, stops the build."""

@@ -1,8 +1,8 @@
 """Every environment variable trainfeed reads, in one place: name, default, parser and meaning.
 
 Readers, the master, the CLI and the Kubernetes objects (which set these variables in pods) all
-take the names from here, so a variable is spelled once and documented once; the README's
-configuration table lists exactly these (tests/test_settings.py checks both ways).
+take the names from here, so a variable is spelled once and documented once; the configuration
+table of docs/usage.md lists exactly these (tests/test_settings.py checks both ways).
 
 Values are read from the environment at each `get()`, never cached at import: a test or an
 embedding program may change `os.environ` between two readers. A blank variable (`X=`) counts as
@@ -263,7 +263,7 @@ SLURM_PROCID: Setting[int | None] = Setting(
     "SLURM_PROCID", None, _optional_count,
     "synchronous readers under SLURM's srun: this task's rank, with SLURM_NTASKS")
 
-#: Every setting by variable name, in the README table's order.
+#: Every setting by variable name, in the order of the configuration table (docs/usage.md).
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA,

@@ -6,7 +6,7 @@ workers take more, let a joining worker start at once, and bound what a dead wor
 The plan is a pure function of the manifest and the target count, so a restarted master, every
 reader and the local reader all agree on it without storing it.
 
-The rule (the README states it too): a dataset gets at least `target` partitions (64 by default:
+The rule (docs/architecture.md too): a dataset gets at least `target` partitions (64 by default:
 16 for each of an expected 4 workers) unless that would take partitions of fewer than
 MIN_PARTITION_ROWS records. With at least `target` row groups, a partition is a run of whole row
 groups (the plan of every release before slices existed, kept unchanged so that saved jobs keep

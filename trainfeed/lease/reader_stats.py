@@ -89,7 +89,9 @@ class ReaderFigures:
                                 for f in dataclasses.fields(self)})
 
     def to_pb(self) -> pb.ReaderStats:
-        return pb.ReaderStats(**dataclasses.asdict(self))
+        """As sent; a figure that went back (a part's counter replaced) counts 0, since the
+        wire's counts are unsigned."""
+        return pb.ReaderStats(**{k: max(0, v) for k, v in dataclasses.asdict(self).items()})
 
     @classmethod
     def from_pb(cls, stats: pb.ReaderStats) -> ReaderFigures:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
+from trainfeed.io.partition_reader import ReadStats
 from trainfeed.lease.reader_stats import Counters, ReaderFigures, ReaderMeter
 from trainfeed.lease.session import Load
 from trainfeed.reader.backends import Backend, PassStream
@@ -68,6 +69,7 @@ class Reader:
         self._passes = 0  # passes started
         # The trainer's waits, reads and decodes (issue 29): reader.stats(), and the master's.
         self.meter = ReaderMeter(counters=self._counters)
+        self._read_stats: ReadStats | None = None
         # The delivery order of the current or last pass (what positions count in): a pass of
         # `reader()` with shuffling options, else the stored order.
         self._order = (delivery_order(self.options, seed) if self.options.active else STORED)
@@ -82,6 +84,7 @@ class Reader:
                 raise ValueError(f"reader of {self.name!r} is closed")
             if self._backend is None:
                 self._backend = self._make_backend(self._resume)
+                self._read_stats = self._backend.read_stats  # counted on after close()
                 session = getattr(self._backend, "session", None)
                 if session is not None:  # its calls to the master carry the summaries
                     session.stats = self.meter.take_summary
@@ -190,9 +193,9 @@ class Reader:
         return self.meter.totals()
 
     def _counters(self) -> Counters:
-        backend, pipeline = self._backend, self._pipeline
+        read, pipeline = self._read_stats, self._pipeline
         return Counters(
-            bytes_read=backend.read_stats.payload_bytes if backend is not None else 0,
+            bytes_read=read.payload_bytes if read is not None else 0,
             records_decoded=pipeline.records_decoded if pipeline is not None else 0,
             decode_s=pipeline.decode_s if pipeline is not None else 0.0,
             decode_failures=pipeline.decode_failures if pipeline is not None else 0)

@@ -39,9 +39,9 @@ MAX_REFUSALS = 20
 FIELDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields)
 
 
-def _add(total: dict[str, float], stats: pb.ReaderStats) -> None:
-    for name in FIELDS:
-        total[name] = total.get(name, 0) + getattr(stats, name)
+def _add(total: dict[str, float], values: tuple[float, ...]) -> None:
+    for name, value in zip(FIELDS, values):
+        total[name] += value
 
 
 def _zero() -> dict[str, float]:
@@ -56,19 +56,30 @@ class ReaderTrack:
     first_seen: float
     last_seen: float
     totals: dict[str, float] = field(default_factory=_zero)
-    recent: deque[tuple[float, pb.ReaderStats]] = field(default_factory=deque)
+    # (when, wall, wait, records, bytes) of the summaries of the last RECENT_S, and their sums
+    # (kept as they come and go: a scrape of 1,000 readers must not sum them all again).
+    recent: deque[tuple[float, float, float, float, float]] = field(default_factory=deque)
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     # bucket number (int(time / HISTORY_BUCKET_S)) -> [records, wait seconds, wall seconds]
     history: dict[int, list[float]] = field(default_factory=dict)
 
+    def add(self, now: float, stats: pb.ReaderStats) -> None:
+        entry = (now, stats.wall_s, stats.input_wait_s, float(stats.records),
+                 float(stats.bytes_read))
+        self.recent.append(entry)
+        for i in range(4):
+            self.sums[i] += entry[i + 1]
+
     def window(self, now: float) -> tuple[float, float, float, float]:
         """(wall, wait, records, bytes) summed over the summaries of the last RECENT_S."""
-        while self.recent and self.recent[0][0] < now - RECENT_S:
-            self.recent.popleft()
-        wall = sum(s.wall_s for _, s in self.recent)
-        wait = sum(s.input_wait_s for _, s in self.recent)
-        records = sum(s.records for _, s in self.recent)
-        read = sum(s.bytes_read for _, s in self.recent)
-        return wall, wait, records, read
+        recent, sums = self.recent, self.sums
+        while recent and recent[0][0] < now - RECENT_S:
+            gone = recent.popleft()
+            for i in range(4):
+                sums[i] -= gone[i + 1]
+        if not recent:
+            sums[:] = [0.0, 0.0, 0.0, 0.0]  # no drift from float sums
+        return sums[0], sums[1], sums[2], sums[3]
 
 
 @dataclass(frozen=True)
@@ -117,9 +128,10 @@ class ReaderBoard:
             track = readers[worker] = ReaderTrack(worker, now, now)
             self._forget(job, now)
         track.last_seen = now
-        _add(track.totals, stats)
-        _add(self._totals.setdefault(job, _zero()), stats)
-        track.recent.append((now, stats))
+        values = tuple(getattr(stats, name) for name in FIELDS)
+        _add(track.totals, values)
+        _add(self._totals.setdefault(job, _zero()), values)
+        track.add(now, stats)
         bucket = track.history.setdefault(int(now // HISTORY_BUCKET_S), [0.0, 0.0, 0.0])
         bucket[0] += stats.records
         bucket[1] += stats.input_wait_s
@@ -180,6 +192,14 @@ class ReaderBoard:
         last = int(now // HISTORY_BUCKET_S)
         return tuple(track.history.get(b, (0.0,))[0] / HISTORY_BUCKET_S
                      for b in range(last - HISTORY_BUCKETS + 1, last + 1))
+
+    def input_bound_readers(self, job: str, now: float) -> int:
+        """How many of the job's readers are flagged input-bound (what a scrape exports)."""
+        count = 0
+        for t in self._readers.get(job, {}).values():
+            wall, wait, _, _ = t.window(now)
+            count += wall > 0 and wait / wall > INPUT_BOUND_FLAG
+        return count
 
     def job_window(self, job: str, now: float) -> tuple[float, float]:
         """(records/s summed over readers, the job's input-bound share: wait over wall of

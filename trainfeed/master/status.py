@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from trainfeed.master.metrics import JobReaders
-from trainfeed.master.reader_stats import HISTORY_BUCKET_S, INPUT_BOUND_FLAG, RECENT_S
+from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
 from trainfeed.master.service import Job, MasterServicer
 
 STATUS_VERSION = 1
@@ -136,7 +136,7 @@ def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[J
     out = []
     for name, job in servicer.jobs.items():
         _, share = board.job_window(name, now)
-        flagged = sum(1 for v in board.views(name, now) if v.input_bound > INPUT_BOUND_FLAG)
+        flagged = board.input_bound_readers(name, now)
         silent = sum(1 for seen in job.workers.values()
                      if now - 3 * timeout <= seen < now - timeout)
         out.append(JobReaders(name, board.totals(name), share, flagged, silent))

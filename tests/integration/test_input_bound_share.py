@@ -17,7 +17,7 @@ from trainfeed import dist
 from trainfeed.io.partition_reader import PartitionReader
 from trainfeed.master.process import MasterProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 # Seconds per partition read (10 records) and per batch of training (5 records): the trainer
 # waits for about half of each partition's time.

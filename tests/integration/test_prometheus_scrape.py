@@ -148,6 +148,8 @@ def test_prometheus_scrapes_the_jobs_progress_and_every_dashboard_query_works(
     assert float(epoch[0]["value"][1]) == status.epoch
     records = query_until(prometheus, f'trainfeed_reader_records_total{{job="{JOB}"}}')
     assert float(records[0]["value"][1]) == 100  # what the reader handed its trainer
+    decoded = query_until(prometheus, f'trainfeed_reader_records_decoded_total{{job="{JOB}"}}')
+    assert float(decoded[0]["value"][1]) == 100
 
     bad = api(prometheus, "/api/v1/query", query="sum(rate(trainfeed_epoch[1m])")
     assert bad["status"] == "error" and bad["errorType"] == "bad_data"  # the check can fail

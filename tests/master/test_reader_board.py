@@ -60,11 +60,12 @@ def test_sparklines_have_one_point_per_bucket_oldest_first() -> None:
     board = ReaderBoard()
     now = 100 * HISTORY_BUCKET_S
     board.record("j", "r", summary(1, 0, 50), now - 2 * HISTORY_BUCKET_S)
-    board.record("j", "r", summary(1, 0, 10), now)
-    [view] = board.views("j", now)
+    board.record("j", "r", summary(1, 0, 10), now + 2)
+    [view] = board.views("j", now + 2)
     assert len(view.sparkline) == HISTORY_BUCKETS
-    assert view.sparkline[-3:] == (50 / HISTORY_BUCKET_S, 0.0, 10 / HISTORY_BUCKET_S)
-    assert board.job_sparkline("j", now) == view.sparkline
+    # The current bucket's rate is over the 2 s of it that have passed, not all 10.
+    assert view.sparkline[-3:] == (50 / HISTORY_BUCKET_S, 0.0, 10 / 2)
+    assert board.job_sparkline("j", now + 2) == view.sparkline
 
 
 def test_refusals_are_kept_newest_first_and_bounded() -> None:

@@ -189,8 +189,12 @@ class ReaderBoard:
 
     @staticmethod
     def _sparkline(track: ReaderTrack, now: float) -> tuple[float, ...]:
+        """records/s per bucket; the current bucket over the part of it that has passed (at
+        least a second), so that the line does not drop at its end."""
         last = int(now // HISTORY_BUCKET_S)
-        return tuple(track.history.get(b, (0.0,))[0] / HISTORY_BUCKET_S
+        current = max(1.0, now - last * HISTORY_BUCKET_S)
+        return tuple(track.history.get(b, (0.0,))[0]
+                     / (current if b == last else HISTORY_BUCKET_S)
                      for b in range(last - HISTORY_BUCKETS + 1, last + 1))
 
     def input_bound_readers(self, job: str, now: float) -> int:

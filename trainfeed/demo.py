@@ -69,10 +69,12 @@ def worker_main(dataset: str) -> None:
         for label in columns["label"]:
             labels[label] = labels.get(label, 0) + 1
     seconds = time.perf_counter() - started
+    waited = reader.stats().input_bound  # this loop's share of time blocked on the reader
     epoch = reader.epoch
     reader.close()
     print(json.dumps({"pid": os.getpid(), "epoch": epoch, "records": records,
-                      "bytes": payload, "seconds": seconds, "labels": labels}), flush=True)
+                      "bytes": payload, "seconds": seconds, "labels": labels,
+                      "input_bound": waited}), flush=True)
 
 
 def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
@@ -88,8 +90,10 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
     # environment (a fresh one per run; the job's state does not depend on it).
     token = secrets.token_urlsafe(32)
     with MasterProcess(storage.url, state=DEFAULT_STATE_PATH, token=token) as master:
+        status_url = (master.metrics_url or "").replace("/metrics", "/status")
         print(f"master running at {master.address} (token required, metrics at "
-              f"{master.metrics_url}); starting {workers} reader processes")
+              f"{master.metrics_url}, status page at {status_url}); starting {workers} reader "
+              f"processes")
         env = {**os.environ, settings.MASTER.name: master.address, settings.JOB.name: "demo",
                TOKEN_ENV: token}
         env.pop(settings.TRAIN_LOCAL.name, None)
@@ -115,20 +119,43 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
                 return 1
             summaries.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - started
-    total = sum(s["records"] for s in summaries)
-    for i, s in enumerate(summaries):
-        print(f"reader {i} (pid {s['pid']}, epoch {s['epoch']}): {s['records']} records, "
-              f"{s['bytes'] / 1e6:.1f} MB, "
-              f"{s['records'] / max(s['seconds'], 1e-9):,.0f} records/s, "
-              f"{len(s['labels'])} classes")
-    epochs = {s["epoch"] for s in summaries}
-    whole = total == result.num_records and len(epochs) == 1
-    print(f"together: {total} of {result.num_records} records of epoch "
-          f"{'/'.join(map(str, sorted(epochs)))}, each once: {'yes' if whole else 'NO'}; "
-          f"{total / wall:,.0f} records/s")
+        total = sum(s["records"] for s in summaries)
+        for i, s in enumerate(summaries):
+            print(f"reader {i} (pid {s['pid']}, epoch {s['epoch']}): {s['records']} records, "
+                  f"{s['bytes'] / 1e6:.1f} MB, "
+                  f"{s['records'] / max(s['seconds'], 1e-9):,.0f} records/s, "
+                  f"{len(s['labels'])} classes, waited for data {s['input_bound']:.0%} of "
+                  f"the time")
+        epochs = {s["epoch"] for s in summaries}
+        whole = total == result.num_records and len(epochs) == 1
+        print(f"together: {total} of {result.num_records} records of epoch "
+              f"{'/'.join(map(str, sorted(epochs)))}, each once: {'yes' if whole else 'NO'}; "
+              f"{total / wall:,.0f} records/s")
+        _show_status_page(status_url, token)
     print(f"next: read it without a master (then see README.md):\n"
           f"  {next_command(storage)}")
     return 0 if whole else 1
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _show_status_page(url: str, token: str) -> None:
+    """The status page's URL and this run's token (a throw-away one, made for this local demo);
+    on a terminal the master serves it until Enter is pressed."""
+    print(f"status page: {url} (log in with this run's token: {token})")
+    if not _interactive():
+        print("(the master stops with the demo; run `trainfeed demo` in a terminal to keep it "
+              "serving the page)")
+        return
+    try:
+        input("the master serves the page until you press Enter … ")
+    except (EOFError, KeyboardInterrupt):
+        print()
 
 
 def next_command(storage: Storage) -> str:

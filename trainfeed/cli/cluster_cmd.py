@@ -12,6 +12,7 @@ import secrets
 import sys
 from typing import Any
 
+from trainfeed.cli import status_watch
 from trainfeed.cli.common import whole_number_or_none
 from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
@@ -23,6 +24,7 @@ from trainfeed.cluster.spec import (
     DEFAULT_DECODE_THREADS,
     DEFAULT_TTL_AFTER_FINISHED_S,
     GRPC_PORT,
+    METRICS_PORT,
     TRAINER_MEMORY_MI,
     JobSpec,
     ObjectNames,
@@ -161,8 +163,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "port-forward svc/JOB-master 50051:50051` and give localhost:50051 "
                         "(default inside a cluster: the job's Service)")
     p.add_argument("--interval", type=_seconds, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
-                   help=f"time between the two samples that give the rate (default "
-                        f"{DEFAULT_INTERVAL_S:g})")
+                   help=f"time between the two samples that give the rate, or between two "
+                        f"refreshes of --watch (default {DEFAULT_INTERVAL_S:g})")
+    p.add_argument("--watch", action="store_true",
+                   help="a live view of the master's status page (readers, input-bound share, "
+                        "lost partitions), redrawn in place; plain lines when not a terminal")
+    p.add_argument("--status-url", metavar="URL",
+                   help=f"with --watch: the master's /status.json (default: http://HOST:"
+                        f"{METRICS_PORT}/status.json on the --master host)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     _cluster_options(p)
     p.set_defaults(run=run_status)
 
@@ -292,6 +301,15 @@ def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
     return found
 
 
+def _watch(args: argparse.Namespace, address: str, token: str | None) -> int:
+    """`status --watch`: the master's /status.json, redrawn every --interval."""
+    url = args.status_url or f"http://{address.rpartition(':')[0]}:{METRICS_PORT}/status.json"
+    given = load_token()
+    bearer = given[0] if given is not None else token
+    return status_watch.watch(lambda: status_watch.fetch(url, bearer), args.job, args.interval,
+                              sys.stdout, sys.stdout.isatty(), args.count)
+
+
 def run_status(args: argparse.Namespace) -> int:
     # With --master, any name the master and readers accept is a job to ask about (readers
     # started by hand may use `paddleD-xmap`); the Kubernetes naming rule applies to jobs
@@ -315,6 +333,8 @@ def run_status(args: argparse.Namespace) -> int:
         else:
             # $TRAINFEED_TOKEN[_FILE] if set, else the job's own Secret (RBAC: get secrets).
             token = cluster.token(args.job) if cluster and load_token() is None else None
+            if args.watch:
+                return _watch(args, address, token)
             with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
                 first, second = progress.sample_twice(lambda: client.job_status(args.job),
                                                       args.interval)

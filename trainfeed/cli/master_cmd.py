@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     json_logs = getattr(args, "log_format", "text") == "json"
 
     def ready(serving: Serving) -> None:
-        metrics = (f"metrics on http://{args.host}:{serving.metrics_port}/metrics"
+        metrics = (f"metrics on http://{args.host}:{serving.metrics_port}/metrics, status "
+                   f"page on http://{args.host}:{serving.metrics_port}/status"
                    if serving.metrics_port is not None else "no metrics")
         line = (f"trainfeed master listening on {args.host}:{serving.port} (storage "
                 f"{config.storage.url}, {options.transport}, "

@@ -259,7 +259,8 @@ class MasterClient:
                   held: Iterable[tuple[int, int, int]] | None = None,
                   max_records: int = 0,
                   started: Collection[tuple[int, int, int]] = (),
-                  sync: pb.SyncGroup | None = None) -> pb.GetTasksResponse:
+                  sync: pb.SyncGroup | None = None,
+                  stats: pb.ReaderStats | None = None) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
@@ -269,19 +270,20 @@ class MasterClient:
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
             max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
             reconcile=held is not None, max_records=max_records,
-            held=_held_tasks(held or (), started), sync=sync),
+            held=_held_tasks(held or (), started), sync=sync, stats=stats),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
                held: Iterable[tuple[int, int, int]] = (),
                started: Collection[tuple[int, int, int]] = (),
-               sync: pb.SyncGroup | None = None) -> pb.ReportResponse:
+               sync: pb.SyncGroup | None = None,
+               stats: pb.ReaderStats | None = None) -> pb.ReportResponse:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
         (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
         for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
-            reports=list(reports), held=_held_tasks(held, started), sync=sync),
+            reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats),
             CALL_TIMEOUT_S)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:

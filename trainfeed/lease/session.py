@@ -107,6 +107,9 @@ class WorkerSession:
         self.field_names = tuple(f.name for f in opened.fields)
         self.binary_fields = tuple(f.name for f in opened.fields if f.type == "binary")
         self.read_stats = ReadStats()
+        # What this reader measured since its last summary (trainfeed.lease.reader_stats),
+        # sent with every GetTasks and Report; the reader sets it (issue 29).
+        self.stats: Callable[[], pb.ReaderStats | None] = lambda: None
         self._payload_buffers = payload_buffer_pool()  # shared by the epochs' readers
         # Per finished epoch: the partitions the master gave up on (None: it no longer knew).
         self.epoch_failures: dict[int, list[pb.FailedPartition] | None] = {}
@@ -283,7 +286,7 @@ class WorkerSession:
         held, begun = self._held_now()
         try:
             response = self.client.report(self.job, self.worker, reports, held, begun,
-                                          sync=self.sync)
+                                          sync=self.sync, stats=self.stats())
         except BaseException:
             with self._cond:  # keep them for the next try
                 self._reports[:0] = reports
@@ -576,7 +579,8 @@ class WorkerSession:
                                                      waits.poll_ms() if long_poll else 0,
                                                      reports, held=held,
                                                      max_records=max(0, still or 0),
-                                                     started=begun, sync=self.sync)
+                                                     started=begun, sync=self.sync,
+                                                     stats=self.stats())
                 except BaseException:
                     with self._cond:  # keep them for the next try
                         self._reports[:0] = reports

@@ -18,22 +18,41 @@ Exported (per job unless said otherwise):
 - `trainfeed_reports_refused_total`: reports refused because their sender does not hold the
   partition's lease with that token (a reader that lost its lease, or a hostile call);
 - `trainfeed_rpc_duration_seconds{method}` (histogram, all jobs): time in the handler, long-polls
-  included; `trainfeed_rpc_unauthenticated_total` (all jobs): calls refused for their token.
+  included; `trainfeed_rpc_unauthenticated_total` (all jobs): calls refused for their token;
+- `trainfeed_lease_grant_duration_seconds` (histogram, all jobs): GetTasks calls that asked not
+  to long-poll (`wait_ms` 0, what a reader sends but at an epoch's tail): the master's own
+  latency in granting leases, with no wait for others' partitions in it.
+
+What the readers measured (issue 29; trainfeed.lease.reader_stats), summed over a job's readers
+since this master started, sent with their calls:
+- `trainfeed_reader_wall_seconds_total`, `trainfeed_reader_input_wait_seconds_total`: the
+  input-bound share over a window is `rate(wait) / rate(wall)`;
+- `trainfeed_reader_batches_total`, `trainfeed_reader_records_total` (handed to trainers),
+  `trainfeed_reader_bytes_read_total`, `trainfeed_reader_read_seconds_total`,
+  `trainfeed_reader_records_decoded_total`, `trainfeed_reader_decode_seconds_total`,
+  `trainfeed_reader_decode_failures_total`;
+- `trainfeed_job_input_bound` (gauge 0..1): the share over the readers' last 30 s;
+  `trainfeed_readers_input_bound`: readers whose share is over half; `trainfeed_readers_silent`:
+  reader sessions not heard from for a lease timeout (their leases expire).
 """
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
+from trainfeed.master.reader_stats import FIELDS
 from trainfeed.master.service import JobStats
 
 logger = logging.getLogger(__name__)
@@ -44,6 +63,33 @@ RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 TASK_STATES = ("todo", "pending", "done", "failed")
 
 Continuation = Callable[[grpc.HandlerCallDetails], Any]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+GRANT_METHOD = "trainfeed.v1.Master/GetTasks"
+# The help of each reader figure's counter (pb.ReaderStats' fields): trainfeed_reader_<name>.
+READER_COUNTERS = {
+    "wall_s": ("wall_seconds", "Wall time the readers' summaries cover, since their trainers' "
+                               "first ask for data"),
+    "input_wait_s": ("input_wait_seconds", "Time trainers spent blocked waiting for their "
+                                           "next batch"),
+    "batches": ("batches", "Batches handed to trainers"),
+    "records": ("records", "Records handed to trainers"),
+    "bytes_read": ("bytes_read", "Payload bytes readers read from storage"),
+    "read_s": ("read_seconds", "Time readers spent loading partitions"),
+    "records_decoded": ("records_decoded", "Records readers decoded"),
+    "decode_s": ("decode_seconds", "Time readers spent decoding"),
+    "decode_failures": ("decode_failures", "Records dropped because they could not be decoded"),
+}
+
+
+@dataclass(frozen=True)
+class JobReaders:
+    """One job's reader figures for the exporter (trainfeed.master.status.reader_metrics)."""
+
+    job: str
+    totals: dict[str, float]  # pb.ReaderStats field -> sum over the job's readers
+    input_bound: float  # the job's share over its readers' last 30 s
+    readers_input_bound: int
+    readers_silent: int
 
 
 class MasterCollector:
@@ -57,9 +103,11 @@ class MasterCollector:
     """
 
     def __init__(self, stats: Callable[[], Sequence[JobStats]],
-                 rejected_calls: Callable[[], int] | None = None):
+                 rejected_calls: Callable[[], int] | None = None,
+                 readers: Callable[[], Sequence[JobReaders]] | None = None):
         self._stats = stats
         self._rejected_calls = rejected_calls
+        self._readers = readers
 
     def describe(self) -> Iterator[Metric]:
         # Without this the registry would call collect() (and so the master) when registering.
@@ -82,6 +130,12 @@ class MasterCollector:
             f.refused.add_metric(job, s.reports_refused)
         if self._rejected_calls is not None:
             f.rejected.add_metric([], self._rejected_calls())
+        for r in self._readers() if self._readers is not None else ():
+            for name in FIELDS:
+                f.reader[name].add_metric([r.job], r.totals.get(name, 0))
+            f.input_bound.add_metric([r.job], r.input_bound)
+            f.readers_input_bound.add_metric([r.job], r.readers_input_bound)
+            f.readers_silent.add_metric([r.job], r.readers_silent)
         yield from f.all()
 
 
@@ -119,10 +173,23 @@ class _Families:
             "with its token", labels=job)
         self.rejected = CounterMetricFamily("trainfeed_rpc_unauthenticated",
                                             "Calls refused for a missing or wrong token")
+        self.reader = {name: CounterMetricFamily(f"trainfeed_reader_{metric}", help_, labels=job)
+                       for name, (metric, help_) in READER_COUNTERS.items()}
+        self.input_bound = GaugeMetricFamily(
+            "trainfeed_job_input_bound", "Share of the readers' last 30 s their trainers "
+            "waited for data", labels=job)
+        self.readers_input_bound = GaugeMetricFamily(
+            "trainfeed_readers_input_bound", "Readers whose trainer waited for data over half "
+            "of their last 30 s", labels=job)
+        self.readers_silent = GaugeMetricFamily(
+            "trainfeed_readers_silent", "Reader sessions not heard from for a lease timeout",
+            labels=job)
 
     def all(self) -> list[Metric]:
         families = [self.info, self.epoch, self.partitions, self.tasks, self.progress,
-                    self.workers, self.expired, self.records, self.bytes, self.refused]
+                    self.workers, self.expired, self.records, self.bytes, self.refused,
+                    *self.reader.values(), self.input_bound, self.readers_input_bound,
+                    self.readers_silent]
         return [*families, self.rejected] if self.auth else families
 
 
@@ -135,6 +202,10 @@ class RpcLatencyInterceptor(grpc.aio.ServerInterceptor):
         self.histogram = Histogram("trainfeed_rpc_duration_seconds",
                                    "Time the master spent answering a call, by method",
                                    ["method"], registry=registry, buckets=RPC_BUCKETS)
+        self.grants = Histogram("trainfeed_lease_grant_duration_seconds",
+                                "Time the master spent answering GetTasks calls that asked not "
+                                "to long-poll (wait_ms 0)", registry=registry,
+                                buckets=RPC_BUCKETS)
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation: Continuation,
@@ -153,26 +224,48 @@ class RpcLatencyInterceptor(grpc.aio.ServerInterceptor):
     def _timed(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary
         observe = self.histogram.labels(method).observe
+        grant = self.grants.observe if method == GRANT_METHOD else None
 
         async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             try:
                 return await behavior(request, context)
             finally:
-                observe(time.perf_counter() - started)
+                took = time.perf_counter() - started
+                observe(took)
+                if grant is not None and request.wait_ms == 0:
+                    grant(took)
         return grpc.unary_unary_rpc_method_handler(
             timed, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
 
 
-class MetricsServer:
-    """The HTTP endpoint (`/metrics`, any path) of one registry, on a daemon thread.
-    Context manager; `close()` is idempotent and joins the thread."""
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a hung client never holds the master's exit
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int):
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood the master's log."""
+
+
+class MetricsServer:
+    """The HTTP endpoint of one registry (`/metrics`, any path), on a daemon thread; with
+    `wrap`, the app it returns around the exporter's (the status page: trainfeed.master.
+    status_page). Context manager; `close()` is idempotent and joins the thread."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int,
+                 wrap: Callable[[WsgiApp], WsgiApp] | None = None):
+        app = make_wsgi_app(registry)
         try:
-            self._httpd: WSGIServer | None
-            self._httpd, self._thread = start_http_server(port, host, registry)
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)[0][0]
+            server = type("Server", (_ThreadingServer,), {"address_family": family})
+            self._httpd: WSGIServer | None = make_server(
+                host, port, wrap(app) if wrap else app, server, handler_class=_QuietHandler)
+            self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
+                                            name="trainfeed-metrics")
+            self._thread.start()
         except OSError as e:
             raise ConfigurationError(f"--metrics-port {port}: cannot listen on {host}:{port} "
                                      f"({e.strerror or e}); pick another port, 0 for a free "

@@ -16,9 +16,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from trainfeed.errors import ConfigurationError, LeadershipError
+from trainfeed.master import status
 from trainfeed.master.auth import TokenInterceptor
 from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
 from trainfeed.master.service import MasterConfig, MasterServicer
+from trainfeed.master.status_page import Access, StatusApp
 from trainfeed.master.stores import StateStore
 from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc
@@ -109,7 +111,8 @@ async def serve(config: MasterConfig, store: StateStore,
         loop = asyncio.get_running_loop()
         registry.register(MasterCollector(
             lambda: _on_loop(loop, servicer.job_stats),
-            (lambda: auth.rejected) if auth is not None else None))
+            (lambda: auth.rejected) if auth is not None else None,
+            lambda: _on_loop(loop, lambda: status.reader_metrics(servicer))))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", options.max_message_bytes),
         ("grpc.max_send_message_length", options.max_message_bytes),
@@ -129,7 +132,10 @@ async def serve(config: MasterConfig, store: StateStore,
         if bound == 0:
             raise OSError(f"cannot listen on {address} (in use?)")
         if options.metrics_port is not None:
-            metrics = MetricsServer(registry, options.host, options.metrics_port)
+            loop = asyncio.get_running_loop()
+            metrics = MetricsServer(registry, options.host, options.metrics_port, wrap=lambda app:
+                                    StatusApp(lambda job: _on_loop(loop, lambda: status.snapshot(
+                                        servicer, only_job=job)), Access(options.token), app))
         await server.start()
         servicer.grant_grace()  # restored leases live from now on, not from the restore
         for name in ("", SERVICE_NAME):

@@ -50,6 +50,7 @@ from trainfeed.master.ledger import (
     Outcome,
     Verdict,
 )
+from trainfeed.master.reader_stats import ReaderBoard
 from trainfeed.master.sessions import (
     DEFAULT_MAX_SESSIONS,
     RateLimitedLog,
@@ -228,6 +229,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.job_scoped = False
         # Refusals (of reports, of sessions) hostile callers can make at will: a bounded log.
         self._refusal_log = RateLimitedLog(logger)
+        self.reader_stats = ReaderBoard()  # what readers measure (issue 29): the status page
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self) -> None:
@@ -467,6 +469,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         # another reader (issue 25).
         why = (f"partition {first.partition} of epoch {first.epoch}: not this worker's lease "
                f"(any more); the job is at epoch {job.ledger.epoch}")
+        self.reader_stats.refused(job.name, worker, len(refused), why, time.time())
         self._refusal_log.warning(
             f"job {job.name!r}: refused {len(refused)} report(s) of worker {clip(worker)}, "
             f"which does not hold their lease; first: {why}")
@@ -817,7 +820,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                 f"the job is at epoch {job.ledger.epoch}; ask for an epoch up to "
                                 f"the next one, {job.ledger.epoch + 1} (-1 joins the current one)")
         held = await self._check_held(job, request.held, context)
-        self.alive()
+        self.reader_stats.record(job.name, worker, request.stats, self.alive())
         verdicts = await self._check_reports(job, worker, request.reports, context)
         changed = self._apply_reports(job, worker, request.reports, verdicts)
         if request.reconcile:  # (the call lists what the caller holds)
@@ -889,7 +892,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job = await self._job(request.job, context)
         await self._session(job, request.worker_id, request.session_secret, context)
         held = await self._check_held(job, request.held, context)
-        self.alive()
+        self.reader_stats.record(job.name, request.worker_id, request.stats, self.alive())
         verdicts = await self._check_reports(job, request.worker_id, request.reports, context)
         if self._apply_reports(job, request.worker_id, request.reports, verdicts):
             await self._durably(job, context)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -107,6 +108,8 @@ class Pipeline:
                                      crops=decode.crop_options(options.mode))
                         if decode.enabled else None)
         self.decode_failures = 0
+        self.records_decoded = 0  # and the seconds it took: reader.stats() (issue 29)
+        self.decode_s = 0.0
         self._failures_lock = threading.Lock()
         transform = options.transform.transform
         self.transformer = (load_transformer(dataset_folder, transform)
@@ -157,12 +160,15 @@ class Pipeline:
         for name in self.image_fields:
             assert self.decoder is not None
             blobs = binary_views(table.column(name))  # zero-copy (trainfeed.decode.pixels)
+            started = time.perf_counter()
             decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)),
                                           ids=table.column(ID_COLUMN).to_numpy(),
                                           seed=self.seed, epoch=epoch)
+            with self._failures_lock:  # pieces convert on two threads (see `_converters`)
+                self.decode_failures += len(decoded.errors)
+                self.records_decoded += len(blobs)
+                self.decode_s += time.perf_counter() - started
             if decoded.errors:
-                with self._failures_lock:  # pieces convert on two threads (see `_converters`)
-                    self.decode_failures += len(decoded.errors)
                 for message in decoded.errors[:3]:
                     logger.warning("skipped: %s", message)
             keep &= decoded.ok

@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
+from trainfeed.io.partition_reader import ReadStats
+from trainfeed.lease.reader_stats import Counters, ReaderFigures, ReaderMeter
 from trainfeed.lease.session import Load
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
@@ -65,6 +67,9 @@ class Reader:
         self.closed = False
         self._resume: ReaderPosition | None = None
         self._passes = 0  # passes started
+        # The trainer's waits, reads and decodes (issue 29): reader.stats(), and the master's.
+        self.meter = ReaderMeter(counters=self._counters)
+        self._read_stats: ReadStats | None = None
         # The delivery order of the current or last pass (what positions count in): a pass of
         # `reader()` with shuffling options, else the stored order.
         self._order = (delivery_order(self.options, seed) if self.options.active else STORED)
@@ -79,6 +84,10 @@ class Reader:
                 raise ValueError(f"reader of {self.name!r} is closed")
             if self._backend is None:
                 self._backend = self._make_backend(self._resume)
+                self._read_stats = self._backend.read_stats  # counted on after close()
+                session = getattr(self._backend, "session", None)
+                if session is not None:  # its calls to the master carry the summaries
+                    session.stats = self.meter.take_summary
             return self._backend
 
     def _position(self) -> ReaderPosition:
@@ -176,6 +185,21 @@ class Reader:
             raise ValueError(f"dataset {self.name!r} has no labels")
         return classes.values
 
+    def stats(self) -> ReaderFigures:
+        """This reader's figures since its trainer first asked for a batch: the input-bound
+        share (`.input_bound`, the share of wall time the trainer was blocked waiting for its
+        next batch), records, bytes read, read and decode time, decode failures. The same
+        figures reach the master's status page with the calls this reader makes anyway."""
+        return self.meter.totals()
+
+    def _counters(self) -> Counters:
+        read, pipeline = self._read_stats, self._pipeline
+        return Counters(
+            bytes_read=read.payload_bytes if read is not None else 0,
+            records_decoded=pipeline.records_decoded if pipeline is not None else 0,
+            decode_s=pipeline.decode_s if pipeline is not None else 0.0,
+            decode_failures=pipeline.decode_failures if pipeline is not None else 0)
+
     @property
     def decode_failures(self) -> int:
         """Records dropped so far because they could not be decoded (decode_errors="skip")."""
@@ -223,10 +247,10 @@ class Reader:
                 f"this pass delivers them in the {order!r} order: restore it into a reader with "
                 "the same seed, shuffle_buffer and resample (and the same path: reader() or "
                 "batch())")
-        stream = self.backend.open_pass(load)
+        stream = self.backend.open_pass(self.meter.timed_load(load))
         self._passes += 1
         self._order = order
-        yield from body(stream)
+        yield from self.meter.timed(body(stream))  # the trainer's waits
 
     def __call__(self) -> Iterator[Any]:
         """One pass. Raw (no pipeline option): each instance as a tuple (bytes for files, str

@@ -1,0 +1,116 @@
+"""`trainfeed status JOB --watch`: the master's status page as a live terminal view (issue 29).
+
+It polls the master's `/status.json` (its metrics port, the same data as `/status`) every
+`--interval` seconds. On a terminal it redraws in place (ANSI: cursor home, clear below), a
+screenful per refresh; when stdout is not a terminal (a pipe, a log) it prints each refresh as
+plain lines, prefixed by the time, with no control characters. Ctrl-C ends it (exit 0).
+
+No extra dependency: the view is a few aligned lines, which ANSI's two sequences redraw well.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from trainfeed.errors import AuthenticationError, MasterUnavailableError
+
+# Cursor to the top-left corner, then clear to the end of the screen.
+REDRAW = "\x1b[H\x1b[J"
+FETCH_TIMEOUT_S = 10.0
+MAX_READERS_SHOWN = 30
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fetch(url: str, token: str | None) -> dict[str, Any]:
+    """The status of `url` (…/status.json), sending the token as a bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as answer:
+            return dict(json.load(answer))
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise AuthenticationError(f"{url}: the master wants its token: set $TRAINFEED_TOKEN "
+                                  f"(the master's token, or this job's from `trainfeed token "
+                                  f"JOB`)") from None
+        raise MasterUnavailableError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise MasterUnavailableError(f"{url}: cannot reach the master's metrics port ({reason}); "
+                              f"give --status-url http://HOST:PORT/status.json, or start the "
+                              f"master with --metrics-port") from None
+
+
+def spark(points: list[float]) -> str:
+    """A sparkline of block characters, scaled to the maximum."""
+    top = max(points, default=0.0)
+    if top <= 0:
+        return SPARK[0] * len(points)
+    return "".join(SPARK[min(len(SPARK) - 1, int(p / top * (len(SPARK) - 1)))] for p in points)
+
+
+def render(data: dict[str, Any], job: str) -> list[str]:
+    """The lines shown for `job` in a status snapshot (trainfeed.master.status)."""
+    found = next((j for j in data.get("jobs", ()) if j["job"] == job), None)
+    if found is None:
+        names = ", ".join(j["job"] for j in data.get("jobs", ())) or "none"
+        return [f"job {job!r} not on this master (jobs: {names})"]
+    j = found
+    lines = [
+        f"job         {j['job']} (dataset {j['dataset']}, {j['num_records']:,} records)",
+        f"epoch       {j['epoch']}: {j['done'] + j['failed']}/{j['num_partitions']} partitions "
+        f"({j['progress']:.0%}) · todo {j['todo']} · pending {j['pending']} · done {j['done']}"
+        f" · failed {j['failed']}",
+        f"rate        {j['records_per_s']:,.0f} records/s  {spark(j['sparkline'])}",
+        f"input-bound {j['input_bound']:.0%} of the trainers' time waiting for data",
+        f"readers     {j['workers_alive']} alive · refused reports {j['reports_refused']}",
+    ]
+    group = j.get("sync_group")
+    if group:
+        lines.append(f"sync group  world size {group['world_size']}, batch size "
+                     f"{group['batch_size']}" + (f" · BROKEN: {group['broken']}"
+                                                 if group["broken"] else ""))
+    readers = j["readers"]
+    if readers:
+        width = max(len(r["worker"]) for r in readers[:MAX_READERS_SHOWN])
+        lines.append(f"{'reader':<{width}}  {'records/s':>9}  {'input-bound':>11}  "
+                     f"{'leases':>6}  {'contact':>8}  flags")
+        for r in readers[:MAX_READERS_SHOWN]:
+            lines.append(f"{r['worker']:<{width}}  {r['records_per_s']:>9,.1f}  "
+                         f"{r['input_bound']:>11.0%}  {r['leases_held']:>6}  "
+                         f"{r['last_contact_s']:>7.0f}s  {' '.join(r['flags'])}".rstrip())
+        if len(readers) > MAX_READERS_SHOWN:
+            lines.append(f"… and {len(readers) - MAX_READERS_SHOWN} more readers")
+    for lost in j["failed_partitions"][:5]:
+        lines.append(f"lost        epoch {lost['epoch']} partition {lost['partition']}: "
+                     f"{lost['reason'][:200]}")
+    for refusal in j["refusals"][:3]:
+        lines.append(f"refused     {refusal['count']} report(s) of {refusal['worker']}: "
+                     f"{refusal['why'][:200]}")
+    return lines
+
+
+def watch(get: Callable[[], dict[str, Any]], job: str, interval_s: float, out: TextIO,
+          tty: bool, count: int | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> int:
+    """Shows `job` every `interval_s` until Ctrl-C (or `count` refreshes); returns 0."""
+    shown = 0
+    try:
+        while count is None or shown < count:
+            lines = render(get(), job)
+            if tty:
+                out.write(REDRAW + "\n".join(lines) + "\n")
+            else:
+                stamp = time.strftime("%H:%M:%S")
+                out.write("".join(f"{stamp} {line}\n" for line in lines))
+            out.flush()
+            shown += 1
+            if count is None or shown < count:
+                sleep(interval_s)
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,143 @@
+"""A master's jobs as operators see them: the data of `/status`, `/status.json` and `trainfeed
+status --watch` (issue 29), read from the servicer's state in one pass.
+
+One JSON-able dict (`snapshot`), versioned; the page renders it, the terminal view prints it, and
+tests compare it with the ledger (GetJobStatus). It names no secret: no token, no session secret
+or lease token, no storage URL (which may carry credentials); worker ids and dataset names only.
+Runs on the servicer's event loop (the ledgers are not thread-safe): O(jobs + readers).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from trainfeed.master.metrics import JobReaders
+from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
+from trainfeed.master.service import Job, MasterServicer
+
+STATUS_VERSION = 1
+# Labels of a dataset's histogram shown (the most frequent); the rest are summed as "other".
+MAX_LABELS = 40
+# Failed partitions listed per job (the rest are counted).
+MAX_FAILED = 50
+
+
+def snapshot(servicer: MasterServicer, now: float | None = None,
+             only_job: str | None = None) -> dict[str, Any]:
+    """Every job (or `only_job`: what a job token may see) with its readers."""
+    now = time.time() if now is None else now
+    jobs = [job_status(servicer, job, now) for name, job in sorted(servicer.jobs.items())
+            if only_job is None or name == only_job]
+    return {"version": STATUS_VERSION, "generated_at": now,
+            "lease_timeout_s": servicer.config.lease_timeout_s, "recent_s": RECENT_S,
+            "sparkline_step_s": HISTORY_BUCKET_S, "jobs": jobs}
+
+
+def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]:
+    ledger, board = job.ledger, servicer.reader_stats
+    counts = ledger.counts()
+    partitions = len(job.partitions)
+    rate, input_bound = board.job_window(job.name, now)
+    totals = board.totals(job.name)
+    return {
+        "job": job.name,
+        "dataset": job.manifest.name,
+        "dataset_kind": job.manifest.kind,
+        "num_records": job.manifest.num_records,
+        "label_histogram": _labels(job.manifest.label_histogram),
+        "epoch": ledger.epoch,
+        "num_partitions": partitions,
+        **counts,
+        "progress": (counts["done"] + counts["failed"]) / max(1, partitions),
+        "workers_alive": sum(1 for seen in job.workers.values()
+                             if seen >= now - 3 * servicer.config.lease_timeout_s),
+        "records_served": job.records_served,
+        "bytes_served": job.bytes_served,
+        "reports_refused": job.reports_refused,
+        "records_per_s": rate,
+        "input_bound": input_bound,
+        "input_wait_s": totals["input_wait_s"],
+        "wall_s": totals["wall_s"],
+        "sparkline": list(board.job_sparkline(job.name, now)),
+        "sync_group": _sync_group(job, now),
+        "failed_partitions": _failed(job),
+        "refusals": [{**asdict(r), "ago_s": now - r.at} for r in board.refusals(job.name)],
+        "readers": _readers(servicer, job, now),
+    }
+
+
+def _labels(histogram: dict[str, int]) -> dict[str, int]:
+    top = sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = dict(top[:MAX_LABELS])
+    rest = sum(n for _, n in top[MAX_LABELS:])
+    if rest:
+        shown["(other)"] = rest
+    return shown
+
+
+def _sync_group(job: Job, now: float) -> dict[str, Any] | None:
+    members = job.members
+    if job.ledger.group is not None:
+        world, batch = job.ledger.group
+    elif members is not None:
+        world, batch = members.world_size, members.batch_size
+    else:
+        return None
+    return {"world_size": world, "batch_size": batch,
+            "ranks": ({str(r): m.worker for r, m in sorted(members.ranks.items())}
+                      if members else {}),
+            "broken": members.broken if members else None}
+
+
+def _failed(job: Job) -> list[dict[str, Any]]:
+    """Partitions given up in the current epoch and the one before, with their reasons."""
+    ledger = job.ledger
+    rows = [{"epoch": ledger.epoch, "partition": p, "reason": r,
+             "records": job.partitions[p].num_records} for p, r in sorted(ledger.failed.items())]
+    rows += [{"epoch": ledger.epoch - 1, "partition": p, "reason": r,
+              "records": job.partitions[p].num_records}
+             for p, r in sorted(ledger.previous_failed.items())]
+    return rows[:MAX_FAILED]
+
+
+def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, Any]]:
+    """The job's reader sessions: those the master heard from within three lease timeouts and
+    those that sent figures lately; `silent` once a lease timeout passed without a call (their
+    leases are then expiring)."""
+    timeout = servicer.config.lease_timeout_s
+    views = {v.worker: v for v in servicer.reader_stats.views(job.name, now)}
+    live = {w: seen for w, seen in job.workers.items() if seen >= now - 3 * timeout}
+    rows = []
+    for worker in sorted(set(views) | set(live)):
+        view = views.get(worker)
+        seen = live.get(worker)
+        contact = now - seen if seen is not None else (
+            view.last_contact_s if view is not None else 0.0)
+        row: dict[str, Any] = asdict(view) if view is not None else {
+            "worker": worker, "records_per_s": 0.0, "input_bound": 0.0,
+            "read_bytes_per_s": 0.0, "records": 0, "bytes_read": 0, "decode_failures": 0,
+            "decoded_per_s": 0.0, "sparkline": [], "flags": ()}
+        flags = list(row["flags"])
+        if contact > timeout:
+            flags.append("silent")
+        if seen is None:
+            flags.append("left")
+        row.update(last_contact_s=contact, flags=flags, sparkline=list(row["sparkline"]),
+                   leases_held=len(job.ledger.by_worker.get(worker, ())))
+        rows.append(row)
+    return rows
+
+
+def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[JobReaders]:
+    """Every job's reader figures for the Prometheus exporter (trainfeed.master.metrics)."""
+    now = time.time() if now is None else now
+    board, timeout = servicer.reader_stats, servicer.config.lease_timeout_s
+    out = []
+    for name, job in servicer.jobs.items():
+        _, share = board.job_window(name, now)
+        flagged = board.input_bound_readers(name, now)
+        silent = sum(1 for seen in job.workers.values()
+                     if now - 3 * timeout <= seen < now - timeout)
+        out.append(JobReaders(name, board.totals(name), share, flagged, silent))
+    return out

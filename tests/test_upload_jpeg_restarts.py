@@ -11,7 +11,7 @@ import simplejpeg
 from PIL import Image
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import LocalSource, PipelineOptions, dist
 from trainfeed.cli.main import main
 from trainfeed.decode import roi
 from trainfeed.errors import ConfigurationError
@@ -34,7 +34,8 @@ def listing(tmp_path: Path) -> Path:
 
 
 def payloads(storage: str, dataset: str) -> list[bytes]:
-    reader = dist.reader(dataset, local=True, storage=storage, mode="validation")
+    reader = dist.reader(dataset, source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(mode="validation"))
     return [image for image, _label in reader()]
 
 

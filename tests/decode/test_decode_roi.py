@@ -13,7 +13,14 @@ from jpeg_samples import photo as sample_photo
 from jpeg_samples import upload_photos
 from PIL import Image
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    PipelineOptions,
+    SamplingOptions,
+    dist,
+)
 from trainfeed.decode import roi
 from trainfeed.decode.crops import CropOptions, Window, record_uniforms
 from trainfeed.decode.pixels import DecodeError, ImageDecoder
@@ -211,16 +218,20 @@ def test_validation_mode_centre_crops_without_randomness(photos: str) -> None:
 
 def test_reader_refuses_crop_options_it_cannot_honour(photos: str) -> None:
     with pytest.raises(ValueError, match="image_size"):
-        dist.reader("photos", local=True, storage=photos, decode=True, random_resized_crop=RRC)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, random_resized_crop=RRC)))
     with pytest.raises(ValueError, match="random_flip"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    random_flip=True)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                  random_flip=True)))
     with pytest.raises(ValueError, match="crop=True"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    crop=True, resize_shorter=10)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                  crop=True, resize_shorter=10)))
     with pytest.raises(ValueError, match="scale"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    random_resized_crop=((0.5, 2.0), (1.0, 1.0)))
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(
+                        True, image_size=(8, 8), random_resized_crop=((0.5, 2.0), (1.0, 1.0)))))
 
 
 def test_binary_views_are_the_column_values_without_copies() -> None:
@@ -246,9 +257,12 @@ def test_batches_the_trainer_holds_are_never_written_over(photos: str) -> None:
     """Crop batches are written into recycled arrays (trainfeed/io/array_pool.py): every
     batch (and every image taken out of one) that is still held keeps its pixels while the
     reader goes on, over a second epoch too."""
-    reader = dist.reader("photos", local=True, storage=photos, decode=True, image_size=(32, 32),
-                         seed=3, random_resized_crop=RRC, random_flip=True, batch_size=8,
-                         shuffle_buffer=16)
+    reader = dist.reader("photos", source=LocalSource(storage=photos, seed=3),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32),
+                                                                       random_resized_crop=RRC,
+                                                                       random_flip=True),
+                                                  batch=BatchOptions(size=8),
+                                                  sampling=SamplingOptions(shuffle_buffer=16)))
     held, copies = [], []
     for batch in reader():
         held.append(batch["image"])

@@ -11,7 +11,7 @@ from jpeg_samples import encode as jpeg
 from jpeg_samples import upload_photos
 from PIL import Image
 
-from trainfeed import dist
+from trainfeed import DecodeOptions, LocalSource, PipelineOptions, dist
 from trainfeed.decode.crops import CropOptions, record_uniforms
 from trainfeed.decode.jitter import color_jitter
 from trainfeed.decode.pixels import ImageDecoder
@@ -154,5 +154,6 @@ def test_the_reader_jitters_in_training_only(photos: str) -> None:
     unjittered = read_all(photos, "validation")
     assert all(np.array_equal(validated[i], unjittered[i]) for i in validated)
     with pytest.raises(ValueError, match="color_jitter"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(32, 32),
-                    color_jitter=jitter)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32),
+                                                                  color_jitter=jitter)))

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from trainfeed import batch, dist
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, batch, dist
 from trainfeed.errors import DeliveryOrderError, MasterUnavailableError, SupersededError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -120,7 +120,8 @@ def test_a_dead_readers_lease_at_the_epochs_end_is_logged_with_its_holder_and_ti
         assert a.stdout is not None and a.stdout.readline().strip() == "ready"
         a.send_signal(signal.SIGKILL)
         a.wait(10)
-        reader = dist.reader("flowers", master=master.address, job="tail", batch_size=10)
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="tail"),
+                             pipeline=PipelineOptions(batch=BatchOptions(size=10)))
         got: list[tuple[float, int]] = []
         for b in reader():
             got.extend((time.time(), int(i)) for i in b["_id"])
@@ -141,13 +142,14 @@ def test_a_dead_readers_lease_at_the_epochs_end_is_logged_with_its_holder_and_ti
 def test_a_restored_checkpoints_old_reader_is_told_why_its_leases_went(
         master: MasterProcess, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    old = dist.reader("flowers", master=master.address, job="restore", batch_size=10,
-                      prefetch_partitions=4)
+    old = dist.reader("flowers",
+                      source=MasterSource(master.address, job="restore", prefetch_partitions=4),
+                      pipeline=PipelineOptions(batch=BatchOptions(size=10)))
     batches = iter(old())
     list(itertools.islice(batches, 2))
     state = old.state_dict()
-    new = dist.reader("flowers", master=master.address, job="restore", batch_size=10,
-                      state=state)
+    new = dist.reader("flowers", source=MasterSource(master.address, job="restore"),
+                      pipeline=PipelineOptions(batch=BatchOptions(size=10)), state=state)
     rest = [int(i) for b in new() for i in b["_id"]]
     assert len(rest) == 80
     deadline = time.monotonic() + 10
@@ -169,9 +171,11 @@ def test_an_epoch_held_by_a_live_reader_is_logged_with_its_holder(
     """Reader A took 5 records of a partition and stopped (its trainer is busy): B, done with
     the rest, says within LOG_WITHIN_S that it waits for A's partition, renewed while A lives."""
     caplog.set_level(logging.INFO)
-    a = dist.reader("flowers", master=master.address, job="held", batch_size=5,
-                    prefetch_partitions=2)
-    b = dist.reader("flowers", master=master.address, job="held", batch_size=5)
+    a = dist.reader("flowers",
+                    source=MasterSource(master.address, job="held", prefetch_partitions=2),
+                    pipeline=PipelineOptions(batch=BatchOptions(size=5)))
+    b = dist.reader("flowers", source=MasterSource(master.address, job="held"),
+                    pipeline=PipelineOptions(batch=BatchOptions(size=5)))
     try:
         a_pass = iter(a())  # kept: a pass dropped is abandoned, and hands its leases back
         taken = [int(i) for i in next(a_pass)["_id"]]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.errors import CheckpointError
 from trainfeed.lease.client import GIVE_UP_ENV, MasterClient
 from trainfeed.master.process import MasterProcess
@@ -88,21 +88,21 @@ def checkpoint(reader: dist.Reader) -> tuple[list[int], dict[str, Any]]:
 def test_a_bad_local_state_is_refused_before_a_record_is_read(
         storage: str, case: str, edit: Callable[[dict[str, Any]], dict[str, Any]],
         match: str, how: str) -> None:
-    saved = checkpoint(dist.reader("flowers", local=True, storage=storage))[1]
+    saved = checkpoint(dist.reader("flowers", source=LocalSource(storage=storage)))[1]
     assert saved["mode"] == "local" and saved["partitions"] == 13
     with pytest.raises(CheckpointError, match=match):
         if how == "state=":
-            reader = dist.reader("flowers", local=True, storage=storage, state=edit(saved))
+            reader = dist.reader("flowers", source=LocalSource(storage=storage), state=edit(saved))
         else:
-            reader = dist.reader("flowers", local=True, storage=storage)
+            reader = dist.reader("flowers", source=LocalSource(storage=storage))
             reader.load_state_dict(edit(saved))
         next(iter(reader()))
 
 
 def test_the_unedited_local_state_still_resumes_exactly(storage: str) -> None:
-    before, saved = checkpoint(dist.reader("flowers", local=True, storage=storage))
-    rest = [int(i) for b in dist.reader("flowers", local=True, storage=storage,
-                                        state=saved).column_batches(10) for i in b["_id"]]
+    before, saved = checkpoint(dist.reader("flowers", source=LocalSource(storage=storage)))
+    restored = dist.reader("flowers", source=LocalSource(storage=storage), state=saved)
+    rest = [int(i) for b in restored.column_batches(10) for i in b["_id"]]
     assert sorted(before + rest) == list(range(N))
 
 
@@ -113,8 +113,7 @@ def test_a_bad_master_fed_state_is_refused_and_the_job_is_left_as_it_was(
     monkeypatch.setenv(GIVE_UP_ENV, "2")
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None, address: str = master.address) -> Any:
-            return dist.reader("flowers", local=False, master=address, job="train",
-                               state=state)
+            return dist.reader("flowers", source=MasterSource(address, job="train"), state=state)
         first = reader()
         before, saved = checkpoint(first)
         first.close()

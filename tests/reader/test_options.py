@@ -8,7 +8,14 @@ import pytest
 from sample_data import make_image_list
 
 import trainfeed
-from trainfeed import BatchOptions, DecodeOptions, PipelineOptions, SamplingOptions, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    PipelineOptions,
+    SamplingOptions,
+    dist,
+)
 from trainfeed.reader.options import GROUPS, KEYWORDS, ReaderArguments, keyword_defaults
 from trainfeed.upload import UploadOptions, upload
 
@@ -174,8 +181,8 @@ def test_dist_reader_takes_held_options_and_the_renamed_prefetch(tmp_path) -> No
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     options = PipelineOptions(decode=DecodeOptions(True, image_size=(4, 4)),
                               batch=BatchOptions(size=5))
-    reader = dist.reader("flowers", local=True, storage=storage, pipeline=options,
-                         prefetch_partitions=2)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=2),
+                         pipeline=options)
     assert reader.options == options
     ids = np.concatenate([b["_id"] for b in reader()])
     assert sorted(ids.tolist()) == list(range(20))
@@ -183,4 +190,4 @@ def test_dist_reader_takes_held_options_and_the_renamed_prefetch(tmp_path) -> No
         old = dist.reader("flowers", local=True, storage=storage, prefetch=2)
     assert sum(1 for _ in old()) == 20
     with pytest.raises(ValueError, match="prefetch_partitions must be an int ≥ 1"):
-        dist.reader("flowers", local=True, storage=storage, prefetch_partitions=0)
+        dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=0))

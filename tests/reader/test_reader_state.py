@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sample_data import file_digests
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.upload import UploadOptions, upload
 
 N = 100
@@ -42,7 +42,7 @@ def test_tuple_pass_resumes_exactly_after_the_last_instance_the_trainer_got(
     list(itertools.islice(stream, 20))  # trained on, then crashed before the next checkpoint
     reader.close()
 
-    restored = dist.reader("flowers", local=True, storage=storage, state=saved)
+    restored = dist.reader("flowers", source=LocalSource(storage=storage), state=saved)
     after = [key(x) for x in restored()]
     assert restored.epoch == 0
     assert Counter(before + after) == Counter(file_digests(image_list).values())
@@ -57,24 +57,24 @@ def test_batched_pass_resumes_after_the_last_batch(storage: str) -> None:
     assert saved["epoch"] == 0 and not saved["finished"]
     assert len(saved["done"]) + len(saved["positions"]) >= 1
     next(batches)  # lost with the crash
-    restored = dist.reader("flowers", local=True, storage=storage, state=saved)
+    restored = dist.reader("flowers", source=LocalSource(storage=storage), state=saved)
     after = [i for b in restored.column_batches(16) for i in b["_id"].tolist()]
     assert sorted(before + after) == list(range(N))
 
 
 def test_a_finished_pass_resumes_with_the_next_epoch(storage: str) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage, seed=5)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=5))
     order = [b["_id"].tolist() for b in reader.column_batches()]
     saved = reader.state()
     assert saved["finished"] and saved["epoch"] == 0 and saved["positions"] == {}
     second = [b["_id"].tolist() for b in reader.column_batches()]
-    restored = dist.reader("flowers", local=True, storage=storage, seed=5, state=saved)
+    restored = dist.reader("flowers", source=LocalSource(storage=storage, seed=5), state=saved)
     assert [b["_id"].tolist() for b in restored.column_batches()] == second != order
     assert restored.epoch == 1
 
 
 def test_an_abandoned_pass_is_resumed_by_the_next_one(storage: str) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage))
     first = [b["_id"].tolist() for b in itertools.islice(reader.column_batches(10), 2)]
     rest = [b["_id"].tolist() for b in reader.column_batches(10)]
     assert reader.epoch == 0
@@ -82,20 +82,20 @@ def test_an_abandoned_pass_is_resumed_by_the_next_one(storage: str) -> None:
 
 
 def test_bad_states_are_refused_clearly(storage: str) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage))
     list(reader())
     saved = reader.state()
     with pytest.raises(ValueError, match="before the reader's first pass"):
         reader.restore(saved)
     with pytest.raises(ValueError, match="of dataset 'flowers', not 'tulips'"):
-        dist.reader("tulips", local=True, storage=storage, state=saved)
+        dist.reader("tulips", source=LocalSource(storage=storage), state=saved)
     with pytest.raises(ValueError, match="saved by a local reader; this one is distributed"):
-        dist.reader("flowers", local=False, master="127.0.0.1:1", state=saved)
+        dist.reader("flowers", source=MasterSource("127.0.0.1:1"), state=saved)
     with pytest.raises(ValueError, match="not a trainfeed reader state"):
-        dist.reader("flowers", local=True, storage=storage, state={"epoch": 3})
+        dist.reader("flowers", source=LocalSource(storage=storage), state={"epoch": 3})
     with pytest.raises(ValueError, match="malformed reader state"):
-        dist.reader("flowers", local=True, storage=storage, state={**saved, "done": [None]})
-    bad = dist.reader("flowers", local=True, storage=storage,
+        dist.reader("flowers", source=LocalSource(storage=storage), state={**saved, "done": [None]})
+    bad = dist.reader("flowers", source=LocalSource(storage=storage),
                       state={**saved, "finished": False, "done": [500]})
     with pytest.raises(ValueError, match="names partition 500.*re-uploaded"):
         list(bad())

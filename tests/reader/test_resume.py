@@ -29,7 +29,7 @@ import pytest
 from optional import require
 from sample_data import file_digests, make_image_list
 
-from trainfeed import Reader, batch, dist
+from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, Reader, batch, dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.upload import UploadOptions, upload
@@ -162,8 +162,9 @@ def _tf_units(reader: Reader) -> Iterator[Any]:
 def decoded_to_id(storage: tuple[str, dict[str, int]]) -> dict[bytes, int]:
     """Each record's decoded 8x8 image (the pipeline's instances carry no id) -> its id."""
     out, _ = storage
-    reader = dist.reader("flowers", local=True, storage=out, decode=True, image_size=(8, 8),
-                         batch_size=N)
+    reader = dist.reader("flowers", source=LocalSource(storage=out),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
+                                                  batch=BatchOptions(size=N)))
     return {image.tobytes(): int(i) for b in reader()
             for image, i in zip(b["image"], b["_id"].tolist())}
 

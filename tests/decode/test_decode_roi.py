@@ -184,8 +184,10 @@ def images_by_id(batches: object) -> dict[int, np.ndarray]:
 
 
 def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str) -> None:
-    options = dict(local=True, storage=photos, decode=True, image_size=(48, 48), seed=9,
-                   random_resized_crop=RRC, random_flip=True, batch_size=8, shuffle_buffer=16)
+    options = dict(source=LocalSource(storage=photos, seed=9), pipeline=PipelineOptions(
+        decode=DecodeOptions(True, image_size=(48, 48), random_resized_crop=RRC,
+                             random_flip=True),
+        batch=BatchOptions(size=8), sampling=SamplingOptions(shuffle_buffer=16)))
     first = dist.reader("photos", **options)  # type: ignore[arg-type]
     epoch0 = images_by_id(first())
     assert len(epoch0) == 40 and first.output_spec()["image"][1] == np.uint8
@@ -198,7 +200,7 @@ def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str)
     reader = dist.reader("photos", **options)  # type: ignore[arg-type]
     stream = iter(reader())
     seen = images_by_id([next(stream), next(stream)])
-    state = reader.state()
+    state = reader.state_dict()
     reader.close()
     restored = images_by_id(dist.reader("photos", state=state, **options)())  # type: ignore
     assert set(seen) | set(restored) == set(range(40))
@@ -206,13 +208,15 @@ def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str)
 
 
 def test_validation_mode_centre_crops_without_randomness(photos: str) -> None:
-    options = dict(local=True, storage=photos, decode=True, image_size=(48, 48),
-                   random_resized_crop=RRC, random_flip=True, batch_size=8)
-    val = dist.reader("photos", mode="validation", **options)  # type: ignore[arg-type]
+    pipeline = PipelineOptions(
+        decode=DecodeOptions(True, image_size=(48, 48), random_resized_crop=RRC,
+                             random_flip=True),
+        batch=BatchOptions(size=8), mode="validation")
+    val = dist.reader("photos", source=LocalSource(storage=photos), pipeline=pipeline)
     a, b = images_by_id(val()), images_by_id(val())
     assert all(np.array_equal(a[i], b[i]) for i in a)
-    other_seed = images_by_id(dist.reader("photos", mode="validation", seed=1,  # type: ignore
-                                          **options)())
+    other_seed = images_by_id(dist.reader("photos", source=LocalSource(storage=photos, seed=1),
+                                          pipeline=pipeline)())
     assert all(np.array_equal(a[i], other_seed[i]) for i in a)
 
 

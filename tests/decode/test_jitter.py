@@ -134,9 +134,10 @@ def photos(tmp_path: Path) -> str:
 
 
 def read_all(storage: str, mode: str, **options: object) -> dict[int, np.ndarray]:
-    with dist.reader("photos", local=True, storage=storage, decode=True, image_size=(32, 32),
-                     random_resized_crop=RRC, batch_size=8, seed=3, mode=mode,
-                     **options) as reader:
+    with dist.reader("photos", source=LocalSource(storage=storage, seed=3),
+                     pipeline=PipelineOptions.from_keywords(
+                         decode=True, image_size=(32, 32), random_resized_crop=RRC,
+                         batch_size=8, mode=mode, **options)) as reader:
         return {int(i): image for batch in reader() for i, image in
                 zip(batch["_id"], batch["image"])}
 

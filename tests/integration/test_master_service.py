@@ -78,7 +78,8 @@ def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
 
 def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage: str) -> None:
     with MasterProcess(storage) as master:
-        with dist.reader("flowers", master=master.address, job="big", prefetch=2) as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="big",
+                                                        prefetch_partitions=2)) as reader:
             for _ in range(2):  # the second pass proves the first one's partitions were acked
                 sizes = [len(b["_id"]) for b in reader.column_batches(64)]
                 assert sum(sizes) == 100 and sizes[0] == 64

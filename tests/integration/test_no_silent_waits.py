@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 
-from trainfeed import BatchOptions, MasterSource, PipelineOptions, batch, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LabelOptions,
+    MasterSource,
+    PipelineOptions,
+    SamplingOptions,
+    batch,
+    dist,
+)
 from trainfeed.errors import DeliveryOrderError, MasterUnavailableError, SupersededError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -58,12 +67,14 @@ def test_the_readme_snippets_in_one_process_get_a_clear_error_not_a_hang(
     assert sum(len(c["_id"]) for c in batch(reader, 128, columnar=True)()) == 100
     saved = reader.state_dict()
     # "Ready mini-batches of arrays": another delivery order in the same (default) job.
-    pipeline: dict[str, Any] = dict(decode=True, image_size=(64, 64), normalizing_const=255.0,
-                                    one_hot=True, shuffle_buffer=10_000, seed=0,
-                                    resample="uniform", batch_size=128)
+    pipeline = PipelineOptions(
+        decode=DecodeOptions(True, image_size=(64, 64), normalizing_const=255.0),
+        labels=LabelOptions(one_hot=True),
+        sampling=SamplingOptions(shuffle_buffer=10_000, resample="uniform"),
+        batch=BatchOptions(size=128))
     started = time.monotonic()
     with pytest.raises(DeliveryOrderError) as refused:
-        list(dist.reader("flowers", **pipeline)())
+        list(dist.reader("flowers", source=MasterSource(seed=0), pipeline=pipeline)())
     assert time.monotonic() - started < 15  # at once, not after a wait
     message = str(refused.value)
     assert "job 'default' is read with seed=0, shuffle_buffer=0, resample=None" in message
@@ -71,7 +82,8 @@ def test_the_readme_snippets_in_one_process_get_a_clear_error_not_a_hang(
     job = re.search(r"TRAINFEED_JOB=(\S+)", message)
     assert job and job.group(1).startswith("default-"), message
     # Its advice works: the job of its own reads its (resampled) epoch.
-    own = dist.reader("flowers", job=job.group(1), **pipeline)
+    own = dist.reader("flowers", source=MasterSource(job=job.group(1), seed=0),
+                      pipeline=pipeline)
     assert sum(len(b["_id"]) for b in own()) > 0
     own.close()
     # "Checkpoints": the restore snippet, in the default job, goes on.
@@ -101,9 +113,9 @@ def test_an_unreachable_master_is_logged_with_its_retry_deadline(
 
 READER_A = """
 import sys, time
-from trainfeed import dist
-reader = dist.reader("flowers", master=sys.argv[1], job="tail", batch_size=10,
-                     prefetch_partitions=4)
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, dist
+reader = dist.reader("flowers", source=MasterSource(sys.argv[1], job="tail", prefetch_partitions=4),
+                     pipeline=PipelineOptions(batch=BatchOptions(size=10)))
 batches = iter(reader())
 next(batches)
 print("ready", flush=True)

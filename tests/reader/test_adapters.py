@@ -39,10 +39,12 @@ def make_reader(image_list: Path, storage_dir: str) -> Iterator[MakeReader]:
     made: list[Reader] = []
 
     def make(raw: bool = False) -> Reader:
-        decoded: dict[str, Any] = dict(decode=True, image_size=(32, 32), normalizing_const=255.0,
-                                       one_hot=True)
-        made.append(dist.reader("flowers", local=True, storage=storage_dir, batch_size=BATCH,
-                                **({} if raw else decoded)))
+        decoded = PipelineOptions(
+            decode=DecodeOptions(True, image_size=(32, 32), normalizing_const=255.0),
+            labels=LabelOptions(one_hot=True), batch=BatchOptions(size=BATCH))
+        made.append(dist.reader("flowers", source=LocalSource(storage=storage_dir),
+                                pipeline=PipelineOptions(batch=BatchOptions(size=BATCH))
+                                if raw else decoded))
         return made[-1]
 
     yield make

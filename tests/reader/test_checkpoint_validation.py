@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainfeed import LocalSource, MasterSource, dist
+from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
 from trainfeed.errors import CheckpointError
 from trainfeed.lease.client import GIVE_UP_ENV, MasterClient
 from trainfeed.master.process import MasterProcess
@@ -154,8 +154,8 @@ def test_a_master_fed_position_past_the_partitions_end_loses_no_record_silently(
     unread records were dropped without a word: 4 of 100 here.)"""
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None) -> Any:
-            return dist.reader("flowers", local=False, master=master.address, job="train",
-                               state=state, **options)
+            return dist.reader("flowers", source=MasterSource(master.address, job="train"),
+                               pipeline=PipelineOptions.from_keywords(**options), state=state)
         first = reader()
         before, saved = checkpoint(first)
         first.close()

@@ -203,7 +203,8 @@ def test_png_goes_through_pillow(tmp_path: Path) -> None:
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="pass decode=True"):
-        dist.reader("x", local=True, image_size=(8, 8))
+        dist.reader("x", source=LocalSource(),
+                    pipeline=PipelineOptions(decode=DecodeOptions(image_size=(8, 8))))
     with pytest.raises(ValueError, match=r"mode is .predict. \(str\), expected one of"):
         dist.reader("x", source=LocalSource(), pipeline=PipelineOptions(mode="predict"))
     with pytest.raises(ValueError, match=r"decode_errors is .ignore. \(str\), expected one of"):

@@ -29,7 +29,17 @@ import pytest
 from optional import require
 from sample_data import file_digests, make_image_list
 
-from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, Reader, batch, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    Reader,
+    SamplingOptions,
+    batch,
+    dist,
+)
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.upload import UploadOptions, upload
@@ -179,17 +189,17 @@ def _run(where: str, path: str, sampling: str, storage: tuple[str, dict[str, int
          decoded_to_id: dict[bytes, int], address: str | None, stop: str = "killed") -> None:
     out, sha_to_id = storage
     case = _cases(sha_to_id, decoded_to_id)[path]
-    options = {**case.options, **SAMPLING[sampling], "seed": 7}
+    pipeline = PipelineOptions.from_keywords(**case.options, **SAMPLING[sampling])
     if where == "local":
         def make(state: dict[str, Any] | None, job: str = "") -> Reader:
-            return dist.reader(case.dataset, local=True, storage=out, state=state,
-                               prefetch_partitions=2, **options)
+            return dist.reader(case.dataset, state=state, pipeline=pipeline,
+                               source=LocalSource(out, seed=7, prefetch_partitions=2))
     else:
         job = f"resume-{uuid.uuid4().hex[:8]}"
 
         def make(state: dict[str, Any] | None, job: str = job) -> Reader:
-            return dist.reader(case.dataset, master=address, job=job, state=state,
-                               prefetch_partitions=2, **options)
+            return dist.reader(case.dataset, state=state, pipeline=pipeline,
+                               source=MasterSource(address, job, seed=7, prefetch_partitions=2))
     # The reference: an uninterrupted epoch (for master-fed readers, a job of its own).
     with make(None, f"reference-{uuid.uuid4().hex[:8]}") as plain:
         reference = Counter(i for unit in case.units(plain) for i in case.ids(unit))
@@ -237,13 +247,15 @@ def test_stateful_dataloader_and_distributed_checkpoint_resume_exactly(
     out = storage[0]
     address = request.getfixturevalue("master").address if where == "master" else None
     job = f"torch-{uuid.uuid4().hex[:8]}"
-    options = {"decode": True, "image_size": (8, 8), "batch_size": BATCH, "seed": 3,
-               "shuffle_buffer": 1000}
+    pipeline = PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
+                               batch=BatchOptions(size=BATCH),
+                               sampling=SamplingOptions(shuffle_buffer=1000))
 
     def make() -> Reader:
         if address is None:
-            return dist.reader("flowers", local=True, storage=out, **options)
-        return dist.reader("flowers", master=address, job=job, **options)
+            return dist.reader("flowers", source=LocalSource(out, seed=3), pipeline=pipeline)
+        return dist.reader("flowers", source=MasterSource(address, job, seed=3),
+                           pipeline=pipeline)
 
     reader = make()
     data = reader.as_torch()

@@ -49,8 +49,8 @@ def ids_of_pass(batches: list[dict[str, np.ndarray]]) -> Counter[int]:
     {"decode": True, "image_size": (4, 4), "shuffle_buffer": 300},
 ], ids=["plain", "shuffle-buffer", "decode", "decode-shuffle-buffer"])
 def test_every_record_exactly_once_per_pass(storage: str, options: dict[str, object]) -> None:
-    with dist.reader("flowers", local=True, storage=storage, batch_size=64,
-                     **options) as reader:  # type: ignore[arg-type]
+    with dist.reader("flowers", source=LocalSource(storage=storage),
+                     pipeline=PipelineOptions.from_keywords(batch_size=64, **options)) as reader:
         for _ in range(2):
             assert ids_of_pass(list(reader())) == Counter(range(N))
 

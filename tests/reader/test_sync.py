@@ -151,9 +151,10 @@ def test_local_ranks_take_equal_disjoint_shares_every_epoch(storage: str, shuffl
 
 
 def test_a_local_rank_resumes_mid_epoch_with_the_rest_of_its_share(storage: str) -> None:
-    options: dict[str, Any] = {"local": True, "storage": storage, "sync": True,
-                               "world_size": 2, "rank": 1, "batch_size": 16,
-                               "shuffle_buffer": 32}
+    options: dict[str, Any] = {
+        "source": LocalSource(storage=storage), "sync": SyncOptions(world_size=2, rank=1),
+        "pipeline": PipelineOptions(batch=BatchOptions(size=16),
+                                    sampling=SamplingOptions(shuffle_buffer=32))}
     reader = dist.reader("rows", **options)
     steps = reader.steps_per_epoch
     whole = [i for b in reader() for i in b["_id"].tolist()]
@@ -177,10 +178,12 @@ def test_a_local_rank_resumes_mid_epoch_with_the_rest_of_its_share(storage: str)
 def test_a_synchronous_reader_refuses_what_would_change_a_ranks_count(
         storage: str, options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        dist.reader("rows", local=True, storage=storage, sync=True, **options)
+        dist.reader("rows", source=LocalSource(storage=storage),
+                    pipeline=PipelineOptions.from_keywords(**options), sync=SyncOptions())
 
 
 def test_world_size_needs_sync(storage: str) -> None:
+    """The deprecated keywords (the grouped spelling cannot say it): refused before warning."""
     with pytest.raises(ValueError, match="sync=True"):
         dist.reader("rows", local=True, storage=storage, world_size=2, rank=0, batch_size=4)
 
@@ -223,8 +226,9 @@ def test_keras_gets_a_dataset_of_known_cardinality(storage: str) -> None:
 
 def test_a_state_saved_at_an_epoch_boundary_resumes_the_next_epoch(
         storage: str, tmp_path: Path) -> None:
-    options: dict[str, Any] = {"local": True, "storage": storage, "sync": True,
-                               "world_size": 1, "rank": 0, "batch_size": 25}
+    options: dict[str, Any] = {"source": LocalSource(storage=storage),
+                               "sync": SyncOptions(world_size=1, rank=0),
+                               "pipeline": PipelineOptions(batch=BatchOptions(size=25))}
     reader = dist.reader("rows", **options)
     list(reader())
     state = reader.state_dict()

@@ -36,9 +36,10 @@ def storage(tmp_path: Path) -> str:
 
 
 def images(storage: str, **options: object) -> np.ndarray:
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
-                         normalizing_const=255.0, batch_size=16, mode="validation",
-                         **options)  # type: ignore[arg-type]
+    reader = dist.reader("flowers", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions.from_keywords(
+                             decode=True, normalizing_const=255.0, batch_size=16,
+                             mode="validation", **options))
     batches = list(reader())
     order = np.argsort(np.concatenate([b["_id"] for b in batches]))
     return np.concatenate([b["image"] for b in batches])[order]

@@ -55,7 +55,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
      r"the records of 'positions'\[0\] is -5, expected an int ≥ 0"),
     ("partition out of range", lambda s: {**s, "done": [13]},
      r"'done' names partition 13, but dataset 'flowers' has 13"),
-    ("unknown version", lambda s: {**s, "version": 3}, r"'version' is 3, expected one of \[1, 2\]"),
+    ("unknown version", lambda s: {**s, "version": 3}, r"'version' is 3, expected 2"),
 ]
 # What only the partition plan tells: a local reader checks it when it connects (it reads the
 # manifest); a master-fed one cannot before it sends the state (the master holds the plan, and

@@ -76,7 +76,7 @@ def honest_pass(master: MasterProcess, readers: int = 2,
         try:
             source = MasterSource(master.address, job="j", prefetch_partitions=2)
             with dist.reader("flowers", source=source) as reader:
-                session = reader.backend.session  # type: ignore[attr-defined]
+                session = reader._backend.session  # type: ignore[attr-defined]
                 with lock:
                     sessions.append(session)
                 for n, row in enumerate(reader(), 1):

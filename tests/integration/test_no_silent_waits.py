@@ -207,8 +207,8 @@ def test_an_epoch_held_by_a_live_reader_is_logged_with_its_holder(
             waiting = logged(caplog, r"waiting for partitions 1 held by .*"
                                      r"\(renewed while it lives\)$")
         assert waiting, [r.getMessage() for r in caplog.records]
-        assert a.backend.session.worker in waiting[0].getMessage()  # A, and only A
-        assert b.backend.session.worker not in waiting[0].getMessage()
+        assert a._backend.session.worker in waiting[0].getMessage()  # A, and only A
+        assert b._backend.session.worker not in waiting[0].getMessage()
         before = [t for t, _ in got if t < waiting[0].created]
         assert before and waiting[0].created - max(before) <= LOG_WITHIN_S
         a.close()  # hands its partition back: B's pass ends with the rest of it

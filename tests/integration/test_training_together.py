@@ -280,7 +280,7 @@ def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
         states = [reader.state_dict() for reader in readers]
         _ids(itertools.islice(iters[0], 1))  # consumed after the checkpoint: lost with the model
         for reader in readers:  # killed: the master hears nothing more
-            reader.backend.client.close()
+            reader._backend.client.close()
         restored = [rank(r, state=states[r]) for r in range(2)]
         after = [_ids(reader()) for reader in restored]
         assert [len(b) + len(a) for b, a in zip(before, after)] == [50, 50]

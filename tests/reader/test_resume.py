@@ -99,7 +99,7 @@ def check_resume(make: Callable[[dict[str, Any] | None], Reader],
 def crash(reader: Reader, stream: Iterator[Any]) -> None:
     """Stops `reader` as a killed trainer stops: the master hears nothing more from it (its
     leases stay held until they expire or a restored reader rewinds them)."""
-    client = getattr(reader.backend, "client", None)
+    client = getattr(reader._backend, "client", None)
     if client is not None:
         client.close()
     with contextlib.suppress(Exception):  # what would tell the master fails: as after SIGKILL

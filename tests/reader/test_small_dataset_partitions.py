@@ -34,7 +34,7 @@ def test_the_issue_s_2000_records_get_at_least_64_partitions(storage: str) -> No
     parts = plan_partitions(manifest)
     assert len(parts) >= DEFAULT_TARGET_PARTITIONS == 64
     reader = dist.reader("flowers", source=LocalSource(storage=storage))
-    assert len(reader.backend.partitions) == len(parts)  # type: ignore[attr-defined]
+    assert len(reader._backend.partitions) == len(parts)  # type: ignore[attr-defined]
     reader.close()
 
 

@@ -156,8 +156,8 @@ class Reader:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        """Batches every pass yields, for a synchronous reader (`sync=True`): the same on every
-        rank, every epoch. None for other readers, whose passes vary."""
+        """Batches every pass yields, for a synchronous reader (`sync=SyncOptions()`): the same on
+        every rank, every epoch. None for other readers, whose passes vary."""
         if self.group is None:
             return None
         return self.group.steps(self._backend.manifest.num_records)

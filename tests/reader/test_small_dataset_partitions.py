@@ -71,7 +71,7 @@ def test_a_checkpoint_mid_pass_resumes_with_exactly_the_rest(storage: str) -> No
                          sampling=SamplingOptions(shuffle_buffer=100))) as reader:
         stream = iter(reader())
         before = list(itertools.islice(stream, 13))  # mid-partition: 48 is no slice's multiple
-        state = reader.state()
+        state = reader.state_dict()
     assert state["positions"]  # some slice was in the trainer's hands
     with dist.reader("flowers", source=LocalSource(storage=storage),
                      pipeline=PipelineOptions(batch=BatchOptions(size=48),
@@ -102,20 +102,20 @@ def test_a_state_saved_before_slices_resumes_in_its_own_plan(storage: str) -> No
     (then partitions 0..7 of 250 records): restored, it skips exactly what it says it had."""
     with dist.reader("flowers", source=LocalSource(storage=storage)) as reader:
         next(iter(reader.column_batches()))
-        state = reader.state()
+        state = reader.state_dict()
     assert state["partitions"] == 64
-    old = {**state, "done": [0, 1], "positions": {"2": 10}}  # row groups 0, 1; 10 of group 2
+    old = {**state, "done": [0, 1], "positions": [[2, 10]]}  # row groups 0, 1; 10 of group 2
     del old["partitions"]  # as written before states said their plan
     with dist.reader("flowers", source=LocalSource(storage=storage), state=old) as restored:
         rest = Counter(i for b in restored.column_batches() for i in b["_id"].tolist())
-        assert restored.state()["partitions"] == 8  # it keeps counting in that plan
+        assert restored.state_dict()["partitions"] == 8  # it keeps counting in that plan
     assert rest == Counter(range(510, N))
 
 
 def test_a_state_of_an_unknown_plan_is_refused(storage: str) -> None:
     with dist.reader("flowers", source=LocalSource(storage=storage)) as reader:
         next(iter(reader()))
-        state = {**reader.state(), "partitions": 9}
+        state = {**reader.state_dict(), "partitions": 9}
     with pytest.raises(ValueError, match="reader state counts in a plan of 9 partitions, but "
                                          "dataset 'flowers' cuts into 64: was it re-uploaded?"):
         dist.reader("flowers", source=LocalSource(storage=storage), state=state).output_spec()

@@ -55,8 +55,19 @@ def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
 
 
 class Reader:
-    """A reader creator over one dataset. Thread-safety: one pass at a time; `close()` is
-    idempotent and also ends a pass in progress (unfinished tasks go back to the master).
+    """A reader creator over one dataset: each call `reader()` is one pass (epoch).
+
+    Made by `dist.reader(...)`; nothing connects until the first pass or the first property
+    that needs the dataset. Thread-safety: one pass at a time; `close()` is idempotent and also
+    ends a pass in progress (unfinished tasks go back to the master). A context manager.
+
+    Attributes:
+        name: The dataset.
+        mode: "local" (a LocalSource) or "distributed" (a MasterSource).
+        options: The PipelineOptions it runs.
+        seed: The source's seed.
+        group: A synchronous reader's group (world size, rank, batch size), else None.
+        closed: Whether `close()` was called.
     """
 
     def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,

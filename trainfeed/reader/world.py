@@ -7,14 +7,14 @@ reader takes exactly `steps × batch_size` records per epoch, where `steps = rec
 (world_size × batch_size)`; the rest of the epoch (fewer than `world_size × batch_size`
 records, the last ones of its shuffled partition order) is dropped, and counted.
 
-Where the group comes from (`detect_world`), looked up in this order: an initialised
-`torch.distributed` process group (`torch.multiprocessing.spawn` + `init_process_group(rank=,
-world_size=)` sets no environment: without it each rank read the whole epoch, issue 26); the
-environment: torchrun's `WORLD_SIZE`/`RANK`, else SLURM's `SLURM_NTASKS`/`SLURM_PROCID`, else
-`TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …: the order
-MultiWorkerMirroredStrategy numbers them); then the `world_size=`/`rank=` arguments; else a group
-of one (a laptop). Sources that are set must agree: two that disagree are refused, each named
-with its value, rather than one silently winning. (SLURM's and TF_CONFIG's numbers describe the
+Where the group comes from (`locate`): the arguments (`SyncOptions(world_size=, rank=)`); an
+initialised `torch.distributed` process group (`torch.multiprocessing.spawn` +
+`init_process_group(rank=, world_size=)` sets no environment: without it each rank read the
+whole epoch, issue 26); the environment: torchrun's `WORLD_SIZE`/`RANK`, else SLURM's
+`SLURM_NTASKS`/`SLURM_PROCID`, else `TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …:
+the order MultiWorkerMirroredStrategy numbers them); else a group of one (a laptop). Sources that
+are set must agree: two that disagree are refused, each named with its value, rather than one
+silently winning, so none overrides another. (SLURM's and TF_CONFIG's numbers describe the
 launcher's tasks, which torch.distributed may subdivide, as torchrun inside `srun` does: they
 are consulted only when neither torch.distributed nor WORLD_SIZE/RANK is set.)
 """

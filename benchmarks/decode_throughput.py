@@ -8,8 +8,8 @@ consumer loop in batches of 128 that checks the shapes, counts the images and su
 - peers (benchmarks/peers.py, each in a process of its own): a plain Python loop with Pillow
   (the baseline of the ratios), a tuned local `tf.data` pipeline (`map(decode, AUTOTUNE)`,
   batch, prefetch) and `tf.data` service with 2 worker processes;
-- trainfeed's local reader: `dist.reader(..., local=True, decode=True, normalizing_const=255,
-  one_hot=True, batch_size=128)`;
+- trainfeed's local reader: `dist.reader(..., source=LocalSource(...), pipeline=` decoding,
+  `normalizing_const=255`, one-hot labels, batches of 128`)`;
 - trainfeed's `dist.reader` with 2 worker processes on one master (the same options), the
   rate being every image of the epoch / (last worker's end - first worker's start).
 
@@ -32,6 +32,7 @@ fetched from storage (`reader.payload_bytes_read`) against the dataset's, and th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -47,7 +48,16 @@ from proc_stats import process_cpu_s
 from read_throughput import DEFAULT_DATA, DEFAULT_ROOT
 from stop_cleanly import exit_cleanly_on_signals
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LabelOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    SamplingOptions,
+    dist,
+)
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
@@ -61,7 +71,8 @@ DEFAULT_IMBALANCED_DATA = os.path.join(DEFAULT_ROOT, "imbalanced")
 PEERS = {"plain-loop": ["plain"], "tf.data": ["tfdata"],
          "tf.data service (2 workers)": ["tfdata-service", "--workers", "2"]}
 ROWS = (*PEERS, "trainfeed-local", "trainfeed-dist")
-PIPELINE = {"decode": True, "normalizing_const": 255.0, "one_hot": True}
+PIPELINE = PipelineOptions(decode=DecodeOptions(True, normalizing_const=255.0),
+                           labels=LabelOptions(one_hot=True))
 
 
 def consume(reader: Any, num_classes: int) -> tuple[int, int, int]:
@@ -86,9 +97,10 @@ def tree_cpu_s() -> float:
 
 # -- trainfeed rows, each in a process of its own (like the peers) ------------------------------
 def local_main(args: argparse.Namespace) -> int:
-    extra = {"resample": args.resample} if args.resample else {}
-    reader = dist.reader(args.dataset, local=True, storage=args.storage, batch_size=args.batch,
-                         **PIPELINE, **extra)  # type: ignore[arg-type]
+    pipeline = dataclasses.replace(
+        PIPELINE, batch=BatchOptions(size=args.batch),
+        sampling=SamplingOptions(resample=args.resample or None))
+    reader = dist.reader(args.dataset, source=LocalSource(args.storage), pipeline=pipeline)
     num_classes = reader.output_spec()["label"][0][1]
     runs = []
     for _ in range(args.repeat):
@@ -103,8 +115,9 @@ def local_main(args: argparse.Namespace) -> int:
 def worker_main(args: argparse.Namespace) -> int:
     """One distributed worker: joins `args.job` for each pass when told "go" on stdin."""
     for k in range(args.repeat):
-        reader = dist.reader(DATASET, local=False, job=f"{args.job}-{k}", batch_size=args.batch,
-                             **PIPELINE)  # type: ignore[arg-type]
+        reader = dist.reader(DATASET, source=MasterSource(job=f"{args.job}-{k}"),
+                             pipeline=dataclasses.replace(PIPELINE,
+                                                          batch=BatchOptions(size=args.batch)))
         num_classes = reader.output_spec()["label"][0][1]  # connects: OpenJob, manifest
         print("ready", flush=True)
         sys.stdin.readline()

@@ -105,8 +105,9 @@ def method_main(args: argparse.Namespace) -> int:
 
 def reader_main(args: argparse.Namespace) -> int:
     """One distributed reader: prints a line per batch (time, images) until killed."""
-    from trainfeed import dist
-    reader = dist.reader(args.dataset, local=False, job=args.job, **tf_options(args.workload))
+    from trainfeed import MasterSource, PipelineOptions, dist
+    reader = dist.reader(args.dataset, source=MasterSource(job=args.job),
+                         pipeline=PipelineOptions.from_keywords(**tf_options(args.workload)))
     while True:
         for batch in reader():
             n = check(batch["image"])

@@ -232,7 +232,8 @@ def grain_batches(paths: Sequence[str], workload: str) -> Iterator[Any]:
 
 
 def trainfeed_options(workload: str) -> dict[str, Any]:
-    """What trainfeed's rows pass to dist.reader (beside dataset, storage, local)."""
+    """What trainfeed's rows read with, as PipelineOptions.from_keywords takes it (and as the
+    JSON of a run records it)."""
     common: dict[str, Any] = {"decode": True, "image_size": (SIZE, SIZE), "batch_size": BATCH}
     if workload == "val":
         return {**common, "resize_shorter": SHORTER, "mode": "validation"}
@@ -242,9 +243,9 @@ def trainfeed_options(workload: str) -> dict[str, Any]:
 
 def trainfeed_batches(dataset: str, storage: str, workload: str,
                       local: bool = True) -> Iterator[Any]:
-    from trainfeed import dist
-    reader = dist.reader(dataset, local=local, storage=storage if local else None,
-                         **trainfeed_options(workload))
+    from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
+    reader = dist.reader(dataset, source=LocalSource(storage) if local else MasterSource(),
+                         pipeline=PipelineOptions.from_keywords(**trainfeed_options(workload)))
     while True:
         for batch in reader():
             yield batch["image"]

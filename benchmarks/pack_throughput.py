@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from stop_cleanly import exit_cleanly_on_signals
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.preprocess.buffers import plan_buffers
@@ -157,12 +157,13 @@ def baseline_pandas(url: str, rows: int, workers: int) -> float:
 
 def read_local(storage: str) -> tuple[float, int]:
     t0 = time.perf_counter()
-    rows = sum(len(b["species"]) for b in dist.reader("packed", local=True, storage=storage)())
+    reader = dist.reader("packed", source=LocalSource(storage=storage))
+    rows = sum(len(b["species"]) for b in reader())
     return time.perf_counter() - t0, rows
 
 
 def worker_main(job: str) -> int:
-    reader = dist.reader("packed", local=False, job=job)
+    reader = dist.reader("packed", source=MasterSource(job=job))
     print("ready", flush=True)
     sys.stdin.readline()
     t0 = time.time()

@@ -5,13 +5,14 @@ of small JPEGs, with no decoding, through
 
 1. a plain Python loop over the `.list` file (open each path, read its bytes): the baseline that
    every trainfeed path must beat, measured in the same run;
-2. the local reader, `dist.reader(name, local=True)`, both as tuples (`for img, label in reader()`)
-   and through the column fast path (`reader.column_batches(n)`);
-3. `dist.reader(name, master=..., job=...)` in 1 and 2 worker processes sharing one job on one
-   master (column path). Aggregate rate = all records / the wall time from the moment every worker
-   was told to start (a start barrier: workers are spawned, imported and connected first, then
-   wait for a line on stdin) to the moment the last one finished. Per-process rate = a worker's
-   records / its own seconds, comparable with the local reader's in-process rate.
+2. the local reader, `dist.reader(name, source=LocalSource(...))`, both as tuples
+   (`for img, label in reader()`) and through the column fast path (`reader.column_batches(n)`);
+3. `dist.reader(name, source=MasterSource(address, job))` in 1 and 2 worker processes sharing
+   one job on one master (column path). Aggregate rate = all records / the wall time from the
+   moment every worker was told to start (a start barrier: workers are spawned, imported and
+   connected first, then wait for a line on stdin) to the moment the last one finished.
+   Per-process rate = a worker's records / its own seconds, comparable with the local reader's
+   in-process rate.
 
 Why: decoding costs ~200 µs/image on the project machine, so the read path must cost a small
 fraction of that and must not be where the master/worker split loses time. The target is that the
@@ -56,7 +57,7 @@ from proc_stats import process_cpu_s
 from stop_cleanly import exit_cleanly_on_signals
 
 import trainfeed
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.formats.manifest import dataset_storage, read_manifest
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.reader.reader import Reader
@@ -218,7 +219,8 @@ def plain_rep(paths: Sequence[str], evict: Evict) -> list[PassResult]:
 
 
 def local_rep(args: argparse.Namespace, columns: bool, evict: Evict) -> list[PassResult]:
-    reader = dist.reader(args.dataset, local=True, storage=args.storage, prefetch=args.prefetch)
+    reader = dist.reader(args.dataset, source=LocalSource(args.storage,
+                                                          prefetch_partitions=args.prefetch))
     try:
         _ = reader.field_names  # connects: reads the manifest (set-up, not reading)
         results = []
@@ -252,8 +254,8 @@ def worker_main(args: argparse.Namespace) -> int:
         op = request.get("op")
         try:
             if op == "open":
-                reader = dist.reader(args.dataset, master=args.master, job=request["job"],
-                                     prefetch=args.prefetch)
+                reader = dist.reader(args.dataset, source=MasterSource(
+                    args.master, request["job"], prefetch_partitions=args.prefetch))
                 _ = reader.field_names  # OpenJob: connected and registered before the barrier
                 reply({"ok": True})
             elif op == "pass":

@@ -12,7 +12,7 @@ the same scenes and aspect ratios at every size) scaled so that their longer sid
 generated on first use into DATA/L/ and uploaded twice (untimed): plainly and with
 `--jpeg-restarts`.
 
-What is timed: the local reader (TRAIN_LOCAL style, `dist.reader(local=True)`) with the options of
+What is timed: the local reader (TRAIN_LOCAL style, `source=LocalSource(...)`) with the options of
 benchmarks/imagenet_like.py's `train` workload (RandomResizedCrop 224 + flip, uint8, batches of
 256, shuffle_buffer 1024). The figure is this process's CPU time (every thread: the decode
 threads run here) per image, not wall time: on a shared, loaded machine wall time measures the
@@ -46,7 +46,7 @@ from imagenet_methods import BATCH, SIZE, trainfeed_options
 from make_imagenet_like import ensure_dataset
 from read_throughput import DEFAULT_ROOT
 
-from trainfeed import dist
+from trainfeed import LocalSource, PipelineOptions, dist
 from trainfeed.upload import UploadOptions, upload
 
 SIZES = (128, 192, 256, 320, 400, 500, 640, 800, 1000, 1400)
@@ -94,8 +94,9 @@ def measure_size(storage: str, long_side: int, passes: int,
     """The interleaved measurements of one size, after one untimed pass per upload. A
     measurement reads as many passes as make `min_cpu_s` of CPU (the same number for both
     uploads): a pass of small images is too short to time on a loaded machine."""
-    readers = {kind: dist.reader(dataset_name(long_side, kind), local=True, storage=storage,
-                                 **trainfeed_options("train"))
+    pipeline = PipelineOptions.from_keywords(**trainfeed_options("train"))
+    readers = {kind: dist.reader(dataset_name(long_side, kind), source=LocalSource(storage),
+                                 pipeline=pipeline)
                for kind in UPLOADS}
     rows = []
     try:

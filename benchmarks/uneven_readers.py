@@ -32,12 +32,14 @@ from typing import Any
 
 from stop_cleanly import exit_cleanly_on_signals
 
+from trainfeed import BatchOptions, PipelineOptions
+
 
 def worker(args: argparse.Namespace) -> None:
     """One reader process: --epochs passes, a sleep of --delay per batch, a JSON line each."""
     from trainfeed import dist
 
-    reader = dist.reader("uneven", batch_size=args.batch)
+    reader = dist.reader("uneven", pipeline=PipelineOptions(batch=BatchOptions(size=args.batch)))
     time.sleep(max(0.0, args.start_at - time.time()))
     with open(args.out, "a") as out:
         for k in range(args.epochs):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.builtin import publish_builtin
 from trainfeed.cli.main import main
 from trainfeed.formats.manifest import read_manifest
@@ -33,7 +33,7 @@ def builtin_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_digits_read_as_8x8_grayscale_images(builtin_storage: Path) -> None:
     labels: Counter[str] = Counter()
     ids = []
-    with dist.reader(DIGITS, local=True, storage=str(builtin_storage)) as reader:
+    with dist.reader(DIGITS, source=LocalSource(storage=str(builtin_storage))) as reader:
         assert reader.field_names == ("image", "label")
         for batch in reader.column_batches(256):
             ids.extend(batch["_id"].tolist())

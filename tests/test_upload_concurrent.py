@@ -50,8 +50,8 @@ def cli_upload(listing: Path, storage: str) -> subprocess.Popen[str]:
 
 def records_readable(storage: str) -> int:
     """Every record of the published dataset, read through a reader in its own process."""
-    run = subprocess.run([sys.executable, "-c", "from trainfeed import dist; "
-                          f"r = dist.reader('flowers', local=True, storage={storage!r}); "
+    run = subprocess.run([sys.executable, "-c", "from trainfeed import LocalSource, dist; "
+                          f"r = dist.reader('flowers', source=LocalSource({storage!r})); "
                           "print(sum(1 for _ in r()))"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -11,16 +11,16 @@ import simplejpeg
 from PIL import Image
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 from trainfeed.cli.main import main
 from trainfeed.decode import roi
 from trainfeed.errors import ConfigurationError
 from trainfeed.upload import UploadOptions, upload
 
 region = roi._jpeg_region
-CROPS = {"decode": True, "image_size": (32, 32), "random_resized_crop": ((0.08, 1.0),
-                                                                         (3 / 4, 4 / 3)),
-         "random_flip": True, "batch_size": 8, "seed": 5}
+CROPS = PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32), random_flip=True,
+                                             random_resized_crop=((0.08, 1.0), (3 / 4, 4 / 3))),
+                        batch=BatchOptions(size=8))
 
 
 @pytest.fixture
@@ -34,7 +34,8 @@ def listing(tmp_path: Path) -> Path:
 
 
 def payloads(storage: str, dataset: str) -> list[bytes]:
-    reader = dist.reader(dataset, local=True, storage=storage, mode="validation")
+    reader = dist.reader(dataset, source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(mode="validation"))
     return [image for image, _label in reader()]
 
 
@@ -59,7 +60,8 @@ def test_training_crops_are_those_of_a_plain_upload(listing: Path, tmp_path: Pat
     upload(str(listing), "indexed", storage, UploadOptions(jpeg_restarts=True), progress=False)
     got = {}
     for dataset in ("plain", "indexed"):
-        reader = dist.reader(dataset, local=True, storage=storage, **CROPS)
+        reader = dist.reader(dataset, source=LocalSource(storage=storage, seed=5),
+                             pipeline=CROPS)
         batches = list(reader())
         got[dataset] = (np.concatenate([b["_id"] for b in batches]),
                         np.concatenate([b["image"] for b in batches]))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions
 from trainfeed.errors import UndecodableImagesError
 from trainfeed.formats.manifest import dataset_storage, list_datasets, read_manifest
 from trainfeed.formats.sources import SourceIndex
@@ -104,14 +105,16 @@ def test_a_decode_error_names_the_file_and_list_line(image_list: Path,
 
     (rel,) = corrupt(image_list, (14,))
     upload(str(image_list), "flowers", storage_dir, progress=False)
-    reader = dist.reader("flowers", local=True, storage=storage_dir, decode=True,
-                         batch_size=10)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage_dir),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True),
+                                                  batch=BatchOptions(size=10)))
     with pytest.raises(DecodeError, match=rf"record 14 \({rel}, train_data.list line 15\) "
                                           r"of shard data/.*: cannot decode image"):
         for _ in reader():
             pass
     reader.close()
-    skipping = dist.reader("flowers", local=True, storage=storage_dir, decode=True,
-                           batch_size=10, decode_errors="skip")
+    skipping = dist.reader("flowers", source=LocalSource(storage=storage_dir),
+                           pipeline=PipelineOptions(decode=DecodeOptions(True, errors="skip"),
+                                                    batch=BatchOptions(size=10)))
     assert sum(len(b["_id"]) for b in skipping()) == 99 and skipping.decode_failures == 1
     skipping.close()

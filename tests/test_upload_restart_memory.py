@@ -10,6 +10,7 @@ from pathlib import Path
 from bomb_images import jpeg_bomb
 from peak_rss import run_measured
 
+from trainfeed import LocalSource, PipelineOptions
 from trainfeed.decode import roi
 from trainfeed.decode.pixel_budget import jpeg_frame
 from trainfeed.upload import DECODE_MEMORY_BYTES
@@ -55,5 +56,6 @@ def test_eight_large_jpegs_are_rewritten_within_the_stated_bound(tmp_path: Path)
     assert added <= DECODE_MEMORY_BYTES / 2**20
     from trainfeed import dist  # the files were rewritten, not skipped
 
-    reader = dist.reader("restarts", local=True, storage=storage, mode="validation")
+    reader = dist.reader("restarts", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(mode="validation"))
     assert all(roi._jpeg_region.restart_interval(image) > 0 for image, _ in reader())

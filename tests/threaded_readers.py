@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 
 
 def ids_per_epoch(dataset: str, master: str, job: str, readers: int = 3,
@@ -15,7 +15,7 @@ def ids_per_epoch(dataset: str, master: str, job: str, readers: int = 3,
     lock = threading.Lock()
 
     def work() -> None:
-        with dist.reader(dataset, local=False, master=master, job=job) as reader:
+        with dist.reader(dataset, source=MasterSource(master, job=job)) as reader:
             for _ in range(epochs):
                 ids = [row[0] for row in reader()]
                 with lock:

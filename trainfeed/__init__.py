@@ -47,17 +47,20 @@ from trainfeed.reader.options import (
     TransformOptions,
 )
 from trainfeed.reader.reader import Reader
+from trainfeed.reader.sources import LocalSource, MasterSource
+from trainfeed.reader.world import SyncOptions
 from trainfeed.upload import UploadOptions, upload
 
 __all__ = ["AuthenticationError", "BatchOptions", "CheckpointError", "ClusterError",
            "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",
            "DatasetExistsError", "DatasetNotFoundError", "DecodeError", "DecodeOptions",
            "DeliveryOrderError", "EtcdUnavailableError", "InvalidNameError", "InvalidQueryError",
-           "JobError", "LabelOptions", "LeadershipError", "ListFileError", "LostRecordsError",
-           "MasterUnavailableError", "MissingFilesError", "OutsidePathsError",
-           "OversizeRecordsError", "PartitionReadError", "PipelineOptions", "PixelBudgetError",
-           "PreprocessError", "RankTakenError", "Reader", "SamplingOptions", "SqlError",
-           "StateStoreError", "StorageAccessError", "SupersededError", "SyncGroupBrokenError",
-           "SyncShortfallError", "TrainfeedError", "TransformOptions", "UndecodableImagesError",
-           "UnknownColumnError", "UnknownLabelError", "UploadOptions", "batch", "dist", "upload"]
+           "JobError", "LabelOptions", "LeadershipError", "ListFileError", "LocalSource",
+           "LostRecordsError", "MasterSource", "MasterUnavailableError", "MissingFilesError",
+           "OutsidePathsError", "OversizeRecordsError", "PartitionReadError", "PipelineOptions",
+           "PixelBudgetError", "PreprocessError", "RankTakenError", "Reader", "SamplingOptions",
+           "SqlError", "StateStoreError", "StorageAccessError", "SupersededError",
+           "SyncGroupBrokenError", "SyncOptions", "SyncShortfallError", "TrainfeedError",
+           "TransformOptions", "UndecodableImagesError", "UnknownColumnError",
+           "UnknownLabelError", "UploadOptions", "batch", "dist", "upload"]
 __version__ = "0.1.0"

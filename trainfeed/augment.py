@@ -1,4 +1,4 @@
-"""Ready-made augmentations for `dist.reader(..., augment=[...])`: each takes a batch (dict of
+"""Ready-made augmentations for `TransformOptions(augment=[...])`: each takes a batch (dict of
 arrays), a numpy Generator and its parameters, and returns the augmented batch. They run in
 training mode only. Write your own with the same signature and name it "module:function"."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ def random_flip(batch: dict[str, Any], rng: np.random.Generator, field: str = "i
     """Mirrors each image left-right with `probability` (images are (n, H, W, C)).
 
     This copies the batch on the pipeline thread, serially. For decoded images prefer the
-    decode stage's `dist.reader(..., random_flip=True)` (with `random_resized_crop=` or
+    decode stage's `DecodeOptions(random_flip=True)` (with `random_resized_crop=` or
     `resize_shorter=`): each decode thread mirrors its images in place while resizing them,
     seeded per record (docs/imagenet.md)."""
     images = np.array(batch[field])  # a copy: the batch may share memory with a buffer

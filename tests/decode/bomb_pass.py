@@ -9,15 +9,16 @@ import sys
 
 def main() -> None:
     storage, dataset, path = sys.argv[1], sys.argv[2], sys.argv[3]
-    from trainfeed import dist
+    from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 
-    options: dict[str, object] = {"decode": True, "image_size": (16, 16), "batch_size": 16,
-                                  "decode_errors": "skip", "decode_threads": 2}
-    if path == "crops":
-        options["random_resized_crop"] = ((0.08, 1.0), (3 / 4, 4 / 3))
+    crop = ((0.08, 1.0), (3 / 4, 4 / 3)) if path == "crops" else None
+    pipeline = PipelineOptions(
+        decode=DecodeOptions(True, image_size=(16, 16), errors="skip", threads=2,
+                             random_resized_crop=crop),
+        batch=BatchOptions(size=16))
     ids: list[int] = []
     error = None
-    reader = dist.reader(dataset, local=True, storage=storage, **options)  # type: ignore[arg-type]
+    reader = dist.reader(dataset, source=LocalSource(storage=storage), pipeline=pipeline)
     try:
         for batch in reader():
             ids += batch["_id"].tolist()

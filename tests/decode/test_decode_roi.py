@@ -13,7 +13,14 @@ from jpeg_samples import photo as sample_photo
 from jpeg_samples import upload_photos
 from PIL import Image
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    PipelineOptions,
+    SamplingOptions,
+    dist,
+)
 from trainfeed.decode import roi
 from trainfeed.decode.crops import CropOptions, Window, record_uniforms
 from trainfeed.decode.pixels import DecodeError, ImageDecoder
@@ -177,8 +184,10 @@ def images_by_id(batches: object) -> dict[int, np.ndarray]:
 
 
 def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str) -> None:
-    options = dict(local=True, storage=photos, decode=True, image_size=(48, 48), seed=9,
-                   random_resized_crop=RRC, random_flip=True, batch_size=8, shuffle_buffer=16)
+    options = dict(source=LocalSource(storage=photos, seed=9), pipeline=PipelineOptions(
+        decode=DecodeOptions(True, image_size=(48, 48), random_resized_crop=RRC,
+                             random_flip=True),
+        batch=BatchOptions(size=8), sampling=SamplingOptions(shuffle_buffer=16)))
     first = dist.reader("photos", **options)  # type: ignore[arg-type]
     epoch0 = images_by_id(first())
     assert len(epoch0) == 40 and first.output_spec()["image"][1] == np.uint8
@@ -191,7 +200,7 @@ def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str)
     reader = dist.reader("photos", **options)  # type: ignore[arg-type]
     stream = iter(reader())
     seen = images_by_id([next(stream), next(stream)])
-    state = reader.state()
+    state = reader.state_dict()
     reader.close()
     restored = images_by_id(dist.reader("photos", state=state, **options)())  # type: ignore
     assert set(seen) | set(restored) == set(range(40))
@@ -199,28 +208,34 @@ def test_reader_crops_are_the_same_on_a_re_read_and_after_a_restore(photos: str)
 
 
 def test_validation_mode_centre_crops_without_randomness(photos: str) -> None:
-    options = dict(local=True, storage=photos, decode=True, image_size=(48, 48),
-                   random_resized_crop=RRC, random_flip=True, batch_size=8)
-    val = dist.reader("photos", mode="validation", **options)  # type: ignore[arg-type]
+    pipeline = PipelineOptions(
+        decode=DecodeOptions(True, image_size=(48, 48), random_resized_crop=RRC,
+                             random_flip=True),
+        batch=BatchOptions(size=8), mode="validation")
+    val = dist.reader("photos", source=LocalSource(storage=photos), pipeline=pipeline)
     a, b = images_by_id(val()), images_by_id(val())
     assert all(np.array_equal(a[i], b[i]) for i in a)
-    other_seed = images_by_id(dist.reader("photos", mode="validation", seed=1,  # type: ignore
-                                          **options)())
+    other_seed = images_by_id(dist.reader("photos", source=LocalSource(storage=photos, seed=1),
+                                          pipeline=pipeline)())
     assert all(np.array_equal(a[i], other_seed[i]) for i in a)
 
 
 def test_reader_refuses_crop_options_it_cannot_honour(photos: str) -> None:
     with pytest.raises(ValueError, match="image_size"):
-        dist.reader("photos", local=True, storage=photos, decode=True, random_resized_crop=RRC)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, random_resized_crop=RRC)))
     with pytest.raises(ValueError, match="random_flip"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    random_flip=True)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                  random_flip=True)))
     with pytest.raises(ValueError, match="crop=True"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    crop=True, resize_shorter=10)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                  crop=True, resize_shorter=10)))
     with pytest.raises(ValueError, match="scale"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(8, 8),
-                    random_resized_crop=((0.5, 2.0), (1.0, 1.0)))
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(
+                        True, image_size=(8, 8), random_resized_crop=((0.5, 2.0), (1.0, 1.0)))))
 
 
 def test_binary_views_are_the_column_values_without_copies() -> None:
@@ -246,9 +261,12 @@ def test_batches_the_trainer_holds_are_never_written_over(photos: str) -> None:
     """Crop batches are written into recycled arrays (trainfeed/io/array_pool.py): every
     batch (and every image taken out of one) that is still held keeps its pixels while the
     reader goes on, over a second epoch too."""
-    reader = dist.reader("photos", local=True, storage=photos, decode=True, image_size=(32, 32),
-                         seed=3, random_resized_crop=RRC, random_flip=True, batch_size=8,
-                         shuffle_buffer=16)
+    reader = dist.reader("photos", source=LocalSource(storage=photos, seed=3),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32),
+                                                                       random_resized_crop=RRC,
+                                                                       random_flip=True),
+                                                  batch=BatchOptions(size=8),
+                                                  sampling=SamplingOptions(shuffle_buffer=16)))
     held, copies = [], []
     for batch in reader():
         held.append(batch["image"])

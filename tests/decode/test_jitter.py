@@ -11,7 +11,7 @@ from jpeg_samples import encode as jpeg
 from jpeg_samples import upload_photos
 from PIL import Image
 
-from trainfeed import dist
+from trainfeed import DecodeOptions, LocalSource, PipelineOptions, dist
 from trainfeed.decode.crops import CropOptions, record_uniforms
 from trainfeed.decode.jitter import color_jitter
 from trainfeed.decode.pixels import ImageDecoder
@@ -134,9 +134,10 @@ def photos(tmp_path: Path) -> str:
 
 
 def read_all(storage: str, mode: str, **options: object) -> dict[int, np.ndarray]:
-    with dist.reader("photos", local=True, storage=storage, decode=True, image_size=(32, 32),
-                     random_resized_crop=RRC, batch_size=8, seed=3, mode=mode,
-                     **options) as reader:
+    with dist.reader("photos", source=LocalSource(storage=storage, seed=3),
+                     pipeline=PipelineOptions.from_keywords(
+                         decode=True, image_size=(32, 32), random_resized_crop=RRC,
+                         batch_size=8, mode=mode, **options)) as reader:
         return {int(i): image for batch in reader() for i, image in
                 zip(batch["_id"], batch["image"])}
 
@@ -154,5 +155,6 @@ def test_the_reader_jitters_in_training_only(photos: str) -> None:
     unjittered = read_all(photos, "validation")
     assert all(np.array_equal(validated[i], unjittered[i]) for i in validated)
     with pytest.raises(ValueError, match="color_jitter"):
-        dist.reader("photos", local=True, storage=photos, decode=True, image_size=(32, 32),
-                    color_jitter=jitter)
+        dist.reader("photos", source=LocalSource(storage=photos),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32),
+                                                                  color_jitter=jitter)))

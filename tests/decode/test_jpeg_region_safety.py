@@ -24,7 +24,7 @@ from jpeg_samples import (
     restart_indexed_jpeg,
 )
 
-from trainfeed import dist
+from trainfeed import LocalSource, PipelineOptions, dist
 from trainfeed.decode import roi
 
 region = roi._jpeg_region
@@ -88,7 +88,8 @@ def test_upload_jpeg_restarts_keeps_the_crafted_file_as_it_is(tmp_path: Path) ->
          "--dataset", "crafted", "--storage", str(storage), "--jpeg-restarts", "--no-progress"],
         capture_output=True, text=True, timeout=120)
     assert upload.returncode == 0, f"exit {upload.returncode}: {upload.stderr[-2000:]}"
-    reader = dist.reader("crafted", local=True, storage=str(storage), mode="validation")
+    reader = dist.reader("crafted", source=LocalSource(storage=str(storage)),
+                         pipeline=PipelineOptions(mode="validation"))
     stored = sorted((bytes(image) for image, _label in reader()), key=len)
     assert crafted in stored and len(stored) == 3
     assert [region.restart_interval(image) > 0 for image in stored if image != crafted] == \

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, LabelOptions, LocalSource, PipelineOptions, dist
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.labels import label_order, sorted_labels
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
@@ -55,7 +55,8 @@ def digits(tmp_path: Path) -> tuple[str, Path]:
 
 def class_ids(storage: str) -> tuple[tuple[str, ...], dict[int, int]]:
     """The reader's class values and record id -> class id."""
-    reader = dist.reader("digits", local=True, storage=storage, batch_size=8)
+    reader = dist.reader("digits", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(batch=BatchOptions(size=8)))
     ids = {int(i): int(c) for b in reader() for i, c in zip(b["_id"], b["label"])}
     return reader.class_values, ids
 
@@ -70,8 +71,11 @@ def test_an_upload_of_integer_labels_records_the_numeric_order_and_label_2_is_cl
     assert ids[2] == 2 and ids[11] == 11 and ids[10] == 10  # as text, "2" was class 4
     assert all(c == i % 12 for i, c in ids.items()) and len(ids) == 36
     # A validation reader given the training class values maps labels to the same ids.
-    validation = dist.reader("digits", local=True, storage=storage, batch_size=36,
-                             class_values=values, mode="validation", one_hot=True)
+    validation = dist.reader("digits", source=LocalSource(storage=storage),
+                             pipeline=PipelineOptions(batch=BatchOptions(size=36),
+                                                      labels=LabelOptions(class_values=values,
+                                                                          one_hot=True),
+                                                      mode="validation"))
     batch = next(iter(validation()))
     assert (np.argmax(batch["label"], axis=1) == batch["_id"] % 12).all()
 
@@ -115,6 +119,6 @@ def test_packing_an_integer_labelled_dataset_sorts_its_classes_by_value(
     summary = training_preprocessor("digits", "digits_packed", "label", "image",
                                     normalizing_const=255.0, num_workers=1, storage=storage)
     assert summary["class_values"] == {"label": list(range(12))}
-    buffers = list(dist.reader("digits_packed", local=True, storage=storage)())
+    buffers = list(dist.reader("digits_packed", source=LocalSource(storage=storage))())
     classes = np.concatenate([np.argmax(b["label"], axis=1) for b in buffers])
     assert sorted(np.bincount(classes).tolist()) == [3] * 12

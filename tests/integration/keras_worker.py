@@ -26,7 +26,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LabelOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    dist,
+)
 from trainfeed.reader.adapters import as_tf_dataset
 
 BARRIER_TIMEOUT_S = 60
@@ -84,10 +92,12 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
-    # prefetch=2 partitions: a reader leases little ahead, so both readers share the epoch.
-    reader = Recorded(dist.reader(args.dataset, decode=True, image_size=(32, 32),
-                                  normalizing_const=255.0, one_hot=True, batch_size=16,
-                                  prefetch=2))
+    # 2 partitions loaded ahead: a reader leases little ahead, so both readers share the epoch.
+    source = (LocalSource(prefetch_partitions=2) if dist.train_local()
+              else MasterSource(prefetch_partitions=2))
+    reader = Recorded(dist.reader(args.dataset, source=source, pipeline=PipelineOptions(
+        decode=DecodeOptions(True, image_size=(32, 32), normalizing_const=255.0),
+        labels=LabelOptions(one_hot=True), batch=BatchOptions(size=16))))
     dataset = as_tf_dataset(reader)  # joins the job: output_spec() needs the manifest
     _, label_spec = dataset.element_spec
     model = tiny_conv_net(label_spec.shape[-1])

@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, PipelineOptions, SyncOptions, dist
 
 
 class Recorded:
@@ -65,8 +65,11 @@ def main() -> None:
     args = parser.parse_args()
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    reader = dist.reader(args.dataset, sync=True, decode=True, image_size=(8, 8),
-                         normalizing_const=255.0, batch_size=args.batch)
+    reader = dist.reader(args.dataset,
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                       normalizing_const=255.0),
+                                                  batch=BatchOptions(size=args.batch)),
+                         sync=SyncOptions())
     recorded = Recorded(reader)
     classes = len(reader.class_values)
 

@@ -6,8 +6,9 @@ line per batch to `--out`, flushed at once, so that a test can count every deliv
 of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [...], "labels": [...]}
 (ids are null in the tuple mode, where the Paddle-style tuples carry no id).
 
-Checkpoints: with `--checkpoint-after K` it saves `reader.state()` to `--state-file` (atomically)
-after its K-th batch and then writes {"checkpoint": true}; `--resume FILE` restores such a state.
+Checkpoints: with `--checkpoint-after K` it saves `reader.state_dict()` to `--state-file`
+(atomically) after its K-th batch and then writes {"checkpoint": true}; `--resume FILE` restores
+such a state.
 """
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ import os
 import sys
 import time
 
-from trainfeed import batch, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    SamplingOptions,
+    batch,
+    dist,
+)
 
 
 def main() -> None:
@@ -36,18 +46,22 @@ def main() -> None:
                         help="what a pass does about partitions no reader could read")
     parser.add_argument("--checkpoint-after", type=int, default=0, metavar="K")
     parser.add_argument("--state-file")
-    parser.add_argument("--resume", metavar="FILE", help="a saved reader.state() to continue")
+    parser.add_argument("--resume", metavar="FILE", help="a saved reader.state_dict() to continue")
     args = parser.parse_args()
 
     state = None
     if args.resume:
         with open(args.resume) as f:
             state = json.load(f)
-    pipeline = {} if args.mode != "pipeline" else {
-        "decode": True, "image_size": (16, 16), "normalizing_const": 255.0,
-        "batch_size": args.batch, "shuffle_buffer": 4 * args.batch}
-    reader = dist.reader(args.dataset, prefetch_partitions=args.prefetch, state=state,
-                         lost_partitions=args.lost_partitions, **pipeline)
+    pipeline = None if args.mode != "pipeline" else PipelineOptions(
+        decode=DecodeOptions(True, image_size=(16, 16), normalizing_const=255.0),
+        batch=BatchOptions(size=args.batch),
+        sampling=SamplingOptions(shuffle_buffer=4 * args.batch))
+    # The environment decides, as a training script's would.
+    source = (LocalSource(prefetch_partitions=args.prefetch) if dist.train_local() else
+              MasterSource(prefetch_partitions=args.prefetch,
+                           lost_partitions=args.lost_partitions))
+    reader = dist.reader(args.dataset, source=source, pipeline=pipeline, state=state)
     handed = 0
     with open(args.out, "a") as out:
         for k in range(args.epochs):
@@ -76,7 +90,7 @@ def main() -> None:
                 handed += 1
                 if handed == args.checkpoint_after:
                     with open(args.state_file + ".tmp", "w") as f:
-                        json.dump(reader.state(), f)
+                        json.dump(reader.state_dict(), f)
                     os.replace(args.state_file + ".tmp", args.state_file)
                     out.write(json.dumps({"checkpoint": True}) + "\n")
                     out.flush()

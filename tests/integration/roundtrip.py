@@ -320,7 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainfeed import dist
 
     deadline = time.monotonic() + args.timeout_s
-    with dist.reader(args.dataset, job=args.job, local=args.local, storage=args.storage) as reader:
+    from trainfeed import LocalSource, MasterSource
+
+    source = (LocalSource(storage=args.storage) if args.local
+              else MasterSource(job=args.job))  # the master: $TRAINFEED_MASTER
+    with dist.reader(args.dataset, source=source) as reader:
         # Connect first (OpenJob on the master, or the manifest read when local), then say so.
         assert reader.field_names == ("image", "label"), reader.field_names
         if args.ready is not None:

@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any
 
-from trainfeed import dist
+from trainfeed import BatchOptions, PipelineOptions, SyncOptions, dist
 
 
 def write(path: str, line: dict[str, Any]) -> None:
@@ -30,7 +30,9 @@ def write(path: str, line: dict[str, Any]) -> None:
 
 
 def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
-    reader = dist.reader(args.dataset, sync=True, batch_size=args.batch)
+    reader = dist.reader(args.dataset,
+                         pipeline=PipelineOptions(batch=BatchOptions(size=args.batch)),
+                         sync=SyncOptions())
     try:
         for _ in range(args.epochs):
             for batch in reader():

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from trainfeed import dist
+from trainfeed import BatchOptions, PipelineOptions, SamplingOptions, SyncOptions, dist
 
 
 def main() -> None:
@@ -45,8 +45,10 @@ def main() -> None:
         import torch.distributed as torch_dist
         torch_dist.init_process_group("gloo")
         group = torch_dist
-    reader = dist.reader(args.dataset, batch_size=args.batch, sync=args.sync,
-                         **({"shuffle_buffer": 4 * args.batch} if args.sync else {}))
+    reader = dist.reader(args.dataset, pipeline=PipelineOptions(
+        batch=BatchOptions(size=args.batch),
+        sampling=SamplingOptions(shuffle_buffer=4 * args.batch if args.sync else 0)),
+        sync=SyncOptions() if args.sync else None)
     time.sleep(max(0.0, args.start_at - time.time()))
     while args.go_file and not os.path.exists(args.go_file):
         time.sleep(0.01)

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import pytest
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, JobError
 from trainfeed.lease.client import MasterClient
 from trainfeed.lease.session import WorkerSession
@@ -74,9 +74,9 @@ def honest_pass(master: MasterProcess, readers: int = 2,
 
     def work() -> None:
         try:
-            with dist.reader("flowers", local=False, master=master.address, job="j",
-                             prefetch_partitions=2) as reader:
-                session = reader.backend.session  # type: ignore[attr-defined]
+            source = MasterSource(master.address, job="j", prefetch_partitions=2)
+            with dist.reader("flowers", source=source) as reader:
+                session = reader._backend.session  # type: ignore[attr-defined]
                 with lock:
                     sessions.append(session)
                 for n, row in enumerate(reader(), 1):

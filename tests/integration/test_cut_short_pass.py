@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
 from trainfeed.master.process import MasterProcess
 
 
@@ -21,11 +21,12 @@ def master(storage: str) -> Iterator[MasterProcess]:
 
 
 def make(where: str, storage: str, request: pytest.FixtureRequest, **options: Any) -> Any:
+    pipeline = PipelineOptions.from_keywords(**options)
     if where == "local":
-        return dist.reader("flowers", local=True, storage=storage, **options)
+        return dist.reader("flowers", source=LocalSource(storage=storage), pipeline=pipeline)
     master = request.getfixturevalue("master")
-    return dist.reader("flowers", master=master.address, job=f"cut-{uuid.uuid4().hex[:8]}",
-                       **options)
+    return dist.reader("flowers", source=MasterSource(
+        master.address, job=f"cut-{uuid.uuid4().hex[:8]}"), pipeline=pipeline)
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("master", marks=pytest.mark.integration)])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
@@ -32,13 +32,15 @@ def test_a_first_pass_that_finds_the_epoch_taken_reads_the_next_one(tmp_path: Pa
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     job = f"late-{uuid.uuid4().hex[:8]}"
     with MasterProcess(storage) as master:
-        early = dist.reader("flowers", master=master.address, job=job, batch_size=1)
+        early = dist.reader("flowers", source=MasterSource(master.address, job=job),
+                            pipeline=PipelineOptions(batch=BatchOptions(size=1)))
         early_pass = early()
         # All but the last record: every partition is done or started by this reader.
         first = [int(b["_id"][0]) for b in itertools.islice(early_pass, RECORDS - 1)]
         assert early.epoch == 0
 
-        late = dist.reader("flowers", master=master.address, job=job, batch_size=1)
+        late = dist.reader("flowers", source=MasterSource(master.address, job=job),
+                           pipeline=PipelineOptions(batch=BatchOptions(size=1)))
         got: list[int] = []
         finished = threading.Event()
 

@@ -25,7 +25,7 @@ from integration.roundtrip import (
     run_readers,
 )
 
-from trainfeed import UploadOptions, dist, upload
+from trainfeed import LocalSource, UploadOptions, dist, upload
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, read_manifest
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
@@ -147,7 +147,7 @@ def test_readers_get_every_record_once_per_epoch(
 def test_local_reader_gets_the_same_records(source: SourceImages, gluster_storage: Path) -> None:
     _upload(source, gluster_storage)
 
-    with dist.reader(DATASET, local=True, storage=str(gluster_storage)) as reader:
+    with dist.reader(DATASET, source=LocalSource(storage=str(gluster_storage))) as reader:
         first = read_pass(reader, batch_size=32)
         second = read_pass(reader, batch_size=32)
 

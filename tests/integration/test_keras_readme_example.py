@@ -14,7 +14,7 @@ import pytest
 from optional import require
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, LabelOptions, LocalSource, PipelineOptions, dist
 from trainfeed.upload import upload
 
 pytestmark = pytest.mark.integration
@@ -29,9 +29,11 @@ def fit_warnings(tmp_path: Path, **fit_kwargs: object) -> list[str]:
     if not (tmp_path / "storage").exists():
         upload(str(make_image_list(tmp_path / "source", 24)), "flowers", storage,
                progress=False)
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
-                         image_size=(16, 16), normalizing_const=255.0, one_hot=True,
-                         batch_size=8)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(16, 16),
+                                                                       normalizing_const=255.0),
+                                                  labels=LabelOptions(one_hot=True),
+                                                  batch=BatchOptions(size=8)))
     model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(),
                               keras.layers.Dense(3, activation="softmax")])
     model.compile("sgd", "categorical_crossentropy")

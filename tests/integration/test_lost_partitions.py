@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.errors import LostRecordsError
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
@@ -56,7 +56,7 @@ def read_pass(reader: dist.Reader) -> Counter[int]:  # type: ignore[name-defined
 def test_a_pass_that_lost_records_raises_at_its_end(damaged: tuple[str, set[int]]) -> None:
     storage, lost_ids = damaged
     with MasterProcess(storage, extra_args=["--max-failures", "2"]) as master:
-        reader = dist.reader("flowers", master=master.address, job="lost")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="lost"))
         seen: Counter[int] = Counter()
         with pytest.raises(LostRecordsError) as caught:
             for batch in reader.column_batches(8):
@@ -72,8 +72,9 @@ def test_a_pass_that_lost_records_raises_at_its_end(damaged: tuple[str, set[int]
 def test_skipping_lists_what_was_lost_and_reads_on(damaged: tuple[str, set[int]]) -> None:
     storage, lost_ids = damaged
     with MasterProcess(storage, extra_args=["--max-failures", "2"]) as master:
-        reader = dist.reader("flowers", master=master.address, job="skip",
-                             lost_partitions="skip")
+        reader = dist.reader("flowers",
+                             source=MasterSource(master.address, job="skip",
+                                                 lost_partitions="skip"))
         first, second = read_pass(reader), read_pass(reader)
         lost = reader.lost_partitions
         reader.close()
@@ -86,4 +87,4 @@ def test_skipping_lists_what_was_lost_and_reads_on(damaged: tuple[str, set[int]]
 def test_a_bad_policy_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match=r"lost_partitions is 'ignore' \(str\), expected one "
                                          r"of \['raise', 'skip'\]"):
-        dist.reader("flowers", master="localhost:1", lost_partitions="ignore")
+        dist.reader("flowers", source=MasterSource("localhost:1", lost_partitions="ignore"))

@@ -15,7 +15,7 @@ from certs import CertificateAuthority
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, ConfigurationError, MasterUnavailableError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -44,7 +44,7 @@ def no_ambient_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def read_ids(master: str, job: str) -> list[int]:
     """Every record id one reader gets in one pass of `job` (credentials from the env)."""
-    with dist.reader("flowers", master=master, job=job) as reader:
+    with dist.reader("flowers", source=MasterSource(master, job=job)) as reader:
         return [i for batch in reader.column_batches(10) for i in batch["_id"].tolist()]
 
 

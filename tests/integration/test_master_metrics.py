@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -47,7 +47,7 @@ def test_an_epoch_read_shows_in_the_metrics(storage: str) -> None:
         assert master.metrics_port is not None
         assert not any(k[0].startswith("trainfeed_tasks") for k in scrape(master))  # no job yet
         ids: list[int] = []
-        with dist.reader("flowers", master=master.address, job="j") as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="j")) as reader:
             ids += [i for b in reader.column_batches(10) for i in b["_id"].tolist()]
             during = scrape(master)
         after = scrape(master)
@@ -76,7 +76,7 @@ def test_an_epoch_read_shows_in_the_metrics(storage: str) -> None:
         # An --insecure master refuses no token, and so exports no count of refusals.
         assert not any(name == "trainfeed_rpc_unauthenticated_total" for name, _ in after)
         # A second pass: the counters go on, the gauges follow the new epoch.
-        with dist.reader("flowers", master=master.address, job="j") as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="j")) as reader:
             assert sum(len(b["_id"]) for b in reader.column_batches(10)) == RECORDS
             second = scrape(master)
         assert value(second, "trainfeed_epoch", job="j") == 1

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.errors import JobError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -35,7 +35,7 @@ def test_clear_errors_for_unknown_datasets_jobs_and_bad_names(storage: str) -> N
     with MasterProcess(storage) as master, MasterClient(master.address, give_up_s=5) as client:
         with pytest.raises(JobError, match=r"NOT_FOUND: no dataset 'tulips'.*datasets here: "
                                            r"flowers"):
-            list(dist.reader("tulips", master=master.address)())
+            list(dist.reader("tulips", source=MasterSource(master.address))())
         with pytest.raises(JobError, match=r"NOT_FOUND: no job 'ghost'"):
             client.job_status("ghost")
         with pytest.raises(JobError, match="INVALID_ARGUMENT: invalid dataset name"):
@@ -60,7 +60,7 @@ def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
                                                                  tmp_path: Path) -> None:
     state = f"sqlite:///{tmp_path / 'master.db'}"
     with MasterProcess(storage, state=state) as master:
-        reader = dist.reader("flowers", master=master.address, job="j")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="j"))
         first = sum(len(b["_id"]) for b in reader.column_batches(10))
         reader.close()
         with MasterClient(master.address) as client:
@@ -69,7 +69,7 @@ def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
         after = client.job_status("j")
         assert (after.epoch, after.done, after.num_partitions) == \
                (before.epoch, before.done, before.num_partitions) == (0, 10, 10)
-        reader = dist.reader("flowers", master=master.address, job="j")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="j"))
         second = sum(len(b["_id"]) for b in reader.column_batches(10))
         assert reader.epoch == 1  # the restarted master knew epoch 0 was complete
         reader.close()
@@ -78,7 +78,8 @@ def test_job_progress_survives_a_master_restart_with_sqlite_state(storage: str,
 
 def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage: str) -> None:
     with MasterProcess(storage) as master:
-        with dist.reader("flowers", master=master.address, job="big", prefetch=2) as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="big",
+                                                        prefetch_partitions=2)) as reader:
             for _ in range(2):  # the second pass proves the first one's partitions were acked
                 sizes = [len(b["_id"]) for b in reader.column_batches(64)]
                 assert sum(sizes) == 100 and sizes[0] == 64
@@ -104,7 +105,7 @@ def test_a_spawned_master_does_not_outlive_its_parent(storage: str) -> None:
 
 def test_a_pass_left_early_hands_its_tasks_back_and_the_next_pass_resumes(storage: str) -> None:
     with MasterProcess(storage) as master:
-        with dist.reader("flowers", master=master.address, job="resume") as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="resume")) as reader:
             first: list[int] = []
             batches = reader.column_batches(10)
             for b in batches:
@@ -128,18 +129,19 @@ def test_distribution_rules_admit_only_matching_workers(
         monkeypatch.setenv("TRAINFEED_GPUS", "0")
         with pytest.raises(JobError, match=r"FAILED_PRECONDITION: job 'g' runs on GPU workers "
                                            r"only .* declares no GPU"):
-            list(dist.reader("flowers", master=master.address, job="g",
-                             distribution_rules="gpu")())
+            list(dist.reader("flowers", source=MasterSource(master.address, job="g",
+                                                            distribution_rules="gpu"))())
         monkeypatch.setenv("TRAINFEED_GPUS", "1")
-        with dist.reader("flowers", master=master.address, job="g") as reader:
+        with dist.reader("flowers", source=MasterSource(master.address, job="g")) as reader:
             assert sum(1 for _ in reader()) == 100  # the job kept its creator's rules
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-b")
-        with dist.reader("flowers", master=master.address, job="named",
-                         distribution_rules="node-a,node-b") as reader:
+        with dist.reader("flowers",
+                         source=MasterSource(master.address, job="named",
+                                             distribution_rules="node-a,node-b")) as reader:
             assert sum(1 for _ in reader()) == 100
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-c")
         with pytest.raises(JobError, match=r"runs on workers \['node-a', 'node-b'\] only"):
-            list(dist.reader("flowers", master=master.address, job="named")())
+            list(dist.reader("flowers", source=MasterSource(master.address, job="named"))())
 
 
 @pytest.mark.slow
@@ -153,7 +155,7 @@ def test_an_unreachable_master_gives_up_with_a_clear_error(
     monkeypatch.setenv("TRAINFEED_MASTER_GIVE_UP_S", "2")
     started = time.monotonic()
     with pytest.raises(MasterUnavailableError, match=rf"master {address} unreachable for \d+ s"):
-        list(dist.reader("flowers", master=address)())
+        list(dist.reader("flowers", source=MasterSource(address))())
     assert 2 <= time.monotonic() - started < 10
 
 

@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 
-from trainfeed import batch, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LabelOptions,
+    MasterSource,
+    PipelineOptions,
+    SamplingOptions,
+    batch,
+    dist,
+)
 from trainfeed.errors import DeliveryOrderError, MasterUnavailableError, SupersededError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -58,12 +67,14 @@ def test_the_readme_snippets_in_one_process_get_a_clear_error_not_a_hang(
     assert sum(len(c["_id"]) for c in batch(reader, 128, columnar=True)()) == 100
     saved = reader.state_dict()
     # "Ready mini-batches of arrays": another delivery order in the same (default) job.
-    pipeline: dict[str, Any] = dict(decode=True, image_size=(64, 64), normalizing_const=255.0,
-                                    one_hot=True, shuffle_buffer=10_000, seed=0,
-                                    resample="uniform", batch_size=128)
+    pipeline = PipelineOptions(
+        decode=DecodeOptions(True, image_size=(64, 64), normalizing_const=255.0),
+        labels=LabelOptions(one_hot=True),
+        sampling=SamplingOptions(shuffle_buffer=10_000, resample="uniform"),
+        batch=BatchOptions(size=128))
     started = time.monotonic()
     with pytest.raises(DeliveryOrderError) as refused:
-        list(dist.reader("flowers", **pipeline)())
+        list(dist.reader("flowers", source=MasterSource(seed=0), pipeline=pipeline)())
     assert time.monotonic() - started < 15  # at once, not after a wait
     message = str(refused.value)
     assert "job 'default' is read with seed=0, shuffle_buffer=0, resample=None" in message
@@ -71,7 +82,8 @@ def test_the_readme_snippets_in_one_process_get_a_clear_error_not_a_hang(
     job = re.search(r"TRAINFEED_JOB=(\S+)", message)
     assert job and job.group(1).startswith("default-"), message
     # Its advice works: the job of its own reads its (resampled) epoch.
-    own = dist.reader("flowers", job=job.group(1), **pipeline)
+    own = dist.reader("flowers", source=MasterSource(job=job.group(1), seed=0),
+                      pipeline=pipeline)
     assert sum(len(b["_id"]) for b in own()) > 0
     own.close()
     # "Checkpoints": the restore snippet, in the default job, goes on.
@@ -101,9 +113,9 @@ def test_an_unreachable_master_is_logged_with_its_retry_deadline(
 
 READER_A = """
 import sys, time
-from trainfeed import dist
-reader = dist.reader("flowers", master=sys.argv[1], job="tail", batch_size=10,
-                     prefetch_partitions=4)
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, dist
+reader = dist.reader("flowers", source=MasterSource(sys.argv[1], job="tail", prefetch_partitions=4),
+                     pipeline=PipelineOptions(batch=BatchOptions(size=10)))
 batches = iter(reader())
 next(batches)
 print("ready", flush=True)
@@ -120,7 +132,8 @@ def test_a_dead_readers_lease_at_the_epochs_end_is_logged_with_its_holder_and_ti
         assert a.stdout is not None and a.stdout.readline().strip() == "ready"
         a.send_signal(signal.SIGKILL)
         a.wait(10)
-        reader = dist.reader("flowers", master=master.address, job="tail", batch_size=10)
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="tail"),
+                             pipeline=PipelineOptions(batch=BatchOptions(size=10)))
         got: list[tuple[float, int]] = []
         for b in reader():
             got.extend((time.time(), int(i)) for i in b["_id"])
@@ -141,13 +154,14 @@ def test_a_dead_readers_lease_at_the_epochs_end_is_logged_with_its_holder_and_ti
 def test_a_restored_checkpoints_old_reader_is_told_why_its_leases_went(
         master: MasterProcess, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    old = dist.reader("flowers", master=master.address, job="restore", batch_size=10,
-                      prefetch_partitions=4)
+    old = dist.reader("flowers",
+                      source=MasterSource(master.address, job="restore", prefetch_partitions=4),
+                      pipeline=PipelineOptions(batch=BatchOptions(size=10)))
     batches = iter(old())
     list(itertools.islice(batches, 2))
     state = old.state_dict()
-    new = dist.reader("flowers", master=master.address, job="restore", batch_size=10,
-                      state=state)
+    new = dist.reader("flowers", source=MasterSource(master.address, job="restore"),
+                      pipeline=PipelineOptions(batch=BatchOptions(size=10)), state=state)
     rest = [int(i) for b in new() for i in b["_id"]]
     assert len(rest) == 80
     deadline = time.monotonic() + 10
@@ -169,9 +183,11 @@ def test_an_epoch_held_by_a_live_reader_is_logged_with_its_holder(
     """Reader A took 5 records of a partition and stopped (its trainer is busy): B, done with
     the rest, says within LOG_WITHIN_S that it waits for A's partition, renewed while A lives."""
     caplog.set_level(logging.INFO)
-    a = dist.reader("flowers", master=master.address, job="held", batch_size=5,
-                    prefetch_partitions=2)
-    b = dist.reader("flowers", master=master.address, job="held", batch_size=5)
+    a = dist.reader("flowers",
+                    source=MasterSource(master.address, job="held", prefetch_partitions=2),
+                    pipeline=PipelineOptions(batch=BatchOptions(size=5)))
+    b = dist.reader("flowers", source=MasterSource(master.address, job="held"),
+                    pipeline=PipelineOptions(batch=BatchOptions(size=5)))
     try:
         a_pass = iter(a())  # kept: a pass dropped is abandoned, and hands its leases back
         taken = [int(i) for i in next(a_pass)["_id"]]
@@ -191,8 +207,8 @@ def test_an_epoch_held_by_a_live_reader_is_logged_with_its_holder(
             waiting = logged(caplog, r"waiting for partitions 1 held by .*"
                                      r"\(renewed while it lives\)$")
         assert waiting, [r.getMessage() for r in caplog.records]
-        assert a.backend.session.worker in waiting[0].getMessage()  # A, and only A
-        assert b.backend.session.worker not in waiting[0].getMessage()
+        assert a._backend.session.worker in waiting[0].getMessage()  # A, and only A
+        assert b._backend.session.worker not in waiting[0].getMessage()
         before = [t for t, _ in got if t < waiting[0].created]
         assert before and waiting[0].created - max(before) <= LOG_WITHIN_S
         a.close()  # hands its partition back: B's pass ends with the rest of it

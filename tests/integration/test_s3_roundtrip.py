@@ -28,7 +28,15 @@ from integration.roundtrip import (
     run_readers,
 )
 
-from trainfeed import UploadOptions, dist, upload
+from trainfeed import (
+    BatchOptions,
+    LocalSource,
+    PipelineOptions,
+    SamplingOptions,
+    UploadOptions,
+    dist,
+    upload,
+)
 from trainfeed.formats.manifest import MANIFEST_NAME, read_manifest
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
@@ -126,7 +134,7 @@ def test_readers_get_every_record_once_per_epoch(
 
 
 def test_local_reader_gets_the_same_records(s3_dataset: S3Dataset, s3_env: dict[str, str]) -> None:
-    with dist.reader(DATASET, local=True, storage=s3_dataset.url) as reader:
+    with dist.reader(DATASET, source=LocalSource(storage=s3_dataset.url)) as reader:
         first = read_pass(reader, batch_size=32)
         second = read_pass(reader, batch_size=32)
 
@@ -173,11 +181,12 @@ def test_resampling_fetches_only_kept_payloads_by_byte_range(
     bytes are exactly the files' bytes."""
     labels = sorted({label for _, _, label in s3_dataset.source.records})
     keep_one = {labels[0]: 1.0}  # every other class gets weight 0: never fetched
-    with dist.reader(DATASET, local=True, storage=s3_dataset.url, resample=keep_one,
-                     batch_size=32) as reader:
+    with dist.reader(DATASET, source=LocalSource(storage=s3_dataset.url),
+                     pipeline=PipelineOptions(sampling=SamplingOptions(resample=keep_one),
+                                              batch=BatchOptions(size=32))) as reader:
         got = {int(i): bytes(img) for b in reader() for i, img in zip(b["_id"], b["image"])}
         fetched = reader.payload_bytes_read
-    with dist.reader(DATASET, local=True, storage=s3_dataset.url) as plain:
+    with dist.reader(DATASET, source=LocalSource(storage=s3_dataset.url)) as plain:
         everything = {int(i): img for b in plain.column_batches(32)
                       for i, img in zip(b["_id"], b["image"])}
         total = plain.payload_bytes_read

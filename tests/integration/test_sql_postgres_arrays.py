@@ -11,7 +11,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.preprocess import PreprocessError, training_preprocessor
 from trainfeed.sql import SqlError, sql
 
@@ -101,7 +101,7 @@ def test_a_sql_table_of_images_packs_and_a_null_pixel_names_its_row(
                                     "from_sql", "species", "rgb", normalizing_const=255,
                                     num_workers=3, storage=storage)
     assert [summary["num_buffers"], summary["buffer_size"]] == [3, 18]
-    buffers = list(dist.reader("from_sql", local=True, storage=storage)())
+    buffers = list(dist.reader("from_sql", source=LocalSource(storage=storage))())
     got = sorted(tuple(np.rint(x * 255).astype(int).reshape(-1)) for b in buffers
                  for x in b["rgb"])
     assert got == sorted(tuple(img.reshape(-1)) for img in images)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from threaded_readers import ids_per_epoch
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.sql import register_sql_dataset, sql
@@ -56,6 +56,6 @@ def test_the_training_preprocessor_reads_arrays_from_postgres(postgres_url: str,
                                     "packed_pg", "species", "rgb", normalizing_const=255.0,
                                     num_workers=3, storage=str(tmp_path))
     assert summary["num_buffers"] == 3 and summary["buffer_size"] == 18
-    buffers = list(dist.reader("packed_pg", local=True, storage=str(tmp_path))())
+    buffers = list(dist.reader("packed_pg", source=LocalSource(storage=str(tmp_path)))())
     got = np.concatenate([b["rgb"] for b in buffers]) * 255.0
     assert sorted(map(tuple, np.rint(got).astype(int))) == sorted(map(tuple, pixels))

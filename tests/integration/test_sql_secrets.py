@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.errors import TrainfeedError
 from trainfeed.sql import register_sql_dataset, sql
 
@@ -74,7 +74,8 @@ def test_a_registered_query_keeps_no_secret_and_an_ipv6_host_stays_bracketed(
     assert_no_secret_in_files(storage)
     # The stored URL works for a reader (this server trusts it; a real one would take the
     # password from PGPASSWORD or ~/.pgpass).
-    ids = sorted(row[0] for row in dist.reader("orders", local=True, storage=str(storage))())
+    reader = dist.reader("orders", source=LocalSource(storage=str(storage)))
+    ids = sorted(row[0] for row in reader())
     assert ids == list(range(200))
     assert_no_secret("\n".join(r.getMessage() for r in caplog.records), "a log record")
 

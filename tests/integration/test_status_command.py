@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cluster.apiserver import FakeApiServer
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.cli.main import main
 from trainfeed.cluster import progress
 from trainfeed.lease.client import MasterClient
@@ -27,7 +27,7 @@ def no_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def read_one_epoch(address: str) -> int:
-    reader = dist.reader("flowers", master=address, job="resnet")
+    reader = dist.reader("flowers", source=MasterSource(address, job="resnet"))
     try:
         return sum(len(b["_id"]) for b in reader.column_batches(10))
     finally:
@@ -57,7 +57,7 @@ def test_status_with_master_accepts_every_job_name_the_master_does(
     """`paddleD-xmap` is no Kubernetes name, but readers and the master accept it."""
     monkeypatch.setenv("TRAINFEED_TOKEN", TOKEN)
     with MasterProcess(storage, token=TOKEN) as master:
-        reader = dist.reader("flowers", master=master.address, job="paddleD-xmap")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="paddleD-xmap"))
         try:
             assert sum(len(b["_id"]) for b in reader.column_batches(10)) == 100
         finally:
@@ -71,7 +71,7 @@ def test_status_with_master_accepts_every_job_name_the_master_does(
 
 def test_status_rate_from_two_answers_of_a_master_being_read(storage: str) -> None:
     with MasterProcess(storage) as master, MasterClient(master.address) as client:
-        reader = dist.reader("flowers", master=master.address, job="resnet")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="resnet"))
         batches = reader.column_batches(10)
         next(batches)  # the job exists, one partition is being read
         # Between the two samples the rest of the epoch is read.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.cli.main import main
 from trainfeed.master.process import MasterProcess
 
@@ -23,7 +23,7 @@ def test_status_of_a_job_whose_reader_left_shows_no_worker(
     monkeypatch.setenv("TRAINFEED_TOKEN", TOKEN)
     monkeypatch.setenv("KUBECONFIG", "/nonexistent-kubeconfig")
     with MasterProcess(storage, token=TOKEN) as master:
-        reader = dist.reader("flowers", master=master.address, job="resnet")
+        reader = dist.reader("flowers", source=MasterSource(master.address, job="resnet"))
         try:
             assert sum(len(b["_id"]) for b in reader.column_batches(10)) == 100
         finally:

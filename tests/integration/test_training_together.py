@@ -25,7 +25,7 @@ import pytest
 from integration.services import free_port
 from optional import require
 
-from trainfeed import dist
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, dist
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -264,8 +264,9 @@ def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
         job = f"sync-{uuid.uuid4().hex[:8]}"
 
         def rank(r: int, world: int = 2, state: dict[str, Any] | None = None) -> Any:
-            return dist.reader("flowers", master=master.address, job=job, sync=True,
-                               world_size=world, rank=r, batch_size=10, state=state)
+            return dist.reader("flowers", source=MasterSource(master.address, job=job),
+                               pipeline=PipelineOptions(batch=BatchOptions(size=10)),
+                               sync=SyncOptions(world_size=world, rank=r), state=state)
 
         readers = [rank(0), rank(1)]
         iters = [iter(reader()) for reader in readers]
@@ -273,7 +274,7 @@ def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
         states = [reader.state_dict() for reader in readers]
         _ids(itertools.islice(iters[0], 1))  # consumed after the checkpoint: lost with the model
         for reader in readers:  # killed: the master hears nothing more
-            reader.backend.client.close()
+            reader._backend.client.close()
         restored = [rank(r, state=states[r]) for r in range(2)]
         after = [_ids(reader()) for reader in restored]
         assert [len(b) + len(a) for b, a in zip(before, after)] == [50, 50]

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trainfeed import dist
+from trainfeed import BatchOptions, LocalSource, PipelineOptions, SamplingOptions, dist
 from trainfeed.io import array_pool
 from trainfeed.io.gather import compacted
 from trainfeed.io.prefetch import LoadedPartition, TaskRef
@@ -124,8 +124,9 @@ def test_later_passes_read_into_the_buffers_of_earlier_ones(
             fresh[-1] += 1
         return real(pool, array)
     monkeypatch.setattr(array_pool.ArrayPool, "_hand", counted)
-    reader = dist.reader("flowers", local=True, storage=storage_dir, batch_size=10,
-                         shuffle_buffer=30, seed=1)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage_dir, seed=1),
+                         pipeline=PipelineOptions(batch=BatchOptions(size=10),
+                                                  sampling=SamplingOptions(shuffle_buffer=30)))
     records = []
     for _ in range(3):
         fresh.append(0)

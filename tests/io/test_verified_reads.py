@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.manifest import Manifest, dataset_storage, read_manifest
 from trainfeed.formats.shards import (
@@ -113,7 +113,7 @@ def test_flipped_payload_bytes_fail_every_read_path(verified_dataset: tuple[str,
         reader(storage_dir).read_selected(shard, 1, 2, 10, every_id_choose)
     assert reader(storage_dir).read(shard, 0, 1, 10).num_rows == 10  # other pages are fine
     # Through the user's API, locally: the pass raises instead of yielding a wrong image.
-    local = dist.reader("flowers", local=True, storage=storage_dir)
+    local = dist.reader("flowers", source=LocalSource(storage=storage_dir))
     with pytest.raises(CorruptDatasetError):
         for _ in local():
             pass

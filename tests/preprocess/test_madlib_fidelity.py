@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.errors import DatasetNotFoundError
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.preprocess import PreprocessError, training_preprocessor, validation_preprocessor
@@ -99,7 +99,8 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[pa.Table
 
 
 def buffers(name: str, storage: str) -> list[dict[str, Any]]:
-    return sorted(dist.reader(name, local=True, storage=storage)(), key=lambda b: b["buffer_id"])
+    return sorted(dist.reader(name, source=LocalSource(storage=storage))(),
+                  key=lambda b: b["buffer_id"])
 
 
 def test_buffer_counts_and_sizes_of_the_install_check(tmp_path: Path,

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.preprocess import training_preprocessor, validation_preprocessor
 from trainfeed.sql import sql
 
@@ -81,7 +81,7 @@ def test_dependent_vartype_is_the_postgres_type(postgres_url: str, madlib_table:
     assert summary["num_classes"] == [None if classes is None else len(classes)]
     assert summary["buffer_size"] == 4 and summary["num_buffers"] == 5
     assert summary["distribution_rules"] == summary["__internal_gpu_config__"] == "all_segments"
-    buffers = list(dist.reader("batch", local=True, storage=storage)())
+    buffers = list(dist.reader("batch", source=LocalSource(storage=storage))())
     assert sum(len(b[column]) for b in buffers) == 17
     assert all((b[column].sum(axis=1) == 1).all() for b in buffers)
 
@@ -102,6 +102,6 @@ def test_validation_by_position_from_postgres(postgres_url: str, madlib_table: s
     assert summary["y_new_class_values"] == [-6, -3, -1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12,
                                              None, None]
     assert summary["buffer_size"] == 1 and summary["num_classes"] == [16]
-    [b] = list(dist.reader("val", local=True, storage=storage)())
+    [b] = list(dist.reader("val", source=LocalSource(storage=storage))())
     assert b["y_new"].tolist() == [[0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
     assert abs(float(b["x_new"][0][0]) - 0.2) < 1e-7

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.errors import DatasetNotFoundError
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
@@ -58,7 +58,7 @@ def test_training_preprocessor_reproduces_the_madlib_example(tmp_path: Path, fla
     manifest = read_manifest(open_storage(str(tmp_path)), "image_data_packed")
     assert manifest.kind == "packed" and manifest.extra["summary"] == summary
 
-    buffers = list(dist.reader("image_data_packed", local=True, storage=str(tmp_path))())
+    buffers = list(dist.reader("image_data_packed", source=LocalSource(storage=str(tmp_path)))())
     assert sorted(b["buffer_id"] for b in buffers) == [0, 1, 2]
     by_id = {b["buffer_id"]: b for b in buffers}
     for buffer_id, size in enumerate([18, 18, 16]):
@@ -75,7 +75,7 @@ def test_buffer_size_and_num_classes_padding(tmp_path: Path) -> None:
                                     buffer_size=10, num_classes=5, num_workers=3,
                                     storage=str(tmp_path))
     assert summary["class_values"] == {"species": ["bird", "cat", "dog", None, None]}
-    buffers = list(dist.reader("padded", local=True, storage=str(tmp_path))())
+    buffers = list(dist.reader("padded", source=LocalSource(storage=str(tmp_path)))())
     assert sorted(len(b["species"]) for b in buffers) == [7, 9, 9, 9, 9, 9]
     assert all(b["species"].shape[1] == 5 and not b["species"][:, 3:].any() for b in buffers)
 
@@ -89,7 +89,7 @@ def test_validation_reuses_the_training_classes_and_is_not_shuffled(tmp_path: Pa
                                       storage=str(tmp_path))
     assert summary["class_values"] == {"species": ["bird", "cat", "dog"]}
     assert summary["normalizing_const"] == 255.0
-    buffers = sorted(dist.reader("val_packed", local=True, storage=str(tmp_path))(),
+    buffers = sorted(dist.reader("val_packed", source=LocalSource(storage=str(tmp_path)))(),
                      key=lambda b: b["buffer_id"])
     assert all(b["species"].argmax(axis=1).tolist() == [2] * len(b["species"])
                for b in buffers)
@@ -114,7 +114,7 @@ def test_a_parquet_source_multiple_variables_and_two_readers_through_a_master(
         lock = threading.Lock()
 
         def read() -> None:
-            with dist.reader("multi", local=False, master=master.address, job="packed") as r:
+            with dist.reader("multi", source=MasterSource(master.address, job="packed")) as r:
                 for b in r():
                     assert b["rgb"].shape[1:] == (2, 2, 3) and b["size"].shape[1:] == (1,)
                     assert b["small"].shape[1] == 2
@@ -160,7 +160,7 @@ def test_the_cli_packs_a_csv_with_json_array_cells(tmp_path: Path,
     assert main(["preprocess", "validate", str(tmp_path / "val.csv"), "val", "--dependent",
                  "species", "--independent", "rgb", "--training", "packed", "--storage",
                  storage]) == 0
-    [buffer] = list(dist.reader("val", local=True, storage=storage)())
+    [buffer] = list(dist.reader("val", source=LocalSource(storage=storage))())
     assert buffer["species"].tolist() == [[0, 1, 0]] and buffer["rgb"].tolist() == [[1, 2, 3]]
     assert main(["preprocess", "train", str(tmp_path / "train.csv"), "bad", "--dependent",
                  "nope", "--independent", "rgb", "--storage", storage]) == 2
@@ -178,9 +178,9 @@ def test_the_packed_distribution_rules_apply_to_readers_that_name_none(
     with MasterProcess(storage) as master:
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-b")
         with pytest.raises(JobError, match="node-a"):
-            list(dist.reader("ruled", local=False, master=master.address, job="j")())
+            list(dist.reader("ruled", source=MasterSource(master.address, job="j"))())
         monkeypatch.setenv("TRAINFEED_WORKER_NAME", "node-a")
-        with dist.reader("ruled", local=False, master=master.address, job="j") as reader:
+        with dist.reader("ruled", source=MasterSource(master.address, job="j")) as reader:
             assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
 
 
@@ -194,7 +194,7 @@ def test_madlibs_all_segments_admits_every_reader(
     assert summary["distribution_rules"] == summary["__internal_gpu_config__"] == "all_segments"
     monkeypatch.setenv("TRAINFEED_WORKER_NAME", "any-worker")
     with MasterProcess(storage) as master:
-        with dist.reader("everyone", local=False, master=master.address, job="j") as reader:
+        with dist.reader("everyone", source=MasterSource(master.address, job="j")) as reader:
             assert sorted(b["buffer_id"] for b in reader()) == [0, 1]
 
 
@@ -205,7 +205,7 @@ def test_packing_a_name_again_replaces_it_and_leaves_no_old_data(tmp_path: Path)
                                    num_workers=2, storage=storage)
     assert (first["num_rows"], second["num_rows"]) == (52, 30)
     assert len(list((tmp_path / "again" / "data").iterdir())) == 1
-    buffers = list(dist.reader("again", local=True, storage=storage)())
+    buffers = list(dist.reader("again", source=LocalSource(storage=storage))())
     assert sum(len(b["species"]) for b in buffers) == 30
 
 
@@ -222,7 +222,7 @@ def test_an_uploaded_image_dataset_is_a_source(tmp_path: Path) -> None:
                                     normalizing_const=255.0, num_workers=2, storage=storage)
     assert summary["class_values"] == {"label": ["cat", "dog"]}
     assert summary["source_table"] == "dataset pets"
-    buffers = list(dist.reader("pets_packed", local=True, storage=storage)())
+    buffers = list(dist.reader("pets_packed", source=LocalSource(storage=storage))())
     assert sorted(len(b["label"]) for b in buffers) == [10, 10]
     assert all(b["image"].shape[1:] == (4, 4, 3) and b["image"].dtype == np.float32
                for b in buffers)
@@ -247,7 +247,7 @@ def test_large_outputs_stream_shard_by_shard_and_a_late_bad_row_leaves_nothing(
                                     storage=storage)
     manifest = read_manifest(open_storage(storage), "streamed")
     assert len(manifest.shards) == summary["num_buffers"] == 6
-    buffers = list(dist.reader("streamed", local=True, storage=storage)())
+    buffers = list(dist.reader("streamed", source=LocalSource(storage=storage))())
     assert instances(buffers) == source_instances(madlib_table(), list(SPECIES))
 
     # Validation keeps the source order, so the bad last row is met after 5 shards are written.
@@ -283,7 +283,7 @@ def test_a_pandas_dataframe_is_a_source(tmp_path: Path) -> None:
     summary = training_preprocessor(frame, "from_pandas", "species", "rgb",
                                     normalizing_const=255, num_workers=2, storage=str(tmp_path))
     assert summary["source_table"] == "DataFrame" and summary["num_rows"] == 20
-    buffers = list(dist.reader("from_pandas", local=True, storage=str(tmp_path))())
+    buffers = list(dist.reader("from_pandas", source=LocalSource(storage=str(tmp_path)))())
     assert instances(buffers) == source_instances(table, list(SPECIES))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from optional import require
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, LabelOptions, LocalSource, PipelineOptions, dist
 from trainfeed.reader.adapters import as_tf_dataset, as_torch, keras_structure
 from trainfeed.reader.reader import Reader
 from trainfeed.upload import UploadOptions, upload
@@ -39,10 +39,12 @@ def make_reader(image_list: Path, storage_dir: str) -> Iterator[MakeReader]:
     made: list[Reader] = []
 
     def make(raw: bool = False) -> Reader:
-        decoded: dict[str, Any] = dict(decode=True, image_size=(32, 32), normalizing_const=255.0,
-                                       one_hot=True)
-        made.append(dist.reader("flowers", local=True, storage=storage_dir, batch_size=BATCH,
-                                **({} if raw else decoded)))
+        decoded = PipelineOptions(
+            decode=DecodeOptions(True, image_size=(32, 32), normalizing_const=255.0),
+            labels=LabelOptions(one_hot=True), batch=BatchOptions(size=BATCH))
+        made.append(dist.reader("flowers", source=LocalSource(storage=storage_dir),
+                                pipeline=PipelineOptions(batch=BatchOptions(size=BATCH))
+                                if raw else decoded))
         return made[-1]
 
     yield make
@@ -260,9 +262,12 @@ def test_sample_weights_ride_along_for_keras(image_list: Path, storage_dir: str)
     tf = require("tensorflow")
     upload(str(image_list), "weighted", storage_dir, UploadOptions(row_group_rows=8),
            progress=False)
-    with dist.reader("weighted", local=True, storage=storage_dir, batch_size=BATCH,
-                     decode=True, normalizing_const=255.0, one_hot=True,
-                     class_weights={"cat": 2.0, "dog": 1.0, "bird": 1.0}) as reader:
+    weights = {"cat": 2.0, "dog": 1.0, "bird": 1.0}
+    with dist.reader("weighted", source=LocalSource(storage=storage_dir),
+                     pipeline=PipelineOptions(batch=BatchOptions(size=BATCH),
+                                              decode=DecodeOptions(True, normalizing_const=255.0),
+                                              labels=LabelOptions(True, class_weights=weights))
+                     ) as reader:
         dataset = reader.as_tf_dataset(sample_weights="_weight")
         x_spec, y_spec, w_spec = dataset.element_spec
         assert described(w_spec) == ((None,), np.dtype(np.float32))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 from trainfeed.reader.batcher import _overlapped
 from trainfeed.upload import upload
 
@@ -111,8 +111,10 @@ def test_one_decode_thread_means_one_batch_decoding_at_a_time(one_row_group_stor
     """With a single decode thread the decoder runs on the converting thread: two converters
     would decode two batches at once against decode_threads=1 (what LOCAL_WORLD_SIZE asks of
     each rank). Seen by the pipeline's named converter threads during a whole pass."""
-    reader = dist.reader("flowers", local=True, storage=one_row_group_storage, decode=True,
-                         image_size=(16, 16), batch_size=10, decode_threads=threads)
+    reader = dist.reader("flowers", source=LocalSource(storage=one_row_group_storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(16, 16),
+                                                                       threads=threads),
+                                                  batch=BatchOptions(size=10)))
     seen = set()
     for _ in reader():
         seen |= {t.name for t in threading.enumerate() if t.name.startswith("trainfeed-convert")}

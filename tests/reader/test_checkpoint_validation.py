@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
 from trainfeed.errors import CheckpointError
 from trainfeed.lease.client import GIVE_UP_ENV, MasterClient
 from trainfeed.master.process import MasterProcess
@@ -46,7 +46,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
      r"the records of 'positions'\[0\] is -5, expected an int ≥ 0"),
     ("partition out of range", lambda s: {**s, "done": [13]},
      r"'done' names partition 13, but dataset 'flowers' has 13"),
-    ("unknown version", lambda s: {**s, "version": 3}, r"'version' is 3, expected one of \[1, 2\]"),
+    ("unknown version", lambda s: {**s, "version": 3}, r"'version' is 3, expected 2"),
 ]
 # What only the partition plan tells: a local reader checks it when it connects (it reads the
 # manifest); a master-fed one cannot before it sends the state (the master holds the plan, and
@@ -79,21 +79,21 @@ def checkpoint(reader: dist.Reader) -> tuple[list[int], dict[str, Any]]:
 def test_a_bad_local_state_is_refused_before_a_record_is_read(
         storage: str, case: str, edit: Callable[[dict[str, Any]], dict[str, Any]],
         match: str, how: str) -> None:
-    saved = checkpoint(dist.reader("flowers", local=True, storage=storage))[1]
+    saved = checkpoint(dist.reader("flowers", source=LocalSource(storage=storage)))[1]
     assert saved["mode"] == "local" and saved["partitions"] == 13
     with pytest.raises(CheckpointError, match=match):
         if how == "state=":
-            reader = dist.reader("flowers", local=True, storage=storage, state=edit(saved))
+            reader = dist.reader("flowers", source=LocalSource(storage=storage), state=edit(saved))
         else:
-            reader = dist.reader("flowers", local=True, storage=storage)
+            reader = dist.reader("flowers", source=LocalSource(storage=storage))
             reader.load_state_dict(edit(saved))
         next(iter(reader()))
 
 
 def test_the_unedited_local_state_still_resumes_exactly(storage: str) -> None:
-    before, saved = checkpoint(dist.reader("flowers", local=True, storage=storage))
-    rest = [int(i) for b in dist.reader("flowers", local=True, storage=storage,
-                                        state=saved).column_batches(10) for i in b["_id"]]
+    before, saved = checkpoint(dist.reader("flowers", source=LocalSource(storage=storage)))
+    restored = dist.reader("flowers", source=LocalSource(storage=storage), state=saved)
+    rest = [int(i) for b in restored.column_batches(10) for i in b["_id"]]
     assert sorted(before + rest) == list(range(N))
 
 
@@ -104,8 +104,7 @@ def test_a_bad_master_fed_state_is_refused_and_the_job_is_left_as_it_was(
     monkeypatch.setenv(GIVE_UP_ENV, "2")
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None, address: str = master.address) -> Any:
-            return dist.reader("flowers", local=False, master=address, job="train",
-                               state=state)
+            return dist.reader("flowers", source=MasterSource(address, job="train"), state=state)
         first = reader()
         before, saved = checkpoint(first)
         first.close()
@@ -146,8 +145,8 @@ def test_a_master_fed_position_past_the_partitions_end_loses_no_record_silently(
     unread records were dropped without a word: 4 of 100 here.)"""
     with MasterProcess(storage) as master:
         def reader(state: dict[str, Any] | None = None) -> Any:
-            return dist.reader("flowers", local=False, master=master.address, job="train",
-                               state=state, **options)
+            return dist.reader("flowers", source=MasterSource(master.address, job="train"),
+                               pipeline=PipelineOptions.from_keywords(**options), state=state)
         first = reader()
         before, saved = checkpoint(first)
         first.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sample_data import file_digests
 
-from trainfeed import batch, dist
+from trainfeed import LocalSource, batch, dist
 
 
 def test_train_local_env_switches_to_reading_storage(storage: str,
@@ -26,7 +26,7 @@ def test_train_local_env_switches_to_reading_storage(storage: str,
 
 def test_each_pass_is_a_permutation_of_the_dataset(storage: str, image_list: Path) -> None:
     digests = file_digests(image_list)
-    reader = dist.reader("flowers", local=True, storage=storage)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage))
     assert reader.field_names == ("image", "label")
     passes = []
     for _ in range(2):
@@ -36,13 +36,13 @@ def test_each_pass_is_a_permutation_of_the_dataset(storage: str, image_list: Pat
     assert reader.epoch == 3
     # Partition order is reshuffled per epoch, reproducibly for a seed.
     assert passes[0] != passes[1]
-    again = dist.reader("flowers", local=True, storage=storage)
+    again = dist.reader("flowers", source=LocalSource(storage=storage))
     list(again())
     assert [b["_id"].tolist() for b in again.column_batches()] == passes[0]
 
 
 def test_batch_sizes_and_drop_last(storage: str) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage))
     assert [len(b) for b in batch(reader, 32)()] == [32, 32, 32, 4]
     assert [len(b) for b in batch(reader, 32, drop_last=True)()] == [32, 32, 32]
     columns = list(batch(reader, 30, columnar=True)())
@@ -62,7 +62,7 @@ def test_batch_works_on_any_reader_creator() -> None:
 
 
 def test_a_closed_reader_refuses_new_passes(storage: str) -> None:
-    with dist.reader("flowers", local=True, storage=storage) as reader:
+    with dist.reader("flowers", source=LocalSource(storage=storage)) as reader:
         next(reader())
     reader.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):

@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from sample_data import make_image_list
 
 import trainfeed
-from trainfeed import BatchOptions, DecodeOptions, PipelineOptions, SamplingOptions, dist
-from trainfeed.reader.options import GROUPS, KEYWORDS, ReaderArguments, keyword_defaults
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    SamplingOptions,
+    SyncOptions,
+    dist,
+)
+from trainfeed.reader.options import GROUPS, KEYWORDS, keyword_defaults
 from trainfeed.upload import UploadOptions, upload
 
 
@@ -105,22 +115,6 @@ BAD_OPTIONS: list[tuple[str, object, type, str]] = [
     ("mode", "predict", ValueError,
      r"mode is 'predict' \(str\), expected one of \['train', 'validation', 'score'\]"),
     ("mode", None, ValueError, r"mode is None \(NoneType\), expected one of"),
-    # dist.reader's own arguments (trainfeed.reader.options.ReaderArguments)
-    ("seed", -1, ValueError, r"seed must be an int ≥ 0, got -1"),
-    ("seed", "7", TypeError, r"seed must be an int ≥ 0, got '7'"),
-    ("prefetch_partitions", 0, ValueError, r"prefetch_partitions must be an int ≥ 1"),
-    ("prefetch_partitions", 2.0, TypeError, r"prefetch_partitions must be an int ≥ 1"),
-    ("local", "1", TypeError, r"local must be True or False, got '1'"),
-    ("sync", 1, TypeError, r"sync must be True or False, got 1"),
-    ("world_size", 0, ValueError, r"world_size must be an int ≥ 1"),
-    ("rank", "0", TypeError, r"rank must be an int ≥ 0"),
-    ("lost_partitions", "ignore", ValueError,
-     r"lost_partitions is 'ignore' \(str\), expected one of \['raise', 'skip'\]"),
-    ("job", 3, TypeError, r"job must be a string or None"),
-    ("master", ("host", 1), TypeError, r"master must be a string or None"),
-    ("storage", 3, TypeError, r"storage must be a string or None"),
-    ("distribution_rules", ["gpu"], TypeError, r"distribution_rules must be a string or None"),
-    ("state", "{}", TypeError, r"state must be a reader.state_dict\(\) .*got str"),
 ]
 # What some options need beside them to be checked at all.
 NEEDS: dict[str, dict[str, object]] = {
@@ -130,20 +124,77 @@ NEEDS: dict[str, dict[str, object]] = {
         "random_resized_crop", "resize_shorter", "color_jitter")},
     "random_flip": {"decode": True, "image_size": (8, 8), "resize_shorter": 10},
 }
-ARGUMENTS = {f.name for f in dataclasses.fields(ReaderArguments)}
 
 
 def test_the_table_covers_every_option() -> None:
-    assert {option for option, *_ in BAD_OPTIONS} == set(KEYWORDS) | ARGUMENTS
+    assert {option for option, *_ in BAD_OPTIONS} == set(KEYWORDS)
 
 
 @pytest.mark.parametrize("option,value,error,message", BAD_OPTIONS,
                          ids=[f"{o}={v!r}" for o, v, _, _ in BAD_OPTIONS])
-def test_every_option_is_checked_by_type_and_range_when_the_reader_is_created(
+def test_every_option_is_checked_by_type_and_range_when_it_is_built(
         option: str, value: object, error: type, message: str) -> None:
     with pytest.raises(error, match=message):  # nothing read: the dataset does not even exist
-        dist.reader("nowhere", **{"local": True, "storage": "/nonexistent",  # type: ignore
-                                  **NEEDS.get(option, {}), option: value})
+        dist.reader("nowhere", source=LocalSource("/nonexistent"),
+                    pipeline=PipelineOptions.from_keywords(**{**NEEDS.get(option, {}),
+                                                              option: value}))
+
+
+# Every field of the source and sync values, and every dist.reader parameter: (what, the call
+# that builds it wrong, error, message). Each message names the value's type and field.
+BAD_VALUES: list[tuple[str, Callable[[], object], type, str]] = [
+    ("LocalSource.storage", lambda: LocalSource(storage=3), TypeError,
+     r"LocalSource.storage must be a string or None \(\$TRAINFEED_STORAGE, else "
+     r"./trainfeed-data\), got 3 \(int\)"),
+    ("LocalSource.seed", lambda: LocalSource(seed=-1), ValueError,
+     r"LocalSource.seed must be an int ≥ 0, got -1"),
+    ("LocalSource.seed", lambda: LocalSource(seed="7"), TypeError,
+     r"LocalSource.seed must be an int ≥ 0, got '7' \(str\)"),
+    ("LocalSource.prefetch_partitions", lambda: LocalSource(prefetch_partitions=0), ValueError,
+     r"LocalSource.prefetch_partitions must be an int ≥ 1 or None .*got 0"),
+    ("MasterSource.address", lambda: MasterSource(("host", 1)), TypeError,
+     r"MasterSource.address must be a string or None \(\$TRAINFEED_MASTER\)"),
+    ("MasterSource.job", lambda: MasterSource(job=3), TypeError,
+     r"MasterSource.job must be a string or None"),
+    ("MasterSource.seed", lambda: MasterSource(seed=1.5), TypeError,
+     r"MasterSource.seed must be an int ≥ 0, got 1.5 \(float\)"),
+    ("MasterSource.prefetch_partitions", lambda: MasterSource(prefetch_partitions=2.0),
+     TypeError, r"MasterSource.prefetch_partitions must be an int ≥ 1"),
+    ("MasterSource.distribution_rules", lambda: MasterSource(distribution_rules=["gpu"]),
+     TypeError, r"MasterSource.distribution_rules must be a string or None"),
+    ("MasterSource.lost_partitions", lambda: MasterSource(lost_partitions="ignore"), ValueError,
+     r"MasterSource.lost_partitions is 'ignore' \(str\), expected one of \['raise', 'skip'\]"),
+    ("SyncOptions.world_size", lambda: SyncOptions(world_size=0, rank=0), ValueError,
+     r"SyncOptions.world_size must be an int ≥ 1 or None .*got 0"),
+    ("SyncOptions.rank", lambda: SyncOptions(world_size=2, rank="0"), TypeError,
+     r"SyncOptions.rank must be an int ≥ 0 or None .*got '0' \(str\)"),
+    ("SyncOptions.rank", lambda: SyncOptions(world_size=2, rank=2), ValueError,
+     r"SyncOptions.rank must be < world_size \(2\), got 2"),
+    ("SyncOptions.world_size", lambda: SyncOptions(world_size=2), ValueError,
+     r"SyncOptions: pass world_size and rank together .*got world_size=2, rank=None"),
+    ("source", lambda: dist.reader("x", source="local"), TypeError,  # type: ignore[arg-type]
+     r"source must be a LocalSource\(...\), a MasterSource\(...\) or None .*got str"),
+    ("pipeline", lambda: dist.reader("x", pipeline={}), TypeError,  # type: ignore[arg-type]
+     r"pipeline must be a PipelineOptions\(...\) or None \(raw records\), got dict"),
+    ("sync", lambda: dist.reader("x", sync=1), TypeError,  # type: ignore[arg-type]
+     r"sync must be a SyncOptions\(world_size, rank\) or None, got int"),
+    ("state", lambda: dist.reader("x", state="{}"), TypeError,  # type: ignore[arg-type]
+     r"state must be a reader.state_dict\(\) .*got str"),
+]
+
+
+def test_the_value_table_covers_every_field_and_parameter() -> None:
+    fields = {f"{kind.__name__}.{f.name}" for kind in (LocalSource, MasterSource, SyncOptions)
+              for f in dataclasses.fields(kind)}
+    assert {what for what, *_ in BAD_VALUES} == fields | {"source", "pipeline", "sync", "state"}
+
+
+@pytest.mark.parametrize("what,make,error,message", BAD_VALUES,
+                         ids=[f"{w}-{i}" for i, (w, *_) in enumerate(BAD_VALUES)])
+def test_every_source_and_sync_field_is_checked_naming_the_field_and_value(
+        what: str, make: Callable[[], object], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        make()
 
 
 def test_good_values_of_each_kind_pass_and_are_normalized() -> None:
@@ -157,30 +208,33 @@ def test_good_values_of_each_kind_pass_and_are_normalized() -> None:
     assert options.labels.class_values == ("b", "2", "a")  # the given order: ids 0, 1, 2
     assert type(options.batch.size) is int  # JSON-able, as numpy's ints are not
     assert DecodeOptions(True, channels=np.int64(1)).channels == 1  # type: ignore[arg-type]
-    assert ReaderArguments(seed=np.uint32(3), local=np.bool_(True)).seed == 3  # type: ignore[arg-type]
+    assert type(LocalSource(seed=np.uint32(3)).seed) is int  # type: ignore[arg-type]
+    assert MasterSource(prefetch_partitions=np.int64(2)).prefetch_partitions == 2  # type: ignore[arg-type]
+    sync = SyncOptions(np.int64(4), np.int32(1))  # type: ignore[arg-type]
+    assert (type(sync.world_size), type(sync.rank)) == (int, int)
 
 
 def test_unknown_keywords_and_wrong_group_types_are_named() -> None:
     with pytest.raises(TypeError, match="unknown reader option 'batchsize'; did you mean "
                                         "'batch_size'"):
-        dist.reader("x", local=True, batchsize=4)
+        dist.reader("x", source=LocalSource(), batchsize=4)
     with pytest.raises(TypeError, match="PipelineOptions.batch must be a BatchOptions"):
         PipelineOptions(batch=4)  # type: ignore[arg-type]
 
 
-def test_dist_reader_takes_held_options_and_the_renamed_prefetch(tmp_path) -> None:
+def test_dist_reader_takes_held_options_and_refuses_the_retired_prefetch(tmp_path) -> None:
     source = make_image_list(tmp_path / "source", 20)
     storage = str(tmp_path / "storage")
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     options = PipelineOptions(decode=DecodeOptions(True, image_size=(4, 4)),
                               batch=BatchOptions(size=5))
-    reader = dist.reader("flowers", local=True, storage=storage, pipeline=options,
-                         prefetch_partitions=2)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=2),
+                         pipeline=options)
     assert reader.options == options
     ids = np.concatenate([b["_id"] for b in reader()])
     assert sorted(ids.tolist()) == list(range(20))
-    with pytest.warns(DeprecationWarning, match="prefetch_partitions"):
-        old = dist.reader("flowers", local=True, storage=storage, prefetch=2)
-    assert sum(1 for _ in old()) == 20
+    with pytest.raises(TypeError, match=r"dist.reader\(prefetch=...\) was retired: it is the "
+                                        r"source's prefetch_partitions"):
+        dist.reader("flowers", source=LocalSource(storage=storage), prefetch=2)
     with pytest.raises(ValueError, match="prefetch_partitions must be an int ≥ 1"):
-        dist.reader("flowers", local=True, storage=storage, prefetch_partitions=0)
+        dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=0))

@@ -11,7 +11,15 @@ import pytest
 from PIL import Image
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LabelOptions,
+    LocalSource,
+    PipelineOptions,
+    SamplingOptions,
+    dist,
+)
 from trainfeed.decode.pixels import DecodeError
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.resample import ratio_factors
@@ -39,8 +47,11 @@ def one_epoch(reader: Reader) -> list[dict[str, np.ndarray]]:
 
 def test_batches_hold_decoded_normalized_images_and_one_hot_labels(storage: str,
                                                                    tmp_path: Path) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
-                         normalizing_const=255.0, one_hot=True, batch_size=16)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True,
+                                                                       normalizing_const=255.0),
+                                                  labels=LabelOptions(one_hot=True),
+                                                  batch=BatchOptions(size=16)))
     spec = reader.output_spec()
     assert spec["image"] == ((None, None, None, 3), np.dtype(np.float32))
     assert spec["label"] == ((None, 3), np.dtype(np.float32))
@@ -60,14 +71,16 @@ def test_batches_hold_decoded_normalized_images_and_one_hot_labels(storage: str,
 
 
 def test_resize_uint8_class_ids_and_the_tuple_stream(storage: str) -> None:
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
-                         image_size=(8, 12), batch_size=32)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 12)),
+                                                  batch=BatchOptions(size=32)))
     assert reader.output_spec()["image"] == ((None, 8, 12, 3), np.dtype(np.uint8))
     batch = next(iter(reader()))
     assert batch["image"].shape == (32, 8, 12, 3) and batch["image"].dtype == np.uint8
     assert batch["label"].dtype == np.int64 and set(batch["label"].tolist()) <= {0, 1, 2}
-    instances = list(dist.reader("flowers", local=True, storage=storage, decode=True,
-                                 image_size=(8, 8))())
+    instances = list(dist.reader("flowers", source=LocalSource(storage=storage),
+                                 pipeline=PipelineOptions(
+                                     decode=DecodeOptions(True, image_size=(8, 8))))())
     assert len(instances) == N
     image, label = instances[0]
     assert image.shape == (8, 8, 3) and label in (0, 1, 2)
@@ -75,8 +88,10 @@ def test_resize_uint8_class_ids_and_the_tuple_stream(storage: str) -> None:
 
 def test_same_seed_same_batches_other_epochs_and_seeds_differ(storage: str) -> None:
     def order(seed: int, epochs: int = 2) -> list[list[int]]:
-        reader = dist.reader("flowers", local=True, storage=storage, seed=seed, decode=True,
-                             batch_size=10, shuffle_buffer=40)
+        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=seed),
+                             pipeline=PipelineOptions(decode=DecodeOptions(True),
+                                                      batch=BatchOptions(size=10),
+                                                      sampling=SamplingOptions(shuffle_buffer=40)))
         return [np.concatenate([b["_id"] for b in reader()]).tolist() for _ in range(epochs)]
     first = order(seed=1)
     assert first == order(seed=1)
@@ -85,9 +100,13 @@ def test_same_seed_same_batches_other_epochs_and_seeds_differ(storage: str) -> N
 
 
 def test_the_shuffle_buffer_mixes_records_across_partitions(storage: str) -> None:
-    plain = dist.reader("flowers", local=True, storage=storage, decode=True, batch_size=8)
-    mixed = dist.reader("flowers", local=True, storage=storage, decode=True, batch_size=8,
-                        shuffle_buffer=64)
+    plain = dist.reader("flowers", source=LocalSource(storage=storage),
+                        pipeline=PipelineOptions(decode=DecodeOptions(True),
+                                                 batch=BatchOptions(size=8)))
+    mixed = dist.reader("flowers", source=LocalSource(storage=storage),
+                        pipeline=PipelineOptions(decode=DecodeOptions(True),
+                                                 batch=BatchOptions(size=8),
+                                                 sampling=SamplingOptions(shuffle_buffer=64)))
     # Without a buffer a batch is one partition (8 rows each): consecutive record ids.
     for b in plain():
         assert np.ptp(b["_id"]) == 7
@@ -112,8 +131,9 @@ def test_resampling_to_uniform_matches_within_four_sigma(tmp_path: Path) -> None
     storage, histogram = imbalanced(tmp_path, 1500, classes=5)
     factors = ratio_factors(histogram, "uniform")
     epochs = 4
-    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
-                         batch_size=64, seed=3)
+    reader = dist.reader("imbalanced", source=LocalSource(storage=storage, seed=3),
+                         pipeline=PipelineOptions(sampling=SamplingOptions(resample="uniform"),
+                                                  batch=BatchOptions(size=64)))
     got: Counter[int] = Counter()
     for _ in range(epochs):
         for b in reader():
@@ -129,15 +149,18 @@ def test_resampling_to_uniform_matches_within_four_sigma(tmp_path: Path) -> None
     print({classes[k]: got[k] for k in range(len(classes))}, "expected each",
           epochs * 1500 / 5)
     # Validation never resamples: every record exactly once.
-    val = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
-                      batch_size=64, mode="validation")
+    val = dist.reader("imbalanced", source=LocalSource(storage=storage),
+                      pipeline=PipelineOptions(sampling=SamplingOptions(resample="uniform"),
+                                               batch=BatchOptions(size=64), mode="validation"))
     assert sorted(np.concatenate([b["_id"] for b in val()]).tolist()) == list(range(1500))
 
 
 def test_over_sampled_copies_do_not_sit_together(tmp_path: Path) -> None:
     storage, _ = imbalanced(tmp_path, 400, classes=4)
-    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
-                         batch_size=32, shuffle_buffer=200, seed=1)
+    reader = dist.reader("imbalanced", source=LocalSource(storage=storage, seed=1),
+                         pipeline=PipelineOptions(sampling=SamplingOptions(resample="uniform",
+                                                                           shuffle_buffer=200),
+                                                  batch=BatchOptions(size=32)))
     ids = np.concatenate([b["_id"] for b in reader()])
     adjacent = int((ids[1:] == ids[:-1]).sum())
     repeats = len(ids) - len(set(ids.tolist()))
@@ -149,12 +172,15 @@ def test_decode_errors_raise_with_the_record_and_shard_or_are_skipped(tmp_path: 
     (tmp_path / "bad" / "images" / "00013.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     storage = str(tmp_path / "storage")
     upload(str(source), "bad", storage, UploadOptions(row_group_rows=8), progress=False)
-    strict = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8)
+    strict = dist.reader("bad", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True),
+                                                  batch=BatchOptions(size=8)))
     with pytest.raises(DecodeError, match=r"record 13 \(images/00013\.jpg, train_data\.list "
                                           r"line 14\) of shard \S+\.parquet: cannot decode"):
         list(strict())
-    lenient = dist.reader("bad", local=True, storage=storage, decode=True, batch_size=8,
-                          decode_errors="skip")
+    lenient = dist.reader("bad", source=LocalSource(storage=storage),
+                          pipeline=PipelineOptions(decode=DecodeOptions(True, errors="skip"),
+                                                   batch=BatchOptions(size=8)))
     ids = np.concatenate([b["_id"] for b in lenient()]).tolist()
     assert sorted(ids) == [i for i in range(40) if i != 13]
     assert lenient.decode_failures == 1
@@ -170,17 +196,20 @@ def test_png_goes_through_pillow(tmp_path: Path) -> None:
     (folder / "train_data.list").write_text("images/a.png\tx\n")
     storage = str(tmp_path / "storage")
     upload(str(folder / "train_data.list"), "png", storage, progress=False)
-    [(decoded, label)] = list(dist.reader("png", local=True, storage=storage, decode=True)())
+    [(decoded, label)] = list(dist.reader("png", source=LocalSource(storage=storage),
+                                          pipeline=PipelineOptions(decode=DecodeOptions(True)))())
     assert (decoded == image).all() and label == 0
 
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="pass decode=True"):
-        dist.reader("x", local=True, image_size=(8, 8))
+        dist.reader("x", source=LocalSource(),
+                    pipeline=PipelineOptions(decode=DecodeOptions(image_size=(8, 8))))
     with pytest.raises(ValueError, match=r"mode is .predict. \(str\), expected one of"):
-        dist.reader("x", local=True, mode="predict")
+        dist.reader("x", source=LocalSource(), pipeline=PipelineOptions(mode="predict"))
     with pytest.raises(ValueError, match=r"decode_errors is .ignore. \(str\), expected one of"):
-        dist.reader("x", local=True, decode=True, decode_errors="ignore")
+        dist.reader("x", source=LocalSource(),
+                    pipeline=PipelineOptions(decode=DecodeOptions(True, errors="ignore")))
 
 
 def test_under_sampled_records_cost_no_payload_io(tmp_path: Path) -> None:
@@ -189,8 +218,9 @@ def test_under_sampled_records_cost_no_payload_io(tmp_path: Path) -> None:
     storage, histogram = imbalanced(tmp_path, 800, classes=5)
     lines = (tmp_path / "imb" / "train_data.list").read_text().splitlines()
     sizes = np.array([(tmp_path / "imb" / line.split("\t")[0]).stat().st_size for line in lines])
-    reader = dist.reader("imbalanced", local=True, storage=storage, resample="uniform",
-                         batch_size=64, seed=5)
+    reader = dist.reader("imbalanced", source=LocalSource(storage=storage, seed=5),
+                         pipeline=PipelineOptions(sampling=SamplingOptions(resample="uniform"),
+                                                  batch=BatchOptions(size=64)))
     for _ in range(2):
         before = reader.payload_bytes_read
         ids = np.concatenate([b["_id"] for b in reader()])
@@ -200,15 +230,17 @@ def test_under_sampled_records_cost_no_payload_io(tmp_path: Path) -> None:
         kept = len(survivors) / len(sizes)
         print(f"kept {kept:.0%} of the records, read {fetched / sizes.sum():.0%} of the payload")
         assert kept < 0.8  # the dominant class was under-sampled: the test means something
-    plain = dist.reader("imbalanced", local=True, storage=storage, batch_size=64)
+    plain = dist.reader("imbalanced", source=LocalSource(storage=storage),
+                        pipeline=PipelineOptions(batch=BatchOptions(size=64)))
     list(plain())
     assert plain.payload_bytes_read == sizes.sum()  # without resampling: every payload
 
 
 def test_class_weights_give_each_class_the_same_total_loss_weight(tmp_path: Path) -> None:
     storage, histogram = imbalanced(tmp_path, 600, classes=4)
-    reader = dist.reader("imbalanced", local=True, storage=storage, batch_size=50,
-                         class_weights="uniform")
+    reader = dist.reader("imbalanced", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(batch=BatchOptions(size=50),
+                                                  labels=LabelOptions(class_weights="uniform")))
     assert reader.output_spec()["_weight"] == ((None,), np.dtype(np.float32))
     totals: Counter[int] = Counter()
     records = 0
@@ -229,10 +261,12 @@ def test_crop_keeps_the_centre_without_stretching(tmp_path: Path) -> None:
     (folder / "train_data.list").write_text("images/a.png\tx\n")
     storage = str(tmp_path / "storage")
     upload(str(folder / "train_data.list"), "wide", storage, progress=False)
-    [(cropped, _)] = list(dist.reader("wide", local=True, storage=storage, decode=True,
-                                      image_size=(5, 5), crop=True)())
-    [(stretched, _)] = list(dist.reader("wide", local=True, storage=storage, decode=True,
-                                        image_size=(5, 5))())
+    [(cropped, _)] = list(dist.reader("wide", source=LocalSource(storage=storage),
+                                      pipeline=PipelineOptions(decode=DecodeOptions(
+                                          True, image_size=(5, 5), crop=True)))())
+    [(stretched, _)] = list(dist.reader("wide", source=LocalSource(storage=storage),
+                                        pipeline=PipelineOptions(decode=DecodeOptions(
+                                            True, image_size=(5, 5))))())
     assert cropped.shape == stretched.shape == (5, 5, 3)
     assert (cropped == 255).all()  # only the centre square is left
     assert stretched[:, 0].max() == 0  # the stretched one still has the black band
@@ -244,15 +278,22 @@ def test_a_validation_set_lacking_classes_uses_the_training_class_ids(tmp_path: 
     val = make_image_list(tmp_path / "val", 6, labels=("bee", "dog"), seed=1)
     upload(str(train), "train", storage, progress=False)
     upload(str(val), "val", storage, progress=False)
-    training = dist.reader("train", local=True, storage=storage, one_hot=True, batch_size=4)
+    training = dist.reader("train", source=LocalSource(storage=storage),
+                           pipeline=PipelineOptions(labels=LabelOptions(one_hot=True),
+                                                    batch=BatchOptions(size=4)))
     assert training.class_values == ("ant", "bee", "cat", "dog")
-    own = dist.reader("val", local=True, storage=storage, batch_size=6)
-    shared = dist.reader("val", local=True, storage=storage, batch_size=6, one_hot=True,
-                         class_values=training.class_values, mode="validation")
+    own = dist.reader("val", source=LocalSource(storage=storage),
+                      pipeline=PipelineOptions(batch=BatchOptions(size=6)))
+    shared = dist.reader("val", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(
+                             batch=BatchOptions(size=6), mode="validation",
+                             labels=LabelOptions(True, class_values=training.class_values)))
     [b_own], [b_shared] = list(own()), list(shared())
     order = np.argsort(b_shared["_id"])
     assert b_shared["label"][order].argmax(axis=1).tolist() == [1, 3] * 3  # bee 1, dog 3
     assert sorted(set(b_own["label"].tolist())) == [0, 1]  # on its own: bee 0, dog 1
     with pytest.raises(ValueError, match="label 'dog' is not one of the 2 class values"):
-        list(dist.reader("val", local=True, storage=storage, batch_size=6,
-                         class_values=["ant", "bee"])())
+        list(dist.reader("val", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(
+                             batch=BatchOptions(size=6),
+                             labels=LabelOptions(class_values=["ant", "bee"])))())

@@ -1,5 +1,5 @@
-"""trainfeed.reader.position: the reader state's two shapes, field by field, and what a state
-saved by an older trainfeed (fewer keys) restores to."""
+"""trainfeed.reader.position: the reader state, field by field, what a state saved by an older
+trainfeed (fewer keys) restores to, and the retired version 1 refused."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainfeed.errors import CheckpointError
-from trainfeed.reader.position import POSITION_VERSION, STATE_DICT_VERSION, ReaderPosition
+from trainfeed.reader.position import STATE_DICT_VERSION, ReaderPosition
 
 
 def full() -> ReaderPosition:
@@ -18,31 +18,34 @@ def full() -> ReaderPosition:
                           delivered=170, partitions=64, credential="c0ffee")
 
 
-def test_to_dict_holds_every_field_under_its_key() -> None:
-    assert full().to_dict() == {
-        "version": POSITION_VERSION, "mode": "distributed", "dataset": "flowers",
-        "job": "resnet", "worker": "host:1-ab12", "seed": 9, "epoch": 3, "finished": False,
-        "done": [1, 4], "positions": {"2": 5, "7": 12}, "order": "shuffle:9:64",
-        "delivered": 170, "partitions": 64, "credential": "c0ffee"}
-
-
-def test_to_state_dict_has_fixed_keys_and_pairs() -> None:
+def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs() -> None:
     state = full().to_state_dict()
-    assert state == {**full().to_dict(), "version": STATE_DICT_VERSION,
-                     "positions": [[2, 5], [7, 12]]}
+    assert state == {
+        "version": STATE_DICT_VERSION, "mode": "distributed", "dataset": "flowers",
+        "job": "resnet", "worker": "host:1-ab12", "seed": 9, "epoch": 3, "finished": False,
+        "done": [1, 4], "positions": [[2, 5], [7, 12]], "order": "shuffle:9:64",
+        "delivered": 170, "partitions": 64, "credential": "c0ffee"}
     empty = ReaderPosition("local", "flowers", 0).to_state_dict()
     assert set(empty) == set(state) and empty["positions"] == []
 
 
-@pytest.mark.parametrize("shape", ["to_dict", "to_state_dict"])
-def test_both_shapes_restore_every_field_through_json(shape: str) -> None:
-    saved = json.loads(json.dumps(getattr(full(), shape)()))
+def test_the_state_restores_every_field_through_json() -> None:
+    saved = json.loads(json.dumps(full().to_state_dict()))
     assert ReaderPosition.from_dict(saved, "flowers", "distributed") == full()
 
 
+def test_version_1_is_refused_saying_what_to_do() -> None:
+    """Issue 27: one state format. Version 1 (Reader.state(), positions as a dict) is retired."""
+    version_1 = {**full().to_state_dict(), "version": 1, "positions": {"2": 5, "7": 12}}
+    with pytest.raises(CheckpointError, match=r"version 1, saved by Reader.state\(\) of earlier "
+                                              r"releases, is no longer read: save "
+                                              r"reader.state_dict\(\) \(version 2\)"):
+        ReaderPosition.from_dict(version_1, "flowers", "distributed")
+
+
 def test_a_state_without_the_later_keys_restores_their_defaults() -> None:
-    oldest = {"version": 1, "mode": "local", "dataset": "flowers", "epoch": 2,
-              "finished": True, "done": [0], "positions": {"3": 1}}
+    oldest = {"version": 2, "mode": "local", "dataset": "flowers", "epoch": 2,
+              "finished": True, "done": [0], "positions": [[3, 1]]}
     position = ReaderPosition.from_dict(oldest, "flowers", "local")
     assert position == ReaderPosition(mode="local", dataset="flowers", epoch=2, done={0},
                                       positions={3: 1}, finished=True)
@@ -65,8 +68,8 @@ def edited(**changes: object) -> dict:
 @pytest.mark.parametrize("state,match", [
     ({"epoch": 3}, "not a trainfeed reader state"),
     ("text", "not a trainfeed reader state"),
-    (edited(version=7), r"'version' is 7, expected one of \[1, 2\]"),
-    (edited(version="2"), r"'version' is '2', expected one of \[1, 2\]"),
+    (edited(version=7), r"'version' is 7, expected 2"),
+    (edited(version="2"), r"'version' is '2', expected 2"),
     (edited(version=True), r"'version' is True"),
     (edited(dataset="other"), "of dataset 'other', not 'flowers'"),
     (edited(mode="local"), "saved by a local reader; this one is distributed"),
@@ -86,8 +89,7 @@ def edited(**changes: object) -> dict:
     (edited(positions=[[-2, 5]]), r"the partition of 'positions'\[0\] is -2, expected an int ≥ 0"),
     (edited(positions=[[2, "5"]]), r"the records of 'positions'\[0\] is '5', expected an int"),
     (edited(positions=[[2, 5], [2, 6]]), r"'positions'\[1\] is 2, expected each partition once"),
-    (edited(positions={"x": 5}), r"the partition of 'positions'\['x'\] is 'x', expected an int"),
-    (edited(positions={"2": -5}), r"the records of 'positions'\[2\] is -5, expected an int ≥ 0"),
+    (edited(positions={"2": 5}), r"'positions' is \{'2': 5\}, expected a list of \[partition, "),
     (edited(positions="2:5"), r"'positions' is '2:5', expected a list of \[partition, records\]"),
     (edited(delivered=-5), r"'delivered' is -5, expected an int ≥ 0"),
     (edited(seed=-1), r"'seed' is -1, expected an int ≥ 0"),

@@ -29,7 +29,17 @@ import pytest
 from optional import require
 from sample_data import file_digests, make_image_list
 
-from trainfeed import Reader, batch, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    MasterSource,
+    PipelineOptions,
+    Reader,
+    SamplingOptions,
+    batch,
+    dist,
+)
 from trainfeed.master.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.upload import UploadOptions, upload
@@ -89,7 +99,7 @@ def check_resume(make: Callable[[dict[str, Any] | None], Reader],
 def crash(reader: Reader, stream: Iterator[Any]) -> None:
     """Stops `reader` as a killed trainer stops: the master hears nothing more from it (its
     leases stay held until they expire or a restored reader rewinds them)."""
-    client = getattr(reader.backend, "client", None)
+    client = getattr(reader._backend, "client", None)
     if client is not None:
         client.close()
     with contextlib.suppress(Exception):  # what would tell the master fails: as after SIGKILL
@@ -162,8 +172,9 @@ def _tf_units(reader: Reader) -> Iterator[Any]:
 def decoded_to_id(storage: tuple[str, dict[str, int]]) -> dict[bytes, int]:
     """Each record's decoded 8x8 image (the pipeline's instances carry no id) -> its id."""
     out, _ = storage
-    reader = dist.reader("flowers", local=True, storage=out, decode=True, image_size=(8, 8),
-                         batch_size=N)
+    reader = dist.reader("flowers", source=LocalSource(storage=out),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
+                                                  batch=BatchOptions(size=N)))
     return {image.tobytes(): int(i) for b in reader()
             for image, i in zip(b["image"], b["_id"].tolist())}
 
@@ -178,17 +189,17 @@ def _run(where: str, path: str, sampling: str, storage: tuple[str, dict[str, int
          decoded_to_id: dict[bytes, int], address: str | None, stop: str = "killed") -> None:
     out, sha_to_id = storage
     case = _cases(sha_to_id, decoded_to_id)[path]
-    options = {**case.options, **SAMPLING[sampling], "seed": 7}
+    pipeline = PipelineOptions.from_keywords(**case.options, **SAMPLING[sampling])
     if where == "local":
         def make(state: dict[str, Any] | None, job: str = "") -> Reader:
-            return dist.reader(case.dataset, local=True, storage=out, state=state,
-                               prefetch_partitions=2, **options)
+            return dist.reader(case.dataset, state=state, pipeline=pipeline,
+                               source=LocalSource(out, seed=7, prefetch_partitions=2))
     else:
         job = f"resume-{uuid.uuid4().hex[:8]}"
 
         def make(state: dict[str, Any] | None, job: str = job) -> Reader:
-            return dist.reader(case.dataset, master=address, job=job, state=state,
-                               prefetch_partitions=2, **options)
+            return dist.reader(case.dataset, state=state, pipeline=pipeline,
+                               source=MasterSource(address, job, seed=7, prefetch_partitions=2))
     # The reference: an uninterrupted epoch (for master-fed readers, a job of its own).
     with make(None, f"reference-{uuid.uuid4().hex[:8]}") as plain:
         reference = Counter(i for unit in case.units(plain) for i in case.ids(unit))
@@ -236,13 +247,15 @@ def test_stateful_dataloader_and_distributed_checkpoint_resume_exactly(
     out = storage[0]
     address = request.getfixturevalue("master").address if where == "master" else None
     job = f"torch-{uuid.uuid4().hex[:8]}"
-    options = {"decode": True, "image_size": (8, 8), "batch_size": BATCH, "seed": 3,
-               "shuffle_buffer": 1000}
+    pipeline = PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
+                               batch=BatchOptions(size=BATCH),
+                               sampling=SamplingOptions(shuffle_buffer=1000))
 
     def make() -> Reader:
         if address is None:
-            return dist.reader("flowers", local=True, storage=out, **options)
-        return dist.reader("flowers", master=address, job=job, **options)
+            return dist.reader("flowers", source=LocalSource(out, seed=3), pipeline=pipeline)
+        return dist.reader("flowers", source=MasterSource(address, job, seed=3),
+                           pipeline=pipeline)
 
     reader = make()
     data = reader.as_torch()

@@ -9,7 +9,7 @@ import pytest
 from optional import require
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 from trainfeed.reader.reader import Reader
 from trainfeed.upload import UploadOptions, upload
 
@@ -25,8 +25,10 @@ def storage(tmp_path: Path) -> str:
 
 
 def reader(storage: str) -> Reader:
-    return dist.reader("pets", local=True, storage=storage, decode=True, image_size=(32, 32),
-                       resize_shorter=36, batch_size=8, mode="validation")
+    return dist.reader("pets", source=LocalSource(storage=storage),
+                       pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32),
+                                                                     resize_shorter=36),
+                                                batch=BatchOptions(size=8), mode="validation"))
 
 
 def test_images_are_normalized_on_the_device_as_nchw_float(storage: str) -> None:
@@ -58,7 +60,9 @@ def test_bad_normalization_arguments_are_refused(storage: str) -> None:
         reader(storage).as_torch(mean=MEAN)
     with pytest.raises(ValueError, match="3 values"):
         reader(storage).as_torch(mean=(0.5,), std=(0.5,))
-    floats = dist.reader("pets", local=True, storage=storage, decode=True, image_size=(8, 8),
-                         normalizing_const=255.0, batch_size=8)
+    floats = dist.reader("pets", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8),
+                                                                       normalizing_const=255.0),
+                                                  batch=BatchOptions(size=8)))
     with pytest.raises(ValueError, match="no normalizing_const"):
         floats.as_torch(mean=MEAN, std=STD)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    LocalSource,
+    PipelineOptions,
+    TransformOptions,
+    dist,
+)
 from trainfeed.reader.transforms import (
     Standardize,
     fit_transformer,
@@ -29,17 +36,20 @@ def storage(tmp_path: Path) -> str:
 
 
 def images(storage: str, **options: object) -> np.ndarray:
-    reader = dist.reader("flowers", local=True, storage=storage, decode=True,
-                         normalizing_const=255.0, batch_size=16, mode="validation",
-                         **options)  # type: ignore[arg-type]
+    reader = dist.reader("flowers", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions.from_keywords(
+                             decode=True, normalizing_const=255.0, batch_size=16,
+                             mode="validation", **options))
     batches = list(reader())
     order = np.argsort(np.concatenate([b["_id"] for b in batches]))
     return np.concatenate([b["image"] for b in batches])[order]
 
 
 def test_standardize_is_fitted_saved_with_the_dataset_applied_and_undone(storage: str) -> None:
-    train = dist.reader("flowers", local=True, storage=storage, decode=True,
-                        normalizing_const=255.0, batch_size=16)
+    train = dist.reader("flowers", source=LocalSource(storage=storage),
+                        pipeline=PipelineOptions(decode=DecodeOptions(True,
+                                                                      normalizing_const=255.0),
+                                                 batch=BatchOptions(size=16)))
     fitted = fit_transformer(train, Standardize(("image",)))
     raw = images(storage)
     assert np.allclose(fitted.mean["image"], raw.reshape(-1, 3).mean(axis=0), atol=1e-5)
@@ -65,8 +75,12 @@ def test_augmentations_apply_in_training_only_and_are_seeded(storage: str) -> No
     flip = [("trainfeed.augment:random_flip", {"probability": 1.0})]
 
     def epoch(mode: str, augment: list, seed: int = 0) -> dict[int, np.ndarray]:
-        reader = dist.reader("flowers", local=True, storage=storage, decode=True, seed=seed,
-                             normalizing_const=255.0, batch_size=16, mode=mode, augment=augment)
+        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=seed),
+                             pipeline=PipelineOptions(decode=DecodeOptions(True,
+                                                                           normalizing_const=255.0),
+                                                      batch=BatchOptions(size=16),
+                                                      transform=TransformOptions(augment=augment),
+                                                      mode=mode))
         return {int(i): x for b in reader() for i, x in zip(b["_id"], b["image"])}
 
     plain = epoch("train", [])

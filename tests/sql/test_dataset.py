@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from threaded_readers import ids_per_epoch
 
-from trainfeed import dist
+from trainfeed import LocalSource, dist
 from trainfeed.errors import DatasetNotFoundError, TrainfeedError
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
@@ -40,7 +40,7 @@ def test_a_query_read_locally_gives_every_row_once(tmp_path: Path) -> None:
     assert manifest.kind == "sql" and manifest.num_records == len(expected)
     assert manifest.field_names == ("id", "name", "value")
     assert manifest.extra["statistics"]  # sampled feature statistics travel with the dataset
-    reader = dist.reader("orders", local=True, storage=storage)
+    reader = dist.reader("orders", source=LocalSource(storage=storage))
     first, second = read_ids(reader), read_ids(reader)
     assert sorted(first) == sorted(second) == expected
     assert first != second  # buckets are shuffled per epoch like any partitions
@@ -78,7 +78,8 @@ def test_the_cli_registers_a_query(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["sql", "cheap", "--query", "SELECT id, name FROM orders WHERE value < 0",
                  "--db", url, "--key", "id", "--partitions", "8", "--storage", storage]) == 0
     assert "published 'cheap': 20 rows in 8 buckets, columns id, name" in capsys.readouterr().out
-    assert sorted(read_ids(dist.reader("cheap", local=True, storage=storage))) == list(range(20))
+    cheap = dist.reader("cheap", source=LocalSource(storage=storage))
+    assert sorted(read_ids(cheap)) == list(range(20))
     assert main(["sql", "broken", "--query", "SELECT nope FROM orders", "--db", url,
                  "--storage", storage]) == 2
     assert "nope" in capsys.readouterr().err

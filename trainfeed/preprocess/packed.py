@@ -121,13 +121,15 @@ def _is_dataset_name(source: str) -> bool:
 def _dataset_table(name: str, storage: Storage) -> pa.Table:
     """A trainfeed dataset as a table: binary (image) fields decoded to uint8 arrays, kept as
     fixed-size lists (no Python object per pixel), other fields as they are."""
-    from trainfeed import dist  # the reader stack, only for this kind of source
+    # The reader stack, only for this kind of source.
+    from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 
     manifest = read_manifest(storage, name)
     images = {f.name for f in manifest.fields if f.type == "binary"}
     parts: dict[str, list[Any]] = {f.name: [] for f in manifest.fields}
-    with dist.reader(name, local=True, storage=storage.url, decode=bool(images), batch_size=1024,
-                     mode="score") as reader:
+    pipeline = PipelineOptions(decode=DecodeOptions(bool(images)), batch=BatchOptions(size=1024),
+                               mode="score")
+    with dist.reader(name, source=LocalSource(storage.url), pipeline=pipeline) as reader:
         labels: Sequence[Any] = reader.class_values if manifest.label_field else ()
         if manifest.label_order == NUMERIC_ORDER:  # integers, as classes sorted by value
             labels = [int(v) for v in labels]

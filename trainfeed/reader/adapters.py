@@ -220,21 +220,22 @@ def as_tf_dataset(reader: BatchReader, inputs: Selection = None,
     so a crash would lose up to that many. Add `.prefetch(n)` yourself if that trade is worth it.
 
     Args:
-        reader: a `dist.reader(..., batch_size=...)` (anything with `__call__` yielding dicts of
-            arrays and `output_spec()`).
+        reader: a `dist.reader(...)` with a batch size (anything with `__call__` yielding dicts
+            of arrays and `output_spec()`).
         inputs: the model's inputs; default: every field but "label", the targets and
             "_"-fields ("_id").
         targets: the model's targets; default: "label" if the reader has it; () for none.
         sample_weights: the field(s) of per-record loss weights, e.g. "_weight" of a reader
-            with class_weights=...; elements are then (inputs, targets, weights).
+            with LabelOptions(class_weights=...); elements are then (inputs, targets, weights).
 
     Raises:
         ImportError: TensorFlow is not installed (`pip install 'trainfeed[tf]'`).
         ValueError: `inputs` or `targets` name a field the reader does not have.
 
     Example:
-        >>> reader = dist.reader("flowers", decode=True, image_size=(32, 32),  # doctest: +SKIP
-        ...                      normalizing_const=255.0, one_hot=True, batch_size=16)
+        >>> reader = dist.reader("flowers", pipeline=PipelineOptions(  # doctest: +SKIP
+        ...     decode=DecodeOptions(True, image_size=(32, 32), normalizing_const=255.0),
+        ...     labels=LabelOptions(one_hot=True), batch=BatchOptions(size=16)))
         >>> model.fit(as_tf_dataset(reader), epochs=3)  # doctest: +SKIP
     """
     tf_module: Any = _import("tensorflow", "tf", "as_tf_dataset")
@@ -362,7 +363,7 @@ def as_torch(reader: BatchReader, device: Any = None, mean: Sequence[float] | No
     `torch.distributed.checkpoint` given `{"data": ds}`. It refuses DataLoader worker
     processes: the reader reads, decodes and batches on background threads already, and each
     worker would hold its own copy of the reader (every record once per worker when reading
-    locally, and a checkpoint's `reader.state()` would miss what the workers consumed).
+    locally, and a checkpoint's `reader.state_dict()` would miss what the workers consumed).
 
     Raises:
         ImportError: PyTorch is not installed (`pip install 'trainfeed[torch]'`).
@@ -387,13 +388,14 @@ def as_torch(reader: BatchReader, device: Any = None, mean: Sequence[float] | No
                 yield normalize(tensors) if normalize is not None else tensors
 
         def __len__(self) -> int:
-            """Batches per pass, for a synchronous reader (`sync=True`: the same on every rank,
-            what a DDP loop or a scheduler's steps_per_epoch needs); other readers' passes vary,
-            and have no length (TypeError, as for any IterableDataset without one)."""
+            """Batches per pass, for a synchronous reader (`sync=SyncOptions()`: the same on
+            every rank, what a DDP loop or a scheduler's steps_per_epoch needs); other readers'
+            passes vary, and have no length (TypeError, as for any IterableDataset without
+            one)."""
             steps = getattr(reader, "steps_per_epoch", None)
             if steps is None:
                 raise TypeError(f"as_torch({reader.name!r}) has no length: its passes vary; "
-                                "a sync=True reader has one")
+                                "a synchronous reader (sync=SyncOptions()) has one")
             return int(steps)
 
         def state_dict(self) -> dict[str, Any]:

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from typing import Any
 
 from trainfeed import settings
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.reader.backends import DistributedBackend, LocalBackend, check_lost_policy
-from trainfeed.reader.options import ReaderArguments
+from trainfeed.reader.backends import DistributedBackend, LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
-from trainfeed.reader.world import SyncGroup, locate
+from trainfeed.reader.shortcuts import translate
+from trainfeed.reader.sources import LocalSource, MasterSource, from_environment
+from trainfeed.reader.world import SyncGroup, SyncOptions, locate
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -25,142 +25,96 @@ def train_local() -> bool:
     return settings.TRAIN_LOCAL.get()
 
 
-def reader(name: str, *, job: str | None = None, seed: int = 0,
-           prefetch_partitions: int | None = None, master: str | None = None,
-           storage: str | None = None, local: bool | None = None,
-           distribution_rules: str | None = None,
-           state: dict[str, Any] | None = None,
-           pipeline: PipelineOptions | None = None,
-           prefetch: int | None = None,
-           lost_partitions: str = "raise",
-           sync: bool = False, world_size: int | None = None, rank: int | None = None,
-           **shortcuts: Any) -> Reader:
-    """A reader creator over dataset `name`; each call yields one pass (epoch).
+def reader(name: str, *, source: LocalSource | MasterSource | None = None,
+           pipeline: PipelineOptions | None = None, sync: SyncOptions | None = None,
+           state: dict[str, Any] | None = None, **shortcuts: Any) -> Reader:
+    """A reader creator over dataset `name`: each call of it yields one pass (epoch).
 
-    With `TRAIN_LOCAL` set it reads the whole dataset from storage (`storage`, else
-    `$TRAINFEED_STORAGE`, else `./trainfeed-data`); otherwise it joins job `job` (else
-    `$TRAINFEED_JOB`, else "default") on the master at `master` (else `$TRAINFEED_MASTER`), and
-    readers of the same job split each epoch between them. Nothing connects until the first pass.
-    The master's token comes from `$TRAINFEED_TOKEN` (or the file named by
-    `$TRAINFEED_TOKEN_FILE`), TLS settings from `$TRAINFEED_TLS_*` (see docs/security.md); a
-    refused token raises AuthenticationError.
-    `distribution_rules` ("all", "gpu", or a comma-separated list of worker names) restricts
-    which workers may take the job's tasks; the reader that creates the job sets them, and a
-    worker they exclude is refused with the reason. `prefetch_partitions` is how many partitions
-    are loaded ahead of the trainer; by default as many as fit 64 MiB
-    (trainfeed.io.prefetch.DEFAULT_PREFETCH_BYTES), between 2 and 32 (`prefetch` is its
-    deprecated old name). `state` is a `reader.state_dict()` (or `state()`) saved with a
-    checkpoint: the reader continues from there (see Reader.state_dict).
+    Nothing connects or reads until the first pass, so creating a reader is free.
 
-    The input pipeline (all optional; without it the reader yields raw Paddle-style tuples) is
-    `pipeline=PipelineOptions(...)` (trainfeed.reader.options: DecodeOptions, LabelOptions,
-    SamplingOptions, BatchOptions, TransformOptions, mode), or these keyword shortcuts, applied
-    on top of `pipeline` (trainfeed.reader.options.KEYWORDS maps them to the groups):
-    - `decode`: JPEG/PNG fields to uint8 HxWxC arrays (`channels` 3 or 1), on all cores;
-      `image_size=(h, w)` resizes to a fixed shape (`crop=True`: centre-crops to its aspect
-      ratio first, nothing stretched); `normalizing_const` divides (float32);
-      `decode_errors`: "raise" (a `trainfeed.DecodeError` naming the record) or "skip"
-      (dropped, counted in `reader.decode_failures`); `decode_threads`: None for this
-      process's cores, shared among the LOCAL_WORLD_SIZE processes torchrun started on the
-      node.
-    - decode-stage crops (each image decoded, cropped, resized to `image_size` and flipped on
-      the decode threads, uint8; docs/imagenet.md): `random_resized_crop=(scale, ratio)`, e.g.
-      `((0.08, 1.0), (3/4, 4/3))`, torchvision's RandomResizedCrop, `random_flip=True`
-      (probability 0.5) and `color_jitter=(brightness, contrast, saturation)` (torchvision's
-      ColorJitter factors, e.g. (0.4, 0.4, 0.4)), all in mode "train" only and seeded per
-      (seed, epoch, record) so that a re-read makes the same crops; `resize_shorter=256` (or,
-      unset, image_size / 0.875) with a centre crop of `image_size` in modes "validation" and
-      "score" (and in training without random_resized_crop).
-    - labels become int64 class ids 0..K-1 (class values: the dataset's labels, sorted, integer
-      labels by value (trainfeed.formats.labels), or, in the given order,
-      `class_values`, e.g. a validation reader given `train_reader.class_values` so that ids
-      agree even where it lacks classes); `one_hot=True` gives float32 (n, K) instead.
-    - `resample`: rebalance classes toward "uniform", a dict class -> weight, or a power of the
-      source distribution (under-sample p < 1, over-sample p > 1).
-    - `shuffle_buffer`: records shuffled together beyond the master's partition order.
-    - `batch_size`: yield dicts of arrays keyed by field name (and "_id"); `prefetch_batches`
-      batches are prepared ahead. `mode` "validation" or "score" never shuffles, resamples or
-      augments.
-    - `transform`: a fitted transformer (trainfeed.reader.transforms.Standardize) or the name
-      of one saved with the dataset, applied to every batch; `augment`: importable functions
-      ("module:function" or (path, params)), e.g. "trainfeed.augment:random_flip", applied to
-      training batches only.
-    - `class_weights`: instead of (or with) resampling, a per-record loss weight in the batch
-      field "_weight" (Keras's sample_weight): "uniform" weights each class by B/A, as resample
-      would, a dict or a power likewise.
+    Args:
+        name: The dataset, as uploaded (e.g. "flowers", "public/digits").
+        source: Where partitions come from: `LocalSource(...)` (storage, no master) or
+            `MasterSource(...)` (a job on a master, whose readers split each epoch). None: the
+            environment's, `LocalSource()` with `TRAIN_LOCAL` set, else `MasterSource()`.
+        pipeline: What is done to records (decoding, labels, sampling, batching, transforms).
+            None: raw Paddle-style tuples in the `.list` file's column order.
+        sync: `SyncOptions(...)` for synchronous data-parallel training: every rank takes the
+            same whole batches per epoch. None: readers take what they get.
+        state: A `reader.state_dict()` saved with a checkpoint: the reader continues from it.
+        **shortcuts: The keywords of earlier releases (`batch_size=32`, `local=True`,
+            `sync=True`, ...), deprecated: each warns with its grouped spelling.
 
-    `lost_partitions`: what a master-fed pass does when the master gave up on partitions of
-    its epoch (no reader could read them, --max-failures times): "raise" (the default) raises
-    LostRecordsError at the end of the pass, naming them and why; "skip" goes on and lists them
-    in `reader.lost_partitions`. A local pass raises at the first unreadable partition.
-
-    `sync=True`: synchronous data-parallel training (DDP, Horovod, MultiWorkerMirroredStrategy):
-    every rank yields exactly `reader.steps_per_epoch` full batches per epoch,
-    records // (world_size × batch_size), while the master balances partitions between the
-    ranks; the epoch's remaining records (fewer than world_size × batch_size) are dropped and
-    counted in `reader.dropped_per_epoch`. World size and rank come from `world_size=`/`rank=`,
-    else torchrun's WORLD_SIZE/RANK, else TF_CONFIG, else a group of one. Needs `batch_size`;
-    not with `resample` or decode_errors="skip" (either would change a rank's record count).
-    With TRAIN_LOCAL each rank reads its own contiguous share of every epoch's order.
+    Returns:
+        A Reader, a context manager whose `close()` hands unfinished work back.
 
     Raises:
-        TypeError: an unknown keyword (the message names the closest option).
+        TypeError: a value of the wrong type, or an unknown or retired keyword (the message
+            names the closest option or what replaces it).
         ValueError: an invalid option value (the message names it and the rule).
 
     Example:
-        >>> from trainfeed import dist
-        >>> reader = dist.reader("flowers")            # doctest: +SKIP
-        >>> for raw_image_bytes, label in reader():   # doctest: +SKIP
+        >>> from trainfeed import dist, LocalSource
+        >>> reader = dist.reader("flowers", source=LocalSource())   # doctest: +SKIP
+        >>> for raw_image_bytes, label in reader():                 # doctest: +SKIP
         ...     pass
     """
     validate_dataset_name(name)
-    ReaderArguments(seed, prefetch_partitions, local, sync, world_size, rank, lost_partitions,
-                    job, master, storage, distribution_rules, state)  # types and ranges
-    if prefetch is not None:
-        warnings.warn("dist.reader(prefetch=...) is deprecated: it is prefetch_partitions= "
-                      "(partitions loaded ahead; prefetch_batches= counts prepared batches)",
-                      DeprecationWarning, stacklevel=2)
-        if prefetch_partitions is not None and prefetch_partitions != prefetch:
-            raise ValueError(f"prefetch={prefetch} and prefetch_partitions="
-                             f"{prefetch_partitions} disagree: pass prefetch_partitions alone")
-        prefetch_partitions = prefetch
-    if prefetch_partitions is not None and prefetch_partitions < 1:
-        raise ValueError(f"prefetch_partitions must be ≥ 1 partition, got {prefetch_partitions}")
-    options = PipelineOptions.from_keywords(pipeline, **shortcuts)
-    depth = prefetch_partitions
-    group = _sync_group(options, world_size, rank) if sync else None
-    if not sync and (world_size is not None or rank is not None):
-        raise ValueError("world_size= and rank= are for synchronous readers: pass sync=True")
-    use_local = train_local() if local is None else local
-    if use_local:
-        store = open_storage(storage)
+    if shortcuts or isinstance(sync, bool):
+        source, pipeline, sync = translate(source, pipeline, sync, shortcuts)
+    _check_values(source, pipeline, sync, state)
+    source = source or from_environment()
+    options = pipeline or PipelineOptions()
+    group = _sync_group(options, sync) if sync is not None else None
+    seed, depth = source.seed, source.prefetch_partitions
+    if isinstance(source, LocalSource):
+        store = open_storage(source.storage)
         return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group), name,
                       "local", state, options, seed, group)
-    job_name = validate_job_name(job or settings.JOB.get())
+    job_name = validate_job_name(source.job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
-    rules = str(DistributionRules.parse(distribution_rules)) if distribution_rules else ""
-    check_lost_policy(lost_partitions)
+    rules = (str(DistributionRules.parse(source.distribution_rules))
+             if source.distribution_rules else "")
     order = delivery_order(options, seed, group)
-    return Reader(lambda resume: DistributedBackend(name, job_name, master, seed, depth, rules,
-                                                    resume, lost_partitions, group, order),
+    address, lost = source.address, source.lost_partitions
+    return Reader(lambda resume: DistributedBackend(name, job_name, address, seed, depth, rules,
+                                                    resume, lost, group, order),
                   name, "distributed", state, options, seed, group)
 
 
-def _sync_group(options: PipelineOptions, world_size: int | None,
-                rank: int | None) -> SyncGroup:
-    """The synchronous group of a `sync=True` reader, its options checked."""
+def _check_values(source: Any, pipeline: Any, sync: Any, state: Any) -> None:
+    """Each argument is of its type (a wrong one is named here, not deep inside a pass)."""
+    if source is not None and not isinstance(source, LocalSource | MasterSource):
+        raise TypeError(f"source must be a LocalSource(...), a MasterSource(...) or None (the "
+                        f"environment's), got {type(source).__name__}")
+    if pipeline is not None and not isinstance(pipeline, PipelineOptions):
+        raise TypeError(f"pipeline must be a PipelineOptions(...) or None (raw records), got "
+                        f"{type(pipeline).__name__}")
+    if sync is not None and not isinstance(sync, SyncOptions):
+        raise TypeError(f"sync must be a SyncOptions(world_size, rank) or None, got "
+                        f"{type(sync).__name__}")
+    if state is not None and not isinstance(state, dict):
+        raise TypeError(f"state must be a reader.state_dict() saved with a checkpoint (a "
+                        f"dict) or None, got {type(state).__name__}")
+
+
+def _sync_group(options: PipelineOptions, sync: SyncOptions) -> SyncGroup:
+    """The synchronous group of a reader given `sync`, its pipeline checked."""
     if options.batch.size is None:
-        raise ValueError("sync=True needs batch_size=...: every rank takes the same number of "
+        raise ValueError("sync=SyncOptions(...) needs a batch_size (pipeline=PipelineOptions("
+                         "batch=BatchOptions(size=...))): every rank takes the same number of "
                          "batches per epoch")
     if options.resamples:
-        raise ValueError("sync=True cannot resample (resample=...): a rank's record count would "
-                         "vary per epoch; use class_weights=... instead")
+        raise ValueError("sync=SyncOptions(...) cannot resample (SamplingOptions.resample): a "
+                         "rank's record count would vary per epoch; use "
+                         "LabelOptions.class_weights instead")
     if options.decode.errors != "raise":
-        raise ValueError('sync=True needs decode_errors="raise": a skipped record would leave '
-                         "its rank a record short of the others")
-    size, index, source = locate(world_size, rank)
-    logger.info("synchronous reader: rank %d of world size %d (from %s)", index, size, source)
+        raise ValueError('sync=SyncOptions(...) needs decode_errors="raise" (DecodeOptions('
+                         'errors="raise")): a skipped record would leave its rank a record short '
+                         "of the others")
+    size, index, where = locate(sync.world_size, sync.rank)
+    logger.info("synchronous reader: rank %d of world size %d (from %s)", index, size, where)
     return SyncGroup(size, index, options.batch.size)
 
 

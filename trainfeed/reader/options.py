@@ -1,11 +1,12 @@
 """What the input pipeline does to records, as small frozen option groups a user can hold.
 
-`dist.reader(name, pipeline=PipelineOptions(decode=DecodeOptions(image_size=(64, 64)), ...))`
-passes them whole; the keyword shortcuts (`dist.reader(name, decode=True, image_size=(64, 64))`)
-keep working through one table derived from the groups' fields (`KEYWORDS`): a new option is a
+`dist.reader(name, pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(64, 64))))`
+passes them whole. Each group validates itself in `__post_init__`; defaults say where they came
+from. One table derived from the groups' fields (`KEYWORDS`) maps the flat keyword names
+(`decode=True, image_size=(64, 64)`) to them, for `PipelineOptions.from_keywords` and for the
+deprecated keyword shortcuts of `dist.reader` (trainfeed.reader.shortcuts): a new option is a
 field of its group, with its keyword in the field's metadata when it differs from the field name,
-and nothing else to edit. Each group validates itself in `__post_init__`; defaults say where they
-came from.
+and nothing else to edit.
 """
 from __future__ import annotations
 
@@ -19,14 +20,12 @@ from typing import Any
 
 from trainfeed.decode.crops import CropOptions
 from trainfeed.decode.pixels import DECODE_POLICIES
-from trainfeed.reader.backends import LOST_POLICIES
 from trainfeed.reader.checks import (
     check_bool,
     check_choice,
     check_int,
     check_number,
     check_target,
-    check_text,
 )
 from trainfeed.reader.resample import Target
 from trainfeed.reader.transforms import AugmentStep, Standardize
@@ -35,7 +34,7 @@ MODES = ("train", "validation", "score")
 
 
 def _keyword(name: str) -> dict[str, str]:
-    """Field metadata: the `dist.reader` keyword of a field whose name differs from it."""
+    """Field metadata: the flat keyword of a field whose name differs from it."""
     return {"keyword": name}
 
 
@@ -43,10 +42,33 @@ def _keyword(name: str) -> dict[str, str]:
 class DecodeOptions:
     """Images: JPEG/PNG fields to uint8 HxWxC arrays (float32 once normalized), on all cores.
 
-    `image_size=(h, w)` resizes to a fixed shape (`crop`: centre-crops to its aspect ratio first,
-    nothing stretched); `normalizing_const` divides; `errors` "raise" (a `trainfeed.DecodeError`
-    naming the record) or "skip" (dropped, counted in `reader.decode_failures`); `threads` None:
-    all cores.
+    The decode-stage crops (`random_resized_crop`, `random_flip`, `color_jitter`,
+    `resize_shorter`; docs/imagenet.md) decode, crop, resize to `image_size` and flip each image
+    on the decode threads, uint8. The random ones apply in mode "train" only, seeded per
+    (seed, epoch, record), so that a re-read makes the same crops; modes "validation" and
+    "score" (and training without random_resized_crop) resize the shorter side to
+    `resize_shorter` and centre-crop `image_size`.
+
+    Attributes:
+        enabled: Decode image fields (keyword `decode`). Every other option needs it.
+        image_size: (height, width) every image is resized to. None: as stored.
+        crop: Centre-crop each image to image_size's aspect ratio before resizing (nothing
+            stretched).
+        channels: 3 (RGB) or 1 (grey).
+        normalizing_const: Pixels are divided by it, as float32 (e.g. 255.0). None: uint8.
+        errors: What an undecodable record does (keyword `decode_errors`): "raise" a
+            `trainfeed.DecodeError` naming the record, or "skip" it (counted in
+            `reader.decode_failures`).
+        threads: Decode threads (keyword `decode_threads`). None: this process's cores, shared
+            among the LOCAL_WORLD_SIZE processes torchrun started on the node.
+        random_resized_crop: ((min_scale, max_scale), (min_ratio, max_ratio)) of torchvision's
+            RandomResizedCrop, e.g. ((0.08, 1.0), (3/4, 4/3)). Needs image_size.
+        random_flip: Flip left-right with probability 0.5 (with random_resized_crop or
+            resize_shorter).
+        resize_shorter: The shorter side before the centre crop of image_size (validation and
+            scoring). None: image_size / 0.875.
+        color_jitter: (brightness, contrast, saturation) factors of torchvision's ColorJitter,
+            e.g. (0.4, 0.4, 0.4), with random_resized_crop.
     """
 
     enabled: bool = field(default=False, metadata=_keyword("decode"))
@@ -136,11 +158,19 @@ class DecodeOptions:
 
 @dataclass(frozen=True)
 class LabelOptions:
-    """Labels become int64 class ids 0..K-1 (the dataset's labels, sorted: integer labels by
-    value, trainfeed.formats.labels; or `class_values` in the given order, e.g. a training
-    reader's, so that a validation reader lacking classes agrees); `one_hot`:
-    float32 (n, K) instead; `class_weights`: a per-record loss weight "_weight" ("uniform", a dict
-    class -> weight, or a power of the source distribution)."""
+    """Labels become int64 class ids 0..K-1 (with a pipeline; raw records keep them as written).
+
+    Attributes:
+        one_hot: float32 (n, K) one-hot rows instead of ids.
+        class_values: The labels behind ids 0..K-1, in this order, e.g. a training reader's
+            `class_values` given to a validation reader, so that ids agree even where it lacks
+            classes. None: the dataset's labels, sorted (integer labels by value,
+            trainfeed.formats.labels).
+        class_weights: A per-record loss weight in the batch field "_weight" (Keras's
+            sample_weight), instead of or with resampling: "uniform" weights each class as
+            resampling toward uniform would, a dict class -> weight, or a power of the source
+            distribution. None: no weights.
+    """
 
     one_hot: bool = False
     class_values: tuple[str, ...] | None = None
@@ -155,9 +185,15 @@ class LabelOptions:
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Which records come, in which order: `shuffle_buffer` records shuffled together beyond the
-    master's partition order; `resample` rebalances classes toward "uniform", a dict class ->
-    weight, or a power of the source distribution. Training mode only."""
+    """Which records come, in which order (mode "train" only).
+
+    Attributes:
+        shuffle_buffer: Records shuffled together, beyond the per-epoch partition order.
+            0: the partition order alone.
+        resample: Rebalances classes toward "uniform", a dict class -> weight, or a power p of
+            the source distribution (p < 1 under-samples the large classes, p > 1
+            over-samples them). None: as stored.
+    """
 
     shuffle_buffer: int = 0  # 0: the partition order alone (the master's per-epoch shuffle)
     resample: Target | None = None
@@ -170,8 +206,12 @@ class SamplingOptions:
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """`size` records per batch (None: one instance at a time); `prefetch` batches prepared
-    ahead of the trainer."""
+    """Batches: dicts of arrays keyed by field name, plus "_id".
+
+    Attributes:
+        size: Records per batch (keyword `batch_size`). None: one instance at a time, a tuple.
+        prefetch: Batches prepared ahead of the trainer (keyword `prefetch_batches`).
+    """
 
     size: int | None = field(default=None, metadata=_keyword("batch_size"))
     # Two: one in the trainer's hands, one ready; more only buys memory when decoding keeps up.
@@ -185,9 +225,14 @@ class BatchOptions:
 
 @dataclass(frozen=True)
 class TransformOptions:
-    """`transform`: a fitted transformer (trainfeed.reader.transforms.Standardize) or the name
-    of one saved with the dataset, applied to every batch; `augment`: importable functions
-    ("module:function" or (path, params)), applied to training batches only."""
+    """Functions applied to whole batches.
+
+    Attributes:
+        transform: A fitted transformer (trainfeed.reader.transforms.Standardize) or the name
+            of one saved with the dataset, applied to every batch. None: none.
+        augment: Importable functions, "module:function" or ("module:function", {params}),
+            e.g. "trainfeed.augment:random_flip", applied to training batches only, in order.
+    """
 
     transform: str | Standardize | None = None
     augment: tuple[AugmentStep, ...] = ()
@@ -217,7 +262,15 @@ class TransformOptions:
 class PipelineOptions:
     """What `dist.reader(...)` does to records before handing them over, by group.
 
-    `mode` "validation" or "score" never shuffles, resamples or augments.
+    Without any option the reader yields raw Paddle-style tuples.
+
+    Attributes:
+        decode: Image decoding, resizing and decode-stage crops.
+        labels: Class ids, one-hot rows, loss weights.
+        sampling: Shuffling and class resampling.
+        batch: Batch size and batches prepared ahead.
+        transform: Transformers and augmentations of whole batches.
+        mode: "train", or "validation" and "score", which never shuffle, resample or augment.
 
     Example:
         >>> options = PipelineOptions(decode=DecodeOptions(True, image_size=(32, 32)),
@@ -248,7 +301,15 @@ class PipelineOptions:
     @classmethod
     def from_keywords(cls, base: PipelineOptions | None = None,
                       **keywords: Any) -> PipelineOptions:
-        """`base` (default: no options) with the `dist.reader` keyword shortcuts applied.
+        """`base` (default: no options) with flat keywords applied (`batch_size=64`,
+        `decode=True`: the names of `KEYWORDS`).
+
+        Args:
+            base: The options the keywords change.
+            **keywords: Option names, flat: a field's keyword metadata, else its name.
+
+        Returns:
+            The options, each group validated.
 
         Raises:
             TypeError: a keyword that is no pipeline option (the message suggests one).
@@ -332,44 +393,6 @@ def _class_values(values: Any) -> tuple[str, ...]:
     return tuple(labels)
 
 
-@dataclass(frozen=True)
-class ReaderArguments:
-    """`dist.reader`'s own arguments (where and how it reads, not what the pipeline does),
-    checked by type and range when the reader is created. What each means: dist.reader."""
-
-    seed: int = 0
-    prefetch_partitions: int | None = None
-    local: bool | None = None
-    sync: bool = False
-    world_size: int | None = None
-    rank: int | None = None
-    lost_partitions: str = "raise"
-    job: str | None = None
-    master: str | None = None
-    storage: str | None = None
-    distribution_rules: str | None = None
-    state: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # The seed seeds numpy's generators, (seed, epoch, ...), which take ints ≥ 0 only.
-        check_int("seed", self.seed, 0)
-        check_int("prefetch_partitions", self.prefetch_partitions, 1,
-                  none="as many as fit 64 MiB")
-        if self.local is not None:
-            check_bool("local", self.local)
-        check_bool("sync", self.sync)
-        check_int("world_size", self.world_size, 1, none="from the environment")
-        check_int("rank", self.rank, 0, none="from the environment")
-        check_choice("lost_partitions", self.lost_partitions, LOST_POLICIES)
-        check_text("job", self.job, none="$TRAINFEED_JOB, else 'default'")
-        check_text("master", self.master, none="$TRAINFEED_MASTER")
-        check_text("storage", self.storage, none="$TRAINFEED_STORAGE, else ./trainfeed-data")
-        check_text("distribution_rules", self.distribution_rules, none="the dataset's or 'all'")
-        if self.state is not None and not isinstance(self.state, dict):
-            raise TypeError(f"state must be a reader.state_dict() saved with a checkpoint (a "
-                            f"dict) or None, got {type(self.state).__name__}")
-
-
 GROUPS: dict[str, type] = {"decode": DecodeOptions, "labels": LabelOptions,
                            "sampling": SamplingOptions, "batch": BatchOptions,
                            "transform": TransformOptions}
@@ -400,4 +423,4 @@ def keyword_defaults() -> dict[str, Any]:
 
 
 __all__: Sequence[str] = ["BatchOptions", "DecodeOptions", "LabelOptions", "PipelineOptions",
-                          "ReaderArguments", "SamplingOptions", "TransformOptions"]
+                          "SamplingOptions", "TransformOptions"]

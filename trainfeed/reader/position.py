@@ -1,4 +1,5 @@
-"""Where a reader stands in an epoch: what `reader.state()` returns and a restored reader resumes.
+"""Where a reader stands in an epoch: what `reader.state_dict()` returns and a restored reader
+resumes.
 
 A trainer saves it with each checkpoint. Restoring it after a crash continues the epoch with the
 records the checkpointed model had not seen, and only those: partitions consumed before the
@@ -8,11 +9,11 @@ out again. It is a small JSON-able dict: partitions, not records. "Records it ha
 partition's delivery order (see trainfeed.reader.batcher), which `order` names, so that a state is
 never restored into a reader that would deliver partitions in another order.
 
-Two shapes of the same content: `to_dict()` (version 1, what `Reader.state()` always returned:
-`positions` maps partitions to counts) and `to_state_dict()` (version 2, `Reader.state_dict()`:
-`positions` is a list of [partition, count] pairs). Version 2 has the same keys whatever the
-position, which torch.distributed.checkpoint needs: it loads a checkpoint into the structure of a
-fresh reader's `state_dict()`, and would drop per-partition keys that a fresh reader lacks.
+One shape, version 2 (`to_state_dict()`): `positions` is a list of [partition, count] pairs, so
+that the state has the same keys whatever the position, which torch.distributed.checkpoint needs:
+it loads a checkpoint into the structure of a fresh reader's `state_dict()`, and would drop
+per-partition keys that a fresh reader lacks. Version 1 (the retired `Reader.state()`, whose
+`positions` mapped partitions to counts) is refused, saying what to do.
 """
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ from typing import Any
 
 from trainfeed.errors import CheckpointError
 
-POSITION_VERSION = 1
 STATE_DICT_VERSION = 2
+# Retired versions, each with what to do about a state saved in it.
+RETIRED_VERSIONS = {
+    1: "version 1, saved by Reader.state() of earlier releases, is no longer read: save "
+       "reader.state_dict() (version 2) with new checkpoints, or restore this one with the "
+       "release before and save its state_dict()",
+}
 MODES = ("local", "distributed")
 # Keys every saved state has (the others came later: a state without them gets their default).
 REQUIRED_KEYS = ("version", "mode", "dataset", "epoch", "finished", "done", "positions")
@@ -60,20 +66,15 @@ class ReaderPosition:
     # master refuses to rewind that session's work ("" in states older than it, and local ones).
     credential: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": POSITION_VERSION, "mode": self.mode, "dataset": self.dataset,
+    def to_state_dict(self) -> dict[str, Any]:
+        """The position as a JSON-able dict with fixed keys (version 2): `done` sorted,
+        `positions` as sorted [partition, count] pairs."""
+        return {"version": STATE_DICT_VERSION, "mode": self.mode, "dataset": self.dataset,
                 "job": self.job, "worker": self.worker, "seed": self.seed, "epoch": self.epoch,
                 "finished": self.finished, "done": sorted(self.done),
-                "positions": {str(p): n for p, n in sorted(self.positions.items())},
+                "positions": [[p, n] for p, n in sorted(self.positions.items())],
                 "order": self.order, "delivered": self.delivered,
                 "partitions": self.partitions, "credential": self.credential}
-
-    def to_state_dict(self) -> dict[str, Any]:
-        """The same as `to_dict()` with fixed keys: `positions` as [partition, count] pairs."""
-        state = self.to_dict()
-        state["version"] = STATE_DICT_VERSION
-        state["positions"] = [[p, n] for p, n in sorted(self.positions.items())]
-        return state
 
     @classmethod
     def from_dict(cls, state: dict[str, Any], dataset: str, mode: str) -> ReaderPosition:
@@ -83,18 +84,19 @@ class ReaderPosition:
         partitions the state says its plan had).
 
         Raises:
-            CheckpointError (a ValueError): not a reader state, an unknown version, a missing
-                key, a value of the wrong type or range, another dataset or mode.
+            CheckpointError (a ValueError): not a reader state, a retired or unknown version, a
+                missing key, a value of the wrong type or range, another dataset or mode.
         """
         if not isinstance(state, dict) or "version" not in state:
             raise CheckpointError(f"not a trainfeed reader state (a dict with a 'version', "
-                                  f"{POSITION_VERSION} or {STATE_DICT_VERSION}): "
-                                  f"{str(state)[:200]}")
+                                  f"{STATE_DICT_VERSION}): {str(state)[:200]}")
         version = state["version"]
-        if type(version) is not int or version not in (POSITION_VERSION, STATE_DICT_VERSION):
+        if type(version) is int and version in RETIRED_VERSIONS:
+            raise CheckpointError(f"reader state {RETIRED_VERSIONS[version]}")
+        if type(version) is not int or version != STATE_DICT_VERSION:
             raise CheckpointError(f"not a trainfeed reader state: 'version' is {version!r}, "
-                                  f"expected one of [{POSITION_VERSION}, {STATE_DICT_VERSION}] "
-                                  f"(was it saved by a newer trainfeed?)")
+                                  f"expected {STATE_DICT_VERSION} (was it saved by a newer "
+                                  f"trainfeed?)")
         missing = [k for k in REQUIRED_KEYS if k not in state]
         if missing:
             raise CheckpointError(f"malformed reader state: missing key(s) {missing} (a "
@@ -204,22 +206,15 @@ def _partitions(state: dict[str, Any]) -> set[int]:
 
 
 def _positions(state: dict[str, Any]) -> dict[int, int]:
-    """`positions` in either shape: {"partition": count} (version 1) or [[partition, count]]."""
+    """`positions`: [[partition, count], ...]."""
     raw = state["positions"]
-    if isinstance(raw, dict):
-        pairs: list[tuple[str, Any, Any]] = []
-        for p, n in raw.items():
-            if isinstance(p, str) and p.isdecimal():
-                p = int(p)
-            pairs.append((f"'positions'[{p!r}]", p, n))
-    elif isinstance(raw, list | tuple):
-        pairs = []
-        for i, pair in enumerate(raw):
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise _bad(f"'positions'[{i}]", pair, "a [partition, records] pair")
-            pairs.append((f"'positions'[{i}]", *pair))
-    else:
+    if not isinstance(raw, list | tuple):
         raise _bad("'positions'", raw, "a list of [partition, records] pairs")
+    pairs: list[tuple[str, Any, Any]] = []
+    for i, pair in enumerate(raw):
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise _bad(f"'positions'[{i}]", pair, "a [partition, records] pair")
+        pairs.append((f"'positions'[{i}]", *pair))
     positions: dict[int, int] = {}
     for where, p, n in pairs:
         partition = _int(f"the partition of {where}", p, 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -31,6 +31,16 @@ from trainfeed.storage import Storage
 logger = logging.getLogger(__name__)
 
 ColumnBatch = dict[str, Any]
+# Attributes of earlier releases: what replaces each (Reader.__getattr__ names it).
+RETIRED = {
+    "state": "was retired: use reader.state_dict() (version 2 of the state; version 1 is no "
+             "longer read)",
+    "restore": "was retired: use reader.load_state_dict(state), or dist.reader(..., state=state)",
+    "backend": "is private: the reader's properties (field_names, epoch, dataset_folder, "
+               "lost_partitions, payload_bytes_read) say what it knows",
+    "pipeline": "is private: reader.options is the PipelineOptions it runs, and output_spec() and "
+                "class_values what it makes",
+}
 # The order of the raw paths (tuples, batch(), column batches, packed buffers): as stored.
 STORED = "stored"
 
@@ -47,8 +57,19 @@ def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
 
 
 class Reader:
-    """A reader creator over one dataset. Thread-safety: one pass at a time; `close()` is
-    idempotent and also ends a pass in progress (unfinished tasks go back to the master).
+    """A reader creator over one dataset: each call `reader()` is one pass (epoch).
+
+    Made by `dist.reader(...)`; nothing connects until the first pass or the first property
+    that needs the dataset. Thread-safety: one pass at a time; `close()` is idempotent and also
+    ends a pass in progress (unfinished tasks go back to the master). A context manager.
+
+    Attributes:
+        name: The dataset.
+        mode: "local" (a LocalSource) or "distributed" (a MasterSource).
+        options: The PipelineOptions it runs.
+        seed: The source's seed.
+        group: A synchronous reader's group (world size, rank, batch size), else None.
+        closed: Whether `close()` was called.
     """
 
     def __init__(self, make_backend: Callable[[ReaderPosition | None], Backend], name: str,
@@ -57,9 +78,9 @@ class Reader:
                  group: SyncGroup | None = None):
         self._make_backend = make_backend
         self.group = group
-        self._backend: Backend | None = None
+        self._connected: Backend | None = None  # made on first use: see _backend
         self.options = options or PipelineOptions()
-        self._pipeline: Pipeline | None = None
+        self._built: Pipeline | None = None  # made on first use: see _pipeline
         self._lock = threading.Lock()
         self.name = name
         self.mode = mode
@@ -74,25 +95,33 @@ class Reader:
         # `reader()` with shuffling options, else the stored order.
         self._order = (delivery_order(self.options, seed) if self.options.active else STORED)
         if state is not None:
-            self.restore(state)
+            self.load_state_dict(state)
 
     @property
-    def backend(self) -> Backend:
+    def _backend(self) -> Backend:
         """Connects (to storage or the master) on first use, so building a reader is free."""
         with self._lock:
             if self.closed:
                 raise ValueError(f"reader of {self.name!r} is closed")
-            if self._backend is None:
-                self._backend = self._make_backend(self._resume)
-                self._read_stats = self._backend.read_stats  # counted on after close()
-                session = getattr(self._backend, "session", None)
+            if self._connected is None:
+                self._connected = self._make_backend(self._resume)
+                self._read_stats = self._connected.read_stats  # counted on after close()
+                session = getattr(self._connected, "session", None)
                 if session is not None:  # its calls to the master carry the summaries
                     session.stats = self.meter.take_summary
-            return self._backend
+            return self._connected
+
+    if not TYPE_CHECKING:  # hidden from type checkers, which should flag these names
+        def __getattr__(self, name: str) -> Any:
+            """Names of earlier releases, each refused with what replaces it (called only for
+            an attribute the reader does not have)."""
+            if name in RETIRED:
+                raise AttributeError(f"Reader.{name} {RETIRED[name]}")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _position(self) -> ReaderPosition:
         with self._lock:
-            backend, resume = self._backend, self._resume
+            backend, resume = self._connected, self._resume
         if backend is None:  # not connected yet: what it would resume from, or the start
             position = resume or ReaderPosition(self.mode, self.name, -1, seed=self.seed)
         else:
@@ -101,37 +130,41 @@ class Reader:
         return position
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the trainer stands in the epoch (torchdata's `Stateful` protocol): a small
-        JSON-able dict with fixed keys to save with a checkpoint, e.g. through
-        `torchdata.stateful_dataloader.StatefulDataLoader` or `torch.distributed.checkpoint`;
-        `load_state_dict` (or `dist.reader(..., state=saved)`) continues from it.
+        """Where the trainer stands in the epoch, to save with a checkpoint.
 
-        Exact on every path: what the trainer was handed counts (per partition, in its delivery
-        order, shuffled or not), what was prefetched or buffered does not. In a cluster the
-        restored reader also gets back what the crashed one consumed after the checkpoint (the
-        master undoes it), so the restored model sees every record of the epoch once. Building
-        it does not connect."""
+        torchdata's `Stateful` protocol: a small JSON-able dict with fixed keys, e.g. for
+        `torchdata.stateful_dataloader.StatefulDataLoader` or `torch.distributed.checkpoint`;
+        `load_state_dict` (or `dist.reader(..., state=saved)`) continues from it. Exact on every
+        path: what the trainer was handed counts (per partition, in its delivery order, shuffled
+        or not), what was prefetched or buffered does not. In a cluster the restored reader also
+        gets back what the crashed one consumed after the checkpoint (the master undoes it), so
+        the restored model sees every record of the epoch once. Building it does not connect.
+
+        Returns:
+            The state, version 2 (trainfeed.reader.position).
+        """
         return self._position().to_state_dict()
 
-    def state(self) -> dict[str, Any]:
-        """`state_dict()` in its first shape (`positions` a dict of partition -> records), kept
-        for checkpoints that saved it; either shape restores."""
-        return self._position().to_dict()
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from a saved `state_dict()` (or `state()`): see `restore`."""
-        self.restore(state)
+        """Continues from a saved `state_dict()` instead of the job's current position.
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continues from a saved state instead of the job's current position. Only before the
-        first pass (it decides how this reader joins); a connection made before it (e.g. by
-        `output_spec()`) is dropped and made again from the state."""
+        Only before the first pass (it decides how this reader joins); a connection made before
+        it (e.g. by `output_spec()`) is dropped and made again from the state.
+
+        Args:
+            state: What `state_dict()` returned, unchanged (a JSON round trip is fine).
+
+        Raises:
+            CheckpointError: not a reader state of this dataset and mode (the message says
+                which key or value is wrong).
+            ValueError: the reader already started a pass.
+        """
         position = ReaderPosition.from_dict(state, self.name, self.mode)
         with self._lock:
             if self._passes:
-                raise ValueError("restore() must come before the reader's first pass "
+                raise ValueError("load_state_dict() must come before the reader's first pass "
                                  "(or pass state= to dist.reader)")
-            backend, self._backend = self._backend, None
+            backend, self._connected = self._connected, None
             self._resume = position if position.epoch >= 0 else None
         if backend is not None:
             backend.close()
@@ -139,15 +172,15 @@ class Reader:
     @property
     def field_names(self) -> tuple[str, ...]:
         """Names of the fields, in `.list` column order (`image`, `label` for file lists)."""
-        return self.backend.field_names
+        return self._backend.field_names
 
     @property
     def steps_per_epoch(self) -> int | None:
-        """Batches every pass yields, for a synchronous reader (`sync=True`): the same on every
-        rank, every epoch. None for other readers, whose passes vary."""
+        """Batches every pass yields, for a synchronous reader (`sync=SyncOptions()`): the same on
+        every rank, every epoch. None for other readers, whose passes vary."""
         if self.group is None:
             return None
-        return self.group.steps(self.backend.manifest.num_records)
+        return self.group.steps(self._backend.manifest.num_records)
 
     @property
     def dropped_per_epoch(self) -> int:
@@ -155,32 +188,32 @@ class Reader:
         batch_size: the last of the epoch's shuffled order); 0 for other readers."""
         if self.group is None:
             return 0
-        records = self.backend.manifest.num_records
+        records = self._backend.manifest.num_records
         return records - self.group.kept(records)
 
     @property
     def epoch(self) -> int | None:
         """The epoch of the current or last pass (None before the first)."""
-        return self.backend.epoch
+        return self._backend.epoch
 
     @property
-    def pipeline(self) -> Pipeline:
+    def _pipeline(self) -> Pipeline:
         """Decoding, labels, resampling, shuffling and batching (built on first use)."""
-        backend = self.backend
+        backend = self._backend
         with self._lock:
-            if self._pipeline is None:
-                self._pipeline = Pipeline(self.options, backend.manifest, backend.seed,
-                                          backend.dataset_folder)
-            return self._pipeline
+            if self._built is None:
+                self._built = Pipeline(self.options, backend.manifest, backend.seed,
+                                       backend.dataset_folder)
+            return self._built
 
     def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], Any]]:
         """Per field of a batch: its shape (None for the batch dimension) and numpy dtype."""
-        return self.pipeline.output_spec()
+        return self._pipeline.output_spec()
 
     @property
     def class_values(self) -> tuple[str, ...]:
         """The labels behind class ids 0..K-1 (pass them to a validation reader)."""
-        classes = self.pipeline.classes
+        classes = self._pipeline.classes
         if classes is None:
             raise ValueError(f"dataset {self.name!r} has no labels")
         return classes.values
@@ -203,7 +236,7 @@ class Reader:
     @property
     def decode_failures(self) -> int:
         """Records dropped so far because they could not be decoded (decode_errors="skip")."""
-        return self._pipeline.decode_failures if self._pipeline is not None else 0
+        return self._built.decode_failures if self._built is not None else 0
 
     def as_tf_dataset(self, inputs: Any = None, targets: Any = None,
                       sample_weights: Any = None) -> Any:
@@ -222,19 +255,19 @@ class Reader:
     @property
     def dataset_folder(self) -> Storage:
         """The dataset's folder in storage (where `save_transformer` puts transformers)."""
-        return self.backend.dataset_folder
+        return self._backend.dataset_folder
 
     @property
     def lost_partitions(self) -> list[tuple[int, int, int, str]]:
         """(epoch, partition, records, reason) of every partition a finished pass went without
         because no reader could read it (master-fed passes; with lost_partitions="raise", the
         default, the pass also raised LostRecordsError). Local passes raise at once instead."""
-        return list(getattr(self.backend, "lost", ()))
+        return list(getattr(self._backend, "lost", ()))
 
     @property
     def payload_bytes_read(self) -> int:
         """Bytes of payload (file bytes) this reader fetched from storage so far."""
-        return self.backend.read_stats.payload_bytes
+        return self._backend.read_stats.payload_bytes
 
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = bounded_load,
                   order: str = STORED) -> Iterator[Any]:
@@ -247,7 +280,7 @@ class Reader:
                 f"this pass delivers them in the {order!r} order: restore it into a reader with "
                 "the same seed, shuffle_buffer and resample (and the same path: reader() or "
                 "batch())")
-        stream = self.backend.open_pass(self.meter.timed_load(load))
+        stream = self._backend.open_pass(self.meter.timed_load(load))
         self._passes += 1
         self._order = order
         yield from self.meter.timed(body(stream))  # the trainer's waits
@@ -256,7 +289,7 @@ class Reader:
         """One pass. Raw (no pipeline option): each instance as a tuple (bytes for files, str
         for text columns). With options: dicts of arrays per `batch_size` records, or without
         batch_size each instance as a tuple with every option applied."""
-        manifest = self.backend.manifest
+        manifest = self._backend.manifest
         if manifest.kind == PACKED_KIND and not self.options.active:
             tensors = manifest.extra["tensors"]
 
@@ -269,7 +302,7 @@ class Reader:
             return self._run_pass(lambda stream: deliver(stream, Cutter(None), buffers,
                                                          unbatch=True, progress_every=1))
         if self.options.active:
-            pipeline = self.pipeline
+            pipeline = self._pipeline
             size = self.options.batch.size
             return self._run_pass(
                 (lambda stream: pipeline.batches(stream, size)) if size is not None
@@ -315,9 +348,9 @@ class Reader:
             if self.closed:
                 return
             self.closed = True
-            backend, self._backend = self._backend, None
-            if self._pipeline is not None:
-                self._pipeline.close()
+            backend, self._connected = self._connected, None
+            if self._built is not None:
+                self._built.close()
         if backend is not None:
             backend.close()
 

@@ -7,14 +7,14 @@ reader takes exactly `steps × batch_size` records per epoch, where `steps = rec
 (world_size × batch_size)`; the rest of the epoch (fewer than `world_size × batch_size`
 records, the last ones of its shuffled partition order) is dropped, and counted.
 
-Where the group comes from (`detect_world`), looked up in this order: an initialised
-`torch.distributed` process group (`torch.multiprocessing.spawn` + `init_process_group(rank=,
-world_size=)` sets no environment: without it each rank read the whole epoch, issue 26); the
-environment: torchrun's `WORLD_SIZE`/`RANK`, else SLURM's `SLURM_NTASKS`/`SLURM_PROCID`, else
-`TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …: the order
-MultiWorkerMirroredStrategy numbers them); then the `world_size=`/`rank=` arguments; else a group
-of one (a laptop). Sources that are set must agree: two that disagree are refused, each named
-with its value, rather than one silently winning. (SLURM's and TF_CONFIG's numbers describe the
+Where the group comes from (`locate`): the arguments (`SyncOptions(world_size=, rank=)`); an
+initialised `torch.distributed` process group (`torch.multiprocessing.spawn` +
+`init_process_group(rank=, world_size=)` sets no environment: without it each rank read the
+whole epoch, issue 26); the environment: torchrun's `WORLD_SIZE`/`RANK`, else SLURM's
+`SLURM_NTASKS`/`SLURM_PROCID`, else `TF_CONFIG` (its chief, then its workers, are ranks 0, 1, …:
+the order MultiWorkerMirroredStrategy numbers them); else a group of one (a laptop). Sources that
+are set must agree: two that disagree are refused, each named with its value, rather than one
+silently winning, so none overrides another. (SLURM's and TF_CONFIG's numbers describe the
 launcher's tasks, which torch.distributed may subdivide, as torchrun inside `srun` does: they
 are consulted only when neither torch.distributed nor WORLD_SIZE/RANK is set.)
 """
@@ -27,9 +27,63 @@ from dataclasses import dataclass
 
 from trainfeed import settings
 from trainfeed.errors import ConfigurationError
+from trainfeed.reader.checks import check_int
 
 # TF_CONFIG task types that train (take batches); "ps" and "evaluator" do not.
 TRAINING_ROLES = ("chief", "worker")
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """Synchronous data-parallel training (DDP, Horovod, MultiWorkerMirroredStrategy).
+
+    Every rank yields exactly `reader.steps_per_epoch` full batches per epoch,
+    records // (world_size × batch_size), while the master balances partitions between the
+    ranks; the rest of each epoch (fewer than world_size × batch_size records) is dropped and
+    counted in `reader.dropped_per_epoch`. Needs a batch size; not with resampling or
+    `decode_errors="skip"` (either would change a rank's record count). Read locally, each rank
+    reads its own contiguous share of every epoch's order.
+
+    Where the process stands comes from these arguments first, then from an initialised
+    torch.distributed and the environment (torchrun's WORLD_SIZE/RANK, else SLURM_NTASKS/
+    SLURM_PROCID, else TF_CONFIG); sources that are set must agree (see `locate`). None of them:
+    a group of one.
+
+    Attributes:
+        world_size: Processes in the training group. None: from torch.distributed or the
+            environment. Given with `rank`, or neither.
+        rank: This process's rank in the group, 0-based. None: likewise.
+
+    Example:
+        >>> SyncOptions(world_size=4, rank=1)
+        SyncOptions(world_size=4, rank=1)
+        >>> SyncOptions(world_size=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: SyncOptions: pass world_size and rank together (or neither: they come from \
+torch.distributed, WORLD_SIZE/RANK set by torchrun, SLURM, or TF_CONFIG), got world_size=4, \
+rank=None
+    """
+
+    world_size: int | None = None
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "world_size", check_int(
+            "SyncOptions.world_size", self.world_size, 1, none="from the environment"))
+        object.__setattr__(self, "rank", check_int(
+            "SyncOptions.rank", self.rank, 0, none="from the environment"))
+        if (self.world_size is None) != (self.rank is None):
+            raise ValueError(f"SyncOptions: {_TOGETHER}, got world_size={self.world_size}, "
+                             f"rank={self.rank}")
+        if self.world_size is not None and self.rank is not None \
+                and self.rank >= self.world_size:
+            raise ValueError(f"SyncOptions.rank must be < world_size ({self.world_size}), got "
+                             f"{self.rank}")
+
+
+_TOGETHER = ("pass world_size and rank together (or neither: they come from torch.distributed, "
+             "WORLD_SIZE/RANK set by torchrun, SLURM, or TF_CONFIG)")
 
 
 @dataclass(frozen=True)
@@ -85,9 +139,7 @@ def locate(world_size: int | None = None, rank: int | None = None,
             training task.
     """
     if (world_size is None) != (rank is None):
-        raise ValueError("pass world_size and rank together (or neither: they come from "
-                         "torch.distributed, WORLD_SIZE/RANK set by torchrun, SLURM, or "
-                         "TF_CONFIG)")
+        raise ValueError(_TOGETHER)
     found: list[tuple[int, int, str]] = []
     torch_group = _from_torch()
     if torch_group is not None:

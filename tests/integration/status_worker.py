@@ -8,7 +8,7 @@ import argparse
 import time
 from typing import Any
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.io.partition_reader import PartitionReader
 
 
@@ -26,7 +26,7 @@ def main() -> None:
             time.sleep(args.throttle)
             return read(self, *a, **k)
         PartitionReader.read = slow  # type: ignore[method-assign]
-    reader = dist.reader(args.dataset, prefetch_partitions=1)
+    reader = dist.reader(args.dataset, source=MasterSource(prefetch_partitions=1))
     handed = 0
     while True:
         for _ in reader.column_batches(5):

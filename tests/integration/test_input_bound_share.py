@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trainfeed import dist
+from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.io.partition_reader import PartitionReader
 from trainfeed.master.process import MasterProcess
 
@@ -68,7 +68,7 @@ def check_share(reader: Any) -> float:
 def test_a_local_reader_measures_its_trainers_wait(storage: str, slow_storage: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAIN_LOCAL", "1")
-    reader = dist.reader("flowers", storage=storage, prefetch_partitions=1)
+    reader = dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=1))
     try:
         check_share(reader)
     finally:
@@ -77,8 +77,8 @@ def test_a_local_reader_measures_its_trainers_wait(storage: str, slow_storage: N
 
 def test_the_master_gets_the_share_a_reader_measures(storage: str, slow_storage: None) -> None:
     with MasterProcess(storage) as master:  # (heartbeats every 10 s: none while it runs)
-        reader = dist.reader("flowers", master=master.address, job="waits",
-                             prefetch_partitions=1)
+        reader = dist.reader("flowers", source=MasterSource(master.address, "waits",
+                                                            prefetch_partitions=1))
         try:
             own = check_share(reader)
             # The pass's last DONE goes with a Report soon after its end, with the last summary.

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainfeed import dist
+from trainfeed import BatchOptions, DecodeOptions, MasterSource, PipelineOptions, dist
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
 
@@ -62,8 +62,9 @@ def scraped_master(storage: str, tmp_path: Path,
     if binary is None:
         pytest.fail("prometheus missing: apt-get install prometheus (.ci/run installs it)")
     with MasterProcess(storage, token=TOKEN) as master:
-        reader = dist.reader("flowers", master=master.address, job=JOB, decode=True,
-                             image_size=(8, 8), batch_size=10)
+        reader = dist.reader("flowers", source=MasterSource(master.address, JOB),
+                             pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
+                                                      batch=BatchOptions(size=10)))
         try:
             assert sum(len(b["_id"]) for b in reader()) == 100
         finally:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, dist
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.master.process import MasterProcess
 from trainfeed.storage import open_storage
@@ -39,8 +39,8 @@ def test_lost_partitions_are_listed_with_the_readers_reason(tmp_path: Path) -> N
     data[at:at + 3] = bytes(b ^ 0xFF for b in data[at:at + 3])
     shard.write_bytes(bytes(data))
     with MasterProcess(storage, extra_args=["--max-failures", "2"]) as master:
-        reader = dist.reader("flowers", master=master.address, job="lossy",
-                             lost_partitions="skip")
+        reader = dist.reader("flowers", source=MasterSource(master.address, "lossy",
+                                                            lost_partitions="skip"))
         try:
             assert sum(len(b["_id"]) for b in reader.column_batches(8)) == 32
             job = status_of(master, "lossy")
@@ -54,8 +54,10 @@ def test_lost_partitions_are_listed_with_the_readers_reason(tmp_path: Path) -> N
 
 def test_a_synchronous_group_shows_its_ranks(storage: str) -> None:
     with MasterProcess(storage) as master:
-        readers = [dist.reader("flowers", master=master.address, job="synced", sync=True,
-                               world_size=2, rank=rank, batch_size=10) for rank in (0, 1)]
+        readers = [dist.reader("flowers", source=MasterSource(master.address, "synced"),
+                               sync=SyncOptions(world_size=2, rank=rank),
+                               pipeline=PipelineOptions(batch=BatchOptions(size=10)))
+                   for rank in (0, 1)]
         counts = [0, 0]
 
         def read(rank: int) -> None:

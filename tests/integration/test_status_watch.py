@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.cli import status_watch
 from trainfeed.cli.main import main
 from trainfeed.errors import AuthenticationError
@@ -24,7 +24,7 @@ def test_watch_prints_the_status_page_as_lines(storage: str, monkeypatch: pytest
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("TRAINFEED_TOKEN", TOKEN)
     with MasterProcess(storage, token=TOKEN) as master:
-        reader = dist.reader("flowers", master=master.address, job="watched")
+        reader = dist.reader("flowers", source=MasterSource(master.address, "watched"))
         try:
             assert sum(len(b["_id"]) for b in reader.column_batches(10)) == 100
             url = master.metrics_url.replace("/metrics", "/status.json")  # type: ignore

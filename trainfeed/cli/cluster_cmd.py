@@ -116,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-threads", type=int, default=DEFAULT_DECODE_THREADS, metavar="T",
                    help=f"decode threads per training process, from which the default CPU and "
                         f"memory requests are derived; give the script the same figure "
-                        f"(dist.reader(..., decode_threads=T)) (default "
+                        f"(DecodeOptions(threads=T)) (default "
                         f"{DEFAULT_DECODE_THREADS})")
     p.add_argument("--ttl-after-finished", type=_ttl, default=DEFAULT_TTL_AFTER_FINISHED_S,
                    metavar="SECONDS|none",
@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one group; each pod gets WORLD_SIZE, RANK (its completion index), "
                         "MASTER_ADDR (pod 0, through a headless Service), MASTER_PORT, and "
                         "NNODES/NODE_RANK for torchrun; the script reads with "
-                        "dist.reader(..., sync=True). Not scalable afterwards; one failed rank "
+                        "dist.reader(..., sync=SyncOptions()). Not scalable afterwards; one failed rank "
                         "fails the whole group (submit again to restart it from checkpoints)")
     p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
                    help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")

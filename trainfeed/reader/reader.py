@@ -226,7 +226,7 @@ class Reader:
         return self.meter.totals()
 
     def _counters(self) -> Counters:
-        read, pipeline = self._read_stats, self._pipeline
+        read, pipeline = self._read_stats, self._built
         return Counters(
             bytes_read=read.payload_bytes if read is not None else 0,
             records_decoded=pipeline.records_decoded if pipeline is not None else 0,

@@ -143,7 +143,7 @@ def parse_list(path: str, kind: Kind | None = None,
                             else tuple(f"text{i}" for i in range(width)))
     expected = (f"{width} tab-separated columns ({', '.join(names)})")
     entries = tuple(ListEntry(record_id, number,
-                              _columns(f"{path}:{number}", line, kind, width, expected, base_dir))
+                              _columns(path, number, line, kind, width, expected, base_dir))
                     for record_id, (number, line) in enumerate(rows))
     return ParsedList(os.path.abspath(path), kind, names, entries)
 
@@ -169,15 +169,15 @@ def _check_field_names(where: str, field_names: tuple[str, ...], width: int) -> 
                             f"'_' (reserved): {list(field_names)}")
 
 
-def _columns(where: str, line: str, kind: Kind, width: int, expected: str,
+def _columns(path: str, number: int, line: str, kind: Kind, width: int, expected: str,
              base_dir: str) -> tuple[str, ...]:
-    """The columns of one instance line (`where` is its path:line), a file list's path made
-    absolute."""
+    """The columns of line `number` of the list at `path`, a file list's path made absolute."""
     columns = tuple(line.split("\t"))
     if len(columns) != width:
-        raise ListFileError(f"{where}: expected {expected}, got {len(columns)}: {_show(line)}")
+        raise ListFileError(f"{path}:{number}: expected {expected}, got {len(columns)}: "
+                            f"{_show(line)}")
     if kind == "file":
         if not columns[0].strip():
-            raise ListFileError(f"{where}: empty file path: {_show(line)}")
+            raise ListFileError(f"{path}:{number}: empty file path: {_show(line)}")
         columns = (os.path.join(base_dir, columns[0]),) + columns[1:]
     return columns

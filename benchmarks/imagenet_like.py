@@ -316,7 +316,7 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
 
     from trainfeed.decode import roi
     from trainfeed.decode.crops import CropOptions, record_uniforms
-    from trainfeed.decode.roi import decode_crop
+    from trainfeed.decode.image import decode_into
     native = roi._jpeg_region
     blobs = [open(p, "rb").read() for p in paths[:args.ceiling_images]]
     u = record_uniforms(0, 0, np.arange(len(blobs)))
@@ -326,8 +326,7 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     indexed = [roi.with_restarts(b) for b in blobs] if native is not None else blobs
 
     def path(options: CropOptions, i: int, data: Sequence[bytes] = blobs) -> None:
-        window, flip = options.plan(u[i] if options.random else None)
-        decode_crop(data[i], window, out, flip, options.antialias, options.fast_dct)
+        decode_into(data[i], options.plan(u[i] if options.random else None), out)
 
     variants = {
         "decode only (simplejpeg, full image)": lambda i: simplejpeg.decode_jpeg(blobs[i]),
@@ -339,8 +338,8 @@ def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, An
     if native is not None:
         def window_only(i: int, data: Sequence[bytes] = blobs) -> None:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data[i])
-            window, _ = train.plan(u[i])
-            roi._decode_region(data[i], window(height, width), 1, 3, False)
+            window = train.plan(u[i]).window
+            roi._decode_region(data[i], window(height, width), 1, 3, False, 1 << 40)
 
         variants["decode only, train crop windows (region decoder)"] = window_only
         variants["decode only, train crop windows, restart-indexed JPEGs"] = \

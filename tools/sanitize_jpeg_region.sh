@@ -52,7 +52,7 @@ asan_runtime=$(gcc -print-file-name=libasan.so)
   say "tests of the extension under ASan + UBSan"
   python3 -m pytest -q -p no:cacheprovider tests/decode/test_jpeg_region.py \
     tests/decode/test_jpeg_region_safety.py tests/decode/test_jpeg_restarts.py \
-    tests/decode/test_decode_roi.py
+    tests/decode/test_decode_roi.py tests/decode/test_image.py
 ) || { fail_on_reports "tests"; exit 1; }
 fail_on_reports "tests"
 

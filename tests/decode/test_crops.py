@@ -175,8 +175,8 @@ def test_validation_crop_is_resize_shorter_then_centre_crop() -> None:
     assert center_crop(100, 400, 100, (224, 224)) == Window(0, 88, 100, 224)
     options = CropOptions((224, 224))
     assert options.shorter_side == 256 and not options.random
-    window, flip = options.plan(None)
-    assert window(375, 500) == Window(23, 86, 328, 328) and not flip
+    plan = options.plan(None)
+    assert plan.window(375, 500) == Window(23, 86, 328, 328) and not plan.flip
 
 
 def test_crop_options_refuse_bad_values() -> None:
@@ -195,7 +195,7 @@ def test_crop_options_refuse_bad_values() -> None:
 def test_flip_draws_have_the_asked_probability() -> None:
     options = CropOptions((224, 224), (DEFAULT_SCALE, DEFAULT_RATIO), flip=0.5)
     u = record_uniforms(0, 0, np.arange(N))
-    flips = np.array([options.plan(row)[1] for row in u])
+    flips = np.array([options.plan(row).flip for row in u])
     assert abs(flips.mean() - 0.5) < 4 * math.sqrt(0.25 / N)
-    assert not any(CropOptions((224, 224), (DEFAULT_SCALE, DEFAULT_RATIO)).plan(row)[1]
+    assert not any(CropOptions((224, 224), (DEFAULT_SCALE, DEFAULT_RATIO)).plan(row).flip
                    for row in u[:100])

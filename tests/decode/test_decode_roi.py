@@ -22,10 +22,11 @@ from trainfeed import (
     dist,
 )
 from trainfeed.decode import roi
-from trainfeed.decode.crops import CropOptions, Window, record_uniforms
+from trainfeed.decode.crops import CropOptions, Plan, Window, record_uniforms
+from trainfeed.decode.image import decode_into
 from trainfeed.decode.pixels import DecodeError, ImageDecoder
 from trainfeed.decode.resize import cv2_module, resize_into
-from trainfeed.decode.roi import dct_reduction, decode_crop
+from trainfeed.decode.roi import dct_reduction
 
 RRC = ((0.08, 1.0), (3 / 4, 4 / 3))
 
@@ -41,8 +42,9 @@ def reference(data: bytes, window: Window, size: tuple[int, int]) -> np.ndarray:
     return cv2_module().resize(crop, (size[1], size[0]), interpolation=cv2_module().INTER_AREA)
 
 
-def fixed(window: Window):  # a plan that always answers `window`
-    return lambda height, width: window
+def fixed(window: Window, flip: bool = False, antialias: bool = False) -> Plan:
+    """A plan whose window is always `window`, with libjpeg's accurate IDCT."""
+    return Plan(lambda height, width: window, flip=flip, antialias=antialias)
 
 
 @pytest.fixture(params=["region", "whole"])
@@ -69,7 +71,7 @@ def test_dct_scaled_crops_equal_a_full_decode_cropped_and_resized(jpeg_path: str
                    abs(used.height - window.height), abs(used.width - window.width)) <= k
         for antialias in (True, False):
             out = np.empty((112, 112, 3), np.uint8)
-            assert decode_crop(data, fixed(window), out, antialias=antialias) == jpeg_path
+            assert decode_into(data, fixed(window, antialias=antialias), out) == jpeg_path
             diff = np.abs(out.astype(int) - reference(data, used, (112, 112)).astype(int))
             # Within a few grey levels on average (measured: 0.4-2.6, and 4.5 where the
             # decoded window is within 3 % of the target, so the last resize only blurs); the
@@ -83,13 +85,13 @@ def test_unscaled_crops_are_exactly_a_full_decode_cropped_and_resized(jpeg_path:
     window = Window(40, 70, 300, 330)
     assert dct_reduction(window, (224, 224)) == 1
     out = np.empty((224, 224, 3), np.uint8)
-    assert decode_crop(data, fixed(window), out) == jpeg_path
+    assert decode_into(data, fixed(window), out) == jpeg_path
     full = simplejpeg.decode_jpeg(data)
     expected = np.empty_like(out)
     resize_into(full[40:340, 70:400], expected)
     np.testing.assert_array_equal(out, expected)
     flipped = np.empty_like(out)
-    decode_crop(data, fixed(window), flipped, flip=True)
+    decode_into(data, fixed(window, flip=True), flipped)
     np.testing.assert_array_equal(flipped, out[:, ::-1])
 
 
@@ -112,15 +114,15 @@ def test_png_and_odd_jpegs_fall_back_to_pillow_with_the_same_crop(
     pixels = simplejpeg.decode_jpeg(jpeg(photo(375, 500)))
     window = Window(40, 70, 300, 330)
     want = np.empty((224, 224, 3), np.uint8)
-    decode_crop(jpeg(photo(375, 500)), fixed(window), want)
+    decode_into(jpeg(photo(375, 500)), fixed(window), want)
     png = io.BytesIO()
     Image.fromarray(pixels).save(png, "PNG")
     got = np.empty_like(want)
-    assert decode_crop(png.getvalue(), fixed(window), got) == "pillow"
+    assert decode_into(png.getvalue(), fixed(window), got) == "pillow"
     np.testing.assert_array_equal(got, want)  # the same pixels, losslessly stored
     cmyk = io.BytesIO()  # simplejpeg converts CMYK itself
     Image.fromarray(pixels).convert("CMYK").save(cmyk, "JPEG", quality=95)
-    decode_crop(cmyk.getvalue(), fixed(window), got)
+    decode_into(cmyk.getvalue(), fixed(window), got)
     assert np.abs(got.astype(int) - want.astype(int)).mean() < 3
 
     def refuse(*args: object, **kwargs: object) -> None:
@@ -128,13 +130,13 @@ def test_png_and_odd_jpegs_fall_back_to_pillow_with_the_same_crop(
 
     monkeypatch.setattr(simplejpeg, "decode_jpeg", refuse)
     monkeypatch.setattr(roi, "_jpeg_region", None)
-    assert decode_crop(jpeg(photo(375, 500)), fixed(window), got) == "pillow"
+    assert decode_into(jpeg(photo(375, 500)), fixed(window), got) == "pillow"
     assert np.abs(got.astype(int) - want.astype(int)).mean() < 1.5  # Pillow's libjpeg-turbo
     monkeypatch.undo()
     if jpeg_path == "simplejpeg":
         monkeypatch.setattr(roi, "_jpeg_region", None)
     grey = np.empty((224, 224, 1), np.uint8)
-    assert decode_crop(jpeg(photo(375, 500)), fixed(window), grey) == jpeg_path
+    assert decode_into(jpeg(photo(375, 500)), fixed(window), grey) == jpeg_path
     assert abs(float(grey.mean()) - float(want.mean())) < 10
 
 
@@ -167,9 +169,8 @@ def test_a_seed_gives_the_same_crops_in_any_batch_thread_or_run(jpeg_path: str) 
     # What each image is: its record's window and flip, resized.
     u = record_uniforms(4, 2, ids)
     for i in (0, 5, 23):
-        window, flip = crops.plan(u[i])
         expected = np.empty((64, 64, 3), np.uint8)
-        decode_crop(blobs[i], window, expected, flip, fast_dct=crops.fast_dct)
+        decode_into(blobs[i], crops.plan(u[i]), expected)
         np.testing.assert_array_equal(one.images[i], expected)
 
 

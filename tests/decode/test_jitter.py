@@ -119,7 +119,7 @@ def test_decoded_batches_are_the_crops_jittered_and_the_crops_do_not_change() ->
                                                           epoch=1)
     u = record_uniforms(5, 1, ids)
     for i in range(16):
-        assert plain.plan(u[i])[1] == jittered.plan(u[i])[1]  # the same flips
+        assert plain.plan(u[i]).flip == jittered.plan(u[i]).flip  # the same flips
         want = crops.images[i].copy()
         factors = jittered.jitter_factors(u[i])
         assert factors is not None

@@ -13,6 +13,8 @@ from jpeg_samples import decode_window, encode, photo
 from PIL import Image
 
 from trainfeed.decode import roi
+from trainfeed.decode.crops import Plan, Window
+from trainfeed.decode.image import decode_into
 
 region = roi._jpeg_region
 
@@ -90,8 +92,8 @@ def test_decode_crop_falls_back_to_a_whole_decode_on_what_the_region_decoder_ref
     with pytest.raises(ValueError, match="CMYK"):
         decode_window(cmyk.getvalue(), 0, 0, 100, 100)
     out = np.empty((64, 64, 3), np.uint8)
-    assert roi.decode_crop(cmyk.getvalue(), lambda h, w: roi.Window(10, 10, 200, 200),
-                           out) == "simplejpeg"
+    assert decode_into(cmyk.getvalue(), Plan(lambda h, w: Window(10, 10, 200, 200)),
+                       out) == "simplejpeg"
 
 
 def test_a_missing_region_decoder_is_said_once_and_in_doctor(
@@ -111,7 +113,7 @@ def test_a_missing_region_decoder_is_said_once_and_in_doctor(
     assert decoders()["jpeg crops"].startswith("NOT BUILT")
     out = np.empty((32, 32, 3), np.uint8)
     data = encode(photo(100, 120))
-    assert roi.decode_crop(data, lambda h, w: roi.Window(0, 0, 50, 60), out) == "simplejpeg"
+    assert decode_into(data, Plan(lambda h, w: Window(0, 0, 50, 60)), out) == "simplejpeg"
 
 
 @pytest.mark.parametrize("options", [{}, {"subsampling": 0}, {"progressive": True},

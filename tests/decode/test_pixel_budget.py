@@ -209,14 +209,16 @@ def test_the_region_decoder_s_own_budget_check_is_not_taken_for_damage(
     """Defence in depth: should the Python reading of a header ever say less than the
     extension's, the extension's own PixelBudgetError refuses the image: it is not mistaken
     for damage and handed to a whole-image decoder (which would allocate it)."""
-    from trainfeed.decode.crops import Window
+    from trainfeed.decode import image
+    from trainfeed.decode.crops import Plan, Window
 
     if roi._jpeg_region is None:
         pytest.skip("the region decoder is not built")
     data = photo(64, 48)
-    monkeypatch.setattr(roi, "header_size", lambda _data: (8, 8))  # a reading that says less
+    monkeypatch.setattr(image, "header_size", lambda _data: (8, 8))  # a reading that says less
+    monkeypatch.setattr(roi, "header_size", lambda _data: (8, 8))
     dst = np.empty((16, 16, 3), np.uint8)
     with pytest.raises(PixelBudgetError, match="budget"):
-        roi.decode_crop(data, lambda h, w: Window(0, 0, 8, 8), dst, max_pixels=1000)
+        image.decode_into(data, Plan(lambda h, w: Window(0, 0, 8, 8)), dst, max_pixels=1000)
     assert roi.with_restarts(data, max_pixels=1000) == data  # bytes kept, not rewritten
     assert roi.with_restarts(data) != data

@@ -77,6 +77,11 @@ def test_column_names_override_and_are_validated(tmp_path: Path) -> None:
     assert parse_list(str(path), field_names=("src", "dst")).field_names == ("src", "dst")
     with pytest.raises(ListFileError, match="gives 3 names"):
         parse_list(str(path), field_names=("a", "b", "c"))
+    commented = write(tmp_path, "# source\ttarget\na\tb\n", "commented.list")
+    with pytest.raises(ListFileError) as raised:  # names the first instance's true line
+        parse_list(str(commented), field_names=("a", "b", "c"))
+    assert str(raised.value) == (f"{commented}:2: --columns gives 3 names ['a', 'b', 'c'] but "
+                                 f"the list has 2 columns")
     with pytest.raises(ListFileError, match="reserved"):
         parse_list(str(path), field_names=("_id", "b"))
     with pytest.raises(ListFileError, match="distinct"):

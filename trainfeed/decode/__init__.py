@@ -1,1 +1,2 @@
-"""The worker side: talking to the master, reading partitions, prefetching them."""
+"""Pixels: encoded images to uint8 batches (decode, crops, jitter, resize, the region decoder,
+the pixel and memory budgets). `image.decode_into` is the one per-image entry."""

@@ -1,9 +1,10 @@
-"""Where to crop each image: torchvision's RandomResizedCrop sampling and the validation crop.
+"""What to make of each image: its window (torchvision's RandomResizedCrop sampling, the
+validation crop, the whole image or its centre of the target's aspect ratio), flip and jitter.
 
 The decode stage decodes, crops, resizes and flips each image in one step at source resolution
-(trainfeed.decode.roi), so it needs the crop window before it touches the pixels. This module
-decides the windows and nothing else: pure functions of the image's size and of per-record
-random numbers.
+(trainfeed.decode.image.decode_into), so it needs the crop window before it touches the pixels.
+This module decides the windows and nothing else: pure functions of the image's size and of
+per-record random numbers, bundled per image into a `Plan`.
 
 Randomness is derived per record, never global: every draw of record `id` in epoch `epoch` of a
 reader with seed `seed` is a fixed function of (seed, epoch, id, draw number), so a partition
@@ -75,6 +76,47 @@ class Window:
         top, left = self.top // k, self.left // k
         return Window(top, left, -(-(self.top + self.height) // k) - top,
                       -(-(self.left + self.width) // k) - left)
+
+
+# A window planner: the window to keep of an image of (height, width).
+Planner = Callable[[int, int], Window]
+
+
+def whole_image(height: int, width: int) -> Window:
+    """The planner that keeps all of an image."""
+    return Window(0, 0, height, width)
+
+
+def aspect_crop(height: int, width: int, size: tuple[int, int]) -> Window:
+    """The largest centred window of an image of (height, width) whose aspect ratio is that of
+    `size` (height, width): what `crop=True` keeps, so that the resize stretches nothing.
+
+    Example:
+        >>> aspect_crop(10, 30, (5, 5))   # a wide image: its centre square
+        Window(top=0, left=10, height=10, width=10)
+    """
+    aspect = size[0] / size[1]
+    if height / width > aspect:  # too tall: trim top and bottom
+        keep = max(1, round(width * aspect))
+        return Window((height - keep) // 2, 0, keep, width)
+    keep = max(1, round(height / aspect))
+    return Window(0, (width - keep) // 2, height, keep)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to make of one image (trainfeed.decode.image.decode_into): the window to keep, as
+    a function of the image's size (read from its header before anything is decoded); whether
+    to mirror it left-right; the colour jitter factors (brightness, contrast, saturation) or
+    None; whether the resize averages when shrinking (`antialias`, OpenCV's INTER_AREA; else
+    bilinear); and whether libjpeg uses its fast integer IDCT (`fast_dct`). The output size is
+    that of the array the image is decoded into."""
+
+    window: Planner = whole_image
+    flip: bool = False
+    jitter: tuple[float, float, float] | None = None
+    antialias: bool = False
+    fast_dct: bool = False
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -236,9 +278,9 @@ class CropOptions:
             return self.resize_shorter
         return int(round(max(self.size) / VALIDATION_CROP_FRACTION))
 
-    def plan(self, u: Sequence[float] | None) -> tuple[Callable[[int, int], Window], bool]:
-        """The window planner of one image and whether to mirror it, from the record's draws
-        (`record_uniforms`; None when `random` is False)."""
+    def plan(self, u: Sequence[float] | None) -> Plan:
+        """The plan of one image (its window planner, flip and jitter), from the record's
+        draws (`record_uniforms`; None when `random` is False)."""
         if self.random_resized_crop is not None:
             assert u is not None
             scale, ratio = self.random_resized_crop
@@ -252,4 +294,4 @@ class CropOptions:
             def window(height: int, width: int) -> Window:
                 return center_crop(height, width, shorter, size)
         flip = u is not None and self.flip > 0 and u[FLIP_DRAW] < self.flip
-        return window, flip
+        return Plan(window, bool(flip), self.jitter_factors(u), self.antialias, self.fast_dct)

@@ -41,6 +41,7 @@ try:  # built by setup.py where libjpeg-turbo's headers were found (see trainfee
 except ImportError:  # pragma: no cover - depends on the install
     _jpeg_region = None  # type: ignore[assignment]
 
+# How every JPEG file starts (its SOI marker): the one test of "is this a JPEG" in trainfeed.
 JPEG_MAGIC = b"\xff\xd8"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Bytes of one 8x8 block of DCT coefficients in libjpeg's memory (64 16-bit values).
@@ -50,6 +51,11 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # Markers without a length: TEM, RST0-7 (SOI and EOI never occur inside a header).
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
+
+
+def is_jpeg(data: bytes | memoryview) -> bool:
+    """Whether `data` starts as a JPEG does: libjpeg-turbo's decoders get it before Pillow."""
+    return data[:2] == JPEG_MAGIC
 
 
 def max_image_pixels() -> int:
@@ -92,7 +98,7 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
     not a JPEG, has no frame before its first scan, or its header markers are damaged (libjpeg
     then refuses it without allocating pixels). Reads only within `data`."""
     size = len(data)
-    if size < 4 or data[:2] != JPEG_MAGIC:
+    if size < 4 or not is_jpeg(data):
         return None
     at = 2
     while at + 4 <= size:
@@ -131,7 +137,7 @@ def _frame(data: bytes | memoryview, at: int, length: int, progressive: bool) ->
 def header_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(height, width) as a JPEG's or PNG's header declares it, or None for other formats (and
     for damaged headers): Pillow then reads the size of those before their pixels."""
-    if data[:2] == JPEG_MAGIC:
+    if is_jpeg(data):
         if _jpeg_region is not None:  # the same rule in C (any SOF before the first scan)
             return _jpeg_region.image_size(data)
         frame = jpeg_frame(data)
@@ -209,7 +215,7 @@ def decode_bytes(head: bytes | memoryview, budget: int) -> int:
         return 3 * frame.height * frame.width + (frame.coefficient_bytes
                                                  if frame.progressive else 0)
     size = header_size(head)
-    if size is None and head[:2] != JPEG_MAGIC:
+    if size is None and not is_jpeg(head):
         try:  # Pillow reads the size of its other formats from the first bytes, lazily
             with Image.open(io.BytesIO(head)) as pil:
                 size = (pil.height, pil.width)

@@ -1,24 +1,27 @@
 """Image decoding for the input pipeline: JPEG/PNG bytes to uint8 HxWxC arrays, in parallel.
 
-JPEG goes through simplejpeg (libjpeg-turbo; it releases the GIL, so threads scale with cores:
-~29k 64x64 images/s per core here, ~4x Pillow); everything else (PNG, GIF, BMP, a JPEG simplejpeg
-refuses) through Pillow. simplejpeg is a core dependency and is imported unconditionally: a
-missing fast path must be a failed install, never a silent 4-6x slowdown (`trainfeed doctor`
-shows which decoder each format uses). Images are resized to a fixed shape when one is asked
-for, because a batch is one array. A record that cannot be decoded raises DecodeError naming the
-record, its source file and list line, or, with the "skip" policy, is dropped and counted.
-Every path checks the pixel budget from the image's header before it allocates a pixel
-(trainfeed.decode.pixel_budget): a decompression bomb, or an image that does not fit in memory,
-is such a record, never the end of the pass.
+JPEG goes through libjpeg-turbo (trainfeed's region decoder or simplejpeg; both release the GIL,
+so threads scale with cores: ~29k 64x64 images/s per core here, ~4x Pillow); everything else
+(PNG, GIF, BMP, a JPEG both refuse) through Pillow: one chain, trainfeed.decode.image. simplejpeg
+is a core dependency and is imported unconditionally: a missing fast path must be a failed
+install, never a silent 4-6x slowdown (`trainfeed doctor` shows which decoder each format uses).
+Images are resized to a fixed shape when one is asked for, because a batch is one array. A
+record that cannot be decoded raises DecodeError naming the record, its source file and list
+line, or, with the "skip" policy, is dropped and counted. Every path checks the pixel budget
+from the image's header before it allocates a pixel (trainfeed.decode.pixel_budget): a
+decompression bomb, or an image that does not fit in memory, is such a record, never the end of
+the pass.
 
-With crop options (trainfeed.decode.crops.CropOptions: torchvision's RandomResizedCrop, the
-validation centre crop, a random flip) each decode thread decodes, crops, resizes and flips its
-images at source resolution straight into the batch (trainfeed.decode.roi), seeded per
+Whenever the output has one size (`image_size`, or crop options:
+trainfeed.decode.crops.CropOptions: torchvision's RandomResizedCrop, the validation centre crop,
+a random flip, colour jitter) each decode thread decodes, crops, resizes and flips its images at
+source resolution straight into the batch (trainfeed.decode.image.decode_into), seeded per
 (seed, epoch, record id): nothing is resized twice, and nothing runs serially on the pipeline
 thread.
 """
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -31,27 +34,21 @@ import numpy as np
 import PIL
 import pyarrow as pa
 import simplejpeg
-from PIL import Image, features
+from PIL import features
 
 from trainfeed import settings
-from trainfeed.decode.crops import CropOptions, record_uniforms
-from trainfeed.decode.jitter import color_jitter
-from trainfeed.decode.pixel_budget import (
-    DECODE_FAILURES,
-    check_header,
-    failure_reason,
-    max_image_pixels,
-    pillow_decode,
-)
-from trainfeed.decode.roi import decode_crop, region_decoder, region_decoder_missing
+from trainfeed.decode.crops import CropOptions, Plan, aspect_crop, record_uniforms, whole_image
+from trainfeed.decode.image import decode_into, decode_whole
+from trainfeed.decode.pixel_budget import DECODE_FAILURES, failure_reason, max_image_pixels
+from trainfeed.decode.roi import region_decoder, region_decoder_missing
 from trainfeed.errors import DecodeError
 from trainfeed.io.array_pool import ArrayPool
 
-JPEG_MAGIC = b"\xff\xd8"
 DECODE_POLICIES = ("raise", "skip")
 # Below this many images a batch is decoded on the calling thread: a pool hop costs more.
 MIN_PARALLEL = 16
-# Images per task on the crop path: ~10 ms of work, so the pool's hand-off (~20 µs) is noise.
+# Images per task when decoding into a batch: ~10 ms of work, so the pool's hand-off (~20 µs)
+# is noise.
 CROP_CHUNK = 8
 
 
@@ -65,7 +62,7 @@ def decoders() -> dict[str, str]:
         "jpeg": f"simplejpeg {simplejpeg.__version__} (libjpeg-turbo), GIL released; "
                 f"{pillow} for JPEGs it refuses",
         "jpeg crops": (f"trainfeed region decoder (libjpeg-turbo {region}): the crop window "
-                       f"alone" if region else
+                       f"alone (whole images too, when resized)" if region else
                        "NOT BUILT (libjpeg-turbo headers missing at install): crops decode "
                        "whole images, ~1.3x slower; apt install libjpeg-dev, then reinstall"),
         "png": f"{pillow} (libpng/zlib)",
@@ -98,28 +95,11 @@ def binary_views(column: pa.ChunkedArray) -> list[bytes | memoryview]:
     return views
 
 
-def jpeg_fast_path(data: bytes | memoryview) -> bool:
-    """Whether `data` goes through simplejpeg (libjpeg-turbo) rather than Pillow."""
-    return data[:2] == JPEG_MAGIC
-
-
 @dataclass(frozen=True)
 class DecodedBatch:
     images: np.ndarray  # (n_ok, H, W, C) uint8
     ok: np.ndarray  # (n,) bool: which input records decoded (all of them under "raise")
     errors: tuple[str, ...]  # one message per record that failed (under "skip")
-
-
-def center_crop(image: np.ndarray, aspect: float) -> np.ndarray:
-    """The largest centred region of `image` whose height / width is `aspect`."""
-    h, w = image.shape[:2]
-    if h / w > aspect:  # too tall: trim top and bottom
-        keep = max(1, round(w * aspect))
-        top = (h - keep) // 2
-        return image[top:top + keep]
-    keep = max(1, round(h / aspect))
-    left = (w - keep) // 2
-    return image[:, left:left + keep]
 
 
 def default_decode_threads(environ: Mapping[str, str] | None = None) -> int:
@@ -137,7 +117,8 @@ def default_decode_threads(environ: Mapping[str, str] | None = None) -> int:
 class ImageDecoder:
     """Decodes batches of encoded images into one uint8 array of a fixed shape.
 
-    `image_size` (height, width): every image is resized to it (bilinear); None keeps each
+    `image_size` (height, width): every image is resized to it (OpenCV: bilinear when
+    enlarging, an area average when shrinking, see trainfeed.decode.image); None keeps each
     image's own size, which then must agree within a batch. `crop`: first cut the largest
     centred region of the target's aspect ratio, so that nothing is stretched. `channels`: 3
     (RGB) or 1 (grey). `crops`: decode-stage crops (random resized crop, validation centre
@@ -159,7 +140,8 @@ class ImageDecoder:
         if max_pixels is not None and max_pixels < 1:
             raise ValueError(f"max_pixels must be ≥ 1, got {max_pixels}")
         self.max_pixels = max_pixels if max_pixels is not None else max_image_pixels()
-        self.image_size = tuple(image_size) if image_size is not None else None
+        self.image_size: tuple[int, int] | None = (
+            (int(image_size[0]), int(image_size[1])) if image_size is not None else None)
         self.crops = crops
         if crops is not None:
             region_decoder_missing()  # warns once if crops must decode whole images
@@ -172,38 +154,25 @@ class ImageDecoder:
         # Images decoded per library: proof that JPEGs take the fast path (tests, doctor).
         self.backend_counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
-        # Crop batches are written into arrays the trainer has let go of (see ArrayPool).
+        # Batches of one size are written into arrays the trainer has let go of (ArrayPool).
         self._batches = ArrayPool()
+        # The plan of every image without crop options: the whole image (or its centred region
+        # of image_size's aspect ratio, `crop`), area-averaged when shrinking like the
+        # antialiased bilinear resize of Pillow this path used before (trainfeed.decode.image),
+        # with libjpeg's accurate IDCT: an image already of image_size decodes exactly.
+        window = (functools.partial(aspect_crop, size=self.image_size)
+                  if crop and self.image_size is not None else whole_image)
+        self._resize_plan = Plan(window, antialias=True)
 
     def decode_one(self, data: bytes | memoryview) -> np.ndarray:
         """One image as uint8 HxWxC (resized to image_size if set; crop options do not apply:
         they need a record id, see `decode`). Raises one of `DECODE_FAILURES` on bytes that
         are not a decodable image (PixelBudgetError, a ValueError, over the pixel budget)."""
-        return self._decode_one(data)[0]
-
-    def _decode_one(self, data: bytes | memoryview) -> tuple[np.ndarray, str]:
-        """The image and the library that decoded it ("simplejpeg" or "pillow")."""
-        image = None
-        backend = "simplejpeg"
-        colorspace = "RGB" if self.channels == 3 else "GRAY"
-        if jpeg_fast_path(data):
-            check_header(data, self.max_pixels)
-            try:
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace)
-            except ValueError:
-                image = None  # e.g. an arithmetic-coded or CMYK JPEG: let Pillow try
-        if image is None:
-            backend = "pillow"
-            image = pillow_decode(data, self.channels, self.max_pixels)
-        if self.image_size is not None and image.shape[:2] != self.image_size:
-            height, width = self.image_size
-            if self.crop:
-                image = center_crop(image, height / width)
-            small = Image.fromarray(image[:, :, 0] if self.channels == 1 else image)
-            image = np.asarray(small.resize((width, height), Image.Resampling.BILINEAR))
-            if image.ndim == 2:
-                image = image[:, :, None]
-        return image, backend
+        if self.image_size is None:
+            return decode_whole(data, self.channels, self.max_pixels)[0]
+        out = np.empty((*self.image_size, self.channels), np.uint8)
+        decode_into(data, self._resize_plan, out, self.max_pixels)
+        return out
 
     def decode(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
                ids: Sequence[int] | np.ndarray | None = None, seed: int = 0,
@@ -213,8 +182,29 @@ class ImageDecoder:
         With random crops, `ids` (the records' stable ids), `seed` and `epoch` seed each
         record's crop and flip: the same triple gives the same pixels in any batch or thread.
         """
-        if self.crops is not None:
-            return self._decode_crops(blobs, where, ids, seed, epoch)
+        if self.crops is None and self.image_size is None:
+            return self._decode_as_they_are(blobs, where)
+        return self._decode_into_batch(blobs, where, self._plans(len(blobs), ids, seed, epoch))
+
+    def _plans(self, n: int, ids: Sequence[int] | np.ndarray | None, seed: int,
+               epoch: int) -> Callable[[int], Plan]:
+        """The plan of record i of a batch of `n`: its crop, flip and jitter from its draws
+        under crop options, else the one resize plan."""
+        crops = self.crops
+        if crops is None:
+            plan = self._resize_plan
+            return lambda i: plan
+        if crops.random and (ids is None or len(ids) != n):
+            raise ValueError("random crops need the records' ids (one per image) to seed them")
+        if not crops.random or ids is None:
+            fixed = crops.plan(None)
+            return lambda i: fixed
+        draws = record_uniforms(seed, epoch, ids)
+        return lambda i: crops.plan(draws[i])
+
+    def _decode_as_they_are(self, blobs: Sequence[bytes | memoryview],
+                            where: Sequence[str]) -> DecodedBatch:
+        """Images kept at their own size, which must agree within the batch."""
         n = len(blobs)
         results: list[np.ndarray | None] = [None] * n
         failures: list[str | None] = [None] * n
@@ -223,28 +213,62 @@ class ImageDecoder:
             counts: Counter[str] = Counter()
             for i in range(start, stop):
                 try:
-                    results[i], backend = self._decode_one(blobs[i])
+                    results[i], backend = decode_whole(blobs[i], self.channels, self.max_pixels)
                     counts[backend] += 1
                 except DECODE_FAILURES as e:
                     failures[i] = f"{where[i]}: cannot decode image: {failure_reason(e)}"
-            with self._counts_lock:
-                self.backend_counts.update(counts)
+            self._count(counts)
 
         self._run(work, n)
-        errors = tuple(f for f in failures if f is not None)
-        if errors and self.errors == "raise":
-            raise DecodeError(errors[0] + (f" (and {len(errors) - 1} more in this batch)"
-                                           if len(errors) > 1 else ""))
+        errors = self._errors(failures)
         ok = np.array([r is not None for r in results], dtype=bool)
         good = [r for r in results if r is not None]
         if not good:
-            shape = (*(self.image_size or (0, 0)), self.channels)
-            return DecodedBatch(np.empty((0, *shape), np.uint8), ok, errors)
+            return DecodedBatch(np.empty((0, 0, 0, self.channels), np.uint8), ok, errors)
         shapes = {g.shape for g in good}
         if len(shapes) > 1:
             raise DecodeError(f"images of different shapes {sorted(shapes)[:3]} in one batch "
                               f"(first: {where[0]}); pass image_size=(height, width)")
         return DecodedBatch(np.stack(good), ok, errors)
+
+    def _decode_into_batch(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
+                           plans: Callable[[int], Plan]) -> DecodedBatch:
+        """Images of one size: each thread writes its images straight into one preallocated
+        batch (`decode_into`), record i as `plans(i)` says."""
+        n = len(blobs)
+        size = self.crops.size if self.crops is not None else self.image_size
+        assert size is not None
+        out = self._batches.empty((n, *size, self.channels), np.uint8)
+        ok = np.ones(n, dtype=bool)
+        failures: list[str | None] = [None] * n
+
+        def work(start: int, stop: int) -> None:
+            counts: Counter[str] = Counter()
+            for i in range(start, stop):
+                try:
+                    counts[decode_into(blobs[i], plans(i), out[i], self.max_pixels)] += 1
+                except DECODE_FAILURES as e:
+                    failures[i] = f"{where[i]}: cannot decode image: {failure_reason(e)}"
+                    ok[i] = False
+            self._count(counts)
+
+        # Small chunks taken in turn: a thread that drew cheap images takes more, instead of
+        # idling at the batch's end while another finishes its fixed half.
+        self._run(work, n, CROP_CHUNK)
+        errors = self._errors(failures)
+        return DecodedBatch(out if ok.all() else out[ok], ok, errors)
+
+    def _count(self, counts: Counter[str]) -> None:
+        with self._counts_lock:
+            self.backend_counts.update(counts)
+
+    def _errors(self, failures: list[str | None]) -> tuple[str, ...]:
+        """The batch's failure messages; under the "raise" policy, the first raised."""
+        errors = tuple(f for f in failures if f is not None)
+        if errors and self.errors == "raise":
+            raise DecodeError(errors[0] + (f" (and {len(errors) - 1} more in this batch)"
+                                           if len(errors) > 1 else ""))
+        return errors
 
     def _run(self, work: Callable[[int, int], None], n: int, chunk: int | None = None) -> None:
         """work(start, stop) over 0..n in chunks of `chunk` (default: one contiguous chunk per
@@ -254,46 +278,6 @@ class ImageDecoder:
         else:
             step = chunk or -(-n // self.threads)
             list(self._pool.map(lambda s: work(s, min(n, s + step)), range(0, n, step)))
-
-    def _decode_crops(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
-                      ids: Sequence[int] | np.ndarray | None, seed: int,
-                      epoch: int) -> DecodedBatch:
-        """The crop path: each thread writes its images straight into one preallocated batch."""
-        crops = self.crops
-        assert crops is not None
-        n = len(blobs)
-        if crops.random and (ids is None or len(ids) != n):
-            raise ValueError("random crops need the records' ids (one per image) to seed them")
-        draws = record_uniforms(seed, epoch, ids) if crops.random and ids is not None else None
-        out = self._batches.empty((n, *crops.size, self.channels), np.uint8)
-        ok = np.ones(n, dtype=bool)
-        failures: list[str | None] = [None] * n
-
-        def work(start: int, stop: int) -> None:
-            counts: Counter[str] = Counter()
-            for i in range(start, stop):
-                u = draws[i] if draws is not None else None
-                window, flip = crops.plan(u)
-                try:
-                    counts[decode_crop(blobs[i], window, out[i], flip, crops.antialias,
-                                       crops.fast_dct, self.max_pixels)] += 1
-                    factors = crops.jitter_factors(u)
-                    if factors is not None:
-                        color_jitter(out[i], factors)
-                except DECODE_FAILURES as e:
-                    failures[i] = f"{where[i]}: cannot decode image: {failure_reason(e)}"
-                    ok[i] = False
-            with self._counts_lock:
-                self.backend_counts.update(counts)
-
-        # Small chunks taken in turn: a thread that drew cheap images takes more, instead of
-        # idling at the batch's end while another finishes its fixed half.
-        self._run(work, n, CROP_CHUNK)
-        errors = tuple(f for f in failures if f is not None)
-        if errors and self.errors == "raise":
-            raise DecodeError(errors[0] + (f" (and {len(errors) - 1} more in this batch)"
-                                           if len(errors) > 1 else ""))
-        return DecodedBatch(out if ok.all() else out[ok], ok, errors)
 
     def close(self) -> None:
         if self._pool is not None:

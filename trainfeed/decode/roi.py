@@ -1,10 +1,8 @@
-"""Decode, crop, resize and flip one image in one step, decoding no more than the crop needs.
+"""Decoding no more of a JPEG than its crop window needs: the DCT scale and the region decoder.
 
-`decode_crop` is what a decode thread does per image when the reader has crop options
-(`random_resized_crop=`, `resize_shorter=`): read the JPEG's size (~0.2 µs), ask the crop plan
-for the window, decode, and resize the window (a view, never copied) straight into the image's
-slot of the batch, mirrored if asked. Every step but the header and the plan runs without the
-GIL.
+trainfeed.decode.image.decode_into asks two things of this module per JPEG: by how much the
+decoder may shrink the window (`dct_reduction`) and the window itself, decoded alone
+(`decode_region`), when the region decoder was built.
 
 Decoding less than the whole image:
 - DCT-domain scaling (libjpeg-turbo through simplejpeg's `min_height`/`min_width`) at 1/2, 1/4
@@ -28,9 +26,7 @@ Decoding less than the whole image:
   headers at install), whole images are decoded and cropped: `trainfeed doctor` says which, and
   the reader warns once (`region_decoder_missing`).
 
-Everything simplejpeg refuses (PNG, GIF, CMYK or arithmetic-coded JPEGs) is decoded whole by
-Pillow and then cropped the same way: slower, never wrong.
-
+What the region decoder refuses goes to simplejpeg, then Pillow (trainfeed.decode.image).
 The image's declared size is checked against the pixel budget (trainfeed.decode.pixel_budget)
 before any of these decoders runs: a crop of 16x16 pixels from a progressive JPEG still makes
 libjpeg hold the coefficients of the whole image (1.6 GB for a 16,384² one at 4:4:4).
@@ -38,22 +34,17 @@ libjpeg hold the coefficients of the whole image (1.6 GB for a 16,384² one at 4
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from collections.abc import Callable
 
 import numpy as np
-import simplejpeg
 
 from trainfeed.decode.crops import Window
 from trainfeed.decode.pixel_budget import (
     PixelBudgetError,
-    check_pixels,
     header_size,
+    is_jpeg,
     max_image_pixels,
-    pillow_decode,
 )
-from trainfeed.decode.resize import resize_into
 
 try:  # built by setup.py where libjpeg-turbo's headers were found
     import trainfeed.decode._jpeg_region as _jpeg_region
@@ -62,11 +53,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 logger = logging.getLogger(__name__)
 
-JPEG_MAGIC = b"\xff\xd8"
 # The DCT scales worth using (SIMD IDCT paths), largest reduction first.
 DCT_REDUCTIONS = (8, 4, 2)
-# A plan: the window to keep of an image of (height, width).
-Planner = Callable[[int, int], Window]
 
 
 def dct_reduction(window: Window, target: tuple[int, int]) -> int:
@@ -121,7 +109,7 @@ def with_restarts(data: bytes, max_pixels: int | None = None) -> bytes:
     Lossless: the DCT coefficients are copied, so every pixel decodes as before (tested); a
     progressive JPEG becomes a sequential one. Metadata segments (EXIF, ICC, comments) are kept.
     Releases the GIL. Needs the region decoder (`region_decoder()` is not None)."""
-    if data[:2] != JPEG_MAGIC:
+    if not is_jpeg(data):
         return data
     size = header_size(data)
     budget = max_pixels if max_pixels is not None else max_image_pixels()
@@ -136,6 +124,26 @@ def with_restarts(data: bytes, max_pixels: int | None = None) -> bytes:
 
 
 _scratch = threading.local()
+
+
+def decode_region(data: bytes | memoryview, window: Window, k: int, height: int, width: int,
+                  channels: int, fast_dct: bool, budget: int) -> np.ndarray | None:
+    """`window` of the JPEG `data` of (height, width) source pixels, decoded alone at 1/k (its
+    edges moved to the k-grid first, see Window.on_grid): a view of this thread's scratch
+    buffer, valid until the thread's next call. None where the region decoder was not built or
+    refuses the file (damaged, CMYK...): the whole-image decoders say what they can of those.
+
+    Raises PixelBudgetError where the extension's own reading of the header declares more than
+    `budget` pixels: not a damaged file, so no whole-image decoder may try it either."""
+    if _jpeg_region is None:
+        return None
+    scaled = window.on_grid(k, height, width).divided(k) if k > 1 else window
+    try:
+        return _decode_region(data, scaled, k, channels, fast_dct, budget)
+    except PixelBudgetError:
+        raise
+    except ValueError:
+        return None
 
 
 def _decode_region(data: bytes | memoryview, window: Window, k: int, channels: int,
@@ -158,61 +166,3 @@ def _decode_region(data: bytes | memoryview, window: Window, k: int, channels: i
         raise PixelBudgetError(str(e)) from None
     rows = buffer[:window.height * row * channels].reshape(window.height, row, channels)
     return rows[:, dx:dx + window.width]
-
-
-def decode_crop(data: bytes | memoryview, plan: Planner, dst: np.ndarray, flip: bool = False,
-                antialias: bool = False, fast_dct: bool = False,
-                max_pixels: int | None = None) -> str:
-    """Decodes `data`, keeps `plan(height, width)` of it and resizes that into `dst`
-    ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored if `flip`. `fast_dct`: libjpeg's
-    fast integer IDCT (JDCT_IFAST). `max_pixels`: the pixel budget (default:
-    $TRAINFEED_MAX_IMAGE_PIXELS). Returns how it was decoded ("libjpeg-turbo region",
-    "simplejpeg" or "pillow").
-
-    Raises PixelBudgetError (a ValueError) for an image declaring more pixels than the budget,
-    before decoding anything; ValueError, OSError or SyntaxError (from Pillow) on bytes that
-    are not a decodable image.
-    """
-    budget = max_pixels if max_pixels is not None else max_image_pixels()
-    channels = dst.shape[2]
-    colorspace = "RGB" if channels == 3 else "GRAY"
-    image: np.ndarray | None = None
-    backend = "simplejpeg"
-    window: Window | None = None
-    size = header_size(data) if data[:2] == JPEG_MAGIC else None
-    if size is not None:  # else not a JPEG, or no frame header: Pillow says what it can
-        height, width = size
-        check_pixels(height, width, budget)  # before any decoder, fallbacks included
-        try:
-            window = plan(height, width)
-            k = dct_reduction(window, dst.shape[:2])
-            if _jpeg_region is not None:
-                scaled = window.on_grid(k, height, width).divided(k) if k > 1 else window
-                try:
-                    crop = _decode_region(data, scaled, k, channels, fast_dct, budget)
-                except PixelBudgetError:
-                    raise  # not a damaged file: no whole-image decoder may try it either
-                except ValueError:
-                    pass  # damaged, CMYK...: the whole-image paths below say what they can
-                else:
-                    resize_into(crop, dst, antialias=antialias, flip=flip)
-                    return "libjpeg-turbo region"
-            if k == 1:
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=fast_dct)
-            else:  # edges on the k-grid (≤ k/2 px moved): the scaled pixels match exactly
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=fast_dct,
-                                               min_height=math.ceil(height / k),
-                                               min_width=math.ceil(width / k))
-                window = window.on_grid(k, height, width).divided(k)
-        except PixelBudgetError:
-            raise
-        except ValueError:
-            image = None  # e.g. a CMYK, progressive-arithmetic or damaged JPEG: Pillow tries
-    if image is None:
-        backend = "pillow"
-        image = pillow_decode(data, channels, budget)
-        window = plan(image.shape[0], image.shape[1])
-    assert window is not None
-    crop = image[window.top:window.top + window.height, window.left:window.left + window.width]
-    resize_into(crop, dst, antialias=antialias, flip=flip)
-    return backend

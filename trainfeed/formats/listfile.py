@@ -132,35 +132,52 @@ def parse_list(path: str, kind: Kind | None = None,
     if kind is not None and kind not in KINDS:
         raise ListFileError(f"unknown list kind {kind!r}; expected one of {sorted(KINDS)}")
     base_dir = os.path.dirname(os.path.abspath(path))
-    rows = [(n, line) for n, line in enumerate(_read_lines(path), start=1)
-            if line.strip() and not (comments and line.startswith(COMMENT))]
-    if not rows:
-        raise ListFileError(f"{path}: the list has no instances (every line is empty"
-                            f"{' or a # comment' if comments else ''})")
+    rows = _instance_rows(path, comments)
     first_line, first = rows[0]
     if kind is None:
         kind = detect_kind(rows, base_dir)
     width = len(FILE_LIST_COLUMNS) if kind == "file" else len(first.split("\t"))
     if field_names is not None:
-        if len(field_names) != width:
-            raise ListFileError(f"{path}:{first_line}: --columns gives {len(field_names)} names "
-                                f"{list(field_names)} but the list has {width} columns")
-        if len(set(field_names)) != len(field_names) or any(
-                not n or n.startswith("_") for n in field_names):
-            raise ListFileError(f"column names must be distinct, non-empty and not start with "
-                                f"'_' (reserved): {list(field_names)}")
+        _check_field_names(f"{path}:{first_line}", field_names, width)
     names = field_names or (FILE_LIST_COLUMNS if kind == "file"
                             else tuple(f"text{i}" for i in range(width)))
     expected = (f"{width} tab-separated columns ({', '.join(names)})")
-    entries = []
-    for record_id, (number, line) in enumerate(rows):
-        columns = tuple(line.split("\t"))
-        if len(columns) != width:
-            raise ListFileError(f"{path}:{number}: expected {expected}, got {len(columns)}: "
-                                f"{_show(line)}")
-        if kind == "file":
-            if not columns[0].strip():
-                raise ListFileError(f"{path}:{number}: empty file path: {_show(line)}")
-            columns = (os.path.join(base_dir, columns[0]),) + columns[1:]
-        entries.append(ListEntry(record_id, number, columns))
-    return ParsedList(os.path.abspath(path), kind, names, tuple(entries))
+    entries = tuple(ListEntry(record_id, number,
+                              _columns(path, number, line, kind, width, expected, base_dir))
+                    for record_id, (number, line) in enumerate(rows))
+    return ParsedList(os.path.abspath(path), kind, names, entries)
+
+
+def _instance_rows(path: str, comments: bool) -> list[tuple[int, str]]:
+    """(line number, line) of every line that is an instance: not blank, not a comment."""
+    rows = [(n, line) for n, line in enumerate(_read_lines(path), start=1)
+            if line.strip() and not (comments and line.startswith(COMMENT))]
+    if not rows:
+        raise ListFileError(f"{path}: the list has no instances (every line is empty"
+                            f"{' or a # comment' if comments else ''})")
+    return rows
+
+
+def _check_field_names(where: str, field_names: tuple[str, ...], width: int) -> None:
+    """Names given for the columns (`--columns`): one per column, distinct, not reserved."""
+    if len(field_names) != width:
+        raise ListFileError(f"{where}: --columns gives {len(field_names)} names "
+                            f"{list(field_names)} but the list has {width} columns")
+    if len(set(field_names)) != len(field_names) or any(
+            not n or n.startswith("_") for n in field_names):
+        raise ListFileError(f"column names must be distinct, non-empty and not start with "
+                            f"'_' (reserved): {list(field_names)}")
+
+
+def _columns(path: str, number: int, line: str, kind: Kind, width: int, expected: str,
+             base_dir: str) -> tuple[str, ...]:
+    """The columns of line `number` of the list at `path`, a file list's path made absolute."""
+    columns = tuple(line.split("\t"))
+    if len(columns) != width:
+        raise ListFileError(f"{path}:{number}: expected {expected}, got {len(columns)}: "
+                            f"{_show(line)}")
+    if kind == "file":
+        if not columns[0].strip():
+            raise ListFileError(f"{path}:{number}: empty file path: {_show(line)}")
+        columns = (os.path.join(base_dir, columns[0]),) + columns[1:]
+    return columns

@@ -36,6 +36,22 @@ def target_distribution(source: Mapping[str, int], target: Target) -> dict[str, 
             without records, or a weight that is negative, NaN or infinite; an alpha that is not
             finite; a target giving every class weight 0.
     """
+    classes = _checked_classes(source)
+    if isinstance(target, str):
+        weights = _uniform_weights(source, classes, target)
+    elif isinstance(target, Mapping):
+        weights = _named_weights(source, classes, target)
+    else:
+        weights = _power_weights(source, classes, target)
+    total = sum(weights.values())
+    if total <= 0:
+        raise ConfigurationError("resample target gives every class weight 0")
+    return {c: w / total for c, w in weights.items()}
+
+
+def _checked_classes(source: Mapping[str, int]) -> list[str]:
+    """The histogram's classes, sorted, once it is known to hold records and no negative
+    count."""
     classes = sorted(source)
     for c in classes:
         if source[c] < 0:
@@ -43,38 +59,48 @@ def target_distribution(source: Mapping[str, int], target: Target) -> dict[str, 
                                      f"{source[c]}")
     if not classes or sum(source.values()) <= 0:
         raise ConfigurationError("resampling needs a label histogram with at least one record")
-    if isinstance(target, str):
-        if target != "uniform":
+    return classes
+
+
+def _uniform_weights(source: Mapping[str, int], classes: list[str],
+                     target: str) -> dict[str, float]:
+    """A named target: "uniform" is the only name."""
+    if target != "uniform":
+        raise ConfigurationError(
+            f"resample target {target!r}: expected 'uniform', a dict of class -> weight, or "
+            f"a power of the source distribution")
+    # Only classes with records: an empty class cannot be emitted, and a share of B given
+    # to it would shrink every epoch instead of rebalancing it.
+    return {c: float(source[c] > 0) for c in classes}
+
+
+def _named_weights(source: Mapping[str, int], classes: list[str],
+                   target: Mapping[str, float]) -> dict[str, float]:
+    """A dict class -> weight: every class named exists, every weight is finite and ≥ 0, and
+    only classes with records get weight."""
+    unknown = sorted(set(target) - set(classes))
+    if unknown:
+        raise ConfigurationError(
+            f"resample target names classes {unknown[:5]} that the dataset does not have "
+            f"(classes: {classes[:10]})")
+    for c, w in sorted(target.items()):
+        if not (isinstance(w, numbers.Real) and math.isfinite(w) and w >= 0):
+            raise ConfigurationError(f"resample target weight of class {c!r} is {w!r}: "
+                                     f"weights must be finite numbers ≥ 0")
+        if w > 0 and source[c] == 0:
             raise ConfigurationError(
-                f"resample target {target!r}: expected 'uniform', a dict of class -> weight, or "
-                f"a power of the source distribution")
-        # Only classes with records: an empty class cannot be emitted, and a share of B given
-        # to it would shrink every epoch instead of rebalancing it.
-        weights = {c: float(source[c] > 0) for c in classes}
-    elif isinstance(target, Mapping):
-        unknown = sorted(set(target) - set(classes))
-        if unknown:
-            raise ConfigurationError(
-                f"resample target names classes {unknown[:5]} that the dataset does not have "
-                f"(classes: {classes[:10]})")
-        for c, w in sorted(target.items()):
-            if not (isinstance(w, numbers.Real) and math.isfinite(w) and w >= 0):
-                raise ConfigurationError(f"resample target weight of class {c!r} is {w!r}: "
-                                         f"weights must be finite numbers ≥ 0")
-            if w > 0 and source[c] == 0:
-                raise ConfigurationError(
-                    f"resample target gives class {c!r} weight {w!r}, but the dataset has no "
-                    f"record of it to emit: give it weight 0 or leave it out")
-        weights = {c: float(target.get(c, 0.0)) for c in classes}
-    else:
-        alpha = float(target)
-        if not math.isfinite(alpha):
-            raise ConfigurationError(f"resample target power {alpha}: expected a finite number")
-        weights = {c: float(source[c]) ** alpha if source[c] > 0 else 0.0 for c in classes}
-    total = sum(weights.values())
-    if total <= 0:
-        raise ConfigurationError("resample target gives every class weight 0")
-    return {c: w / total for c, w in weights.items()}
+                f"resample target gives class {c!r} weight {w!r}, but the dataset has no "
+                f"record of it to emit: give it weight 0 or leave it out")
+    return {c: float(target.get(c, 0.0)) for c in classes}
+
+
+def _power_weights(source: Mapping[str, int], classes: list[str],
+                   target: float) -> dict[str, float]:
+    """A number alpha: B ∝ A^alpha over the classes with records."""
+    alpha = float(target)
+    if not math.isfinite(alpha):
+        raise ConfigurationError(f"resample target power {alpha}: expected a finite number")
+    return {c: float(source[c]) ** alpha if source[c] > 0 else 0.0 for c in classes}
 
 
 def ratio_factors(source: Mapping[str, int], target: Target) -> dict[str, float]:

@@ -28,19 +28,11 @@ def single_statement(query: str, dialect: str) -> str:
     has_code = False
     i, n = 0, len(query)
     while i < n:
-        c = query[i]
-        start = i
-        if c.isspace():
-            i += 1
+        blank_end = _skip_blank(query, i, postgres)
+        if blank_end is not None:
+            i = blank_end
             continue
-        if query.startswith("--", i):
-            newline = query.find("\n", i)
-            i = n if newline < 0 else newline + 1
-            continue
-        if query.startswith("/*", i):
-            i = _skip_block_comment(query, i, nested=postgres)
-            continue
-        if c == ";":
+        if query[i] == ";":
             if end is None:
                 end = i
             i += 1
@@ -49,26 +41,57 @@ def single_statement(query: str, dialect: str) -> str:
         if end is not None:
             raise InvalidQueryError(
                 f"expected a single SQL statement, got more than one (a ';' at offset {end} is "
-                f"followed by {query[start:start + 40]!r}); run one query per source")
+                f"followed by {query[i:i + 40]!r}); run one query per source")
         has_code = True
-        if c in "'\"`" or (c == "[" and not postgres):
-            close = "]" if c == "[" else c
-            backslash = (postgres and c == "'" and i > 0 and query[i - 1] in "eE"
-                         and not (i > 1 and (query[i - 2].isalnum() or query[i - 2] == "_")))
-            i = _skip_quoted(query, i + 1, close, backslash=backslash)
-        elif postgres and c == "$" and not (i > 0 and (query[i - 1].isalnum()
-                                                       or query[i - 1] in "_$")):
-            tag = re.match(r"\$(?:[A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$", query[i:])
-            if tag is None:
-                i += 1  # a parameter like $1
-            else:
-                close_at = query.find(tag.group(), i + len(tag.group()))
-                i = n if close_at < 0 else close_at + len(tag.group())
-        else:
-            i += 1
+        i = _skip_code(query, i, postgres)
     if not has_code:
         raise InvalidQueryError(f"empty SQL query {query!r}; expected one SELECT statement")
     return (query if end is None else query[:end]).strip()
+
+
+def _skip_blank(query: str, i: int, postgres: bool) -> int | None:
+    """Index after the blank character or the comment at ``i``; None if neither starts there."""
+    if query[i].isspace():
+        return i + 1
+    if query.startswith("--", i):
+        newline = query.find("\n", i)
+        return len(query) if newline < 0 else newline + 1
+    if query.startswith("/*", i):
+        return _skip_block_comment(query, i, nested=postgres)
+    return None
+
+
+def _skip_code(query: str, i: int, postgres: bool) -> int:
+    """Index after the statement text at ``i``: a whole string literal, quoted identifier or
+    (PostgreSQL) dollar-quoted string, else one character."""
+    c = query[i]
+    if c in "'\"`" or (c == "[" and not postgres):
+        close = "]" if c == "[" else c
+        backslash = postgres and c == "'" and _follows_word(query, i, "eE")
+        return _skip_quoted(query, i + 1, close, backslash=backslash)
+    if postgres and c == "$" and not _after_word(query, i, "_$"):
+        return _skip_dollar_quoted(query, i)
+    return i + 1
+
+
+def _after_word(query: str, i: int, also: str) -> bool:
+    """Whether the character before ``i`` is alphanumeric or one of ``also``."""
+    return i > 0 and (query[i - 1].isalnum() or query[i - 1] in also)
+
+
+def _follows_word(query: str, i: int, prefix: str) -> bool:
+    """Whether ``query[i]`` follows a one-letter word among ``prefix`` (the E of E'...')."""
+    return i > 0 and query[i - 1] in prefix and not _after_word(query, i - 1, "_")
+
+
+def _skip_dollar_quoted(query: str, i: int) -> int:
+    """Index after the $tag$...$tag$ string at ``i`` (the end of the query if it is
+    unterminated), or after the ``$`` of a parameter like $1."""
+    tag = re.match(r"\$(?:[A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$", query[i:])
+    if tag is None:
+        return i + 1  # a parameter like $1
+    close_at = query.find(tag.group(), i + len(tag.group()))
+    return len(query) if close_at < 0 else close_at + len(tag.group())
 
 
 def _skip_quoted(query: str, i: int, close: str, *, backslash: bool) -> int:

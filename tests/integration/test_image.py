@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -49,7 +48,8 @@ def image_name() -> str:
     if name:
         return name
     hint = (f"${IMAGE_ENV} is unset: build the image with tools/build_image.sh, then set "
-            f"{IMAGE_ENV}=localhost/trainfeed:ci and CONTAINERS_STORAGE_CONF=<its cache>/storage.conf")
+            f"{IMAGE_ENV}=localhost/trainfeed:ci and "
+            "CONTAINERS_STORAGE_CONF=<its cache>/storage.conf")
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true runs the image's tests, but {hint}", pytrace=False)
     pytest.skip(hint)

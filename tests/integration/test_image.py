@@ -173,6 +173,22 @@ class ContainerMaster:
                     f"the container's master still listens on {self.port} after it was stopped"
 
 
+def uids_of_processes_running(*words: str) -> set[int]:
+    """The real uids of this machine's processes whose command line holds all `words` (chroot
+    isolation shares the host's process table, so the container's master is among them)."""
+    uids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            status = (proc / "status").read_text()
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        uid = re.search(r"^Uid:\s+(\d+)", status, re.M)
+        if uid and all(word.encode() in argv for word in words):
+            uids.add(int(uid.group(1)))
+    return uids
+
+
 def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -192,6 +208,10 @@ def test_a_master_in_the_image_serves_host_readers_an_epoch_exactly_once(
            "TRAINFEED_STORAGE": ""}
     with ContainerMaster(container, storage, secrets) as master:
         env["TRAINFEED_MASTER"] = master.wait_ready()
+        # The python process serving (buildah's own, root, has the same words) runs as the
+        # manifests' non-root uid.
+        uids = uids_of_processes_running("master", "--storage", str(storage))
+        assert uids - {0} == {RUN_AS_USER}, f"the container's master runs as uids {uids}"
         # The upload runs on the host after the master started: the shared folder is live.
         subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "upload", str(source),
                         "--dataset", "flowers", "--storage", str(storage), "--rows-per-group",

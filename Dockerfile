@@ -28,8 +28,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # hadolint ignore=DL3008,SC2086
 RUN set -eu; \
     packages="gcc libc6-dev libjpeg62-turbo-dev"; \
-    python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
-        || packages="$packages libpython3-dev"; \
+    include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
+    [ -e "$include/Python.h" ] || packages="$packages libpython3-dev"; \
     apt-get update; \
     apt-get install -y --no-install-recommends $packages; \
     rm -rf /var/lib/apt/lists/*

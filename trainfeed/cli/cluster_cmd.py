@@ -130,7 +130,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "MASTER_ADDR (pod 0, through a headless Service), MASTER_PORT, and "
                         "NNODES/NODE_RANK for torchrun; the script reads with "
                         "dist.reader(..., sync=SyncOptions()). Not scalable afterwards; one "
-                        "failed rank fails the whole group (submit again to restart it from checkpoints)")
+                        "failed rank fails the whole group (submit again to restart it from "
+                        "checkpoints)")
     p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
                    help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")
     p.add_argument("--dry-run", action="store_true",

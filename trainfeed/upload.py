@@ -14,7 +14,6 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import closing
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -34,7 +33,7 @@ from trainfeed.ingest.options import (
 )
 from trainfeed.ingest.pack import PackTask, field_specs, read_ahead_windows
 from trainfeed.ingest.plan import ShardPlan, plan_shards
-from trainfeed.ingest.pool import pack_in_order
+from trainfeed.ingest.pool import Packers
 from trainfeed.ingest.progress import ShardProgress, finished
 from trainfeed.ingest.publish import build_manifest, remove_stale_data, remove_temporary_files
 from trainfeed.ingest.transform import describe, make_transform
@@ -155,11 +154,11 @@ def _pack(inputs: Inputs, options: UploadOptions, folder: Storage, dataset: str,
     todo = [p for p in plans if p.index not in done]
     tasks = pack_tasks(inputs, options, folder, todo, options.processes)
     show = progress if progress is not None else sys.stderr.isatty()
-    bar = tqdm(total=len(inputs.entries), initial=sum(len(p) for p in plans if p.index in done),
-               unit="rec", unit_scale=True, desc=f"upload {dataset}", disable=not show,
-               smoothing=0.1)
-    with bar, closing(pack_in_order(tasks, options.processes)) as results:
-        for task, written in zip(tasks, results):
+    with Packers(tasks, options.processes) as packers, tqdm(
+            total=len(inputs.entries), initial=sum(len(p) for p in plans if p.index in done),
+            unit="rec", unit_scale=True, desc=f"upload {dataset}", disable=not show,
+            smoothing=0.1) as bar:
+        for task, written in zip(tasks, packers.results()):
             done[task.plan.index] = written
             bar.update(len(task.plan))
             if on_shard is not None:

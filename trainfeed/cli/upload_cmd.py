@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.formats.shards import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
+from trainfeed.ingest.options import DEFAULT_RESIZE_QUALITY
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.upload import (
     DECODE_MEMORY_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_PROCESSES,
     UploadOptions,
     upload,
 )
@@ -22,6 +25,27 @@ def rows_per_group(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of rows ≥ 1, got {text!r}")
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number ≥ `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number ≥ {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def quality(text: str) -> int:
+    """--quality: a JPEG quality, 1..100."""
+    value = at_least(1)(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"expected a JPEG quality in 1..100, got {text!r}")
     return value
 
 
@@ -69,6 +93,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rewrite JPEGs losslessly with restart markers, so that training crops "
                         "(random_resized_crop=) decode their window alone, ~1.35x faster; pixels "
                         "stay identical, stored bytes differ from the files' (docs/imagenet.md)")
+    p.add_argument("--max-side", type=at_least(8), metavar="N",
+                   help="re-encode images whose longer side exceeds N pixels to N (aspect kept) "
+                        "as JPEGs at --quality: lossy and opt-in, recorded in the manifest "
+                        "(FFCV's ImageNet recipe stores at most 256 px); works with "
+                        "--jpeg-restarts")
+    p.add_argument("--quality", type=quality, default=DEFAULT_RESIZE_QUALITY, metavar="Q",
+                   help=f"JPEG quality of images re-encoded by --max-side (default "
+                        f"{DEFAULT_RESIZE_QUALITY}, FFCV's)")
+    p.add_argument("--processes", type=at_least(1), default=DEFAULT_PROCESSES, metavar="N",
+                   help=f"packing processes (default: one per core, {DEFAULT_PROCESSES} here); "
+                        f"the output does not depend on it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -81,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         skip_missing=args.skip_missing, overwrite=args.overwrite,
         check_images=args.check_images, comments=not args.no_comments,
         allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes,
-        row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts)
+        row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts,
+        processes=args.processes, max_side=args.max_side, quality=args.quality)
     result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:

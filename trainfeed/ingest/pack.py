@@ -142,8 +142,16 @@ def read_payloads(task: PackTask, transform: Transform | None) -> Iterator[Paylo
         return entry, (data, *entry.columns[1:]), len(data) + sum(
             len(c.encode()) for c in entry.columns[1:])
 
+    def load_run(run: tuple[ListEntry, ...]) -> list[Payload]:
+        return [load(entry) for entry in run]
+
     threads = task.options.read_threads
     with ThreadPoolExecutor(threads, thread_name_prefix="trainfeed-read") as pool:
         for window in read_ahead_windows(task.entries, task.sizes, threads,
                                          task.read_ahead_bytes):
-            yield from pool.map(load, window)
+            # Runs of files per thread task: a task per file cost more than reading a cached
+            # 80 KB file (0.33 CPU-s of 3.5 for 3,000 photos went to submitting them).
+            step = -(-len(window) // threads)
+            for run in pool.map(load_run, [window[i:i + step]
+                                           for i in range(0, len(window), step)]):
+                yield from run

@@ -6,31 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pytest
-from PIL import Image
+from upload_samples import photo_list
 
 from trainfeed.ingest.plan import Layout, ShardPlan, plan_shards, row_groups, slice_of
 from trainfeed.upload import UploadOptions, upload
 
-LAYOUT = dict(row_group_rows=8, shard_row_groups=3)
-
-
-def photo_list(folder: Path, count: int = 60) -> Path:
-    """`count` JPEGs of varied sizes (some larger than 64 px on a side), two labels."""
-    (folder / "images").mkdir(parents=True)
-    rng = np.random.default_rng(7)
-    lines = []
-    for i in range(count):
-        height, width = int(rng.integers(24, 120)), int(rng.integers(24, 120))
-        smooth = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        pixels = np.clip(smooth + rng.normal(0, 20, (height, width, 3)), 0, 255)
-        Image.fromarray(pixels.astype(np.uint8)).save(folder / f"images/{i}.jpg", quality=90)
-        lines.append(f"images/{i}.jpg\t{'ab'[i % 2]}\n")
-    listing = folder / "photos.list"
-    listing.write_text("".join(lines))
-    return listing
+LAYOUT: dict[str, Any] = {"row_group_rows": 8, "shard_row_groups": 3}
 
 
 def dataset_files(root: Path) -> dict[str, str]:

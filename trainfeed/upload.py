@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -31,8 +31,8 @@ from trainfeed.ingest.options import (
     READ_AHEAD_BYTES,
     UploadOptions,
 )
-from trainfeed.ingest.pack import PackTask, field_specs, read_ahead_windows
-from trainfeed.ingest.plan import ShardPlan, plan_shards
+from trainfeed.ingest.pack import field_specs, pack_tasks, read_ahead_windows
+from trainfeed.ingest.plan import plan_shards
 from trainfeed.ingest.pool import Packers
 from trainfeed.ingest.progress import ShardProgress, finished
 from trainfeed.ingest.publish import build_manifest, remove_stale_data, remove_temporary_files
@@ -124,21 +124,6 @@ def _prepare(inputs: Inputs, options: UploadOptions, store: Storage, folder: Sto
     remove_temporary_files(folder)
     if options.check_images and inputs.parsed.kind == "file":
         check_images(inputs.parsed, inputs.entries, options.read_threads, list(inputs.sizes))
-
-
-def pack_tasks(inputs: Inputs, options: UploadOptions, folder: Storage,
-               plans: Sequence[ShardPlan], processes: int) -> list[PackTask]:
-    """One task per planned shard, each with its process's share of the memory budgets."""
-    fields = field_specs(inputs.parsed.kind, inputs.parsed.field_names)
-    share = max(1, processes)
-    return [PackTask(folder=Storage(folder.url, folder.options), data_dir=inputs.data_dir,
-                     list_path=inputs.parsed.path, kind=inputs.parsed.kind, fields=fields,
-                     label_index=inputs.parsed.label_index, options=options, plan=plan,
-                     entries=inputs.entries[plan.start:plan.stop],
-                     sizes=inputs.sizes[plan.start:plan.stop],
-                     read_ahead_bytes=READ_AHEAD_BYTES // share,
-                     transform_memory_bytes=DECODE_MEMORY_BYTES // share)
-            for plan in plans]
 
 
 def _pack(inputs: Inputs, options: UploadOptions, folder: Storage, dataset: str,

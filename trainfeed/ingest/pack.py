@@ -8,7 +8,7 @@ nothing but its `PackTask`, which pickles. Its output depends on the task alone.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import cast
@@ -17,7 +17,8 @@ from trainfeed.errors import ListFileError
 from trainfeed.formats import shards as shard_format
 from trainfeed.formats.listfile import ListEntry
 from trainfeed.formats.manifest import FieldSpec, ShardInfo
-from trainfeed.ingest.options import READ_AHEAD_BYTES, UploadOptions
+from trainfeed.ingest.inputs import Inputs
+from trainfeed.ingest.options import DECODE_MEMORY_BYTES, READ_AHEAD_BYTES, UploadOptions
 from trainfeed.ingest.plan import ShardPlan
 from trainfeed.ingest.progress import ShardProgress, progress_path
 from trainfeed.ingest.transform import Transform, make_transform
@@ -155,3 +156,18 @@ def read_payloads(task: PackTask, transform: Transform | None) -> Iterator[Paylo
             for run in pool.map(load_run, [window[i:i + step]
                                            for i in range(0, len(window), step)]):
                 yield from run
+
+
+def pack_tasks(inputs: Inputs, options: UploadOptions, folder: Storage,
+               plans: Sequence[ShardPlan], processes: int) -> list[PackTask]:
+    """One task per planned shard, each with its process's share of the memory budgets."""
+    fields = field_specs(inputs.parsed.kind, inputs.parsed.field_names)
+    share = max(1, processes)
+    return [PackTask(folder=Storage(folder.url, folder.options), data_dir=inputs.data_dir,
+                     list_path=inputs.parsed.path, kind=inputs.parsed.kind, fields=fields,
+                     label_index=inputs.parsed.label_index, options=options, plan=plan,
+                     entries=inputs.entries[plan.start:plan.stop],
+                     sizes=inputs.sizes[plan.start:plan.stop],
+                     read_ahead_bytes=READ_AHEAD_BYTES // share,
+                     transform_memory_bytes=DECODE_MEMORY_BYTES // share)
+            for plan in plans]

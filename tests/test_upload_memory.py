@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 PROCESSES = 2
 # What the README states per packing process, and for the files read ahead (shared).
@@ -89,6 +91,7 @@ def test_the_readme_states_the_bound() -> None:
     assert f"about {PER_PROCESS_MIB} MiB per packing process" in text
 
 
+@pytest.mark.slow
 def test_a_parallel_upload_stays_within_the_stated_bound(tmp_path: Path) -> None:
     big = files(tmp_path / "big", 120, RECORD_BYTES)
     small = files(tmp_path / "small", 2, 1000)

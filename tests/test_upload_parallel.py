@@ -31,6 +31,7 @@ def dataset_files(root: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transform", [{}, {"jpeg_restarts": True},
                                        {"max_side": 64, "jpeg_restarts": True}])
 def test_the_output_does_not_depend_on_the_process_count(tmp_path: Path,

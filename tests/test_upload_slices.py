@@ -87,6 +87,7 @@ def read(env: dict[str, str], storage: str, rel: str) -> bytes:
         os.environ.update(saved)
 
 
+@pytest.mark.slow
 def test_a_killed_packer_run_again_gives_the_same_manifest(
         tmp_path: Path, storages: tuple[dict[str, str], list[str]]) -> None:
     env, (reference, interrupted, _) = storages
@@ -121,6 +122,7 @@ def test_a_killed_packer_run_again_gives_the_same_manifest(
     assert read(env, interrupted, "photos/manifest.json") == expected
 
 
+@pytest.mark.slow
 def test_a_failed_slice_makes_the_commit_refuse_naming_it(
         tmp_path: Path, storages: tuple[dict[str, str], list[str]]) -> None:
     env, (_, _, storage) = storages

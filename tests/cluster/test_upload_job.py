@@ -42,7 +42,7 @@ def test_dry_run_output_validates(flags: list[str], tmp_path: Path) -> None:
     args = spec["template"]["spec"]["containers"][0]["args"]
     assert args[:6] == ["upload-slice", "/source/train.list", "--dataset", "public/photos",
                         "--workers", "8"]
-    assert "--created-at" in args
+    assert "--created-at" in args and args[args.index("--processes") + 1] == "1"
     if "--max-side" in flags:
         assert args[-3:] == ["--max-side", "256", "--jpeg-restarts"]
 

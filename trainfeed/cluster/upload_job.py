@@ -102,7 +102,10 @@ def packers_job(spec: UploadJobSpec) -> Obj:
     container: Obj = {
         "name": "packer", "image": spec.image,
         "args": ["upload-slice", spec.list_path, "--dataset", spec.dataset, "--workers",
-                 str(spec.workers), "--created-at", spec.created_at, *spec.upload_args],
+                 str(spec.workers), "--created-at", spec.created_at,
+                 # One packing process per pod, as its CPU request says: os.cpu_count() in a
+                 # pod is the node's, and 64 processes would pass the memory limit.
+                 "--processes", "1", *spec.upload_args],
         "env": env, "resources": PACKER_RESOURCES,
         "securityContext": _container_security(read_only_root=True),
         "volumeMounts": mounts,

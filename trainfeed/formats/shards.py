@@ -199,7 +199,8 @@ class ShardEncoder:
         start = self._sink.tell()
         table = pa.Table.from_arrays(
             [pa.array(group.ids, pa.int64())]
-            + [pa.array(col, self.schema.field(i + 1).type)
+            + [_binary_array(col) if self.schema.field(i + 1).type == pa.binary()
+               else pa.array(col, self.schema.field(i + 1).type)
                for i, col in enumerate(group.columns)], schema=self.schema)
         self._writer.write_table(table, row_group_size=len(group))
         del table
@@ -247,6 +248,15 @@ class ShardEncoder:
             index = (np.concatenate(self._index) if self._index else
                      np.zeros((0, len(self._binary), self._columns), dtype=np.int64))
         return data, hashlib.sha256(data).hexdigest(), tuple(self._groups), index
+
+
+def _binary_array(values: Sequence[bytes]) -> pa.Array:
+    """`pa.array(values, pa.binary())`, built from one joined buffer and its offsets: the same
+    array, at a fraction of the CPU (no per-value conversion)."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
 
 
 # How far past where a value would follow the previous one `_find` looks first: a page header

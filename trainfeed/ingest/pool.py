@@ -12,6 +12,7 @@ Storage that lives in one process's memory (`memory://`) is packed in the callin
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import threading
@@ -47,6 +48,9 @@ class Packers:
     def __enter__(self) -> Packers:
         in_memory = any(t.folder.url.startswith("memory://") for t in self.tasks[:1])
         if self.processes > 1 and not in_memory:
+            # Forked children share the caller's heap until they write to it: without this,
+            # their garbage collector walks (and so copies) every object inherited.
+            gc.freeze()
             self._pool = ProcessPoolExecutor(self.processes, mp_context=_start_method())
             for task in self._queue:
                 self._pending.append(self._pool.submit(pack_shard, task))
@@ -74,6 +78,7 @@ class Packers:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+            gc.unfreeze()
 
 
 def _start_method() -> multiprocessing.context.BaseContext:

@@ -34,7 +34,7 @@ def large_jpegs(folder: Path, count: int = 8) -> Path:
 
 def test_the_readme_states_the_bound() -> None:
     text = " ".join(ARCHITECTURE.read_text(encoding="utf-8").split())
-    assert (f"`--jpeg-restarts` and `--check-images` add at most "
+    assert (f"`--jpeg-restarts`, `--max-side` and `--check-images` add at most "
             f"{DECODE_MEMORY_BYTES >> 20} MiB of images") in text
 
 

@@ -214,3 +214,9 @@ class InvalidQueryError(SqlError, ValueError):
 class UnknownColumnError(SqlError, LookupError):
     """A key or statistics column named for a SQL source that the query's result does not have;
     the message names the column and the ones the result has."""
+
+
+class IncompleteUploadError(TrainfeedError, RuntimeError):
+    """The commit of an upload run as slices (`trainfeed submit-upload`, `upload-slice`) found a
+    slice missing, failed or not as planned, and published nothing; the message names each such
+    slice and the index to run again."""

@@ -33,6 +33,7 @@ __all__ = [
     "DATASET",
     "GPUS",
     "JOB",
+    "JOB_COMPLETION_INDEX",
     "KUBECONFIG",
     "LOCAL_WORLD_SIZE",
     "LOG_FORMAT",
@@ -262,13 +263,17 @@ SLURM_NTASKS: Setting[int | None] = Setting(
 SLURM_PROCID: Setting[int | None] = Setting(
     "SLURM_PROCID", None, _optional_count,
     "synchronous readers under SLURM's srun: this task's rank, with SLURM_NTASKS")
+JOB_COMPLETION_INDEX: Setting[int | None] = Setting(
+    "JOB_COMPLETION_INDEX", None, _optional_count,
+    "`trainfeed upload-slice`: which slice of the upload this packer packs (set by Kubernetes "
+    "in an Indexed Job's pods: `submit-upload`)")
 
 #: Every setting by variable name, in the order of the configuration table (docs/usage.md).
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA,
     TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
-    TF_CONFIG, SLURM_NTASKS, SLURM_PROCID)}
+    TF_CONFIG, SLURM_NTASKS, SLURM_PROCID, JOB_COMPLETION_INDEX)}
 
 
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:

@@ -1,113 +1,52 @@
 """`trainfeed upload`: pack a `.list` file into a published dataset.
 
 The order of work is what makes an upload safe: validate the whole list (every line, every file)
-before writing anything; write shards, each atomically and with a progress record, so that an
-interrupted upload resumes after its last complete shard; publish the manifest last, atomically.
-Re-running the same upload (same list, same files) finds the manifest's fingerprint and does
-nothing.
+before writing anything; plan every shard from the files' sizes; pack the shards (in several
+processes), each written atomically with a progress record, so that an interrupted upload
+resumes with the shards it has not finished; publish the manifest last, atomically. Re-running
+the same upload (same list, same files) finds the manifest's fingerprint and does nothing.
+
+The steps live in trainfeed.ingest, one module each; this module strings them together.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
-import hashlib
-import json
 import logging
-import os
-import socket
 import sys
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from trainfeed.errors import (
-    ConcurrentUploadError,
-    ConfigurationError,
-    DatasetExistsError,
-    ListFileError,
-    MissingFilesError,
-    OutsidePathsError,
-    OversizeRecordsError,
-    UndecodableImagesError,
+from trainfeed.errors import DatasetExistsError
+from trainfeed.formats.manifest import check_name_is_free, dataset_storage, write_manifest
+from trainfeed.ingest.check import check_images
+from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
+from trainfeed.ingest.lock import LOCK_NAME, UploadLock, check_not_replaced, published_fingerprint
+from trainfeed.ingest.options import (
+    DECODE_MEMORY_BYTES,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_PROCESSES,
+    DEFAULT_READ_THREADS,
+    READ_AHEAD_BYTES,
+    UploadOptions,
 )
-from trainfeed.formats import shards as shard_format
-from trainfeed.formats.labels import label_order
-from trainfeed.formats.listfile import Kind, ListEntry, ParsedList, outside_paths, parse_list
-from trainfeed.formats.manifest import (
-    MANIFEST_NAME,
-    FieldSpec,
-    Manifest,
-    RowGroupInfo,
-    ShardInfo,
-    check_name_is_free,
-    dataset_storage,
-    write_manifest,
-)
-from trainfeed.formats.sources import write_sources
+from trainfeed.ingest.pack import field_specs, pack_tasks, read_ahead_windows
+from trainfeed.ingest.plan import plan_shards
+from trainfeed.ingest.pool import Packers
+from trainfeed.ingest.progress import ShardProgress, finished
+from trainfeed.ingest.publish import build_manifest, remove_stale_data, remove_temporary_files
+from trainfeed.ingest.transform import describe, make_transform
 from trainfeed.storage import Storage, open_storage
 
+__all__ = ["DECODE_MEMORY_BYTES", "DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PROCESSES",
+           "DEFAULT_READ_THREADS", "LOCK_NAME", "READ_AHEAD_BYTES", "UploadOptions",
+           "UploadResult", "check_images", "field_specs", "remove_stale_data",
+           "remove_temporary_files", "upload"]
+
 logger = logging.getLogger(__name__)
-
-# File reads are I/O-bound and release the GIL; on network mounts (GlusterFS, NFS) latency, not
-# bandwidth, limits them, so many more threads than cores pay off.
-DEFAULT_READ_THREADS = min(32, 8 * (os.cpu_count() or 1))
-# A record is read whole into memory (and by readers, into a batch): a file above this is almost
-# always a mistake in the list (a video, an archive), refused before anything is written.
-DEFAULT_MAX_RECORD_BYTES = 64 << 20
-# Bytes of files read ahead of the shard writer, beyond one file: keeps the upload's memory at a
-# stated multiple of the layout's budgets whatever the files' sizes (see `upload`).
-READ_AHEAD_BYTES = 16 << 20
-# The lock file of a dataset being uploaded, in its folder (local and mounted storage).
-LOCK_NAME = ".upload.lock"
-# Memory for the images being decoded (--check-images) or rewritten (--jpeg-restarts) at once,
-# as their headers announce it (trainfeed.decode.memory_budget): an image needing more runs
-# alone. 256 MiB holds ~450 ImageNet photos' DCT coefficients (563 KB at 500x375, 4:2:0), far
-# more than there are threads, so it throttles only large images: eight 8,000² JPEGs took
-# 1,621 MB of RSS without it, rewritten 16 at a time.
-DECODE_MEMORY_BYTES = 256 << 20
-# Bytes read of a file to learn its declared size before its memory is reserved: a JPEG's
-# header (EXIF, XMP, ICC segments of up to 64 KiB each, then the frame) fits in far less.
-HEADER_BYTES = 256 << 10
-
-
-@dataclass(frozen=True)
-class UploadOptions:
-    """How to pack a list. Defaults come from trainfeed.formats.shards (see the reasons there)."""
-
-    kind: Kind | None = None
-    columns: tuple[str, ...] | None = None
-    skip_missing: bool = False
-    overwrite: bool = False
-    row_group_rows: int = shard_format.DEFAULT_ROW_GROUP_ROWS
-    row_group_bytes: int = shard_format.DEFAULT_ROW_GROUP_BYTES
-    shard_bytes: int = shard_format.DEFAULT_SHARD_BYTES
-    shard_row_groups: int = shard_format.DEFAULT_SHARD_ROW_GROUPS
-    read_threads: int = DEFAULT_READ_THREADS
-    # Whether a file's mtime is part of the upload's identity (cheap: one stat). When False, its
-    # content is hashed instead, for inputs that are regenerated byte-identically.
-    fingerprint_mtimes: bool = True
-    # Decode every image before writing anything (file lists): a corrupt JPEG then fails the
-    # upload, listing every bad file with its list line, instead of failing a training job.
-    check_images: bool = False
-    # Lines starting with `#` are comments (see trainfeed.formats.listfile).
-    comments: bool = True
-    # Pack files outside the list's folder (absolute paths, '..', symlinks out): off by default.
-    allow_outside: bool = False
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    # Rewrite JPEGs losslessly with restart markers (file lists), so that training crops decode
-    # their window alone: 1.35x the training images/s on ImageNet-like photos (docs/imagenet.md).
-    # Pixels stay identical; stored bytes then differ from the files'. Needs the region decoder.
-    jpeg_restarts: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("row_group_rows", "row_group_bytes", "shard_bytes", "shard_row_groups",
-                     "read_threads", "max_record_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"UploadOptions.{name} must be ≥ 1, got {getattr(self, name)}")
+# The name tests used for the read-ahead planner before it moved to trainfeed.ingest.pack.
+_read_ahead_windows = read_ahead_windows
 
 
 @dataclass(frozen=True)
@@ -123,369 +62,6 @@ class UploadResult:
     seconds: float
 
 
-@dataclass
-class _ShardProgress:
-    """What a finished shard contributes; saved next to it so an interrupted upload can resume."""
-
-    shard: ShardInfo
-    next_entry: int  # index into the list's entries of the first row not in this shard
-    labels: dict[str, int] = field(default_factory=dict)
-    payload_bytes: int = 0
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> _ShardProgress:
-        raw = json.loads(data)
-        s = raw["shard"]
-        shard = ShardInfo(**{**s, "row_groups": tuple(RowGroupInfo(**g) for g in s["row_groups"])})
-        return cls(shard, raw["next_entry"], raw["labels"], raw["payload_bytes"])
-
-
-def _stat_files(entries: tuple[ListEntry, ...], threads: int,
-                with_mtimes: bool) -> list[tuple[int, int | str] | None]:
-    """(size, mtime_ns or content hash) of each entry's file, or None where it is missing."""
-    def stat(entry: ListEntry) -> tuple[int, int | str] | None:
-        path = entry.columns[0]
-        try:
-            st = os.stat(path)
-            if not os.path.isfile(path):
-                return None
-            if with_mtimes:
-                return st.st_size, st.st_mtime_ns
-            with open(path, "rb") as f:
-                return st.st_size, hashlib.sha256(f.read()).hexdigest()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(stat, entries, chunksize=256))
-
-
-def _fingerprint(parsed: ParsedList, list_bytes: bytes, stats: list, options: UploadOptions,
-                 skipped: tuple[str, ...]) -> str:
-    """Identifies an upload's input: same list, same files (size, mtime), same layout ⇒ same id."""
-    digest = hashlib.sha256(list_bytes)
-    layout: tuple[object, ...] = (parsed.kind, parsed.field_names, options.row_group_rows,
-                                  options.row_group_bytes, options.shard_bytes,
-                                  options.shard_row_groups, skipped)
-    if not options.comments:  # only when not the default, so existing datasets keep their id
-        layout += ("comments kept as data",)
-    if options.jpeg_restarts:
-        layout += ("jpeg restarts",)
-    digest.update(repr(layout).encode())
-    digest.update(repr(stats).encode())
-    return digest.hexdigest()
-
-
-def _read_ahead_windows(entries: tuple[ListEntry, ...], sizes: list[int] | None,
-                        threads: int) -> Iterator[tuple[ListEntry, ...]]:
-    """Consecutive slices of `entries` read together: at most threads * 8 files and, when the
-    sizes are known, at most READ_AHEAD_BYTES (but always at least one file)."""
-    start = 0
-    while start < len(entries):
-        stop, total = start, 0
-        while stop < len(entries) and stop - start < threads * 8:
-            size = sizes[stop] if sizes is not None else 0
-            if stop > start and total + size > READ_AHEAD_BYTES:
-                break
-            total += size
-            stop += 1
-        yield entries[start:stop]
-        start = stop
-
-
-def _payloads(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
-              sizes: list[int] | None = None,
-              rewrite: Callable[[ListEntry, bytes], bytes] | None = None,
-              ) -> Iterator[tuple[ListEntry, tuple[bytes | str, ...], int]]:
-    """Yields (entry, field values, payload bytes) in list order, reading files in parallel;
-    `sizes` (of the entries' files) bounds the read-ahead in bytes. `rewrite` maps each file's
-    bytes on the reading threads (it must release the GIL to run in parallel)."""
-    if parsed.kind == "text":
-        for entry in entries:
-            yield entry, entry.columns, sum(len(c.encode()) for c in entry.columns)
-        return
-
-    def load(entry: ListEntry) -> tuple[ListEntry, tuple[bytes | str, ...], int]:
-        try:
-            with open(entry.columns[0], "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise ListFileError(f"{parsed.path}:{entry.line}: cannot read {entry.columns[0]}: "
-                                f"{e.strerror or e}") from e
-        if rewrite is not None:
-            data = rewrite(entry, data)
-        return entry, (data, *entry.columns[1:]), len(data) + sum(
-            len(c.encode()) for c in entry.columns[1:])
-
-    with ThreadPoolExecutor(threads) as pool:
-        for window in _read_ahead_windows(entries, sizes, threads):
-            yield from pool.map(load, window)
-
-
-def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: int,
-                 sizes: list[int] | None = None, max_pixels: int | None = None) -> None:
-    """Decodes every file of a file list, each on its own, as a reader would (any size: no
-    batch to stack them in); raises UndecodableImagesError listing every failure with its line.
-
-    Decodes run in parallel on up to `threads` threads (at most one per core) and together
-    hold at most DECODE_MEMORY_BYTES, or one image's needs alone when larger: each reserves its
-    file's size plus what its header announces (trainfeed.decode.pixel_budget.decode_bytes)
-    before it reads the whole file. An image over the pixel budget (`max_pixels`, default
-    $TRAINFEED_MAX_IMAGE_PIXELS) is listed without being decoded.
-    """
-    # Pillow and simplejpeg only when asked.
-    from trainfeed.decode.memory_budget import MemoryBudget
-    from trainfeed.decode.pixel_budget import DECODE_FAILURES, decode_bytes, failure_reason
-    from trainfeed.decode.pixels import ImageDecoder
-
-    decoder = ImageDecoder(threads=1, errors="raise", max_pixels=max_pixels)
-    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --check-images")
-    file_sizes = sizes if sizes is not None else [0] * len(entries)
-
-    def check(index: int) -> tuple[int, str, str] | None:
-        entry, path = entries[index], entries[index].columns[0]
-        where = f"{parsed.path}:{entry.line}"
-        try:
-            with open(path, "rb") as f:
-                head = f.read(HEADER_BYTES)
-            with memory.reserve(file_sizes[index] + decode_bytes(head, decoder.max_pixels),
-                                f"{where}: {path}"):
-                with open(path, "rb") as f:
-                    data = f.read()
-                try:
-                    decoder.decode_one(data)
-                except DECODE_FAILURES as e:
-                    return entry.line, path, failure_reason(e)
-        except OSError as e:
-            raise ListFileError(f"{where}: cannot read {path}: {e.strerror or e}") from e
-        return None
-
-    workers = max(1, min(threads, os.cpu_count() or 1))
-    bad: list[tuple[int, str, str]] = []
-    pending: deque[Future[tuple[int, str, str] | None]] = deque()
-    with ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-check") as pool:
-        try:
-            for index in range(len(entries)):
-                pending.append(pool.submit(check, index))
-                if len(pending) >= 4 * workers:  # a bounded queue, not a future per file
-                    _collect(pending.popleft(), bad)
-            while pending:
-                _collect(pending.popleft(), bad)
-        finally:  # on an error, the files not started yet are not read
-            for future in pending:
-                future.cancel()
-            decoder.close()
-    if bad:
-        raise UndecodableImagesError(parsed.path, bad)
-
-
-def _collect(future: Future[tuple[int, str, str] | None],
-             bad: list[tuple[int, str, str]]) -> None:
-    failure = future.result()
-    if failure is not None:
-        bad.append(failure)
-
-
-class _ShardWriter:
-    """Cuts rows into row groups and shards, writing each shard and its progress record."""
-
-    def __init__(self, folder: Storage, data_dir: str, parsed: ParsedList,
-                 options: UploadOptions, first_shard: int):
-        self.folder = folder
-        self.data_dir = data_dir
-        self.parsed = parsed
-        self.options = options
-        self.fields = field_specs(parsed)
-        self.schema = shard_format.arrow_schema(self.fields)
-        self.shard_index = first_shard
-        self.groups: list[shard_format.RowGroupBuffer] = []
-        self.group = shard_format.RowGroupBuffer.empty(len(self.fields))
-        self.labels: Counter[str] = Counter()
-        self.written: list[_ShardProgress] = []
-
-    def add(self, index: int, entry: ListEntry, values: tuple[bytes | str, ...],
-            size: int) -> None:
-        """Adds the `index`-th entry being uploaded (its position after --skip-missing)."""
-        o = self.options
-        if len(self.group) and (len(self.group) >= o.row_group_rows
-                                or self.group.payload_bytes + size > o.row_group_bytes):
-            self._close_group(next_entry=index)
-        self.group.add(entry.record_id, values, size)
-        if self.parsed.label_index is not None:
-            self.labels[str(values[self.parsed.label_index])] += 1
-
-    def _close_group(self, next_entry: int) -> None:
-        self.groups.append(self.group)
-        self.group = shard_format.RowGroupBuffer.empty(len(self.fields))
-        o = self.options
-        if (len(self.groups) >= o.shard_row_groups
-                or sum(g.payload_bytes for g in self.groups) >= o.shard_bytes):
-            self._write_shard(next_entry)
-
-    def finish(self, next_entry: int) -> None:
-        if len(self.group):
-            self.groups.append(self.group)
-            self.group = shard_format.RowGroupBuffer.empty(len(self.fields))
-        if self.groups:
-            self._write_shard(next_entry)
-
-    def _write_shard(self, next_entry: int) -> None:
-        info = shard_format.write_shard(
-            self.folder, f"{self.data_dir}/shard-{self.shard_index:05d}.parquet", self.schema,
-            self.groups)
-        progress = _ShardProgress(info, next_entry, dict(self.labels),
-                                  sum(g.payload_bytes for g in self.groups))
-        # The progress record is written after the shard: its presence proves the shard complete.
-        self.folder.write_atomic(_progress_path(self.data_dir, self.shard_index),
-                                 progress.to_json())
-        self.written.append(progress)
-        self.shard_index += 1
-        self.groups = []
-        self.labels = Counter()
-
-
-def _progress_path(data_dir: str, index: int) -> str:
-    return f"{data_dir}/_progress/shard-{index:05d}.json"
-
-
-def field_specs(parsed: ParsedList) -> tuple[FieldSpec, ...]:
-    """The schema fields of a parsed list: file bytes are binary, every other column a string."""
-    return tuple(FieldSpec(name, "binary" if parsed.kind == "file" and i == 0 else "string")
-                 for i, name in enumerate(parsed.field_names))
-
-
-def _load_progress(folder: Storage, data_dir: str) -> list[_ShardProgress]:
-    """Finished shards of an earlier, interrupted run of the same upload (a contiguous prefix)."""
-    done: list[_ShardProgress] = []
-    while True:
-        path = _progress_path(data_dir, len(done))
-        if not folder.exists(path):
-            return done
-        done.append(_ShardProgress.from_json(folder.read_bytes(path)))
-
-
-def _restart_rewriter(options: UploadOptions,
-                      parsed: ParsedList) -> Callable[[ListEntry, bytes], bytes] | None:
-    """What `jpeg_restarts` does to each file: JPEGs rewritten with restart markers, unless
-    that would pass `max_record_bytes` (the rewrite can grow a file by a fraction of a percent).
-    Refuses at once, before anything is written, when the region decoder was not built.
-
-    A rewrite holds every DCT coefficient of its file (128 bytes per 8x8 block per component,
-    which its frame header announces) plus its output: rewrites reserve that from one budget of
-    DECODE_MEMORY_BYTES, so that large files wait for room instead of running on every reading
-    thread at once, and one larger than the whole budget runs alone. A JPEG over the pixel
-    budget is stored as it is, with a warning: readers refuse it as they would anyway."""
-    if not options.jpeg_restarts:
-        return None
-    from trainfeed.decode import roi  # the compiled part, only when asked
-    from trainfeed.decode.memory_budget import MemoryBudget
-    from trainfeed.decode.pixel_budget import jpeg_frame, max_image_pixels
-
-    if roi.region_decoder() is None:
-        raise ConfigurationError(
-            "--jpeg-restarts needs trainfeed's JPEG region decoder, which was not built "
-            "(libjpeg-turbo's headers were missing at install: see `trainfeed doctor`)")
-    memory = MemoryBudget(DECODE_MEMORY_BYTES, "upload --jpeg-restarts")
-    budget = max_image_pixels()
-
-    def rewrite(entry: ListEntry, data: bytes) -> bytes:
-        frame = jpeg_frame(data)
-        if frame is None:  # not a JPEG (or no frame): libjpeg refuses it before allocating
-            return roi.with_restarts(data)
-        where = f"{parsed.path}:{entry.line}: {entry.columns[0]}"
-        if frame.height * frame.width > budget:
-            logger.warning("%s declares %dx%d pixels, over the pixel budget of %d "
-                           "($TRAINFEED_MAX_IMAGE_PIXELS): stored without restart markers; "
-                           "readers will refuse it (--check-images refuses the upload)",
-                           where, frame.width, frame.height, budget)
-            return data
-        # The coefficients, libjpeg's output buffer (grown by doubling) and its copy as bytes.
-        with memory.reserve(frame.coefficient_bytes + 3 * len(data), where):
-            rewritten = roi.with_restarts(data, budget)
-        return rewritten if len(rewritten) <= options.max_record_bytes else data
-
-    return rewrite
-
-
-class _UploadLock:
-    """One upload of a dataset at a time, where storage can lock (local and mounted folders:
-    a POSIX lock on `<dataset>/.upload.lock`, which NFS and GlusterFS honour too). Two uploads
-    of one dataset replace each other's data: in 11 rounds of two concurrent `--overwrite`
-    runs, 3 died with a traceback and 2 left a manifest whose shards the other had deleted.
-    The second upload now fails at once, naming the first. The lock is the process's: it ends
-    with the process, whatever kills it. Object stores have no such lock: `upload` checks
-    before publishing that nobody replaced the dataset meanwhile (`_check_not_replaced`)."""
-
-    def __init__(self, folder: Storage, dataset: str):
-        self.folder = folder
-        self.dataset = dataset
-        self.fd: int | None = None
-
-    def __enter__(self) -> _UploadLock:
-        if not self.folder.is_local:
-            return self
-        os.makedirs(self.folder.root, exist_ok=True)
-        path = os.path.join(self.folder.root, LOCK_NAME)
-        while self.fd is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
-                os.close(fd)
-                if e.errno in (errno.EAGAIN, errno.EACCES):
-                    raise ConcurrentUploadError(
-                        f"dataset {self.dataset!r} in {self.folder.url} is being uploaded by "
-                        f"another process ({holder or 'which has just started'}); two uploads "
-                        f"of one dataset would replace each other's files, so this one wrote "
-                        f"nothing. Wait for that upload to end, then run this one again if its "
-                        f"content should replace that one's") from None
-                logger.debug("cannot lock %s (%s): relying on the check before publishing",
-                             path, e)
-                return self  # a filesystem without locks
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # the holder removed the file as we opened it: lock the new one
-                os.close(fd)
-                continue
-            self.fd = fd
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, (f"pid {os.getpid()} on {socket.gethostname()}, since "
-                            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}").encode(),
-                  0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Removes the lock file while still holding it (a waiting process then sees another
-        inode and retries), and the dataset's folder if this upload left it empty."""
-        if self.fd is None:
-            return
-        try:
-            os.remove(os.path.join(self.folder.root, LOCK_NAME))
-            os.rmdir(self.folder.root)
-        except OSError:
-            pass  # the folder holds the dataset: it stays
-        finally:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _check_not_replaced(folder: Storage, dataset: str, previous: str | None) -> None:
-    """Raises ConcurrentUploadError if the published dataset is no longer the one this upload
-    found when it started: another upload (on storage that cannot lock) replaced it."""
-    current = _published_fingerprint(folder)
-    if current != previous:
-        raise ConcurrentUploadError(
-            f"dataset {dataset!r} in {folder.url} was replaced by another upload while this one "
-            f"ran (its fingerprint went from {(previous or 'none')[:16]} to "
-            f"{(current or 'none')[:16]}); this upload published nothing. Run it again if its "
-            f"content should replace that one's (it resumes after the shards it wrote)")
-
-
 def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
            options: UploadOptions | None = None, progress: bool | None = None,
            on_shard: Callable[[int], None] | None = None) -> UploadResult:
@@ -495,9 +71,11 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         list_path: the `.list` file (paths in it are relative to its folder).
         dataset: the dataset name (validated: no path tricks).
         storage: a Storage, an fsspec URL, or None for `$TRAINFEED_STORAGE` / `./trainfeed-data`.
-        options: layout and behaviour (kind, column names, --skip-missing, --overwrite).
+        options: layout and behaviour (kind, column names, --skip-missing, --overwrite,
+            processes, transforms).
         progress: show a progress bar (default: when stderr is a terminal).
-        on_shard: called with each newly written shard's index (used by tests to interrupt).
+        on_shard: called with each newly written shard's index, in shard order (used by tests
+            to interrupt).
 
     Returns:
         What was published, or `already_published=True` when the same upload was already done.
@@ -511,152 +89,63 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     options = options or UploadOptions()
     store = storage if isinstance(storage, Storage) else open_storage(storage)
     folder = dataset_storage(store, dataset)
-    parsed = parse_list(list_path, options.kind, options.columns, comments=options.comments)
-    with open(list_path, "rb") as f:
-        list_bytes = f.read()
-
-    entries = parsed.entries
-    stats: list = []
-    skipped: tuple[str, ...] = ()
-    if parsed.kind == "file":
-        stats = _stat_files(entries, options.read_threads, options.fingerprint_mtimes)
-        missing = [(e.line, e.columns[0]) for e, s in zip(entries, stats) if s is None]
-        if missing and not options.skip_missing:
-            raise MissingFilesError(parsed.path, missing)
-        if missing:
-            skipped = tuple(f"{parsed.path}:{line}: {path}" for line, path in missing)
-            # Logged once here for library users; the CLI prints the list (result.skipped).
-            logger.debug("skipping %d missing file(s) of %s", len(missing), parsed.path)
-            entries = tuple(e for e, s in zip(entries, stats) if s is not None)
-            stats = [s for s in stats if s is not None]
-        if not options.allow_outside:
-            outside = outside_paths(entries, os.path.dirname(parsed.path))
-            if outside:
-                raise OutsidePathsError(parsed.path, outside)
-        big = [(e.line, e.columns[0], s[0]) for e, s in zip(entries, stats)
-               if s[0] > options.max_record_bytes]
-        if big:
-            raise OversizeRecordsError(parsed.path, options.max_record_bytes, big)
-    sizes = [s[0] for s in stats] if parsed.kind == "file" else None
-    fingerprint = _fingerprint(parsed, list_bytes, stats, options, skipped)
-    with _UploadLock(folder, dataset):
-        return _upload_locked(parsed, list_bytes, dataset, store, folder, options, entries,
-                              stats, sizes, skipped, fingerprint, started, progress, on_shard)
-
-
-def _upload_locked(parsed: ParsedList, list_bytes: bytes, dataset: str, store: Storage,
-                   folder: Storage, options: UploadOptions, entries: tuple[ListEntry, ...],
-                   stats: list, sizes: list[int] | None, skipped: tuple[str, ...],
-                   fingerprint: str, started: float, progress: bool | None,
-                   on_shard: Callable[[int], None] | None) -> UploadResult:
-    """The part of `upload` that writes, holding the dataset's upload lock."""
-    previous = _published_fingerprint(folder)
-    if previous == fingerprint:
-        logger.debug("dataset %r is already published from this input; nothing to do", dataset)
-        return UploadResult(dataset, folder.url, len(entries), 0, 0, skipped, True, 0,
-                            time.monotonic() - started)
-    if previous is not None and not options.overwrite:
-        raise DatasetExistsError(
-            f"dataset {dataset!r} already exists in {store.url} with different content; "
-            f"use --overwrite to replace it, or upload under another name")
-
-    rewrite = _restart_rewriter(options, parsed) if parsed.kind == "file" else None
-    check_name_is_free(store, dataset)
-    remove_temporary_files(folder)
-    if options.check_images and parsed.kind == "file":
-        check_images(parsed, entries, options.read_threads, sizes)
-
-    data_dir = f"data/{fingerprint[:16]}"
-    resumed = _load_progress(folder, data_dir)
-    start_entry = resumed[-1].next_entry if resumed else 0
-    if resumed:
-        logger.info("resuming upload of %r after %d finished shard(s)", dataset, len(resumed))
-    writer = _ShardWriter(folder, data_dir, parsed, options, first_shard=len(resumed))
-    show = progress if progress is not None else _stderr_is_tty()
-    bar = tqdm(total=len(entries), initial=start_entry, unit="rec", unit_scale=True,
-               desc=f"upload {dataset}", disable=not show, smoothing=0.1)
-    read_bytes = 0
-    with bar:
-        for i, (entry, values, size) in enumerate(
-                _payloads(parsed, entries[start_entry:], options.read_threads,
-                          sizes[start_entry:] if sizes is not None else None, rewrite),
-                start=start_entry):
-            shards_before = writer.shard_index
-            writer.add(i, entry, values, size)
-            read_bytes += size
-            bar.update(1)
-            if i % 512 == 0:
-                elapsed = max(bar.format_dict["elapsed"], 1e-9)
-                bar.set_postfix_str(f"{read_bytes / elapsed / 1e6:.1f} MB/s")
-            if on_shard and writer.shard_index != shards_before:
-                on_shard(shards_before)
-        writer.finish(next_entry=len(entries))
-
-    shards = resumed + writer.written
-    base_dir = os.path.dirname(parsed.path)
-    sources = write_sources(
-        folder, data_dir, [e.record_id for e in entries],
-        [os.path.relpath(e.columns[0], base_dir) if parsed.kind == "file" else None
-         for e in entries], [e.line for e in entries])
-    labels: Counter[str] = Counter()
-    for s in shards:
-        labels.update(s.labels)
-    manifest = Manifest(
-        name=dataset, kind=parsed.kind, fields=writer.fields,
-        label_field=parsed.field_names[parsed.label_index]
-        if parsed.label_index is not None else None,
-        num_records=sum(s.shard.num_rows for s in shards),
-        num_bytes=sum(s.payload_bytes for s in shards),
-        shards=tuple(s.shard for s in shards),
-        label_histogram=dict(sorted(labels.items())), label_order=label_order(labels),
-        fingerprint=fingerprint, source=os.path.basename(parsed.path),
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), skipped=skipped,
-        sources=sources)
-    manifest.check()
-    _check_not_replaced(folder, dataset, previous)
-    write_manifest(store, manifest)
-    remove_stale_data(folder, keep=data_dir)
+    inputs = read_inputs(list_path, options)
+    with UploadLock(folder, dataset):
+        previous = published_fingerprint(folder)
+        if previous == inputs.fingerprint:
+            logger.debug("dataset %r is already published from this input; nothing to do",
+                         dataset)
+            return UploadResult(dataset, folder.url, len(inputs.entries), 0, 0, inputs.skipped,
+                                True, 0, time.monotonic() - started)
+        if previous is not None and not options.overwrite:
+            raise DatasetExistsError(
+                f"dataset {dataset!r} already exists in {store.url} with different content; "
+                f"use --overwrite to replace it, or upload under another name")
+        _prepare(inputs, options, store, folder, dataset)
+        shards, resumed = _pack(inputs, options, folder, dataset, progress, on_shard)
+        manifest = build_manifest(
+            dataset, inputs, field_specs(inputs.parsed.kind, inputs.parsed.field_names), shards,
+            folder, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), describe(options))
+        check_not_replaced(folder, dataset, previous)
+        write_manifest(store, manifest)
+        remove_stale_data(folder, keep=inputs.data_dir)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
-                        len(manifest.shards), skipped, False, len(resumed),
+                        len(manifest.shards), inputs.skipped, False, resumed,
                         time.monotonic() - started)
 
 
-def remove_temporary_files(folder: Storage) -> None:
-    """Deletes the temporary files of an upload that was killed while writing one (an atomic
-    write is a temporary sibling renamed over its target; a kill between the two leaves it).
-    Uploads of one dataset are not meant to run concurrently (the second would replace the
-    first), so any temporary file here is garbage."""
-    if not folder.is_local or not os.path.isdir(folder.root):
-        return
-    for parent, _, files in os.walk(folder.root):
-        for name in files:
-            if ".tmp-" in name:
-                os.remove(os.path.join(parent, name))
+def _prepare(inputs: Inputs, options: UploadOptions, store: Storage, folder: Storage,
+             dataset: str) -> None:
+    """What must hold before a shard is written: the transform can run (refused at once if
+    not), the name is free, no temporary files of a killed upload, every image decodes."""
+    if inputs.parsed.kind == "file":
+        make_transform(options, DECODE_MEMORY_BYTES)
+    check_name_is_free(store, dataset)
+    remove_temporary_files(folder)
+    if options.check_images and inputs.parsed.kind == "file":
+        check_images(inputs.parsed, inputs.entries, options.read_threads, list(inputs.sizes))
 
 
-def _published_fingerprint(folder: Storage) -> str | None:
-    try:
-        return json.loads(folder.read_bytes(MANIFEST_NAME)).get("fingerprint")
-    except FileNotFoundError:
-        return None
-
-
-def remove_stale_data(folder: Storage, keep: str) -> None:
-    """Deletes data folders of earlier, replaced or abandoned uploads once the new one is live,
-    never the one the published manifest names (on storage that cannot lock, another upload
-    may have published since this one did)."""
-    try:
-        found = folder.fs.ls(folder.path("data"), detail=False)
-        published = json.loads(folder.read_bytes(MANIFEST_NAME))
-    except FileNotFoundError:
-        return
-    kept = {keep.rsplit("/", 1)[-1]} | {
-        shard["path"].split("/")[1] for shard in published.get("shards", ())
-        if shard.get("path", "").startswith("data/") and shard["path"].count("/") >= 2}
-    for path in found:
-        if path.rstrip("/").rsplit("/", 1)[-1] not in kept:
-            folder.fs.rm(path, recursive=True)
-
-
-def _stderr_is_tty() -> bool:
-    return sys.stderr.isatty()
+def _pack(inputs: Inputs, options: UploadOptions, folder: Storage, dataset: str,
+          progress: bool | None, on_shard: Callable[[int], None] | None,
+          ) -> tuple[list[ShardProgress], int]:
+    """Packs every planned shard not finished by an earlier run; (all shards' progress in
+    order, how many were resumed)."""
+    plans = plan_shards(inputs.sizes, layout_of(options))
+    done = {p.index: d for p in plans if (d := finished(folder, inputs.data_dir, p)) is not None}
+    if done:
+        logger.info("resuming upload of %r: %d of %d shard(s) already written", dataset,
+                    len(done), len(plans))
+    todo = [p for p in plans if p.index not in done]
+    tasks = pack_tasks(inputs, options, folder, todo, options.processes)
+    show = progress if progress is not None else sys.stderr.isatty()
+    with Packers(tasks, options.processes) as packers, tqdm(
+            total=len(inputs.entries), initial=sum(len(p) for p in plans if p.index in done),
+            unit="rec", unit_scale=True, desc=f"upload {dataset}", disable=not show,
+            smoothing=0.1) as bar:
+        for task, written in zip(tasks, packers.results()):
+            done[task.plan.index] = written
+            bar.update(len(task.plan))
+            if on_shard is not None:
+                on_shard(task.plan.index)
+    return [done[p.index] for p in plans], len(plans) - len(todo)

@@ -20,6 +20,7 @@ from trainfeed.cli import (
     master_cmd,
     preprocess_cmd,
     sql_cmd,
+    submit_upload_cmd,
     token_cmd,
     upload_cmd,
 )
@@ -34,7 +35,7 @@ from trainfeed.errors import TrainfeedError
 
 logger = logging.getLogger("trainfeed.cli")
 COMMANDS = (upload_cmd, master_cmd, health_cmd, datasets_cmd, builtin_cmd, demo_cmd,
-            preprocess_cmd, sql_cmd, cluster_cmd, doctor_cmd, token_cmd)
+            preprocess_cmd, sql_cmd, cluster_cmd, submit_upload_cmd, doctor_cmd, token_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.formats.shards import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
+from trainfeed.ingest.options import DEFAULT_RESIZE_QUALITY
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.upload import (
     DECODE_MEMORY_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_PROCESSES,
     UploadOptions,
     upload,
 )
@@ -25,6 +28,27 @@ def rows_per_group(text: str) -> int:
     return value
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number ≥ `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number ≥ {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def quality(text: str) -> int:
+    """--quality: a JPEG quality, 1..100."""
+    value = at_least(1)(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"expected a JPEG quality in 1..100, got {text!r}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "upload", help="pack a .list file into a dataset",
@@ -34,6 +58,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("list", help="the .list file; paths in it are relative to its folder")
     p.add_argument("--dataset", required=True, help="dataset name, e.g. flowers or public/digits")
     add_storage_options(p)
+    add_upload_options(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def add_upload_options(p: argparse.ArgumentParser) -> None:
+    """What an upload packs and how: the same for `upload`, `upload-slice` and
+    `submit-upload` (trainfeed.cli.submit_upload_cmd)."""
     p.add_argument("--kind", choices=["file", "text"],
                    help="force the list kind (default: file if a first column among the first "
                         "100 lines names an existing file or folder, or looks like a path or a "
@@ -69,20 +101,48 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rewrite JPEGs losslessly with restart markers, so that training crops "
                         "(random_resized_crop=) decode their window alone, ~1.35x faster; pixels "
                         "stay identical, stored bytes differ from the files' (docs/imagenet.md)")
+    p.add_argument("--max-side", type=at_least(8), metavar="N",
+                   help="re-encode images whose longer side exceeds N pixels to N (aspect kept) "
+                        "as JPEGs at --quality: lossy and opt-in, recorded in the manifest "
+                        "(FFCV's ImageNet recipe stores at most 256 px); works with "
+                        "--jpeg-restarts")
+    p.add_argument("--quality", type=quality, default=DEFAULT_RESIZE_QUALITY, metavar="Q",
+                   help=f"JPEG quality of images re-encoded by --max-side (default "
+                        f"{DEFAULT_RESIZE_QUALITY}, FFCV's)")
+    p.add_argument("--processes", type=at_least(1), default=DEFAULT_PROCESSES, metavar="N",
+                   help=f"packing processes (default: one per core, {DEFAULT_PROCESSES} here); "
+                        f"the output does not depend on it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    options = UploadOptions(
+def options_from(args: argparse.Namespace) -> UploadOptions:
+    """The UploadOptions of `add_upload_options`' arguments."""
+    return UploadOptions(
         kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
         skip_missing=args.skip_missing, overwrite=args.overwrite,
         check_images=args.check_images, comments=not args.no_comments,
         allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes,
-        row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts)
-    result = upload(args.list, args.dataset, storage_from(args), options,
+        row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts,
+        processes=args.processes, max_side=args.max_side, quality=args.quality)
+
+
+def upload_arguments(args: argparse.Namespace) -> list[str]:
+    """`add_upload_options`' arguments as a command line gives them (all but --processes,
+    which each packer chooses): what `submit-upload` hands its packers."""
+    out = [*(["--kind", args.kind] if args.kind else []),
+           *(["--columns", args.columns] if args.columns else []),
+           "--max-record-bytes", str(args.max_record_bytes),
+           "--rows-per-group", str(args.rows_per_group), "--quality", str(args.quality),
+           *(["--max-side", str(args.max_side)] if args.max_side else [])]
+    flags = {"--skip-missing": args.skip_missing, "--check-images": args.check_images,
+             "--no-comments": args.no_comments, "--allow-outside": args.allow_outside,
+             "--jpeg-restarts": args.jpeg_restarts, "--overwrite": args.overwrite}
+    return out + [flag for flag, on in flags.items() if on]
+
+
+def run(args: argparse.Namespace) -> int:
+    result = upload(args.list, args.dataset, storage_from(args), options_from(args),
                     progress=False if args.no_progress else None)
     if result.already_published:
         print(f"dataset {result.dataset!r} is already published from this input "

@@ -106,8 +106,22 @@ def outside_paths(entries: tuple[ListEntry, ...], base_dir: str) -> list[tuple[i
     paths, symlinks pointing out. A list must not make an upload pack files its author did not
     put beside it (`../../etc/passwd` once reached a reader)."""
     root = os.path.realpath(base_dir)
-    return [(e.line, e.columns[0]) for e in entries
-            if os.path.commonpath([root, os.path.realpath(e.columns[0])]) != root]
+    inside = root if root.endswith(os.sep) else root + os.sep
+    folders: dict[str, str] = {}  # each folder resolved once: realpath costs an lstat per part
+
+    def resolved(path: str) -> str:
+        folder, name = os.path.split(path)
+        if name in ("", ".", "..") or os.path.islink(path):
+            return os.path.realpath(path)
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder)
+        return os.path.join(folders[folder], name)
+
+    def outside(path: str) -> bool:
+        real = resolved(path)
+        return real != root and not real.startswith(inside)
+
+    return [(e.line, e.columns[0]) for e in entries if outside(e.columns[0])]
 
 
 def parse_list(path: str, kind: Kind | None = None,

@@ -162,3 +162,119 @@ def write_shard(folder: Storage, rel: str, schema: pa.Schema,
     return ShardInfo(path=rel, num_rows=sum(len(g) for g in row_groups), num_bytes=len(data),
                      sha256=sha, row_groups=tuple(g.info() for g in row_groups),
                      payload_index=index_rel)
+
+
+class ShardEncoder:
+    """Encodes one shard row group by row group, as the groups come (`add`), so that a packer
+    holds the encoded shard and the group being added, never every group's values as well:
+    `encode_shard` needs them all at once (and `payload_index` searches them in the whole file).
+
+    Binary columns are PLAIN-encoded, without the dictionary pyarrow tries first: each value is
+    then in its column chunk verbatim after its 4-byte length, in row order, so that its
+    offset is found where the previous value ended (a memory compare) unless a page header
+    sits between them (then searched for, from there). Text columns keep dictionaries and
+    Snappy. The bytes depend only on the groups added: the same groups make the same shard
+    whichever process encodes them (parallel uploads rely on it).
+
+    Not thread-safe: one encoder per shard being written.
+    """
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self._sink = io.BytesIO()
+        strings = [f.name for f in schema if f.type == pa.string()]
+        self._writer = pq.ParquetWriter(
+            self._sink, schema,
+            compression={f.name: ("NONE" if f.type == pa.binary() else "SNAPPY") for f in schema},
+            use_dictionary=strings or False, write_statistics=[ID_COLUMN],
+            write_page_checksum=True)
+        self._binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
+        self._columns = INDEX_COLUMNS if CRC32C_COMPILED else CRC32C_COLUMN
+        self._index: list[np.ndarray] = []
+        self._groups: list[RowGroupInfo] = []
+        self._located = True
+
+    def add(self, group: RowGroupBuffer) -> None:
+        """Encodes `group` as the shard's next row group and locates its binary values."""
+        start = self._sink.tell()
+        table = pa.Table.from_arrays(
+            [pa.array(group.ids, pa.int64())]
+            + [_binary_array(col) if self.schema.field(i + 1).type == pa.binary()
+               else pa.array(col, self.schema.field(i + 1).type)
+               for i, col in enumerate(group.columns)], schema=self.schema)
+        self._writer.write_table(table, row_group_size=len(group))
+        del table
+        self._groups.append(group.info())
+        if self._located and self._binary:
+            index = self._locate(group, start)
+            if index is None:
+                self._located = False
+            else:
+                self._index.append(index)
+
+    def _locate(self, group: RowGroupBuffer, start: int) -> np.ndarray | None:
+        """(offset, length, CRC-32, CRC-32C) of each binary value of `group`, written from
+        `start` on; None if one is not there (then the shard has no payload index)."""
+        view = self._sink.getbuffer()
+        try:
+            out = np.zeros((len(group), len(self._binary), self._columns), dtype=np.int64)
+            cursor = start
+            for k, column in enumerate(self._binary):
+                for row, value in enumerate(group.columns[column - 1]):
+                    size = len(value)
+                    head = size.to_bytes(4, "little")
+                    # tobytes: a memoryview compares item by item (160 MB/s), bytes by memcmp.
+                    if not (view[cursor:cursor + 4].tobytes() == head
+                            and view[cursor + 4:cursor + 4 + size].tobytes() == value):
+                        at = _find(view, head + value, cursor)
+                        if at < 0:
+                            return None
+                        cursor = at
+                    out[row, k, :CRC32C_COLUMN] = (cursor + 4, size, zlib.crc32(value))
+                    if CRC32C_COMPILED:
+                        out[row, k, CRC32C_COLUMN] = google_crc32c.value(value)
+                    cursor += 4 + size
+            return out
+        finally:
+            view.release()
+
+    def finish(self) -> tuple[memoryview, str, tuple[RowGroupInfo, ...], np.ndarray | None]:
+        """Closes the file: (its bytes, their SHA-256 hex, its row groups, its payload index or
+        None). The bytes are a view of the encoder's buffer, valid while the encoder lives."""
+        self._writer.close()
+        data = self._sink.getbuffer()
+        index = None
+        if self._binary and self._located:
+            index = (np.concatenate(self._index) if self._index else
+                     np.zeros((0, len(self._binary), self._columns), dtype=np.int64))
+        return data, hashlib.sha256(data).hexdigest(), tuple(self._groups), index
+
+
+def _binary_array(values: Sequence[bytes]) -> pa.Array:
+    """`pa.array(values, pa.binary())`, built from one joined buffer and its offsets: the same
+    array, at a fraction of the CPU (no per-value conversion)."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+# How far past where a value would follow the previous one `_find` looks first: a page header
+# (no statistics on binary columns) or the record ids' chunk before a group's first value.
+_NEAR_BYTES = 64 << 10
+
+
+def _find(view: memoryview, needle: bytes, cursor: int) -> int:
+    """Where `needle` starts in `view` at or after `cursor`, or -1; looks near first."""
+    near = bytes(view[cursor:cursor + len(needle) + _NEAR_BYTES]).find(needle)
+    if near >= 0:
+        return cursor + near
+    rest = bytes(view[cursor:]).find(needle)
+    return cursor + rest if rest >= 0 else -1
+
+
+def payload_index_bytes(index: np.ndarray) -> bytes:
+    """A payload index as the .npy file stored beside its shard."""
+    buffer = io.BytesIO()
+    np.save(buffer, index, allow_pickle=False)
+    return buffer.getvalue()

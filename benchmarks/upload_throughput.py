@@ -1,0 +1,166 @@
+"""Upload throughput against `cp -r` + `sync` of the same files, in one run (issue 30 §2).
+
+Data: ImageNet-like JPEGs (benchmarks/make_imagenet_like.py: natural-photo crops, ~474x413 px,
+~83 KB at quality 90), generated on first use. Each pass, interleaved, runs every method in a
+process of its own, from a warm page cache (the files are read once before each run), writing
+to a fresh folder, and ends with `sync`, so that every method pays for getting its bytes to
+disk:
+
+- `cp`: `cp -r` of the image folder, then `sync` (the baseline);
+- `upload`: `trainfeed upload` with its default processes (one per core), then `sync`;
+- `upload-1p`: the same with `--processes 1` (what one process does);
+- `restarts`: `trainfeed upload --jpeg-restarts`;
+- `resized`: `trainfeed upload --max-side 256 --jpeg-restarts` (FFCV's ImageNet ingest size).
+
+Reported per method, medians over `--passes`: seconds, images/s, MB/s of input, the ratio to
+`cp` of the same pass, the CPU seconds of the method's processes (children's rusage), images per
+CPU-second (what a core does: the figure that load on a shared machine moves least) and images/s
+per core of the machine. The machine's load average before each run is recorded.
+
+    python benchmarks/upload_throughput.py --images 3000 --passes 3
+    python benchmarks/upload_throughput.py --methods cp upload --images 10000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from make_imagenet_like import ensure_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench", "upload")
+METHODS = {
+    "cp": None,
+    "upload": [],
+    "upload-1p": ["--processes", "1"],
+    "restarts": ["--jpeg-restarts"],
+    "resized": ["--max-side", "256", "--jpeg-restarts"],
+}
+
+
+def command(method: str, list_path: str, out: str) -> list[str]:
+    """The command a method runs (its `sync` follows it)."""
+    if method == "cp":
+        return ["cp", "-r", os.path.dirname(list_path), out]
+    return [sys.executable, "-m", "trainfeed.cli.main", "upload", list_path, "--dataset",
+            "bench", "--storage", out, "--no-progress", *METHODS[method]]
+
+
+def warm(folder: str) -> int:
+    """Reads every file of `folder` (page cache); returns their bytes."""
+    total = 0
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(parent, name), "rb") as f:
+                total += len(f.read())
+    return total
+
+
+def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
+    out = os.path.join(scratch, f"out-{method}")
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(["sync"], check=True)
+    source_bytes = warm(os.path.dirname(list_path))
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True)
+    subprocess.run(["sync"], check=True)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if run.returncode != 0:
+        raise SystemExit(f"{method} failed ({run.returncode}): {run.stderr[-2000:]}")
+    stored = sum(os.path.getsize(os.path.join(p, n)) for p, _, names in os.walk(out)
+                 for n in names)
+    shutil.rmtree(out, ignore_errors=True)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"method": method, "seconds": seconds, "cpu_seconds": cpu, "load_before": load,
+            "source_bytes": source_bytes, "stored_bytes": stored}
+
+
+def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any]]:
+    cores = os.cpu_count() or 1
+    by_pass: dict[int, float] = {r["pass"]: r["seconds"] for r in rows if r["method"] == "cp"}
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        seconds = statistics.median(r["seconds"] for r in mine)
+        cpu = statistics.median(r["cpu_seconds"] for r in mine)
+        ratios = [r["seconds"] / by_pass[r["pass"]] for r in mine if r["pass"] in by_pass]
+        out.append({
+            "method": method, "seconds": round(seconds, 2),
+            "images_per_s": round(images / seconds),
+            "mb_per_s": round(mine[0]["source_bytes"] / seconds / 1e6, 1),
+            "vs_cp": round(statistics.median(ratios), 2) if ratios else None,
+            "cpu_seconds": round(cpu, 2),
+            "images_per_cpu_s": round(images / cpu) if cpu else None,
+            "images_per_s_per_core": round(images / seconds / cores),
+            "stored_mb": round(statistics.median(r["stored_bytes"] for r in mine) / 1e6, 1),
+            "load_before": round(statistics.median(r["load_before"] for r in mine), 2)})
+    return out
+
+
+def render(summary: Sequence[dict[str, Any]]) -> str:
+    head = ("| method | s | images/s | MB/s in | × cp+sync | CPU s | images/CPU-s | "
+            "images/s/core | stored MB | load |")
+    lines = [head, "|---|" + "---:|" * 9]
+    for s in summary:
+        lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
+                     f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
+                     f"{s['cpu_seconds']} | {s['images_per_cpu_s']} | "
+                     f"{s['images_per_s_per_core']} | {s['stored_mb']} | {s['load_before']} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--images", type=int, default=3000, help="ImageNet-like photos (default 3000)")
+    p.add_argument("--passes", type=int, default=3, help="interleaved passes (default 3)")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    p.add_argument("--root", default=DEFAULT_ROOT,
+                   help="folder for the photos and the copies (default: %(default)s)")
+    p.add_argument("--json", help="write the rows and summary here")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.root, exist_ok=True)
+    list_path = ensure_dataset(os.path.join(args.root, f"photos-{args.images}"), args.images)
+    scratch = tempfile.mkdtemp(prefix="runs-", dir=args.root)
+    rows = []
+    try:
+        for number in range(args.passes):
+            for method in args.methods:
+                row = run_one(method, list_path, scratch)
+                row["pass"] = number
+                rows.append(row)
+                print(f"pass {number} {method}: {row['seconds']:.2f} s "
+                      f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
+                      file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = summarize(rows, args.images)
+    print(render(summary))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": {"cores": os.cpu_count(), "platform": platform.platform(),
+                                   "python": platform.python_version()},
+                       "images": args.images, "passes": args.passes, "rows": rows,
+                       "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""benchmarks/upload_throughput.py runs end to end at its smallest settings (its figures are
+quoted in docs/figures/ingest.md: the script must not rot between the runs that refresh them)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_upload_throughput_prints_its_table_and_writes_its_json(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/upload_throughput.py"), "--images", "12",
+         "--passes", "1", "--methods", "cp", "upload", "restarts", "--root", str(tmp_path),
+         "--json", str(tmp_path / "out.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| method | s | images/s |"), result.stdout
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["cp", "upload", "restarts"]
+    written = json.loads((tmp_path / "out.json").read_text())
+    summary = {s["method"]: s for s in written["summary"]}
+    assert summary["cp"]["vs_cp"] == 1.0 and summary["upload"]["vs_cp"] > 0
+    assert summary["upload"]["cpu_seconds"] > 0  # the packers' CPU is counted (forked children)
+    assert written["images"] == 12 and len(written["rows"]) == 3

@@ -128,6 +128,9 @@ class JournalWriter:
             with self._cond:
                 batch, self._queue = self._queue, []
             failed = self._commit(batch)
+            if failed and self.lost:  # never durable here: another master serves the state
+                self._fail_all(failed)
+                continue
             if failed:
                 with self._cond:
                     self._queue[:0] = failed
@@ -176,9 +179,9 @@ class JournalWriter:
         if isinstance(error, LeadershipError):
             if not self.lost:
                 logger.critical("lost the leadership of state %s; stopping", self.store.url)
-            self.lost = True
-            if self.on_leadership_lost is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(self.on_leadership_lost)
+                self.lost = True
+                if self.on_leadership_lost is not None and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self.on_leadership_lost)
             self._resolve(run, error)
             return
         logger.error("state store %s: a commit of %d call(s) failed (%s); the calls fail, the "
@@ -186,6 +189,12 @@ class JournalWriter:
         self._resolve(run, StateStoreError(
             f"state store {self.store.url} failed: {error} (the call's changes are not durable; "
             f"retry the call)"))
+
+    def _fail_all(self, failed: list[_Entry]) -> None:
+        with self._cond:
+            failed, self._queue = failed + self._queue, []
+        self._resolve(failed, LeadershipError(
+            f"this master lost the leadership of state {self.store.url}"))
 
     def _resolve(self, run: list[_Entry], error: Exception | None) -> None:
         waiters = [w for entry in run for w in entry.waiters]

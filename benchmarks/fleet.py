@@ -93,7 +93,10 @@ class FleetOptions:
     dying_share: float = 0.02
     epochs: int = 1
     duration_s: float = 0.0  # > 0: stop after this long instead (idle runs)
-    depth: int = 2  # leases held ahead (the one being read included)
+    window_after_s: float = 0.0  # measure from this long after the start (sessions opened)
+    # Leases held (the one being read included); a reader asks again once half are read, so a
+    # deep reader leases several per call.
+    depth: int = 2
     lease_timeout_s: float = 30.0
     watch: bool = True
     sync: bool = False
@@ -140,6 +143,7 @@ class ReaderStats:
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     records: dict[int, int] = field(default_factory=dict)  # epoch -> records consumed
+    done_at: list[float] = field(default_factory=list)  # when each partition was read (monotonic)
     finished: dict[int, float] = field(default_factory=dict)  # epoch -> when its last record
     started: dict[int, float] = field(default_factory=dict)  # epoch -> when its first record
     errors: list[str] = field(default_factory=list)
@@ -168,19 +172,23 @@ class SimReader:
     """
 
     def __init__(self, client: MasterClient, cfg: FleetOptions, dataset: str, index: int,
-                 deadline: float):
+                 go: threading.Event):
         self.client, self.cfg, self.dataset, self.index = client, cfg, dataset, index
         self.kind = cfg.kind(index)
         self.rate = cfg.rate_of(self.kind)
         self.stats = ReaderStats(kind=self.kind)
-        self.deadline = deadline
+        self.go = go  # set once every reader of the fleet has opened its session
+        self.opened = threading.Event()
+        self.deadline = float("inf")
         self.worker = ""
         self.cond = threading.Condition()
         self.inbox: list[pb.WatchEvent] = []
         self.stream: Any = None
-        self.dies_at = (time.monotonic() + random.Random(index).uniform(0.2, 0.8)
-                        * cfg.partitions * cfg.records / cfg.readers / self.rate
-                        if self.kind == "dying" else float("inf"))
+        # When (after the start) a dying reader dies: within its first epoch's share.
+        self.dies_after = (random.Random(index).uniform(0.2, 0.8)
+                           * cfg.partitions * cfg.records / cfg.readers / self.rate
+                           if self.kind == "dying" else float("inf"))
+        self.dies_at = float("inf")
         self.sync = (pb.SyncGroup(world_size=cfg.readers, rank=index, batch_size=cfg.batch)
                      if cfg.sync else None)
 
@@ -192,6 +200,11 @@ class SimReader:
             self.worker = opened.worker_id
             if watcher is not None:
                 watcher.watch(self)
+            self.opened.set()
+            self.go.wait()
+            start = time.monotonic()
+            self.deadline = start + (self.cfg.duration_s or float("inf"))
+            self.dies_at = start + self.dies_after
             epoch = opened.current_epoch
             for _ in range(self.cfg.epochs):
                 if not self.read_epoch(epoch):
@@ -203,6 +216,7 @@ class SimReader:
         except (JobError, MasterUnavailableError) as e:
             self.stats.errors.append(f"reader {self.index}: {e}")
         finally:
+            self.opened.set()
             if self.stream is not None:
                 self.stream.cancel()
         return self.stats
@@ -224,6 +238,7 @@ class SimReader:
             if current is not None and now >= began + (current.end - current.skip) / self.rate:
                 self._consumed(epoch, current, current.skip, current.end)
                 self.stats.finished[epoch] = now
+                self.stats.done_at.append(now)
                 reports.append(pb.TaskReport(epoch=epoch, partition=current.partition,
                                              outcome=pb.TaskReport.DONE, lease=current.lease))
                 current = None
@@ -238,7 +253,8 @@ class SimReader:
                 self._flush(epoch, reports, held)
                 return True  # a rank's quota is read: the next epoch starts when all are
             want = self.cfg.depth - len(held)
-            if want > 0 and (todo_left > 0 or not held) and (quota is None or quota > 0):
+            refill = want >= max(1, self.cfg.depth // 2) and todo_left > 0
+            if (not held or refill) and (quota is None or quota > 0):
                 idle = not held
                 if idle and idle_since is None:
                     idle_since = now
@@ -418,7 +434,8 @@ class Watcher:
                 reader.deliver(event)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
-                reader.stats.errors.append(f"reader {reader.index}: Watch: {e.code().name}")
+                reader.stats.errors.append(f"reader {reader.index}: Watch: {e.code().name}: "
+                                           f"{e.details()}")
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.channel.close(), self.loop).result(10)
@@ -431,16 +448,21 @@ def client_main(address: str, cfg: FleetOptions, dataset: str, indices: list[int
     """One client process: its readers as threads, their Watch streams on one loop."""
     client = MasterClient(address, give_up_s=30, token=None)
     watcher = Watcher(address) if cfg.watch else None
-    deadline = time.monotonic() + (cfg.duration_s or 1e9)
-    conn.recv()  # go
-    readers = [SimReader(client, cfg, dataset, i, deadline) for i in indices]
+    go = threading.Event()
+    readers = [SimReader(client, cfg, dataset, i, go) for i in indices]
     results: list[ReaderStats] = [ReaderStats() for _ in readers]
 
     def run(k: int) -> None:
         results[k] = readers[k].run(watcher)
     threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(readers))]
+    conn.recv()  # open the sessions
     for t in threads:
         t.start()
+    for r in readers:
+        r.opened.wait()
+    conn.send("opened")
+    conn.recv()  # go: every process's readers have their sessions
+    go.set()
     for t in threads:
         t.join()
     if watcher is not None:
@@ -501,20 +523,31 @@ def run(cfg: FleetOptions, storage: str, state: str) -> dict[str, Any]:
             proc.start()
             pipes.append(parent)
             procs.append(proc)
-        time.sleep(2.0)  # the client processes import and connect
-        calls0, cpu0, t0 = rpc_counts(master.metrics_url), process_cpu_s(master.proc.pid), \
-            time.monotonic()
+        for p in pipes:
+            p.send("open")
+        for p in pipes:  # every session open (1,000 OpenJobs are not the steady state)
+            if not p.poll(600):
+                raise SystemExit("the readers did not open their sessions within 600 s")
+            p.recv()
         for p in pipes:
             p.send("go")
+        time.sleep(cfg.window_after_s)
+        calls0, cpu0, t0 = rpc_counts(master.metrics_url), process_cpu_s(master.proc.pid), \
+            time.monotonic()
+        if cfg.duration_s:  # a fixed window: read before the readers leave
+            time.sleep(max(0.0, cfg.duration_s - cfg.window_after_s - 0.5))
+            calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
+                process_cpu_s(master.proc.pid), time.monotonic()
         results: list[dict[str, Any]] = []
         for p in pipes:
             results += p.recv()
-        wall = time.monotonic() - t0
-        cpu = process_cpu_s(master.proc.pid) - cpu0
-        calls1 = rpc_counts(master.metrics_url)
+        if not cfg.duration_s:
+            calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
+                process_cpu_s(master.proc.pid), time.monotonic()
         for proc in procs:
             proc.join(30)
-    return summarize(cfg, results, wall, cpu, calls0, calls1, state)
+    read = sum(1 for r in results for t in r["done_at"] if t0 <= t <= t1)
+    return summarize(cfg, results, t1 - t0, cpu1 - cpu0, calls0, calls1, state, read)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -561,7 +594,8 @@ def expected_records(cfg: FleetOptions, epoch: int) -> dict[int, int]:
 
 
 def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu: float,
-              calls0: dict[str, float], calls1: dict[str, float], state: str) -> dict[str, Any]:
+              calls0: dict[str, float], calls1: dict[str, float], state: str,
+              read: int) -> dict[str, Any]:
     calls = {m: calls1.get(m, 0) - calls0.get(m, 0) for m in calls1}
     # A session's OpenJob and LeaveJob are once per session, not per second: not counted.
     total_calls = sum(n for m, n in calls.items() if m not in ("OpenJob", "LeaveJob"))
@@ -573,8 +607,7 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
         "master_cpu_ms_per_reader_s": round(1000 * cpu / (wall * cfg.readers), 3),
         "calls_per_s": {m: round(n / wall, 1) for m, n in sorted(calls.items())},
         "calls_per_reader_s": round(total_calls / (wall * cfg.readers), 3),
-        "partitions_per_s": round(sum(sum(len(v) for v in r["ranges"].get(e, {}).values())
-                                      for r in results for e in r["ranges"]) / wall, 1),
+        "partitions_per_s": round(read / wall, 1),  # partitions read inside the window
         "grant_ms": {"p50": round(percentile(grants, 0.5), 2),
                      "p99": round(percentile(grants, 0.99), 2), "n": len(grants)},
         "starved_s": {"max": round(max(starved, default=0), 3),
@@ -587,7 +620,9 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
         "watch_events": sum(r["events"] for r in results),
         "kinds": dict(Counter(r["kind"] for r in results)),
         "epochs": coverage(cfg, results) if not cfg.duration_s else {},
-        "errors": [e for r in results for e in r["errors"]][:20],
+        # Distinct errors (the reader's index cut off), with how many readers met each.
+        "errors": dict(Counter(e.split(": ", 1)[-1][:300] for r in results
+                               for e in r["errors"]).most_common(20)),
     }
     if cfg.sync:
         summary["sync"] = sync_summary(results)
@@ -646,6 +681,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                  "dying_share", "lease_timeout_s"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
+    p.add_argument("--window-after", type=float, default=0.0,
+                   help="measure from this many seconds after the start")
     p.add_argument("--poll", action="store_true", help="no Watch streams: poll as old readers")
     p.add_argument("--sync", action="store_true", help="one synchronous group of all readers")
     p.add_argument("--state", default="memory://", help="the master's state store URL")
@@ -661,7 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        records=a.records, rate=a.rate, slow_share=a.slow_share,
                        slow_factor=a.slow_factor, fast_share=a.fast_share,
                        fast_factor=a.fast_factor, dying_share=a.dying_share, epochs=a.epochs,
-                       duration_s=a.duration, depth=a.depth, lease_timeout_s=a.lease_timeout_s,
+                       duration_s=a.duration, window_after_s=a.window_after, depth=a.depth,
+                       lease_timeout_s=a.lease_timeout_s,
                        watch=not a.poll, sync=a.sync, batch=a.batch, seed=a.seed)
     summary = run(cfg, a.storage, a.state)
     print(render(summary), flush=True)

@@ -189,6 +189,10 @@ class SimReader:
                            * cfg.partitions * cfg.records / cfg.readers / self.rate
                            if self.kind == "dying" else float("inf"))
         self.dies_at = float("inf")
+        # The epoch being read and its DONE reports not yet acknowledged (see `_unconsume`).
+        self.epoch = 0
+        self.unsent: list[pb.TaskReport] = []
+        self.current: _Lease | None = None  # the lease being read
         self.sync = (pb.SyncGroup(world_size=cfg.readers, rank=index, batch_size=cfg.batch)
                      if cfg.sync else None)
 
@@ -215,6 +219,7 @@ class SimReader:
                 self.stats.calls["LeaveJob"] += 1
         except (JobError, MasterUnavailableError) as e:
             self.stats.errors.append(f"reader {self.index}: {e}")
+            self._unconsume(self.epoch, self.unsent)  # gave up: as a reader that died
         finally:
             self.opened.set()
             if self.stream is not None:
@@ -229,7 +234,9 @@ class SimReader:
         reports: list[pb.TaskReport] = []
         todo_left, last_call, idle_since = 1, time.monotonic(), None
         quota = self._quota(epoch)  # sync: records this rank still takes
+        self.epoch = epoch
         while True:
+            self.unsent, self.current = reports, current
             now = time.monotonic()
             if now >= self.dies_at or now >= self.deadline:
                 if now >= self.dies_at:  # what the master did not hear of died with the trainer
@@ -244,6 +251,7 @@ class SimReader:
                 current = None
             if current is None and ahead:
                 current, began = ahead.popleft(), now
+                self.current = current
                 self.stats.started.setdefault(epoch, now)
             held = ([current] if current else []) + list(ahead)
             stop = self._events(ahead, reports)
@@ -330,10 +338,13 @@ class SimReader:
         """Applies what an answer or an event says of this reader's leases: revoked ones are
         dropped, asked ones not started are handed back at once (the thief waits for them)."""
         self._drop(answer.revoked, ahead)
-        if self._give_back(answer.give_back, ahead, reports):
-            sent = [r for r in reports if r.outcome == pb.TaskReport.RELEASED]
+        kept = self._give_back(answer.give_back, ahead, reports)
+        sent = [r for r in reports if r.outcome == pb.TaskReport.RELEASED]
+        if sent or kept:  # (kept: asks for leases begun: listing them started voids the asks,
+            # and the thief, woken, asks elsewhere at once rather than after ASK_AGAIN_S)
             reports[:] = [r for r in reports if r.outcome != pb.TaskReport.RELEASED]
-            again = self._report(sent, list(ahead), None)
+            held = ([self.current] if self.current else []) + list(ahead)
+            again = self._report(sent, held, self.current)
             self._drop(again.revoked, ahead)
 
     def _drop(self, revoked: Sequence[pb.HeldTask], ahead: deque[_Lease]) -> None:
@@ -345,7 +356,8 @@ class SimReader:
 
     def _give_back(self, asked: Sequence[pb.HeldTask], ahead: deque[_Lease],
                    reports: list[pb.TaskReport]) -> bool:
-        """Hands back the asked leases not started (all of `ahead` is unstarted)."""
+        """Hands back the asked leases not started (all of `ahead` is unstarted); returns
+        whether it keeps some asked lease because it began it."""
         keys = {(t.epoch, t.partition, t.lease) for t in asked}
         self.stats.give_backs += len(keys)
         back = [x for x in ahead if x.key in keys]
@@ -355,7 +367,7 @@ class SimReader:
                                          outcome=pb.TaskReport.RELEASED, lease=lease.lease,
                                          consumed=lease.skip))
         self.stats.released += len(back)
-        return bool(back)
+        return self.current is not None and self.current.key in keys
 
     def deliver(self, event: pb.WatchEvent) -> None:
         """From the watcher's thread: an event of this reader's stream."""

@@ -559,7 +559,12 @@ def run(cfg: FleetOptions, storage: str, state: str) -> dict[str, Any]:
         for proc in procs:
             proc.join(30)
     read = sum(1 for r in results for t in r["done_at"] if t0 <= t <= t1)
-    return summarize(cfg, results, t1 - t0, cpu1 - cpu0, calls0, calls1, state, read)
+    summary = summarize(cfg, results, t1 - t0, cpu1 - cpu0, calls0, calls1, state, read)
+    # What the master warned of (a stall, expiries, refusals), by kind: the first words.
+    summary["master_warnings"] = dict(Counter(
+        " ".join(line.split()[3:9]) for line in master.log
+        if " WARNING " in line or " ERROR " in line).most_common(10))
+    return summary
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -678,6 +683,8 @@ def render(summary: dict[str, Any]) -> str:
     for epoch, s in summary.get("sync", {}).items():
         lines.append(f"sync epoch {epoch}: records per rank {s['records_per_rank']}, next epoch's "
                      f"last start {s['next_start_lag_s']} s after the last finish")
+    if summary.get("master_warnings"):
+        lines.append(f"master warnings: {summary['master_warnings']}")
     if summary["errors"]:
         lines.append(f"errors: {summary['errors']}")
     return "\n".join(lines)

@@ -38,7 +38,6 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -421,38 +420,32 @@ class SimReader:
 
 
 class Watcher:
-    """The Watch streams of one client process, on one asyncio thread (not one per reader)."""
+    """The Watch streams of one client process: one thread per stream, as each reader process
+    of a real fleet has (grpc's blocking API; mixing it with grpc.aio in one process slowed the
+    blocking calls under load)."""
 
     def __init__(self, address: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.address = address
-        self.stub: Any = asyncio.run_coroutine_threadsafe(self._stub(), self.loop).result(10)
-
-    async def _stub(self) -> Any:
-        self.channel = grpc.aio.insecure_channel(self.address)
-        return master_pb2_grpc.MasterStub(self.channel)
+        self.channel = grpc.insecure_channel(address)
+        self.stub = master_pb2_grpc.MasterStub(self.channel)
 
     def watch(self, reader: SimReader) -> None:
-        request = pb.WatchRequest(job=JOB, worker_id=reader.worker,
-                                  session_secret=reader.client.secret(JOB, reader.worker))
-        reader.stream = asyncio.run_coroutine_threadsafe(self._read(request, reader),
-                                                         self.loop)
+        call = self.stub.Watch(pb.WatchRequest(
+            job=JOB, worker_id=reader.worker,
+            session_secret=reader.client.secret(JOB, reader.worker)))
+        reader.stream = call
 
-    async def _read(self, request: pb.WatchRequest, reader: SimReader) -> None:
-        try:
-            async for event in self.stub.Watch(request):
-                reader.deliver(event)
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                reader.stats.errors.append(f"reader {reader.index}: Watch: {e.code().name}: "
-                                           f"{e.details()}")
+        def read() -> None:
+            try:
+                for event in call:
+                    reader.deliver(event)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    reader.stats.errors.append(f"reader {reader.index}: Watch: {e.code().name}: "
+                                               f"{e.details()}")
+        threading.Thread(target=read, daemon=True).start()
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.channel.close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.channel.close()
 
 
 def client_main(address: str, cfg: FleetOptions, dataset: str, indices: list[int],

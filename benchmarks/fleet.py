@@ -142,6 +142,8 @@ class ReaderStats:
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     records: dict[int, int] = field(default_factory=dict)  # epoch -> records consumed
+    # Ranges of a reader that gave up whose DONE went unanswered (see `_unconsume`).
+    uncertain: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     done_at: list[float] = field(default_factory=list)  # when each partition was read (monotonic)
     finished: dict[int, float] = field(default_factory=dict)  # epoch -> when its last record
     started: dict[int, float] = field(default_factory=dict)  # epoch -> when its first record
@@ -218,7 +220,9 @@ class SimReader:
                 self.stats.calls["LeaveJob"] += 1
         except (JobError, MasterUnavailableError) as e:
             self.stats.errors.append(f"reader {self.index}: {e}")
-            self._unconsume(self.epoch, self.unsent)  # gave up: as a reader that died
+            # Gave up: the last call's reports may or may not have counted (its answer was
+            # lost), so their records are neither missing nor duplicated: uncertain.
+            self._unconsume(self.epoch, self.unsent, uncertain=True)
         finally:
             self.opened.set()
             if self.stream is not None:
@@ -398,14 +402,19 @@ class SimReader:
         self.stats.calls[name] += 1
         return method(*args, **kw)
 
-    def _unconsume(self, epoch: int, reports: list[pb.TaskReport]) -> None:
+    def _unconsume(self, epoch: int, reports: list[pb.TaskReport],
+                   uncertain: bool = False) -> None:
         """A dying reader: the partitions whose DONE it never sent are not delivered (its
-        trainer died with them; another reader delivers them again)."""
+        trainer died with them; another reader delivers them again). `uncertain`: they were
+        sent, but no answer came back."""
         ranges = self.stats.ranges.get(epoch, {})
         for r in reports:
             if r.outcome == pb.TaskReport.DONE and ranges.get(r.partition):
                 first, stop = ranges[r.partition].pop()
                 self.stats.records[epoch] -= stop - first
+                if uncertain:
+                    self.stats.uncertain.setdefault(epoch, {}).setdefault(
+                        r.partition, []).append((first, stop))
 
     def _consumed(self, epoch: int, lease: _Lease, first: int, stop: int) -> None:
         if stop > first:
@@ -570,21 +579,32 @@ def percentile(samples: Sequence[float], q: float) -> float:
 def coverage(cfg: FleetOptions, results: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
     """Per epoch: records expected, missing and duplicated (a synchronous epoch keeps the
     records before its cut, in the epoch's partition order)."""
-    per_epoch: dict[int, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
-    for r in results:
-        for epoch, parts in r["ranges"].items():
-            for p, ranges in parts.items():
-                per_epoch[int(epoch)][int(p)] += [tuple(x) for x in ranges]
+    per_epoch = _gather(results, "ranges")
+    unsure = _gather(results, "uncertain")
     out = {}
     for epoch, parts in sorted(per_epoch.items()):
         expected = expected_records(cfg, epoch)
-        missing = duplicated = 0
+        missing = duplicated = uncertain = 0
         for p, want in expected.items():
             seen = Counter(i for first, stop in parts.get(p, []) for i in range(first, stop))
-            missing += sum(1 for i in range(want) if seen[i] == 0)
+            maybe = {i for first, stop in unsure.get(epoch, {}).get(p, [])
+                     for i in range(first, stop)}
+            missing += sum(1 for i in range(want) if seen[i] == 0 and i not in maybe)
             duplicated += sum(n - 1 for n in seen.values() if n > 1)
+            uncertain += len(maybe)
         out[epoch] = {"expected": sum(expected.values()), "missing": missing,
-                      "duplicated": duplicated}
+                      "duplicated": duplicated, "uncertain": uncertain}
+    return out
+
+
+def _gather(results: list[dict[str, Any]], key: str
+            ) -> dict[int, dict[int, list[tuple[int, int]]]]:
+    """epoch -> partition -> the ranges of every reader, from each reader's `key`."""
+    out: dict[int, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for epoch, parts in r[key].items():
+            for p, ranges in parts.items():
+                out[int(epoch)][int(p)] += [(int(a), int(b)) for a, b in ranges]
     return out
 
 
@@ -672,7 +692,9 @@ def render(summary: dict[str, Any]) -> str:
              f"calls/s by method: {summary['calls_per_s']}"]
     for epoch, c in summary["epochs"].items():
         lines.append(f"epoch {epoch}: {c['expected']} records expected, {c['missing']} missing, "
-                     f"{c['duplicated']} duplicated")
+                     f"{c['duplicated']} duplicated"
+                     + (f", {c['uncertain']} uncertain (readers that gave up)"
+                        if c["uncertain"] else ""))
     for epoch, s in summary.get("sync", {}).items():
         lines.append(f"sync epoch {epoch}: records per rank {s['records_per_rank']}, next epoch's "
                      f"last start {s['next_start_lag_s']} s after the last finish")

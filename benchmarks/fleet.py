@@ -57,6 +57,7 @@ import grpc
 from proc_stats import process_cpu_s
 from stop_cleanly import exit_cleanly_on_signals
 
+import trainfeed
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo, write_manifest
 from trainfeed.lease.client import MasterClient
@@ -526,7 +527,18 @@ def run(cfg: FleetOptions, storage: str, state: str) -> dict[str, Any]:
     dataset = ensure_dataset(storage, cfg.partitions, cfg.records)
     args = ["--partitions", str(cfg.partitions), "--lease-timeout", str(cfg.lease_timeout_s),
             "--max-sessions", str(max(1024, 2 * cfg.readers))]
-    with MasterProcess(storage, state=state, extra_args=args) as master:
+    # The master runs `python -m trainfeed.cli.main`, which imports trainfeed from its working
+    # directory first: started in a checkout it would run that checkout's master, whatever
+    # PYTHONPATH says (a baseline of another tree would silently measure this one). So it starts
+    # in a folder without one, and runs the trainfeed this script imports.
+    here = os.getcwd()
+    os.makedirs(DEFAULT_ROOT, exist_ok=True)
+    os.chdir(DEFAULT_ROOT)
+    try:
+        master = MasterProcess(storage, state=state, extra_args=args)
+    finally:
+        os.chdir(here)
+    with master:
         ctx = multiprocessing.get_context("spawn")
         pipes, procs = [], []
         for k in range(cfg.processes):
@@ -677,7 +689,8 @@ def sync_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(summary: dict[str, Any]) -> str:
     o = summary["options"]
-    lines = [f"fleet: {o['readers']} readers ({summary['kinds']}) in {o['processes']} processes, "
+    lines = [f"trainfeed of {summary.get('trainfeed', '?')}",
+             f"fleet: {o['readers']} readers ({summary['kinds']}) in {o['processes']} processes, "
              f"{o['partitions']} partitions × {o['records']} records, {summary['state']} state, "
              f"{'watch' if o['watch'] else 'poll'}{', sync' if o['sync'] else ''}; "
              f"{summary['wall_s']} s, load {summary['loadavg'][0]:.1f}",
@@ -735,10 +748,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                        duration_s=a.duration, window_after_s=a.window_after, depth=a.depth,
                        lease_timeout_s=a.lease_timeout_s,
                        watch=not a.poll, sync=a.sync, batch=a.batch, seed=a.seed)
-    summary = run(cfg, a.storage, a.state)
+    storage, out = os.path.abspath(a.storage), os.path.abspath(a.json)
+    summary = run(cfg, storage, a.state)
+    summary["trainfeed"] = os.path.dirname(os.path.dirname(trainfeed.__file__))
     print(render(summary), flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return 0
 

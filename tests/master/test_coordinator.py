@@ -6,8 +6,8 @@ import pytest
 
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
 from trainfeed.master import coordinator
-from trainfeed.master.coordinator import (
-    Coordinator,
+from trainfeed.master.coordinator import Coordinator
+from trainfeed.master.jobs import (
     FailedPrecondition,
     Job,
     MasterConfig,

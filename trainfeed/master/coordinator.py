@@ -21,17 +21,28 @@ from __future__ import annotations
 
 import logging
 import secrets
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage
 from trainfeed.master import admission
 from trainfeed.master.admission import Refusal
+from trainfeed.master.jobs import (
+    FailedPrecondition,
+    InvalidArgument,
+    Job,
+    JobMetrics,
+    JobStats,
+    MasterConfig,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    max_delivered,
+    new_worker_id,
+)
 from trainfeed.master.ledger import (
-    DEFAULT_MAX_FAILURES,
     LeaseResult,
     LeaseStatus,
     Ledger,
@@ -39,37 +50,23 @@ from trainfeed.master.ledger import (
     Verdict,
 )
 from trainfeed.master.sessions import (
-    DEFAULT_MAX_SESSIONS,
     RateLimitedLog,
     SessionKeys,
     check_worker_name,
     clip,
 )
-from trainfeed.master.stealing import Stealing
 from trainfeed.master.stores import SavedJob
-from trainfeed.master.sync_group import SyncMembers
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import (
-    DEFAULT_TARGET_PARTITIONS,
-    Partition,
     plan_partitions,
     restored_plan,
 )
 from trainfeed.protocol import PROTOCOL_VERSION
-from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-JOB_STATE_VERSION = 1
-# A reader heartbeats every third of this; 30 s rides out a GC pause or a slow storage read while
-# a dead worker's tasks still move on within half a minute.
-DEFAULT_LEASE_TIMEOUT_S = 30.0
-# A job is snapshotted once its journal holds this many ops per partition (and at least
-# MIN_OPS_PER_SNAPSHOT): replay stays short and a snapshot costs O(1) per call amortized.
-OPS_PER_PARTITION_PER_SNAPSHOT = 2
-MIN_OPS_PER_SNAPSHOT = 4096
 # How stale the count of live workers (the fair-share divisor) may be: counting is O(workers).
 LIVE_WORKERS_REFRESH_S = 1.0
 # After a restart or a stall, outstanding leases live this many lease timeouts from the moment the
@@ -94,11 +91,6 @@ TOKEN_KEY_BYTES = 32
 # `lease` of issue 28) are merged, they are still served; at that merge this becomes False, and a
 # reader of 0 is refused like any other version (FAILED_PRECONDITION naming both).
 ACCEPT_UNVERSIONED = True
-# Random bits of a worker id after its name: ids (and so session secrets) never repeat in a job.
-WORKER_ID_HEX = 16
-# Positions count records in delivery order, where over-sampling (resample=) repeats records:
-# a partition may deliver more than it holds, but never this many copies of each record.
-MAX_COPIES_PER_RECORD = 1 << 20
 # Events queued for a watching session that does not read them (a stalled reader): past this the
 # oldest go (the session's next call carries what still matters: revocations, give-backs).
 MAX_QUEUED_EVENTS = 256
@@ -107,130 +99,6 @@ _OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAI
 _STATUS = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
            LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
            LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}
-
-
-# -- refusals: the shell maps each class to a status code (service.STATUS_CODES) -------------------
-class CallError(Exception):
-    """A call the master refuses: `message` for the caller, `trailer` metadata (key, value)."""
-
-    def __init__(self, message: str, trailer: Sequence[tuple[str, str | bytes]] = ()):
-        super().__init__(message)
-        self.message = message
-        self.trailer = tuple(trailer)
-
-
-class InvalidArgument(CallError):
-    """The request names what cannot exist."""
-
-
-class NotFound(CallError):
-    """No such job (or dataset)."""
-
-
-class FailedPrecondition(CallError):
-    """Not now, or not for this caller: a refused report, another group, another version."""
-
-
-class PermissionDenied(CallError):
-    """A wrong session secret, resume credential or job scope."""
-
-
-class ResourceExhausted(CallError):
-    """The job has as many live sessions as the master allows."""
-
-
-@dataclass(frozen=True)
-class MasterConfig:
-    """How the master serves. Validated on creation."""
-
-    storage: Storage
-    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
-    max_failures: int = DEFAULT_MAX_FAILURES
-    target_partitions: int = DEFAULT_TARGET_PARTITIONS
-    # Live reader sessions per job (trainfeed.master.sessions); OpenJob past it: RESOURCE_EXHAUSTED.
-    max_sessions: int = DEFAULT_MAX_SESSIONS
-
-    def __post_init__(self) -> None:
-        if self.max_sessions < 1:
-            raise ValueError(f"max sessions per job must be ≥ 1, got {self.max_sessions}")
-        if self.lease_timeout_s <= 0:
-            raise ValueError(f"lease timeout must be > 0 s, got {self.lease_timeout_s}")
-        if self.max_failures < 1:
-            raise ValueError(f"max failures must be ≥ 1, got {self.max_failures}")
-        if self.target_partitions < 1:
-            raise ValueError(f"target partitions must be ≥ 1, got {self.target_partitions}")
-
-
-@dataclass(frozen=True)
-class JobStats:
-    """One job's figures for the metrics exporter, read at scrape time (see `job_stats`)."""
-
-    job: str
-    dataset: str
-    epoch: int
-    num_partitions: int
-    todo: int
-    pending: int
-    done: int
-    failed: int
-    workers_alive: int
-    leases_expired: int
-    records_served: int
-    bytes_served: int
-    reports_refused: int = 0
-
-
-@dataclass
-class JobMetrics:
-    """What the master counts of a job since it started (not state): read by `job_stats`."""
-
-    records_served: int = 0
-    bytes_served: int = 0
-    reports_refused: int = 0  # reports not from the holder with its token
-
-
-@dataclass
-class Job:
-    """One job: a dataset, its partition plan, its ledger and the workers seen."""
-
-    name: str
-    manifest: Manifest
-    partitions: tuple[Partition, ...]
-    ledger: Ledger
-    target_partitions: int
-    rules: DistributionRules = DistributionRules("all")
-    workers: dict[str, float] = field(default_factory=dict)  # worker id -> last seen
-    journal_ops: int = 0  # ops appended since the last snapshot
-    live_workers: int = 1
-    live_workers_at: float = 0.0
-    # Derives and checks the secrets of its reader sessions (saved with the job's state).
-    sessions: SessionKeys = field(default_factory=SessionKeys.new)
-    # Work stealing: rates, outstanding asks (not state: a restart forgets them).
-    stealing: Stealing = field(default_factory=Stealing)
-    # Issues 25, 26 (trainfeed.master.admission; not state: readers tell a restarted master
-    # again): the synchronous group's members, the delivery order of the job's readers (and
-    # which reader set it), readers whose partitions went to a reader restored from their
-    # checkpoint (worker id -> why).
-    members: SyncMembers | None = None
-    order: pb.DeliveryOrder | None = None
-    order_by: str = ""
-    superseded: dict[str, str] = field(default_factory=dict)
-    # admission.holdings' last answer: (when, epoch, holders); recomputed at most twice a second.
-    holdings_cache: tuple[float, int, list[pb.Holding]] = (float("-inf"), -1, [])
-    # The last epoch announced complete to watching sessions (once per epoch).
-    announced_complete: int = -1
-
-    @property
-    def ops_per_snapshot(self) -> int:
-        return max(MIN_OPS_PER_SNAPSHOT, OPS_PER_PARTITION_PER_SNAPSHOT * len(self.partitions))
-
-    def state(self) -> dict[str, Any]:
-        return {"version": JOB_STATE_VERSION, "dataset": self.manifest.name,
-                "fingerprint": self.manifest.fingerprint,
-                "target_partitions": self.target_partitions,
-                "distribution_rules": str(self.rules), "ledger": self.ledger.state(),
-                "session_key": self.sessions.hex(),
-                "sync_group": list(self.ledger.group) if self.ledger.group else None}
 
 
 @dataclass(frozen=True)
@@ -1011,18 +879,3 @@ class Coordinator:
 
 def _resumes(request: pb.OpenJobRequest) -> str:
     return request.resume.worker_id if request.HasField("resume") else ""
-
-
-def new_worker_id(job: Job, name: str) -> str:
-    """`name`-<64 random bits>, none of the job's known workers' (a session's secret derives
-    from its id, so two sessions must never share one)."""
-    while True:
-        worker = f"{name or 'worker'}-{uuid.uuid4().hex[:WORKER_ID_HEX]}"
-        if worker not in job.workers and worker not in job.ledger.by_worker:
-            return worker
-
-
-def max_delivered(job: Job, partition: int) -> int:
-    """The most records a reader can have consumed of `partition` (a PROGRESS or a resume
-    position beyond it is a forged or broken report: INVALID_ARGUMENT)."""
-    return job.partitions[partition].num_records * MAX_COPIES_PER_RECORD

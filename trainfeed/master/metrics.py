@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.coordinator import JobStats
+from trainfeed.master.jobs import JobStats
 
 logger = logging.getLogger(__name__)
 

@@ -48,12 +48,10 @@ from trainfeed.errors import (
 )
 from trainfeed.formats.manifest import Manifest, read_manifest
 from trainfeed.master import auth
-from trainfeed.master.coordinator import (
+from trainfeed.master.coordinator import RESTART_GRACE_LEASES, TOKEN_KEY_BYTES, Coordinator
+from trainfeed.master.jobs import (
     DEFAULT_LEASE_TIMEOUT_S,
-    RESTART_GRACE_LEASES,
-    TOKEN_KEY_BYTES,
     CallError,
-    Coordinator,
     FailedPrecondition,
     InvalidArgument,
     Job,

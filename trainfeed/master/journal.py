@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.0
 # After a failed commit the writer retries, backing off to this.
 MAX_RETRY_S = 1.0
+# A wait longer than this says what for and until when (the house rule on silent waits).
+WAIT_LOG_S = 5.0
 
 
 @dataclass
@@ -219,7 +221,13 @@ class JournalWriter:
             self._closed = True
             self._cond.notify()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(min(WAIT_LOG_S, timeout_s))
+            if self._thread.is_alive() and timeout_s > WAIT_LOG_S:
+                logger.warning("the journal writer of %s is still writing %d queued entr(ies); "
+                               "waiting until %s at most", self.store.url, len(self._queue),
+                               time.strftime("%H:%M:%S",
+                                             time.localtime(time.time() + timeout_s - WAIT_LOG_S)))
+                self._thread.join(timeout_s - WAIT_LOG_S)
             if self._thread.is_alive():
                 logger.error("the journal writer of %s did not finish within %g s; ops still "
                              "queued are not durable", self.store.url, timeout_s)

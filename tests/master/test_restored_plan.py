@@ -49,7 +49,7 @@ def test_a_job_saved_before_slices_keeps_its_whole_row_group_partitions(
     leased = sorted(job.ledger.pending)
     assert len(leased) == 3
     for p in leased:  # the leased ids still name whole row group p
-        task = master._task(job, 0, p)
+        task = master.core.task(job, 0, p)
         assert (task.row_group_start, task.row_group_stop, task.row_start,
                 task.num_records) == (p, p + 1, 0, 20)
 

@@ -27,7 +27,7 @@ from trainfeed.v1 import master_pb2 as pb
 
 
 class Job(Protocol):
-    """What admission reads and keeps of the servicer's job (trainfeed.master.service.Job)."""
+    """What admission reads and keeps of the servicer's job (trainfeed.master.jobs.Job)."""
 
     name: str
     ledger: Ledger

@@ -49,7 +49,7 @@ import hashlib
 import heapq
 import hmac
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -381,18 +381,34 @@ class Ledger:
         for p in sorted(keep):
             if p not in self.done and p not in self.failed:
                 self._apply(["D", p, worker])
-        back = [p for p, w in self.done.items() if w == worker and p not in keep]
-        back += [p for p in self.by_worker.get(worker, ()) if p not in back]
-        back += [p for p in positions if p not in back and p not in self.done
-                 and p not in self.failed and 0 <= p < self.num_partitions]
-        back += [p for p, w in self.progress_by.items() if w == worker and p not in back
-                 and p not in keep and p not in self.done and p not in self.failed]
+        back = self._rewound(worker, keep, positions)
         if not back:
             return []
         self._apply(["U", back])
         for p in back:
             self._apply(["P", p, max(0, positions.get(p, 0))])
         return back
+
+    def _rewound(self, worker: str, keep: set[int], positions: dict[int, int]) -> list[int]:
+        """What `rewind` puts back, in this order: what `worker` completed (but `keep`), what
+        it holds, the partitions of `positions`, what its trainer made progress on."""
+        back: dict[int, None] = {}  # an ordered set
+        for p, w in self.done.items():
+            if w == worker and p not in keep:
+                back[p] = None
+        for p in self.by_worker.get(worker, ()):
+            back[p] = None
+        open_ = self._still_open
+        for p in positions:
+            if open_(p) and 0 <= p < self.num_partitions:
+                back[p] = None
+        for p, w in self.progress_by.items():
+            if w == worker and p not in keep and open_(p):
+                back[p] = None
+        return list(back)
+
+    def _still_open(self, partition: int) -> bool:
+        return partition not in self.done and partition not in self.failed
 
     def vouched_resume(self, epoch: int, worker: str, keep_done: Iterable[int],
                        positions: Mapping[int, int]) -> tuple[list[int], dict[int, int], list[int]]:
@@ -452,58 +468,70 @@ class Ledger:
         ["B", [p…]]             pending partitions back to the front of todo, in this order
         ["U", [p…]]             partitions (done, pending or todo) back to the front of todo
         """
-        kind = op[0]
-        if kind == "E":
-            if op[1] != self.epoch:  # (a restart of the same epoch, for a new group, keeps it)
-                self.previous_failed = dict(self.failed) if op[1] == self.epoch + 1 else {}
-            self._start_epoch(op[1])
-            if len(op) > 2 and op[2] is not None:
-                self._cut(op[2])
-        elif kind == "L":
-            worker, taken = op[1], op[2]
-            held = self.by_worker.setdefault(worker, {})
-            for partition in taken:
-                self.todo.remove(partition)  # mostly the front of todo: O(1) for a deque
-                self.pending[partition] = worker
-                held[partition] = None  # mutmut: any value is equivalent (an ordered set)
-                self._fence(partition, worker)
-                self.holders.setdefault(partition, set()).add(worker)
-        elif kind == "D":
-            partition = op[1]
-            if not self._unlease(partition):
-                self.todo.remove(partition)
-            self.done[partition] = op[2]
-            self.progress.pop(partition, None)
-            self.progress_by.pop(partition, None)
-        elif kind == "P":
-            self.progress[op[1]] = op[2]
-            if len(op) > 3:
-                self.progress_by[op[1]] = op[3]
-            else:
-                self.progress_by.pop(op[1], None)
-        elif kind == "F":
-            partition = op[1]
-            self._unlease(partition)
-            self.failures[partition] = self.failures.get(partition, 0) + 1
-            if self.failures[partition] >= self.max_failures:
-                self.failed[partition] = op[2]
-                self.progress.pop(partition, None)
-                self.progress_by.pop(partition, None)
-            else:
-                self.todo.appendleft(partition)
-        elif kind in ("B", "U"):
-            back = op[1]
-            if kind == "U":  # a rewind: the old holder's reports must not count any more
-                for partition in back:
-                    self.leases.pop(partition, None)
-            for partition in back:
-                if not self._unlease(partition) and self.done.pop(partition, None) is None:
-                    self.todo.remove(partition)
-            self.todo.extendleft(reversed(back))
-        else:
+        handler = self._OPS.get(op[0])
+        if handler is None:
             raise ValueError(f"unknown ledger op {op!r}")
+        handler(self, op)
         if record:
             self.journal.append(op)
+
+    def _op_epoch(self, op: list[Any]) -> None:
+        if op[1] != self.epoch:  # (a restart of the same epoch, for a new group, keeps it)
+            self.previous_failed = dict(self.failed) if op[1] == self.epoch + 1 else {}
+        self._start_epoch(op[1])
+        if len(op) > 2 and op[2] is not None:
+            self._cut(op[2])
+
+    def _op_lease(self, op: list[Any]) -> None:
+        worker, taken = op[1], op[2]
+        held = self.by_worker.setdefault(worker, {})
+        for partition in taken:
+            self.todo.remove(partition)  # mostly the front of todo: O(1) for a deque
+            self.pending[partition] = worker
+            held[partition] = None  # mutmut: any value is equivalent (an ordered set)
+            self._fence(partition, worker)
+            self.holders.setdefault(partition, set()).add(worker)
+
+    def _op_done(self, op: list[Any]) -> None:
+        partition = op[1]
+        if not self._unlease(partition):
+            self.todo.remove(partition)
+        self.done[partition] = op[2]
+        self.progress.pop(partition, None)
+        self.progress_by.pop(partition, None)
+
+    def _op_progress(self, op: list[Any]) -> None:
+        self.progress[op[1]] = op[2]
+        if len(op) > 3:
+            self.progress_by[op[1]] = op[3]
+        else:
+            self.progress_by.pop(op[1], None)
+
+    def _op_failed(self, op: list[Any]) -> None:
+        partition = op[1]
+        self._unlease(partition)
+        self.failures[partition] = self.failures.get(partition, 0) + 1
+        if self.failures[partition] >= self.max_failures:
+            self.failed[partition] = op[2]
+            self.progress.pop(partition, None)
+            self.progress_by.pop(partition, None)
+        else:
+            self.todo.appendleft(partition)
+
+    def _op_back(self, op: list[Any]) -> None:
+        back = op[1]
+        if op[0] == "U":  # a rewind: the old holder's reports must not count any more
+            for partition in back:
+                self.leases.pop(partition, None)
+        for partition in back:
+            if not self._unlease(partition) and self.done.pop(partition, None) is None:
+                self.todo.remove(partition)
+        self.todo.extendleft(reversed(back))
+
+    _OPS: dict[str, Callable[[Ledger, list[Any]], None]] = {
+        "E": _op_epoch, "L": _op_lease, "D": _op_done, "P": _op_progress, "F": _op_failed,
+        "B": _op_back, "U": _op_back,
+    }
 
     def _unlease(self, partition: int) -> bool:
         worker = self.pending.pop(partition, None)

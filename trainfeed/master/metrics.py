@@ -52,8 +52,8 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
+from trainfeed.master.jobs import JobStats
 from trainfeed.master.reader_stats import FIELDS
-from trainfeed.master.service import JobStats
 
 logger = logging.getLogger(__name__)
 

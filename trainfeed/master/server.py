@@ -100,49 +100,24 @@ async def serve(config: MasterConfig, store: StateStore,
     await asyncio.to_thread(store.acquire, owner)
     servicer = MasterServicer(config, store, on_leadership_lost=stop.set)
     await asyncio.to_thread(servicer.restore)
-    interceptors: list[grpc.aio.ServerInterceptor] = []
     auth = TokenInterceptor(options.token) if options.token is not None else None
     servicer.job_scoped = auth is not None  # job tokens restrict their calls to their job
-    if auth is not None:  # first: a refused call reaches nothing else
-        interceptors.append(auth)
     registry = CollectorRegistry(auto_describe=False)
-    if options.metrics_port is not None:
-        interceptors.append(RpcLatencyInterceptor(registry))
-        loop = asyncio.get_running_loop()
-        registry.register(MasterCollector(
-            lambda: _on_loop(loop, servicer.job_stats),
-            (lambda: auth.rejected) if auth is not None else None,
-            lambda: _on_loop(loop, lambda: status.reader_metrics(servicer))))
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", options.max_message_bytes),
-        ("grpc.max_send_message_length", options.max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ])
+    server = _grpc_server(options, _interceptors(options, auth, servicer, registry))
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{options.host}:{options.port}"
-    metrics: MetricsServer | None = None
-    timer: asyncio.Task[None] | None = None
-    watchdog: asyncio.Task[None] | None = None
-    lost = False
+    running = _Running(servicer, server, health_servicer)
     try:
-        bound = (server.add_secure_port(address, credentials) if credentials
-                 else server.add_insecure_port(address))
-        if bound == 0:
-            raise OSError(f"cannot listen on {address} (in use?)")
+        bound = _listen(server, f"{options.host}:{options.port}", credentials)
         if options.metrics_port is not None:
             loop = asyncio.get_running_loop()
-            metrics = MetricsServer(registry, options.host, options.metrics_port, wrap=lambda app:
-                                    StatusApp(lambda job: _on_loop(loop, lambda: status.snapshot(
-                                        servicer, only_job=job)), Access(options.token), app))
-        await server.start()
-        servicer.grant_grace()  # restored leases live from now on, not from the restore
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        timer = asyncio.create_task(_lease_timer(servicer, config.lease_timeout_s, stop))
-        if exit_with_parent:
-            watchdog = asyncio.create_task(_watch_parent(os.getppid(), stop))
+            running.metrics = MetricsServer(
+                registry, options.host, options.metrics_port, wrap=lambda app: StatusApp(
+                    lambda job: _on_loop(loop, lambda: status.snapshot(servicer, only_job=job)),
+                    Access(options.token), app))
+        await running.start(stop, exit_with_parent)
+        metrics = running.metrics
         logger.info("master serving on %s:%d (%s, %s), storage %s, metrics %s", options.host,
                     bound, options.transport, "token required" if auth else "NO authentication",
                     config.storage.url, f"on port {metrics.port}" if metrics else "off")
@@ -154,18 +129,78 @@ async def serve(config: MasterConfig, store: StateStore,
         await stop.wait()
         lost = servicer.leadership_lost or not store.leading()
     finally:
-        if metrics is not None:  # first: a scrape must not wait on a loop that is stopping
-            metrics.close()
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        for task in (timer, watchdog):
-            if task is not None:
-                task.cancel()
-        await server.stop(grace=1.0)
-        store.close()
+        await running.stop()
     if lost:  # exit non-zero: a supervisor restarts this master as a standby
         raise LeadershipError(f"this master lost the leadership of state {store.url}; another "
                               f"master may serve it now")
+
+
+def _interceptors(options: ServerOptions, auth: TokenInterceptor | None,
+                  servicer: MasterServicer, registry: CollectorRegistry
+                  ) -> list[grpc.aio.ServerInterceptor]:
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if auth is not None:  # first: a refused call reaches nothing else
+        interceptors.append(auth)
+    if options.metrics_port is not None:
+        interceptors.append(RpcLatencyInterceptor(registry))
+        loop = asyncio.get_running_loop()
+        registry.register(MasterCollector(
+            lambda: _on_loop(loop, servicer.job_stats),
+            (lambda: auth.rejected) if auth is not None else None,
+            lambda: _on_loop(loop, lambda: status.reader_metrics(servicer))))
+    return interceptors
+
+
+def _grpc_server(options: ServerOptions,
+                 interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])
+
+
+def _listen(server: grpc.aio.Server, address: str,
+            credentials: grpc.ServerCredentials | None) -> int:
+    bound = (server.add_secure_port(address, credentials) if credentials
+             else server.add_insecure_port(address))
+    if bound == 0:
+        raise OSError(f"cannot listen on {address} (in use?)")
+    return bound
+
+
+class _Running:
+    """What a serving master runs besides the gRPC server: the journal writer, the lease timer,
+    the parent watchdog, the metrics endpoint and the health status; `stop` ends them all, in
+    an order that lets nothing wait on what already stopped."""
+
+    def __init__(self, servicer: MasterServicer, server: grpc.aio.Server,
+                 health_servicer: health.aio.HealthServicer):
+        self.servicer, self.server, self.health = servicer, server, health_servicer
+        self.metrics: MetricsServer | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, stop: asyncio.Event, exit_with_parent: bool) -> None:
+        await self.server.start()
+        self.servicer.start()
+        self.servicer.grant_grace()  # restored leases live from now on, not from the restore
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.tasks.append(asyncio.create_task(
+            _lease_timer(self.servicer, self.servicer.config.lease_timeout_s, stop)))
+        if exit_with_parent:
+            self.tasks.append(asyncio.create_task(_watch_parent(os.getppid(), stop)))
+
+    async def stop(self) -> None:
+        if self.metrics is not None:  # first: a scrape must not wait on a loop that is stopping
+            self.metrics.close()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for task in self.tasks:
+            task.cancel()
+        await self.server.stop(grace=1.0)
+        await asyncio.to_thread(self.servicer.close)  # the last ops, then the writer stops
+        self.servicer.store.close()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> T:

@@ -12,9 +12,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from trainfeed.master.jobs import Job, JobMetrics
 from trainfeed.master.metrics import JobReaders
 from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
-from trainfeed.master.service import Job, MasterServicer
+from trainfeed.master.service import MasterServicer
 
 STATUS_VERSION = 1
 # Labels of a dataset's histogram shown (the most frequent); the rest are summed as "other".
@@ -36,6 +37,7 @@ def snapshot(servicer: MasterServicer, now: float | None = None,
 
 def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]:
     ledger, board = job.ledger, servicer.reader_stats
+    served = servicer.core.metrics.get(job.name) or JobMetrics()
     counts = ledger.counts()
     partitions = len(job.partitions)
     rate, input_bound = board.job_window(job.name, now)
@@ -52,9 +54,9 @@ def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]
         "progress": (counts["done"] + counts["failed"]) / max(1, partitions),
         "workers_alive": sum(1 for seen in job.workers.values()
                              if seen >= now - 3 * servicer.config.lease_timeout_s),
-        "records_served": job.records_served,
-        "bytes_served": job.bytes_served,
-        "reports_refused": job.reports_refused,
+        "records_served": served.records_served,
+        "bytes_served": served.bytes_served,
+        "reports_refused": served.reports_refused,
         "records_per_s": rate,
         "input_bound": input_bound,
         "input_wait_s": totals["input_wait_s"],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,11 @@ class StateStore(Protocol):
 
     def append(self, job: str, ops: Sequence[Any]) -> None:
         """Durably appends JSON-serializable `ops` to the journal of `job` before returning."""
+        ...
+
+    def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
+        """Durably appends several jobs' ops in ONE transaction (the journal writer's group
+        commit): all of them, or none (then it raises)."""
         ...
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -56,6 +56,9 @@ DEFAULT_TTL_S = 10
 # Chunks stay well under etcd's default 1.5 MiB request limit even base64-encoded (x 4/3).
 CHUNK_BYTES = 512 << 10
 _SEQ_DIGITS = 20
+# etcd's default --max-txn-ops: one txn holds at most this many operations (the leadership
+# compares aside).
+MAX_TXN_OPS = 128
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,23 @@ class EtcdStateStore:
         self._fenced([{"request_put": {"key": _b64(self._keys.journal_entry(job, seq)),
                                        "value": _b64(text)}}])
         self._last_seq[job] = seq
+
+    def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
+        """One txn: a journal entry per job (etcd's default limit is 128 ops per txn, so a
+        batch of more jobs than that goes in several, each job's entry whole)."""
+        puts: list[tuple[str, int, dict[str, Any]]] = []
+        for job, ops in ops_by_job.items():
+            if not ops:
+                continue
+            text = json.dumps(list(ops), separators=(",", ":")).encode()
+            seq = self._seq(job) + 1
+            puts.append((job, seq, {"request_put": {
+                "key": _b64(self._keys.journal_entry(job, seq)), "value": _b64(text)}}))
+        for start in range(0, len(puts), MAX_TXN_OPS - 1):
+            chunk = puts[start:start + MAX_TXN_OPS - 1]
+            self._fenced([put for _, _, put in chunk])
+            for job, seq, _ in chunk:
+                self._last_seq[job] = seq
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:
         keys = self._keys

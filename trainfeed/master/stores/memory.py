@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainfeed.master.stores.base import SavedJob
@@ -39,6 +39,10 @@ class MemoryStateStore:
     def append(self, job: str, ops: Sequence[Any]) -> None:
         if ops:
             self._journals.setdefault(job, []).append(json.dumps(list(ops)))
+
+    def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
+        for job, ops in ops_by_job.items():
+            self.append(job, ops)
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:
         self._snapshots[job] = json.dumps(snapshot)

@@ -7,7 +7,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
@@ -106,6 +106,16 @@ class SQLiteStateStore:
         text = json.dumps(list(ops), separators=(",", ":"))
         with self._lock:
             self._conn().execute("INSERT INTO journal (job, ops) VALUES (?, ?)", (job, text))
+
+    def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
+        rows = [(job, json.dumps(list(ops), separators=(",", ":")))
+                for job, ops in ops_by_job.items() if ops]
+        if not rows:
+            return
+        with self._lock:
+            db = self._conn()
+            with _transaction(db):
+                db.executemany("INSERT INTO journal (job, ops) VALUES (?, ?)", rows)
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:
         text = json.dumps(snapshot, separators=(",", ":"))

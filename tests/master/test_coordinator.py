@@ -1,0 +1,209 @@
+"""The master's pure core (trainfeed.master.coordinator), with time as an argument and no gRPC:
+what a watching session is told (issue 28), the protocol version, and refusals as CallErrors."""
+from __future__ import annotations
+
+import pytest
+
+from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
+from trainfeed.master import coordinator
+from trainfeed.master.coordinator import Coordinator
+from trainfeed.master.jobs import (
+    FailedPrecondition,
+    Job,
+    MasterConfig,
+    NotFound,
+    PermissionDenied,
+)
+from trainfeed.planning.distribution import DistributionRules
+from trainfeed.protocol import PROTOCOL_VERSION
+from trainfeed.storage import open_storage
+from trainfeed.v1 import master_pb2 as pb
+
+PARTITIONS = 8
+RECORDS = 10  # per partition
+TIMEOUT = 30.0
+
+
+def manifest() -> Manifest:
+    groups = tuple(RowGroupInfo(num_rows=RECORDS, num_bytes=RECORDS, first_id=i * RECORDS)
+                   for i in range(PARTITIONS))
+    shard = ShardInfo(path="data/shard-00000.parquet", num_rows=PARTITIONS * RECORDS,
+                      num_bytes=PARTITIONS * RECORDS, sha256="0" * 64, row_groups=groups)
+    return Manifest(name="d", kind="text", fields=(FieldSpec("text", "string"),),
+                    label_field=None, num_records=PARTITIONS * RECORDS,
+                    num_bytes=PARTITIONS * RECORDS, shards=(shard,), label_histogram={},
+                    fingerprint="f", source="test", created_at="2026-11-26T00:00:00Z")
+
+
+@pytest.fixture
+def core(tmp_path: object) -> Coordinator:
+    return Coordinator(MasterConfig(open_storage(str(tmp_path)), lease_timeout_s=TIMEOUT,
+                                    target_partitions=PARTITIONS))
+
+
+def open_request(version: int = PROTOCOL_VERSION, **kw: object) -> pb.OpenJobRequest:
+    return pb.OpenJobRequest(job="j", dataset="d", worker_name="r", protocol_version=version,
+                             **kw)  # type: ignore[arg-type]
+
+
+def new_job(core: Coordinator) -> Job:
+    request = open_request()
+    rules = core.check_open(request, None)
+    return core.create_job(request, manifest(), rules, b"k" * 32)
+
+
+def join(core: Coordinator, job: Job, now: float = 0.0) -> tuple[str, str]:
+    response, _ = core.open_session(job, open_request(), now)
+    assert response.protocol_version == PROTOCOL_VERSION
+    return response.worker_id, response.session_secret
+
+
+def lease(core: Coordinator, job: Job, worker: str, secret: str, n: int, now: float,
+          **kw: object) -> pb.GetTasksResponse:
+    request = pb.GetTasksRequest(job="j", worker_id=worker, session_secret=secret, epoch=0,
+                                 max_tasks=n, **kw)  # type: ignore[arg-type]
+    held, revoked, _, stopped = core.begin_get_tasks(job, request, now)
+    assert stopped is None
+    result, _ = core.lease(job, request, 0, now)
+    return core.end_get_tasks(job, request, held, revoked, result, 0, now)
+
+
+def drain(core: Coordinator, job: Job, worker: str, secret: str, now: float
+          ) -> pb.GetTasksResponse:
+    """Leases until nothing is left for `worker`; the first answer that is not TASKS."""
+    while True:
+        answer = lease(core, job, worker, secret, PARTITIONS, now)
+        if answer.status != pb.GetTasksResponse.TASKS:
+            return answer
+
+
+def watch(core: Coordinator, job: Job, worker: str, secret: str) -> tuple[str, str]:
+    return core.watch(job, pb.WatchRequest(job="j", worker_id=worker, session_secret=secret))
+
+
+def test_a_reader_of_another_protocol_is_refused_naming_both_versions(
+        core: Coordinator) -> None:
+    for version in (1, PROTOCOL_VERSION + 1):
+        with pytest.raises(FailedPrecondition, match=rf"speaks wire protocol {version}, this "
+                                                     rf"master speaks {PROTOCOL_VERSION}"):
+            core.check_open(open_request(version), None)
+    core.check_open(open_request(PROTOCOL_VERSION), None)
+
+
+def test_a_reader_from_before_versions_is_refused_once_readers_send_theirs(
+        core: Coordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Until the readers that send PROTOCOL_VERSION are merged (branch lease), 0 is served.
+    monkeypatch.setattr(coordinator, "ACCEPT_UNVERSIONED", False)
+    with pytest.raises(FailedPrecondition, match=r"protocol 0 \(a reader from before protocol "
+                                                 rf"versions\), this master speaks "
+                                                 rf"{PROTOCOL_VERSION}"):
+        core.check_open(open_request(0), None)
+
+
+def test_refusals_are_call_errors_not_grpc(core: Coordinator) -> None:
+    with pytest.raises(NotFound, match="no job 'j' on this master"):
+        core.job("j", None)
+    job = new_job(core)
+    with pytest.raises(PermissionDenied, match="token is a job token of another job"):
+        core.job("j", "other")
+    with pytest.raises(PermissionDenied, match="no session secret"):
+        watch(core, job, "someone", "")
+
+
+def test_a_give_back_reaches_a_watching_holder_at_once_and_only_once(
+        core: Coordinator) -> None:
+    job = new_job(core)
+    slow, slow_secret = join(core, job)
+    fast, fast_secret = join(core, job)
+    key = watch(core, job, slow, slow_secret)
+    told: list[tuple[str, str]] = []
+    core.on_event = lambda j, w: told.append((j, w))
+    job.stealing.rates.add(slow, 1, 0.0)  # slow: 1 record/s; fast: 100
+    job.stealing.rates.add(slow, 1, 1.0)
+    job.stealing.rates.add(fast, 100, 0.0)
+    job.stealing.rates.add(fast, 100, 1.0)
+    got = lease(core, job, slow, slow_secret, PARTITIONS, 1.0)
+    assert len(got.tasks) == PARTITIONS // 2  # a fair share
+    answer = drain(core, job, fast, fast_secret, 1.0)  # the rest, then nothing: it asks
+    assert answer.status == pb.GetTasksResponse.WAIT
+    events = core.take_events(key)
+    asked = [t for e in events for t in e.give_back]
+    assert asked and told and set(told) == {("j", slow)}
+    tokens = {t.partition: t.lease for t in got.tasks}
+    assert all(t.epoch == 0 and tokens[t.partition] == t.lease for t in asked)
+    # The slow reader's next call does not ask it again (it was told on its stream).
+    held = [pb.HeldTask(epoch=0, partition=t.partition, lease=t.lease) for t in got.tasks]
+    response, _ = core.report(job, pb.ReportRequest(job="j", worker_id=slow,
+                                                    session_secret=slow_secret, held=held), 1.5)
+    assert not response.give_back
+
+
+def test_a_reader_that_does_not_watch_is_asked_on_its_next_call(core: Coordinator) -> None:
+    job = new_job(core)
+    slow, slow_secret = join(core, job)
+    fast, fast_secret = join(core, job)
+    job.stealing.rates.add(slow, 1, 0.0)
+    job.stealing.rates.add(slow, 1, 1.0)
+    job.stealing.rates.add(fast, 100, 0.0)
+    job.stealing.rates.add(fast, 100, 1.0)
+    got = lease(core, job, slow, slow_secret, PARTITIONS, 1.0)
+    drain(core, job, fast, fast_secret, 1.0)
+    held = [pb.HeldTask(epoch=0, partition=t.partition, lease=t.lease) for t in got.tasks]
+    response, _ = core.report(job, pb.ReportRequest(job="j", worker_id=slow,
+                                                    session_secret=slow_secret, held=held), 1.5)
+    assert response.give_back  # polling still works for readers that do not watch
+
+
+def test_expired_leases_and_the_end_of_an_epoch_are_pushed(core: Coordinator) -> None:
+    job = new_job(core)
+    a, a_secret = join(core, job)
+    b, b_secret = join(core, job)
+    a_key, b_key = watch(core, job, a, a_secret), watch(core, job, b, b_secret)
+    mine = lease(core, job, a, a_secret, PARTITIONS, 0.0).tasks
+    core.expire_leases(TIMEOUT + 1)  # a went quiet
+    revoked = [t for e in core.take_events(a_key) for t in e.revoked]
+    assert {(t.partition, t.lease) for t in revoked} == {(t.partition, t.lease) for t in mine}
+    assert not core.take_events(b_key)
+    now = TIMEOUT + 2
+    while True:
+        got = lease(core, job, b, b_secret, PARTITIONS, now)
+        if got.status != pb.GetTasksResponse.TASKS:
+            break
+        reports = [pb.TaskReport(epoch=0, partition=t.partition, lease=t.lease,
+                                 outcome=pb.TaskReport.DONE) for t in got.tasks]
+        _, changed = core.report(job, pb.ReportRequest(
+            job="j", worker_id=b, session_secret=b_secret, reports=reports), now)
+        assert changed
+    assert job.ledger.complete
+    for key in (a_key, b_key):
+        assert [e.epoch_complete for e in core.take_events(key)
+                if e.epoch_complete or not (e.revoked or e.give_back)] == [0]
+
+
+def test_a_superseded_reader_is_told_with_its_leases(core: Coordinator) -> None:
+    job = new_job(core)
+    old, old_secret = join(core, job)
+    opened, _ = core.open_session(job, open_request(), 0.0)
+    key = watch(core, job, old, old_secret)
+    mine = lease(core, job, old, old_secret, 2, 0.0).tasks
+    credential = job.sessions.resume_credential(old)
+    core.open_session(job, open_request(resume=pb.ResumePosition(
+        epoch=0, worker_id=old, credential=credential)), 1.0)
+    events = core.take_events(key)
+    assert any("restored from this reader's checkpoint" in e.superseded for e in events)
+    revoked = {(t.partition, t.lease) for e in events for t in e.revoked}
+    assert revoked == {(t.partition, t.lease) for t in mine}
+    assert opened.worker_id != old
+
+
+def test_metrics_are_read_from_the_coordinator(core: Coordinator) -> None:
+    job = new_job(core)
+    worker, secret = join(core, job)
+    got = lease(core, job, worker, secret, 1, 0.0).tasks[0]
+    core.report(job, pb.ReportRequest(job="j", worker_id=worker, session_secret=secret, reports=[
+        pb.TaskReport(epoch=0, partition=got.partition, lease=got.lease,
+                      outcome=pb.TaskReport.DONE)]), 0.5)
+    [stats] = core.job_stats(1.0)
+    assert (stats.records_served, stats.done, stats.workers_alive) == (RECORDS, 1, 1)
+    assert not hasattr(job, "records_served")
+    assert DistributionRules("all") == job.rules

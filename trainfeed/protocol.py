@@ -1,0 +1,16 @@
+"""The version of the wire protocol (proto/trainfeed/v1/master.proto), in one place that both
+sides may import: the master (trainfeed.master) and the reader's lease client (trainfeed.lease).
+
+A reader sends it in OpenJobRequest.protocol_version and the master answers with its own; a master
+speaking another version refuses with FAILED_PRECONDITION naming both, rather than letting the
+mismatch surface later as a refused lease token.
+
+History: 0 — readers before versioning (they send no field). 1 — never used on the wire (the
+protocol up to issue 27). 2 — issue 28: the Watch stream carries give-backs, revocations, epoch
+ends and sync-group changes; a reader holding unstarted leases no longer polls.
+"""
+from __future__ import annotations
+
+__all__ = ["PROTOCOL_VERSION"]
+
+PROTOCOL_VERSION = 2

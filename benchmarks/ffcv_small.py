@@ -99,10 +99,20 @@ def ffcv_missing() -> str | None:
     return None
 
 
+def trainfeed_cli(*args: str) -> list[str]:
+    """The command running `trainfeed ARGS` of the trainfeed this process imports."""
+    return [sys.executable, "-m", "trainfeed.cli.main", *args]
+
+
+# `python -m` puts the working directory first on sys.path: safe-path mode (Python ≥ 3.11;
+# ignored before) keeps it out, so that the CLI runs the trainfeed this process imports.
+CLI_ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
+
+
 def upload_has_max_side() -> bool:
     """Whether `trainfeed upload` of this interpreter's trainfeed takes --max-side."""
-    result = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "upload", "--help"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(trainfeed_cli("upload", "--help"), capture_output=True, text=True,
+                            timeout=120, env=CLI_ENV)
     if result.returncode != 0:
         raise RuntimeError(f"`trainfeed upload --help` failed ({result.returncode}): "
                            f"{result.stderr.strip()[-500:]}")
@@ -111,6 +121,15 @@ def upload_has_max_side() -> bool:
 
 def digest(*parts: object) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """The JSON object in `path`, or {} when there is no such file (nothing built yet)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        value: dict[str, Any] = json.load(f)
+    return value
 
 
 def list_digest(list_path: str) -> str:
@@ -155,7 +174,7 @@ def shrunk_copy(data: str, out: str) -> str:
     source_list = os.path.join(data, LIST_NAME)
     key = digest(list_digest(source_list), MAX_SIDE, QUALITY)
     stamp = os.path.join(out, "standin.json")
-    if os.path.exists(stamp) and json.load(open(stamp)).get("key") == key:
+    if read_json(stamp).get("key") == key:
         return os.path.join(out, LIST_NAME)
     print(f"stand-in: shrinking the photos to {MAX_SIDE} px at q{QUALITY} in {out} ...",
           file=sys.stderr, flush=True)
@@ -186,14 +205,14 @@ def upload_trainfeed(args: argparse.Namespace, method: str, list_path: str,
     """`trainfeed upload` of the method's dataset (a no-op when already published from the same
     input); returns its name, how it was made and its size."""
     name = dataset_name(method, standin)
-    cmd = [sys.executable, "-m", "trainfeed.cli.main", "upload", list_path, "--dataset", name,
-           "--storage", args.storage, "--overwrite", "--no-progress"]
+    cmd = trainfeed_cli("upload", list_path, "--dataset", name, "--storage", args.storage,
+                        "--overwrite", "--no-progress")
     if not standin:
         cmd += ["--max-side", str(MAX_SIDE), "--quality", str(QUALITY)]
     if method.endswith("-rst"):
         cmd.append("--jpeg-restarts")
     t0 = time.perf_counter()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=CLI_ENV)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}): "
                            f"{result.stderr.strip()[-1000:]}")
@@ -239,7 +258,7 @@ def write_beton(args: argparse.Namespace) -> dict[str, Any]:
                  COMPRESS_PROBABILITY, QUALITY)
     stamp = beton + ".json"
     built_s = None
-    if not (os.path.exists(stamp) and json.load(open(stamp)).get("key") == key):
+    if read_json(stamp).get("key") != key:
         print(f"writing FFCV's dataset {beton} ...", file=sys.stderr, flush=True)
         os.makedirs(args.storage, exist_ok=True)
         t0 = time.perf_counter()
@@ -462,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
               "command": [os.path.basename(sys.executable), *sys.argv],
               "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
                           "loadavg_start": os.getloadavg()},
-              "data": json.load(open(os.path.join(args.data, "summary.json"))),
+              "data": read_json(os.path.join(args.data, "summary.json")),
               "datasets": datasets, "methods_run": methods, "skipped": skipped,
               "settings": {k: v for k, v in vars(args).items() if k != "func"}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -39,3 +39,46 @@ def test_restarts_by_size_prints_its_table_and_writes_its_json(tmp_path: Path) -
     assert rows[0]["epochs"] == rows[1]["epochs"] >= 1
     assert all(r["images"] == 16 * r["epochs"] for r in rows)
     assert written["data"]["256"]["long_side"] == 256
+
+
+# ~25 s on a loaded machine (16 small images generated, shrunk, uploaded twice, 2 windows of a
+# few seconds). FFCV is hidden (CI does not install it: pyproject's ffcv-peer extra), so this is
+# the path a fresh clone takes: the FFCV side is skipped, loudly, and the trainfeed side runs.
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ffcv_small_runs_without_ffcv_and_says_so(tmp_path: Path) -> None:
+    hidden = tmp_path / "hide"
+    (hidden / "ffcv").mkdir(parents=True)
+    (hidden / "ffcv" / "__init__.py").write_text(
+        "raise ImportError('hidden by tests/test_benchmarks_smoke.py')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/ffcv_small.py"), "run",
+         "--images-in-dataset", "16", "--images", "32", "--warmup", "1", "--passes", "1",
+         "--max-wait", "0", "--data", str(tmp_path / "data"),
+         "--storage", str(tmp_path / "storage"), "--out", str(tmp_path / "out.jsonl")],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FFCV cannot be imported (hidden by" in result.stderr, result.stderr[-3000:]
+    assert "SKIPPED" in result.stderr
+    help_text = subprocess.run(
+        [sys.executable, "-m", "trainfeed.cli.main", "upload", "--help"], cwd=ROOT,
+        capture_output=True, text=True, timeout=60, env=env).stdout
+    standin = "--max-side" not in help_text  # the real option once upload has it
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    header = records[0]["header"]
+    assert header["methods_run"] == ["trainfeed-256", "trainfeed-256-rst"]
+    assert "ffcv" in header["skipped"]
+    rows = [r for r in records if "method" in r]
+    assert sorted(r["method"] for r in rows) == ["trainfeed-256", "trainfeed-256-rst"]
+    assert all(r["images"] >= 32 and r["rate"] > 0 and r["standin"] == standin for r in rows)
+    sizes = {d["method"]: d for d in header["datasets"]}
+    assert sizes["(the photos)"]["files"] == 16
+    # At most 256 px on the longer side, re-encoded at q90: smaller than the ~83 KB photos.
+    assert 0 < sizes["trainfeed-256"]["bytes"] < sizes["(the photos)"]["bytes"]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("| ffcv | skipped, FFCV cannot be imported") for line in lines)
+    label = "trainfeed-256 (stand-in)" if standin else "trainfeed-256"
+    assert any(line.startswith(f"| {label} | ") for line in lines), result.stdout
+    assert any(line.startswith("| trainfeed-256 | ") and "trainfeed upload" in line
+               for line in lines), result.stdout

@@ -294,9 +294,10 @@ def prepare(args: argparse.Namespace
     missing = ffcv_missing() if "ffcv" in methods else None
     if missing is not None:
         print(f"\n!!! FFCV cannot be imported ({missing}): its rows and its dataset are "
-              f"SKIPPED, and no ratio to it is reported. Install it as docs/figures/ffcv.md "
-              f"says (Debian's libturbojpeg0-dev and libopencv-dev, the ffcv-peer extra, then "
-              f"pip install --no-deps ffcv==1.0.2).\n", file=sys.stderr, flush=True)
+              f"SKIPPED, and no ratio to it is reported. Install it as docs/benchmarks.md "
+              f"(\"256-px images: FFCV's recipe\") says (Debian's libturbojpeg0-dev and "
+              f"libopencv-dev, the ffcv-peer extra, then pip install --no-deps ffcv==1.0.2).\n",
+              file=sys.stderr, flush=True)
         methods.remove("ffcv")
         skipped = {"ffcv": f"skipped, FFCV cannot be imported: {missing}"}
     elif "ffcv" in methods:

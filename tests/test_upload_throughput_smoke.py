@@ -1,5 +1,6 @@
 """benchmarks/upload_throughput.py runs end to end at its smallest settings (its figures are
-quoted in docs/figures/ingest.md: the script must not rot between the runs that refresh them)."""
+quoted in docs/benchmarks.md, "Ingest (upload)": the script must not rot between the runs that
+refresh them)."""
 from __future__ import annotations
 
 import json

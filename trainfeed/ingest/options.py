@@ -12,7 +12,7 @@ from trainfeed.formats.listfile import Kind
 DEFAULT_READ_THREADS = min(32, 8 * (os.cpu_count() or 1))
 # Packing processes: one per core. A shard's encoding, checksums and hashing (and rewrites,
 # resizes) hold the GIL or a core; on 2 cores two processes took a plain upload of 3,000
-# ImageNet-like photos from 1.67x to 1.2x the time of `cp -r` + `sync` (docs/figures/ingest.md).
+# ImageNet-like photos from 1.67x to 1.2x the time of `cp -r` + `sync` (docs/benchmarks.md, Ingest).
 DEFAULT_PROCESSES = os.cpu_count() or 1
 # A record is read whole into memory (and by readers, into a batch): a file above this is almost
 # always a mistake in the list (a video, an archive), refused before anything is written.

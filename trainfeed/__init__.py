@@ -25,6 +25,7 @@ from trainfeed.errors import (
     PartitionReadError,
     PixelBudgetError,
     PreprocessError,
+    ProtocolVersionError,
     RankTakenError,
     SqlError,
     StateStoreError,
@@ -56,7 +57,8 @@ __all__ = ["AuthenticationError", "BatchOptions", "CheckpointError", "ClusterErr
            "JobError", "LabelOptions", "LeadershipError", "ListFileError", "LostRecordsError",
            "MasterUnavailableError", "MissingFilesError", "OutsidePathsError",
            "OversizeRecordsError", "PartitionReadError", "PipelineOptions", "PixelBudgetError",
-           "PreprocessError", "RankTakenError", "Reader", "SamplingOptions", "SqlError",
+           "PreprocessError", "ProtocolVersionError", "RankTakenError", "Reader",
+           "SamplingOptions", "SqlError",
            "StateStoreError", "StorageAccessError", "SupersededError", "SyncGroupBrokenError",
            "SyncShortfallError", "TrainfeedError", "TransformOptions", "UndecodableImagesError",
            "UnknownColumnError", "UnknownLabelError", "UploadOptions", "batch", "dist", "upload"]

@@ -12,6 +12,10 @@ Sessions: `open_job` keeps the session secret the master answers with (never log
 later call of that worker id carries it (issue 25: a job token alone must not let a caller act as
 another reader).
 
+Versions: OpenJob carries PROTOCOL_VERSION; a master speaking another one refuses with
+FAILED_PRECONDITION naming both, raised as ProtocolVersionError. A master from before versioning
+answers 0 and is not refused here: it lacks only Watch, which the session does without (polling).
+
 Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
 reader no longer holds their lease), the call is retried at once without them, and the answer's
 `revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
@@ -25,8 +29,8 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -37,6 +41,7 @@ from trainfeed.errors import (
     DeliveryOrderError,
     JobError,
     MasterUnavailableError,
+    ProtocolVersionError,
     RankTakenError,
 )
 from trainfeed.lease.resources import detect_resources
@@ -50,6 +55,10 @@ from trainfeed.security import (
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 
+# The wire protocol this reader speaks, sent in OpenJob (OpenJobRequest.protocol_version); 0 is
+# what readers before versioning send. 2: with the Watch stream and ReaderStats (issue 28). Raise
+# it when a change needs both sides to know of it.
+PROTOCOL_VERSION = 2
 MASTER_ENV = settings.MASTER.name
 GIVE_UP_ENV = settings.MASTER_GIVE_UP_S.name
 DEFAULT_GIVE_UP_S = settings.MASTER_GIVE_UP_S.default
@@ -83,6 +92,11 @@ RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"
 RANK_LAPSE_TRAILER = "trainfeed-rank-lapse-s"
 _REFUSALS: dict[str, type[JobError]] = {"rank-taken": RankTakenError,
                                         "delivery-order": DeliveryOrderError}
+# A FAILED_PRECONDITION refusal of OpenJob for the protocol version: its trailer kind, or (from a
+# master that sets none) its text; the master's version may come in a trailer of its own.
+PROTOCOL_REFUSAL = "protocol-version"
+PROTOCOL_TRAILER = "trainfeed-protocol-version"
+_VERSION_TEXT = re.compile(r"protocol[ _-]?version", re.IGNORECASE)
 # A call retried this long logs what it waits for and until when (then every WAIT_LOG_EVERY_S):
 # no wait longer than that is silent.
 WAIT_LOG_S = 5.0
@@ -151,6 +165,9 @@ class MasterClient:
                     if refused:
                         raise _Refused(refused, details) from None
                     kind = _trailer(e, REFUSAL_TRAILER)
+                    if kind == PROTOCOL_REFUSAL or (kind is None
+                                                    and _VERSION_TEXT.search(details or "")):
+                        raise self._version_error(e, details) from None
                     if kind in _REFUSALS:
                         error = _REFUSALS[kind](f"master {self.address}: {details}")
                         if kind == "rank-taken":
@@ -203,6 +220,14 @@ class MasterClient:
             response.revoked.extend(refused)  # type: ignore[attr-defined]
             return response
 
+    def _version_error(self, error: grpc.RpcError, details: str | None) -> ProtocolVersionError:
+        theirs = _trailer(error, PROTOCOL_TRAILER)
+        master = f"the master speaks version {theirs}" if theirs else "the master speaks another"
+        return ProtocolVersionError(
+            f"master {self.address} refused this reader's wire protocol: this reader speaks "
+            f"version {PROTOCOL_VERSION}, {master} (FAILED_PRECONDITION: {details}); install "
+            f"the same trainfeed release on the readers and the master")
+
     def _unreachable_hint(self, details: str | None) -> str:
         # A master that closes the connection at once may want TLS, or a client certificate;
         # one that refuses the connection is not there, whatever it serves.
@@ -230,7 +255,7 @@ class MasterClient:
         request = pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
-            resume=resume, sync=sync, order=order)
+            resume=resume, sync=sync, order=order, protocol_version=PROTOCOL_VERSION)
         holder_heard: float | None = None  # when the rank's holder was last heard (wall clock)
         logged = False
         while True:
@@ -259,30 +284,41 @@ class MasterClient:
                   held: Iterable[tuple[int, int, int]] | None = None,
                   max_records: int = 0,
                   started: Collection[tuple[int, int, int]] = (),
-                  sync: pb.SyncGroup | None = None) -> pb.GetTasksResponse:
+                  sync: pb.SyncGroup | None = None,
+                  stats: pb.ReaderStats | None = None) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
         `started`: those of `held` the caller's trainer has begun (never asked back).
-        `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
+        `max_records` > 0: no more tasks than cover that many records (a synchronous quota).
+        `stats`: the reader's figures since its last summary (issue 29), riding on the call."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
             max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
             reconcile=held is not None, max_records=max_records,
-            held=_held_tasks(held or (), started), sync=sync),
+            held=_held_tasks(held or (), started), sync=sync, stats=stats),
             CALL_TIMEOUT_S + wait_ms / 1000)
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
                held: Iterable[tuple[int, int, int]] = (),
                started: Collection[tuple[int, int, int]] = (),
-               sync: pb.SyncGroup | None = None) -> pb.ReportResponse:
+               sync: pb.SyncGroup | None = None,
+               stats: pb.ReaderStats | None = None) -> pb.ReportResponse:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
-        (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
-        for `get_tasks`."""
+        (epoch, partition, lease) of `held` that are not the caller's any more. `started` and
+        `stats` as for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
-            reports=list(reports), held=_held_tasks(held, started), sync=sync),
+            reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats),
             CALL_TIMEOUT_S)
+
+    def watch(self, job: str, worker: str) -> WatchStream:
+        """Opens the session's Watch stream: what the master tells this reader between its own
+        calls (give-backs, revocations, epoch ends, group changes). Not retried: the caller
+        reopens a broken stream (see WorkerSession), and `cancel()` ends it."""
+        return self._stub.Watch(  # type: ignore[no-any-return]
+            pb.WatchRequest(job=job, worker_id=worker, session_secret=self.secret(job, worker)),
+            metadata=self._metadata)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
         return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
@@ -300,6 +336,18 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WatchStream(Protocol):
+    """A Watch call in flight (a grpc server-streaming call): iterate it for events."""
+
+    def __iter__(self) -> Iterator[pb.WatchEvent]: ...
+
+    def initial_metadata(self) -> object:
+        """Blocks until the master accepted the stream (or the call ended)."""
+        ...
+
+    def cancel(self) -> bool: ...
 
 
 class _Refused(Exception):

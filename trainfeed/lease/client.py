@@ -96,7 +96,9 @@ _REFUSALS: dict[str, type[JobError]] = {"rank-taken": RankTakenError,
 # master that sets none) its text; the master's version may come in a trailer of its own.
 PROTOCOL_REFUSAL = "protocol-version"
 PROTOCOL_TRAILER = "trainfeed-protocol-version"
-_VERSION_TEXT = re.compile(r"protocol[ _-]?version", re.IGNORECASE)
+_VERSION_TEXT = re.compile(r"protocol[ _-]?version|wire protocol", re.IGNORECASE)
+_MASTER_VERSION = re.compile(r"master speaks (?:wire protocol |protocol version |version )?(\d+)",
+                             re.IGNORECASE)
 # A call retried this long logs what it waits for and until when (then every WAIT_LOG_EVERY_S):
 # no wait longer than that is silent.
 WAIT_LOG_S = 5.0
@@ -222,7 +224,9 @@ class MasterClient:
 
     def _version_error(self, error: grpc.RpcError, details: str | None) -> ProtocolVersionError:
         theirs = _trailer(error, PROTOCOL_TRAILER)
-        master = f"the master speaks version {theirs}" if theirs else "the master speaks another"
+        said = _MASTER_VERSION.search(details or "")
+        theirs = theirs or (said.group(1) if said else None)
+        master = f"the master speaks version {theirs}" if theirs else "the master another"
         return ProtocolVersionError(
             f"master {self.address} refused this reader's wire protocol: this reader speaks "
             f"version {PROTOCOL_VERSION}, {master} (FAILED_PRECONDITION: {details}); install "

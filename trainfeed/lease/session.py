@@ -511,14 +511,15 @@ class WorkerSession:
             with self._cond:
                 self._stream = None
 
-    def apply(self, event: pb.WatchEvent) -> None:
+    def apply(self, event: pb.WatchEvent) -> Applied:
         """Applies one Watch event through the book, as the same fields of an answer (but it
-        renews no lease: see LeaseBook.told)."""
+        renews no lease: see LeaseBook.told). Returns what it changed."""
         answer = event_answer(event)
         with self._cond:
             applied = self._book().told(answer, time.monotonic())
             self._cond.notify_all()  # RELEASED reports to send, an epoch end to see
         self._consequences(applied, answer)
+        return applied
 
     def _set_watching(self, watching: bool) -> None:
         with self._cond:

@@ -100,7 +100,8 @@ def test_progress_goes_at_least_every_progress_interval() -> None:
     book.granted([(0, 1, 11)])
     assert book.note_progress((0, 1, 11), 3, now=1.0)
     assert not book.note_progress((0, 1, 11), 2, now=1.1)  # not news
-    assert book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(PROGRESS_INTERVAL_S)
+    due = book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT)
+    assert due == pytest.approx(PROGRESS_INTERVAL_S)
     [report] = book.drain()
     assert (report.outcome, report.consumed, report.lease) == (Outcome.PROGRESS, 3, 11)
 

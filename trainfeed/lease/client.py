@@ -163,19 +163,7 @@ class MasterClient:
                         f"master {self.address} refused the call, which carried {sent} "
                         f"(UNAUTHENTICATED: {details})") from None
                 if code is grpc.StatusCode.FAILED_PRECONDITION:
-                    refused = _refused(e)
-                    if refused:
-                        raise _Refused(refused, details) from None
-                    kind = _trailer(e, REFUSAL_TRAILER)
-                    if kind == PROTOCOL_REFUSAL or (kind is None
-                                                    and _VERSION_TEXT.search(details or "")):
-                        raise self._version_error(e, details) from None
-                    if kind in _REFUSALS:
-                        error = _REFUSALS[kind](f"master {self.address}: {details}")
-                        if kind == "rank-taken":
-                            raise _RankTaken(error, float(_trailer(e, RANK_QUIET_TRAILER) or 0),
-                                             float(_trailer(e, RANK_LAPSE_TRAILER) or 0)) from None
-                        raise error from None
+                    self._refusal(e, details)
                 if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
                                               and _TOO_LARGE.search(details or "")):
                     raise JobError(f"master {self.address}: {code.name}: {details}") from None
@@ -221,6 +209,23 @@ class MasterClient:
                 continue
             response.revoked.extend(refused)  # type: ignore[attr-defined]
             return response
+
+    def _refusal(self, error: grpc.RpcError, details: str | None) -> None:
+        """Raises what a FAILED_PRECONDITION answer refused, where its trailers or text say
+        (refused reports, another protocol version, a taken rank, another delivery order);
+        returns for any other, which the caller raises as a plain JobError."""
+        refused = _refused(error)
+        if refused:
+            raise _Refused(refused, details) from None
+        kind = _trailer(error, REFUSAL_TRAILER)
+        if kind == PROTOCOL_REFUSAL or (kind is None and _VERSION_TEXT.search(details or "")):
+            raise self._version_error(error, details) from None
+        if kind in _REFUSALS:
+            refusal = _REFUSALS[kind](f"master {self.address}: {details}")
+            if kind == "rank-taken":
+                raise _RankTaken(refusal, float(_trailer(error, RANK_QUIET_TRAILER) or 0),
+                                 float(_trailer(error, RANK_LAPSE_TRAILER) or 0)) from None
+            raise refusal from None
 
     def _version_error(self, error: grpc.RpcError, details: str | None) -> ProtocolVersionError:
         theirs = _trailer(error, PROTOCOL_TRAILER)

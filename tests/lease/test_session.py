@@ -19,7 +19,13 @@ import grpc
 import pytest
 from sample_data import make_image_list
 
-from trainfeed import JobError, ProtocolVersionError, dist
+from trainfeed import (
+    JobError,
+    ProtocolVersionError,
+    SupersededError,
+    SyncGroupBrokenError,
+    dist,
+)
 from trainfeed.lease import shutdown
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
 from trainfeed.lease.session import STEAL_POLL_S, WorkerSession
@@ -257,3 +263,22 @@ def test_stats_ride_on_every_get_tasks_and_report(fake: tuple[FakeMaster, str]) 
     assert all(r.HasField("stats") and r.stats.batches > 0 for r in sent)
     batches = [r.stats.batches for r in sent]
     assert batches == sorted(batches) and len(set(batches)) == len(batches)  # asked each time
+
+
+def test_a_broken_group_or_a_supersession_pushed_on_the_stream_ends_the_passes(
+        fake: tuple[FakeMaster, str]) -> None:
+    servicer, address = fake
+    with MasterClient(address) as client:
+        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        try:
+            wait_until(lambda: session.watching)
+            servicer.events.put(pb.WatchEvent(superseded="reader w2 restored from w1"))
+            wait_until(lambda: session.error is not None)
+            with pytest.raises(SupersededError, match="reader w2 restored from w1"):
+                session.check()
+            servicer.events.put(pb.WatchEvent(group_broken="rank 1 of 2 left"))
+            wait_until(lambda: session.broken is not None)
+            with pytest.raises(SyncGroupBrokenError, match="rank 1 of 2 left"):
+                session.check()
+        finally:
+            session.close()

@@ -218,10 +218,15 @@ def test_without_watch_the_reader_polls_while_it_holds_unstarted_leases() -> Non
                 wait_until(lambda: servicer.calls["Watch"] >= 1)
                 lease_two(session, servicer)
                 before = servicer.calls["Report"]
-                time.sleep(1.0)
+                watches = servicer.calls["Watch"]
+                for _ in range(50):  # wake-ups of the session (reports, passes) ...
+                    session.set_fetching(False)
+                    time.sleep(0.02)
                 polls = servicer.calls["Report"] - before
                 assert polls >= 0.5 / STEAL_POLL_S, f"{polls} polls in 1 s"
                 assert not session.watching
+                # ... do not cut the Watch backoff short (0.1, 0.2, 0.4 s, ...: a few calls)
+                assert servicer.calls["Watch"] - watches <= 4, servicer.calls
             finally:
                 session.close()
     finally:

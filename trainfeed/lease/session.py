@@ -127,6 +127,7 @@ class WorkerSession:
         self._open_lock = threading.Lock()
         self._fetching = False  # a producer runs and will call GetTasks soon (not long-polling)
         self._stopping = False
+        self._stop = threading.Event()  # set with _stopping: ends the watcher's backoff
         self._watching = False  # the master accepted the Watch stream, which is up
         self._stream: object = None  # the Watch call in flight (cancelled by close)
         self._threads: list[threading.Thread] = []
@@ -487,9 +488,8 @@ class WorkerSession:
                 self._set_watching(False)
             if time.monotonic() - opened_at >= WATCH_HEALTHY_S:
                 delay = WATCH_RETRY_MIN_S
-            with self._cond:
-                if not self._stopping:
-                    self._cond.wait(random.uniform(delay / 2, delay))
+            # (Not on `_cond`: every report notifies it, which would cut the backoff short.)
+            self._stop.wait(random.uniform(delay / 2, delay))
             delay = min(delay * 2, WATCH_RETRY_MAX_S)
 
     def _watch_once(self) -> None:
@@ -556,6 +556,7 @@ class WorkerSession:
         self._closed = True
         with self._cond:
             self._stopping = True
+            self._stop.set()
             stream, self._stream = self._stream, None
             self._cond.notify_all()
         if stream is not None:

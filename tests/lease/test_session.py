@@ -28,7 +28,7 @@ from trainfeed import (
 )
 from trainfeed.lease import shutdown
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
-from trainfeed.lease.session import STEAL_POLL_S, WorkerSession
+from trainfeed.lease.session import STEAL_POLL_S, WATCH_SINCE_VERSION, WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
@@ -43,8 +43,10 @@ class FakeMaster(master_pb2_grpc.MasterServicer):
     streams Watch events the test puts in `events` (`_CLOSE` ends the stream). Counts calls by
     method and keeps every request."""
 
-    def __init__(self, watch: bool = True, refuse_version: bool = False):
+    def __init__(self, watch: bool = True, refuse_version: bool = False,
+                 version: int = PROTOCOL_VERSION):
         self.watch = watch
+        self.version = version
         self.refuse_version = refuse_version
         self.calls: Counter[str] = Counter()
         self.requests: list[object] = []
@@ -69,7 +71,7 @@ class FakeMaster(master_pb2_grpc.MasterServicer):
         return pb.OpenJobResponse(worker_id="w1", job=request.job, dataset=request.dataset,
                                   dataset_url="file:///nowhere", lease_timeout_s=LEASE_TIMEOUT_S,
                                   session_secret="s" * 32, num_partitions=8, num_records=64,
-                                  protocol_version=PROTOCOL_VERSION)
+                                  protocol_version=self.version)
 
     def GetTasks(self, request: pb.GetTasksRequest, context: grpc.ServicerContext
                  ) -> pb.GetTasksResponse:
@@ -156,7 +158,9 @@ def test_building_a_session_or_reader_connects_nothing(tmp_path: Path) -> None:
         session.open()
         assert client.job_status("j").workers == 1
         assert session in shutdown._SESSIONS
-        assert threading.active_count() == threads + 2  # the reporter and the watcher
+        # The reporter, and the watcher if the master speaks a protocol with Watch.
+        watcher = session.opened.protocol_version >= WATCH_SINCE_VERSION
+        assert threading.active_count() == threads + 1 + watcher
         session.close()
         reader.close()
         assert threading.active_count() == threads
@@ -287,3 +291,23 @@ def test_a_broken_group_or_a_supersession_pushed_on_the_stream_ends_the_passes(
                 session.check()
         finally:
             session.close()
+
+
+def test_a_master_of_an_older_protocol_gets_no_watch_calls() -> None:
+    servicer = FakeMaster(version=0)  # a master from before versioning
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}") as client:
+            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            try:
+                lease_two(session, servicer)
+                time.sleep(0.6)
+                assert servicer.calls["Watch"] == 0
+                assert servicer.calls["Report"] >= 1  # it polls, as readers before Watch did
+            finally:
+                session.close()
+    finally:
+        server.stop(0)

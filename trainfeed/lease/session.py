@@ -8,7 +8,8 @@ the session owns what the book must not: the client, the lock, and two threads.
   long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
   PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
   the master, which keeps the leases of slow partitions alive.
-- The watcher holds the session's Watch stream open: what the master must tell this reader
+- The watcher (with a master of protocol version 2 or later) holds the session's Watch stream
+  open: what the master must tell this reader
   between its own calls (give-backs, revocations, epoch ends, group changes) comes pushed, so a
   reader holding leases it has not started makes no calls (issue 28). A master without Watch
   (UNIMPLEMENTED), or a broken stream, falls back to polling every STEAL_POLL_S while such leases
@@ -60,6 +61,9 @@ STEAL_POLL_S = 0.25
 WATCH_RETRY_MIN_S = 0.1
 WATCH_RETRY_MAX_S = 30.0
 WATCH_HEALTHY_S = 10.0
+# Masters answering OpenJob with an older protocol version have no Watch: no stream is opened to
+# them (the reader polls, as readers did before it), so they see no calls they cannot answer.
+WATCH_SINCE_VERSION = 2
 
 _OUTCOMES = {Outcome.DONE: pb.TaskReport.DONE, Outcome.FAILED: pb.TaskReport.FAILED,
              Outcome.RELEASED: pb.TaskReport.RELEASED, Outcome.PROGRESS: pb.TaskReport.PROGRESS}
@@ -155,7 +159,10 @@ class WorkerSession:
             self.book = LeaseBook(opened.lease_timeout_s, time.monotonic())
             self.job = opened.job
             self._opened = opened
-            for target, name in ((self._report_loop, "reporter"), (self._watch_loop, "watch")):
+            loops = [(self._report_loop, "reporter")]
+            if opened.protocol_version >= WATCH_SINCE_VERSION:
+                loops.append((self._watch_loop, "watch"))
+            for target, name in loops:
                 thread = threading.Thread(target=target, daemon=True,
                                           name=f"trainfeed-{name}-{opened.worker_id}")
                 thread.start()
@@ -349,8 +356,9 @@ class WorkerSession:
                   granted: Sequence[Lease] = ()) -> None:
         with self._cond:
             applied = self._book().answered(reports, answer, started, time.monotonic(), granted)
-            if applied.given:
-                self._cond.notify_all()  # their RELEASED reports wait to go
+            if applied.given or granted:
+                # RELEASED reports wait to go; new leases may start the reporter's polling.
+                self._cond.notify_all()
         self._consequences(applied, answer)
 
     def _consequences(self, applied: Applied, answer: Answer) -> None:

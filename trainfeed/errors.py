@@ -169,6 +169,12 @@ class SupersededError(JobError):
     gets no more tasks (its records would be delivered twice). Close it."""
 
 
+class ProtocolVersionError(JobError):
+    """The master speaks another version of the wire protocol than this reader
+    (trainfeed.protocol.PROTOCOL_VERSION): it refused OpenJob with FAILED_PRECONDITION. The
+    message names both versions; upgrade trainfeed on the older side so that they match."""
+
+
 class EtcdUnavailableError(TrainfeedError, ConnectionError):
     """The master's `etcd://` state store could not reach etcd (connection refused or timed
     out); the message names the state URL and the etcd address. Start etcd or correct the

@@ -55,8 +55,7 @@ def with_fields(message: Any, **fields: Any) -> Any:
 
 def held(session: WorkerSession) -> dict[tuple[int, int], int]:
     """(epoch, partition) -> lease token of every lease `session` holds now."""
-    with session._cond:
-        return dict(session._held)
+    return session.held()
 
 
 @contextmanager

@@ -5,7 +5,8 @@ give them back for an idle reader; the reader, having forgotten that they were s
 them back, and the other reader delivered them again (16 records twice).
 
 Reproduced with a real master process frozen (SIGSTOP) while the DONE is queued or in flight, and
-the master's give-back request delivered to the reader as the master sends it."""
+the master's give-back request delivered to the reader as the master pushes it (a Watch event,
+applied through the session's lease book exactly as an answer's `give_back`)."""
 from __future__ import annotations
 
 import signal
@@ -16,8 +17,10 @@ from sample_data import make_image_list
 
 from trainfeed.io.prefetch import LoadedPartition
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession, plain_load
+from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.master.process import MasterProcess
+from trainfeed.reader.producer import Dataset, prefetched
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 
@@ -35,8 +38,10 @@ def test_a_lease_whose_done_is_unconfirmed_is_not_given_back(tmp_path: Path) -> 
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     with MasterProcess(storage) as master:
         session = WorkerSession(MasterClient(master.address, give_up_s=60), "train", "flowers",
-                                seed=0)
-        stream = session.open_pass(JOIN_CURRENT_EPOCH, 2, lambda epoch: None)
+                                seed=0).open()
+        dataset = Dataset(session.dataset, session.field_names, session.binary_fields)
+        stream = prefetched(LeasedTasks(session, JOIN_CURRENT_EPOCH, lambda epoch: None),
+                            dataset, plain_load, 2, "test-fetch")
         parts: list[LoadedPartition] = []
         for item in stream:
             if item is not None:
@@ -48,10 +53,11 @@ def test_a_lease_whose_done_is_unconfirmed_is_not_given_back(tmp_path: Path) -> 
         master.proc.send_signal(signal.SIGSTOP)  # the DONE cannot get through
         try:
             session.report_done(delivered.task)
-            assert session._give_back([held_task(delivered)]) == 0, \
+            asked = session.apply(pb.WatchEvent(give_back=[held_task(delivered)]))
+            assert asked.given == 0, \
                 "a delivered partition whose DONE is unconfirmed was handed back"
             # The control: a lease the trainer never began is handed back.
-            assert session._give_back([held_task(unstarted)]) == 1
+            assert session.apply(pb.WatchEvent(give_back=[held_task(unstarted)])).given == 1
             assert session.lease_lost(unstarted.task)
             assert not session.lease_lost(delivered.task)
         finally:

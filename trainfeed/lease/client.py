@@ -12,6 +12,10 @@ Sessions: `open_job` keeps the session secret the master answers with (never log
 later call of that worker id carries it (issue 25: a job token alone must not let a caller act as
 another reader).
 
+Versions: OpenJob carries PROTOCOL_VERSION; a master speaking another one refuses with
+FAILED_PRECONDITION naming both, raised as ProtocolVersionError. A master from before versioning
+answers 0 and is not refused here: it lacks only Watch, which the session does without (polling).
+
 Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
 reader no longer holds their lease), the call is retried at once without them, and the answer's
 `revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
@@ -25,8 +29,8 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -37,9 +41,11 @@ from trainfeed.errors import (
     DeliveryOrderError,
     JobError,
     MasterUnavailableError,
+    ProtocolVersionError,
     RankTakenError,
 )
 from trainfeed.lease.resources import detect_resources
+from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.security import (
     TLS_CA_ENV,
     TLS_CERT_ENV,
@@ -83,6 +89,13 @@ RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"
 RANK_LAPSE_TRAILER = "trainfeed-rank-lapse-s"
 _REFUSALS: dict[str, type[JobError]] = {"rank-taken": RankTakenError,
                                         "delivery-order": DeliveryOrderError}
+# A FAILED_PRECONDITION refusal of OpenJob for the protocol version: its trailer kind, or (from a
+# master that sets none) its text; the master's version may come in a trailer of its own.
+PROTOCOL_REFUSAL = "protocol-version"
+PROTOCOL_TRAILER = "trainfeed-protocol-version"
+_VERSION_TEXT = re.compile(r"protocol[ _-]?version|wire protocol", re.IGNORECASE)
+_MASTER_VERSION = re.compile(r"master speaks (?:wire protocol |protocol version |version )?(\d+)",
+                             re.IGNORECASE)
 # A call retried this long logs what it waits for and until when (then every WAIT_LOG_EVERY_S):
 # no wait longer than that is silent.
 WAIT_LOG_S = 5.0
@@ -147,16 +160,7 @@ class MasterClient:
                         f"master {self.address} refused the call, which carried {sent} "
                         f"(UNAUTHENTICATED: {details})") from None
                 if code is grpc.StatusCode.FAILED_PRECONDITION:
-                    refused = _refused(e)
-                    if refused:
-                        raise _Refused(refused, details) from None
-                    kind = _trailer(e, REFUSAL_TRAILER)
-                    if kind in _REFUSALS:
-                        error = _REFUSALS[kind](f"master {self.address}: {details}")
-                        if kind == "rank-taken":
-                            raise _RankTaken(error, float(_trailer(e, RANK_QUIET_TRAILER) or 0),
-                                             float(_trailer(e, RANK_LAPSE_TRAILER) or 0)) from None
-                        raise error from None
+                    self._refusal(e, details)
                 if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
                                               and _TOO_LARGE.search(details or "")):
                     raise JobError(f"master {self.address}: {code.name}: {details}") from None
@@ -203,6 +207,33 @@ class MasterClient:
             response.revoked.extend(refused)  # type: ignore[attr-defined]
             return response
 
+    def _refusal(self, error: grpc.RpcError, details: str | None) -> None:
+        """Raises what a FAILED_PRECONDITION answer refused, where its trailers or text say
+        (refused reports, another protocol version, a taken rank, another delivery order);
+        returns for any other, which the caller raises as a plain JobError."""
+        refused = _refused(error)
+        if refused:
+            raise _Refused(refused, details) from None
+        kind = _trailer(error, REFUSAL_TRAILER)
+        if kind == PROTOCOL_REFUSAL or (kind is None and _VERSION_TEXT.search(details or "")):
+            raise self._version_error(error, details) from None
+        if kind in _REFUSALS:
+            refusal = _REFUSALS[kind](f"master {self.address}: {details}")
+            if kind == "rank-taken":
+                raise _RankTaken(refusal, float(_trailer(error, RANK_QUIET_TRAILER) or 0),
+                                 float(_trailer(error, RANK_LAPSE_TRAILER) or 0)) from None
+            raise refusal from None
+
+    def _version_error(self, error: grpc.RpcError, details: str | None) -> ProtocolVersionError:
+        theirs = _trailer(error, PROTOCOL_TRAILER)
+        said = _MASTER_VERSION.search(details or "")
+        theirs = theirs or (said.group(1) if said else None)
+        master = f"the master speaks version {theirs}" if theirs else "the master another"
+        return ProtocolVersionError(
+            f"master {self.address} refused this reader's wire protocol: this reader speaks "
+            f"version {PROTOCOL_VERSION}, {master} (FAILED_PRECONDITION: {details}); install "
+            f"the same trainfeed release on the readers and the master")
+
     def _unreachable_hint(self, details: str | None) -> str:
         # A master that closes the connection at once may want TLS, or a client certificate;
         # one that refuses the connection is not there, whatever it serves.
@@ -230,7 +261,7 @@ class MasterClient:
         request = pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
-            resume=resume, sync=sync, order=order)
+            resume=resume, sync=sync, order=order, protocol_version=PROTOCOL_VERSION)
         holder_heard: float | None = None  # when the rank's holder was last heard (wall clock)
         logged = False
         while True:
@@ -265,7 +296,8 @@ class MasterClient:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
         `started`: those of `held` the caller's trainer has begun (never asked back).
-        `max_records` > 0: no more tasks than cover that many records (a synchronous quota)."""
+        `max_records` > 0: no more tasks than cover that many records (a synchronous quota).
+        `stats`: the reader's figures since its last summary (issue 29), riding on the call."""
         return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
             max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
@@ -279,12 +311,20 @@ class MasterClient:
                sync: pb.SyncGroup | None = None,
                stats: pb.ReaderStats | None = None) -> pb.ReportResponse:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
-        (epoch, partition, lease) of `held` that are not the caller's any more. `started` as
-        for `get_tasks`."""
+        (epoch, partition, lease) of `held` that are not the caller's any more. `started` and
+        `stats` as for `get_tasks`."""
         return self._fenced(self._stub.Report, pb.ReportRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
             reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats),
             CALL_TIMEOUT_S)
+
+    def watch(self, job: str, worker: str) -> WatchStream:
+        """Opens the session's Watch stream: what the master tells this reader between its own
+        calls (give-backs, revocations, epoch ends, group changes). Not retried: the caller
+        reopens a broken stream (see WorkerSession), and `cancel()` ends it."""
+        return self._stub.Watch(  # type: ignore[no-any-return]
+            pb.WatchRequest(job=job, worker_id=worker, session_secret=self.secret(job, worker)),
+            metadata=self._metadata)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
         return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
@@ -302,6 +342,18 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WatchStream(Protocol):
+    """A Watch call in flight (a grpc server-streaming call): iterate it for events."""
+
+    def __iter__(self) -> Iterator[pb.WatchEvent]: ...
+
+    def initial_metadata(self) -> object:
+        """Blocks until the master accepted the stream (or the call ended)."""
+        ...
+
+    def cancel(self) -> bool: ...
 
 
 class _Refused(Exception):

@@ -88,10 +88,10 @@ MAX_REFUSED_LISTED = 512
 MAX_REASON_CHARS = 2000
 # Random bytes of each job's lease-token key (trainfeed.master.ledger.lease_token).
 TOKEN_KEY_BYTES = 32
-# Readers before protocol versioning send 0. Until the readers that send PROTOCOL_VERSION (branch
-# `lease` of issue 28) are merged, they are still served; at that merge this becomes False, and a
-# reader of 0 is refused like any other version (FAILED_PRECONDITION naming both).
-ACCEPT_UNVERSIONED = True
+# Readers before protocol versioning send 0: refused like any other version (FAILED_PRECONDITION
+# naming both), since they know nothing of the Watch stream or of ReaderStats. (A switch, so that
+# a test can show the refusal is this rule's doing.)
+ACCEPT_UNVERSIONED = False
 # Events queued for a watching session that does not read them (a stalled reader): past this the
 # oldest go (the session's next call carries what still matters: revocations, give-backs).
 MAX_QUEUED_EVENTS = 256

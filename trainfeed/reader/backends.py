@@ -1,8 +1,9 @@
 """Where a reader's partitions come from: straight from storage (local) or leased from a master.
 
 Both backends hand the Reader the same thing, one pass at a time: a stream of loaded partitions
-(`PassStream`) that it acknowledges as the trainer consumes them. So `TRAIN_LOCAL=1` and a cluster
-run yield the same instances through the same code.
+(`PassStream`) that it acknowledges as the trainer consumes them, read by the one producer loop
+(trainfeed.reader.producer) from a task source: the local epoch plan, or the master's leases. So
+`TRAIN_LOCAL=1` and a cluster run yield the same instances through the same code.
 """
 from __future__ import annotations
 
@@ -12,26 +13,22 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from trainfeed.errors import CheckpointError, JobError, LostRecordsError
-from trainfeed.formats.manifest import (
-    MANIFEST_NAME,
-    SQL_KIND,
-    Manifest,
-    dataset_storage,
-    read_manifest,
-)
-from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
-from trainfeed.io.prefetch import (
-    Credits,
-    LoadedPartition,
-    PrefetchStream,
-    TaskRef,
-    prefetch_depth,
-)
+from trainfeed.formats.manifest import SQL_KIND, Manifest
+from trainfeed.io.partition_reader import ReadStats
+from trainfeed.io.prefetch import LoadedPartition, PrefetchStream, TaskRef, prefetch_depth
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.session import JOIN_CURRENT_EPOCH, Load, WorkerSession, plain_load
+from trainfeed.lease.session import (
+    JOIN_CURRENT_EPOCH,
+    Load,
+    StatsHook,
+    WorkerSession,
+    plain_load,
+)
+from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.planning.order import epoch_order
 from trainfeed.planning.partitions import plan_of_state, plan_partitions
 from trainfeed.reader.position import ReaderPosition
+from trainfeed.reader.producer import Dataset, PlannedTasks, prefetched
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
@@ -90,9 +87,13 @@ class PassStream(Protocol):
 
 
 class Backend(Protocol):
-    field_names: tuple[str, ...]
     epoch: int | None  # of the current or last pass
-    seed: int
+
+    @property
+    def field_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def seed(self) -> int: ...
 
     @property
     def manifest(self) -> Manifest:
@@ -202,78 +203,76 @@ class LocalBackend:
     def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
                  resume: ReaderPosition | None = None, group: SyncGroup | None = None):
         self.group = group
-        self._manifest = read_manifest(storage, dataset)
-        self.folder = dataset_storage(storage, dataset)
+        self.dataset = Dataset.in_storage(storage, dataset)
+        manifest = self.dataset.manifest
         # A restored reader keeps the plan its state counts in (see plan_of_state).
         try:
-            self.partitions = (plan_partitions(self.manifest) if resume is None
-                               else plan_of_state(self.manifest, resume.partitions))
+            self.partitions = (plan_partitions(manifest) if resume is None
+                               else plan_of_state(manifest, resume.partitions))
         except ValueError as e:  # no plan of that many partitions
             raise CheckpointError(str(e)) from None
-        self.field_names = self.manifest.field_names
-        self.seed = seed
-        self.prefetch = prefetch or prefetch_depth(self.manifest.num_bytes, len(self.partitions))
+        self.prefetch = prefetch or prefetch_depth(manifest.num_bytes, len(self.partitions))
         self.epoch: int | None = None
-        self._binary = [f.name for f in self._manifest.fields if f.type == "binary"]
-        self._stats = ReadStats()
-        self._payload_buffers = payload_buffer_pool()  # shared by the passes' readers
+        # The one position of this reader (and the one place its seed is kept): updated in
+        # place as passes go, copied out by `position()`.
+        self._position = ReaderPosition("local", dataset, 0, seed=seed)
         if resume is not None:
-            sql = self._manifest.kind == SQL_KIND  # a bucket's rows are known once queried
+            sql = manifest.kind == SQL_KIND  # a bucket's rows are known once queried
             resume.check_plan([None if sql else p.num_records for p in self.partitions])
+            self._position = dataclasses.replace(_copy(resume), seed=seed)
             if resume.finished:
-                resume = ReaderPosition("local", dataset, resume.next_epoch, seed=seed)
-        self._position = resume or ReaderPosition("local", dataset, 0, seed=seed)
+                _advance(self._position, resume.next_epoch)
+
+    @property
+    def seed(self) -> int:
+        return self._position.seed
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return self.dataset.field_names
 
     @property
     def manifest(self) -> Manifest:
-        return self._manifest
+        return self.dataset.manifest
 
     @property
     def dataset_folder(self) -> Storage:
-        return self.folder
+        return self.dataset.folder
 
     def position(self) -> ReaderPosition:
         return dataclasses.replace(_copy(self._position), partitions=len(self.partitions))
 
     @property
     def read_stats(self) -> ReadStats:
-        return self._stats
+        return self.dataset.stats
 
     def open_pass(self, load: Load = plain_load) -> PassStream:
         position = self._position
         if position.finished:
-            position = self._position = ReaderPosition("local", position.dataset,
-                                                       position.epoch + 1, seed=self.seed)
-        epoch = self.epoch = position.epoch
-        # A resumed or abandoned pass goes on where the trainer was: without the partitions it
-        # consumed, and with each partition it was in the middle of after what it had.
+            _advance(position, position.epoch + 1)
+        self.epoch = position.epoch
+        return _Pass(prefetched(PlannedTasks(self._plan(position)), self.dataset, load,
+                                self.prefetch, "trainfeed-local-prefetch"), position,
+                     on_consumed=lambda task: None, on_close=lambda finished: None)
+
+    def _plan(self, position: ReaderPosition) -> list[TaskRef]:
+        """The pass's tasks in epoch order. A resumed or abandoned pass goes on where the
+        trainer was: without the partitions it consumed, and with each partition it was in the
+        middle of after what it had."""
+        epoch = position.epoch
         skip = dict(position.positions)
         stop: dict[int, int] = {}
         order = [p for p in epoch_order(len(self.partitions), self.seed, epoch)
                  if p not in position.done]
         if self.group is not None:
             order = self._share(order, epoch, skip, stop)
-
-        def produce(out: PrefetchStream, credits: Credits) -> None:
-            reader = PartitionReader(self.folder, self.field_names, self._binary, self._stats,
-                                     self._payload_buffers)
-            try:
-                todo = iter(order)
-                while True:
-                    for _ in range(credits.take_all()):
-                        index = next(todo, None)
-                        if index is None:
-                            return
-                        p = self.partitions[index]
-                        task = TaskRef(epoch, index, p.shard, p.row_group_start,
-                                       p.row_group_stop, p.num_records, skip.get(index, 0),
-                                       stop=stop.get(index, 0), row_start=p.row_start)
-                        out.put(LoadedPartition(task, load(reader, task)))
-            finally:
-                reader.close()
-
-        return _Pass(PrefetchStream(produce, self.prefetch, "trainfeed-local-prefetch"), position,
-                     on_consumed=lambda task: None, on_close=lambda finished: None)
+        tasks = []
+        for index in order:
+            p = self.partitions[index]
+            tasks.append(TaskRef(epoch, index, p.shard, p.row_group_start, p.row_group_stop,
+                                 p.num_records, skip.get(index, 0), stop=stop.get(index, 0),
+                                 row_start=p.row_start))
+        return tasks
 
     def _share(self, order: list[int], epoch: int, skip: dict[int, int],
                stop: dict[int, int]) -> list[int]:
@@ -282,7 +281,7 @@ class LocalBackend:
         part past the group's kept records dropped. Fills `skip`/`stop` per partition (records
         counted from its start) and returns the partitions that deliver anything."""
         assert self.group is not None
-        start, end = self.group.share(self._manifest.num_records)
+        start, end = self.group.share(self.manifest.num_records)
         mine: list[int] = []
         offset = 0
         for index in epoch_order(len(self.partitions), self.seed, epoch):
@@ -303,12 +302,16 @@ class LocalBackend:
 
 
 class DistributedBackend:
-    """Leases partitions from the master; readers of one job split each epoch between them."""
+    """Leases partitions from the master; readers of one job split each epoch between them.
+
+    Building it connects nothing: the session joins the job on the first pass, or when the
+    dataset's folder, fields or manifest are first asked for (they come from the master)."""
 
     def __init__(self, dataset: str, job: str, master: str | None, seed: int,
                  prefetch: int | None, distribution_rules: str = "",
                  resume: ReaderPosition | None = None, lost_partitions: str = "raise",
-                 group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None):
+                 group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
+                 stats: StatsHook | None = None):
         self.lost_policy = check_lost_policy(lost_partitions)
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
@@ -317,32 +320,20 @@ class DistributedBackend:
             # Checked here, before the state goes to the master; the master holds the plan and
             # checks it again (and a partition's records: see batcher.past_the_end).
             resume.check_plan(None, resume.partitions)
+        self._resume = resume
         self.client = MasterClient(master)
-        try:
-            sync = None if group is None else pb.SyncGroup(
-                world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
-            self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
-                                         _rewind_request(resume), sync, order)
-        except JobError as e:
-            self.client.close()
-            if resume is not None and _refused_resume(e):
-                raise CheckpointError(f"the master refused this reader's state: {e}; restore "
-                                      f"the state the reader saved, unchanged, into a reader "
-                                      f"of the same job") from None
-            raise
-        except BaseException:
-            self.client.close()
-            raise
-        self.field_names = self.session.field_names
-        self.prefetch = prefetch or prefetch_depth(self.session.num_bytes,
-                                                   self.session.num_partitions)
+        sync = None if group is None else pb.SyncGroup(
+            world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
+        self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
+                                     _rewind_request(resume), sync, order, stats)
+        self.prefetch = prefetch  # None: from the dataset's size, once the master named it
         self.epoch: int | None = None
-        self.seed = seed
-        self._manifest: Manifest | None = None
+        self._dataset: Dataset | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
+        # The one position of this reader (and the one place its seed is kept); the session's
+        # worker id and resume credential join it once the session opened.
         self._position = ReaderPosition("distributed", dataset, JOIN_CURRENT_EPOCH, job=job,
-                                        worker=self.session.worker, seed=seed,
-                                        credential=self.session.resume_credential)
+                                        seed=seed)
         if resume is not None and resume.next_epoch >= 0:
             self._next_epoch = resume.next_epoch
             if not resume.finished:  # the master put the rest back; our own view goes on
@@ -350,48 +341,75 @@ class DistributedBackend:
                 self._position.done = set(resume.done)
                 self._position.delivered = resume.delivered
 
+    def _open(self) -> Dataset:
+        """Joins the job (once) and resolves the dataset from the master's answer."""
+        if self._dataset is not None:
+            return self._dataset
+        session = self.session
+        try:
+            session.open()
+        except JobError as e:
+            if self._resume is not None and _refused_resume(e):
+                raise CheckpointError(f"the master refused this reader's state: {e}; restore "
+                                      f"the state the reader saved, unchanged, into a reader "
+                                      f"of the same job") from None
+            raise
+        opened = session.opened
+        self._position.worker = opened.worker_id
+        self._position.credential = opened.resume_credential
+        self.prefetch = self.prefetch or prefetch_depth(opened.num_bytes, opened.num_partitions)
+        self._dataset = Dataset(session.dataset, session.field_names, session.binary_fields)
+        return self._dataset
+
     def _learn_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     @property
+    def seed(self) -> int:
+        return self._position.seed
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return self._open().field_names
+
+    @property
     def manifest(self) -> Manifest:
         """Read from the dataset folder the master named, on first use (raw readers skip it)."""
-        if self._manifest is None:
-            folder = self.session.dataset
-            self._manifest = Manifest.from_json(folder.read_bytes(MANIFEST_NAME),
-                                                where=f"{folder.url}/{MANIFEST_NAME}")
-        return self._manifest
+        return self._open().manifest
 
     @property
     def dataset_folder(self) -> Storage:
-        return self.session.dataset
+        return self._open().folder
 
     def position(self) -> ReaderPosition:
         """Where the trainer stands, once the master knows it too (see WorkerSession.flush),
         with the master's partition count: a restored reader checks the state against it before
-        sending it (the master checks the records per partition)."""
+        sending it (the master checks the records per partition). Before the session opened:
+        the state it would resume from, or the start (nothing is connected for it)."""
+        if self._dataset is None:
+            return _copy(self._resume if self._resume is not None else self._position)
         position = dataclasses.replace(_copy(self._position),
-                                       partitions=self.session.num_partitions)
+                                       partitions=self.session.opened.num_partitions)
         self.session.flush(position.epoch, position.positions)
         return position
 
     @property
     def read_stats(self) -> ReadStats:
-        return self.session.read_stats
+        return self._dataset.stats if self._dataset is not None else ReadStats()
 
     def open_pass(self, load: Load = plain_load) -> PassStream:
+        dataset = self._open()
         if self._position.finished:
-            self._position = ReaderPosition("distributed", self._position.dataset,
-                                            self._next_epoch, job=self._position.job,
-                                            worker=self.session.worker, seed=self._position.seed,
-                                            credential=self.session.resume_credential)
+            _advance(self._position, self._next_epoch)
         quota = None
         if self.group is not None:
-            quota = self.group.quota(self.session.num_records)
+            quota = self.group.quota(self.session.opened.num_records)
             if self._next_epoch >= 0 and self._position.epoch == self._next_epoch:
                 quota -= self._position.delivered  # a restored or abandoned pass goes on
-        stream = self.session.open_pass(self._next_epoch, self.prefetch, self._learn_epoch,
-                                        load, quota)
+        assert self.prefetch is not None
+        source = LeasedTasks(self.session, self._next_epoch, self._learn_epoch, quota)
+        stream = prefetched(source, dataset, load, self.prefetch,
+                            f"trainfeed-fetch-{self.session.worker}")
 
         def on_close(finished: bool) -> None:
             if finished:
@@ -433,6 +451,13 @@ class DistributedBackend:
             self.session.close()
         finally:
             self.client.close()
+
+
+def _advance(position: ReaderPosition, epoch: int) -> None:
+    """A finished pass's position moves on to `epoch`, in place: nothing of it done yet."""
+    position.epoch, position.finished, position.delivered = epoch, False, 0
+    position.done.clear()
+    position.positions.clear()
 
 
 LOST_POLICIES = ("raise", "skip")

@@ -108,7 +108,7 @@ class Reader:
                 self._read_stats = self._connected.read_stats  # counted on after close()
                 session = getattr(self._connected, "session", None)
                 if session is not None:  # its calls to the master carry the summaries
-                    session.stats = self.meter.take_summary
+                    session.use_stats(self.meter.take_summary)
             return self._connected
 
     if not TYPE_CHECKING:  # hidden from type checkers, which should flag these names

@@ -1,0 +1,148 @@
+"""Push, not poll (issue 28), end to end: real readers against a real master process.
+
+- A reader holding leases its trainer has not started makes no GetTasks or Report calls (it used
+  to call every 0.25 s, STEAL_POLL_S, so that a give-back could reach it): counted by the
+  master's own call metrics over 3 s.
+- A give-back still reaches that idle reader, through its Watch stream: another reader that ran
+  out of work gets the partitions the idle one held, while the idle one makes no more calls
+  than the give-back's own report.
+
+These need the master's side of Watch (the fleet work of issue 28). Against a master without
+it, the reader falls back to polling (tests/lease/test_session.py), and these fail: they are
+marked as expected failures, strictly, until the master implements Watch.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sample_data import make_image_list
+
+from trainfeed import dist
+from trainfeed.lease.session import WorkerSession
+from trainfeed.master.process import MasterProcess
+from trainfeed.upload import UploadOptions, upload
+
+RECORDS = 64  # 8 partitions of 8
+pytestmark = pytest.mark.integration
+
+
+def calls(master: MasterProcess) -> dict[str, float]:
+    """Calls the master answered so far, by method (its trainfeed_rpc_duration_seconds)."""
+    assert master.metrics_url is not None
+    with urllib.request.urlopen(master.metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {s.labels["method"].rsplit("/", 1)[-1]: s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "trainfeed_rpc_duration_seconds_count"}
+
+
+def session_of(reader: Any) -> WorkerSession:
+    backend = getattr(reader, "_backend", None) or reader.backend
+    return backend.session  # type: ignore[no-any-return]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterProcess]:
+    source = make_image_list(tmp_path / "source", RECORDS)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
+    with MasterProcess(storage) as master:
+        yield master
+
+
+def stalled(master: MasterProcess,
+            job: str) -> tuple[Any, Iterator[Any], list[int], WorkerSession]:
+    """A reader whose trainer took one record and stalls: it holds leases it has not started.
+    Returns the reader, its pass (batches of one record), the ids it had, and its session."""
+    reader = dist.reader("flowers", local=False, master=master.address, job=job,
+                         prefetch_partitions=8)
+    try:
+        batches = iter(reader.column_batches(1))
+        ids = next(batches)["_id"].tolist()
+        session = session_of(reader)
+        wait_until(lambda: session.watching, 10, "the reader watches its stream")
+        wait_until(lambda: len(session.held()) >= 2, 10, "the reader leased ahead")
+    except BaseException:
+        reader.close()
+        raise
+    return reader, batches, ids, session
+
+
+def test_a_reader_with_unstarted_leases_makes_no_calls(master: MasterProcess) -> None:
+    reader, batches, _, session = stalled(master, "quiet")  # (the pass lives while `batches`)
+    try:
+        time.sleep(1.5)  # the one record's progress goes (PROGRESS_INTERVAL_S)
+        assert any(lease not in session.book.started  # type: ignore[union-attr]
+                   for lease in ((*key, token) for key, token in session.held().items()))
+        before = calls(master)
+        assert before.get("GetTasks", 0) >= 1, before  # (the metric counts this reader's)
+        time.sleep(3.0)
+        after = calls(master)
+        for method in ("GetTasks", "Report"):
+            assert after.get(method, 0) == before.get(method, 0), \
+                f"{after.get(method, 0) - before.get(method, 0):.0f} {method} calls in 3 s"
+    finally:
+        batches.close()  # type: ignore[attr-defined]
+        reader.close()
+
+
+def test_a_give_back_reaches_an_idle_reader_through_the_stream(master: MasterProcess) -> None:
+    holder, batches, mine, session = stalled(master, "steal")
+    time.sleep(1.5)  # its lease depth topped up, its progress sent: from now on it is idle
+    # The holder's calls from now on: (method, whether it carried reports).
+    made: list[tuple[str, bool]] = []
+    client = session.client
+    for name in ("report", "get_tasks"):
+        def counting(*args: Any, _call: Any = getattr(client, name), _name: str = name,
+                     **kwargs: Any) -> Any:
+            # (report(job, worker, reports, ...); any get_tasks call fails the test)
+            made.append((_name, _name == "report" and bool(list(args[2]))))
+            return _call(*args, **kwargs)
+        setattr(client, name, counting)
+    got: list[int] = []
+    thief = dist.reader("flowers", local=False, master=master.address, job="steal",
+                        prefetch_partitions=2)
+
+    errors: list[BaseException] = []
+
+    def read_thief() -> None:
+        try:
+            for batch in thief.column_batches(8):
+                got.extend(batch["_id"].tolist())
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    thread = threading.Thread(target=read_thief, daemon=True)
+    thread.start()
+    try:
+        # The thief reads the partitions nobody held, then some of the holder's unstarted
+        # ones, which the master asks back through the holder's stream.
+        wait_until(lambda: session.book is not None and bool(session.book.given), 20,
+                   "the holder gave a lease back")
+        time.sleep(1.5)  # it still holds unstarted leases: a polling reader calls 6 times
+        # Its only calls are the Reports that hand the leases back (each as it is asked).
+        assert made and all(call == ("report", True) for call in made), made
+        # The holder's trainer goes on: the epoch completes, every record exactly once.
+        for batch in batches:
+            mine.extend(batch["_id"].tolist())
+        thread.join(60)
+        assert not thread.is_alive() and not errors, f"the thief's pass did not end: {errors}"
+        assert sorted(mine + got) == list(range(RECORDS))
+    finally:
+        holder.close()
+        thread.join(30)
+        thief.close()

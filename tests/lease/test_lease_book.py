@@ -1,0 +1,278 @@
+"""The lease book (trainfeed.lease.book): unit tests of its rules, and a Hypothesis state machine
+that drives it through grants, claims, progress, done/failed, revocations, give-backs (answered
+or pushed on the Watch stream), synchronous cuts and calls that fail, checking its invariants
+after every step."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease.book import (
+    COALESCE_S,
+    PROGRESS_INTERVAL_S,
+    Answer,
+    Lease,
+    LeaseBook,
+    Outcome,
+)
+
+T = 30.0  # lease timeout
+HEARTBEAT = T / 3
+
+
+def task(lease: Lease, records: int = 10) -> TaskRef:
+    return TaskRef(lease[0], lease[1], "shard", 0, 1, records, lease=lease[2])
+
+
+def test_a_started_lease_is_never_given_back_and_a_given_back_one_never_starts() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11), (0, 2, 12)])
+    assert book.claim((0, 1, 11)) is False
+    applied = book.told(Answer(give_back=((0, 1, 11), (0, 2, 12))), now=1.0)
+    assert applied.given == 1 and book.lost((0, 2, 12)) and not book.lost((0, 1, 11))
+    assert book.claim((0, 2, 12)) is True  # its records come from the thief
+    assert [(r.names, r.outcome) for r in book.drain()] == [((0, 2, 12), Outcome.RELEASED)]
+
+
+def test_a_done_keeps_its_lease_started_until_the_master_confirms_it() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.handed_over()
+    book.claim((0, 1, 11))
+    assert book.done((0, 1, 11), now=1.0)
+    # The DONE is delayed (a master restart); the restarted master asks the lease back.
+    assert book.told(Answer(give_back=((0, 1, 11),)), now=2.0).given == 0
+    sent = book.drain()
+    book.answered(sent, Answer(), called_at=3.0, now=3.1)
+    assert not book.held and not book.started
+
+
+def test_a_revoked_lease_is_not_reported_done_but_a_done_queued_before_still_goes() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11), (0, 2, 12)])
+    book.handed_over()
+    book.handed_over()
+    assert book.done((0, 1, 11), now=1.0)  # queued before the revocation: still goes
+    book.answered([], Answer(revoked=((0, 1, 11), (0, 2, 12))), called_at=2.0, now=2.0)
+    assert book.done((0, 2, 12), now=3.0) is False
+    assert [r.names for r in book.drain() if r.outcome is Outcome.DONE] == [(0, 1, 11)]
+
+
+def test_only_an_answer_to_our_own_call_renews_the_leases() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.told(Answer(epoch_complete=3), now=40.0)
+    assert book.unsure((0, 1, 11), now=40.0) and book.completed_epoch == 3
+    book.answered([], Answer(), called_at=40.0, now=40.1)
+    assert not book.unsure((0, 1, 11), now=40.1)
+
+
+def test_a_reader_holding_unstarted_leases_polls_only_without_the_stream() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT) == HEARTBEAT - 1.0
+    assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT, poll_s=0.25) <= 0
+    book.claim((0, 1, 11))  # started: nothing to give back, nothing to poll for
+    assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT, poll_s=0.25) > 0
+
+
+def test_a_heartbeat_is_skipped_while_other_calls_renew_the_leases() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.answered([], Answer(), called_at=9.0, now=9.0)
+    assert book.send_in(10.0, fetching=True, heartbeat_s=HEARTBEAT) == HEARTBEAT - 1.0
+
+
+def test_reports_wait_for_the_producer_to_carry_them_at_most_the_coalescing_window() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.handed_over()
+    book.done((0, 1, 11), now=1.0)
+    assert book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(COALESCE_S)
+    assert book.send_in(1.0 + COALESCE_S, fetching=True, heartbeat_s=HEARTBEAT) <= 0
+    assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT) <= 0
+
+
+def test_progress_goes_at_least_every_progress_interval() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    assert book.note_progress((0, 1, 11), 3, now=1.0)
+    assert not book.note_progress((0, 1, 11), 2, now=1.1)  # not news
+    due = book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT)
+    assert due == pytest.approx(PROGRESS_INTERVAL_S)
+    [report] = book.drain()
+    assert (report.outcome, report.consumed, report.lease) == (Outcome.PROGRESS, 3, 11)
+
+
+def test_a_synchronous_rank_keeps_its_quota_and_hands_the_rest_back_at_once() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.begin_pass(quota=15)
+    book.granted([(0, 1, 11), (0, 2, 12), (0, 3, 13)])
+    kept = [book.keep(task(lease), now=1.0) for lease in [(0, 1, 11), (0, 2, 12), (0, 3, 13)]]
+    assert [t.delivers for t in kept[:2]] == [10, 5]
+    assert book.lost((0, 3, 13)) and not book.lost((0, 2, 12))  # nothing of it is delivered
+    assert [(r.partition, r.outcome, r.consumed) for r in book.drain()] == [
+        (2, Outcome.RELEASED, 5), (3, Outcome.RELEASED, 0)]
+    assert book.told(Answer(give_back=((0, 1, 11),)), now=2.0).given == 0  # never while sync
+
+
+def test_a_failed_call_keeps_its_reports_for_the_next() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.failed((0, 1, 11), "x" * 5000, now=1.0)
+    sent = book.drain()
+    book.unsent(sent)
+    assert book.drain() == sent and len(sent[0].reason) == 2000
+
+
+class LeaseBookMachine(RuleBasedStateMachine):
+    """A reader's book against a master that grants, revokes and asks back at random."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.book = LeaseBook(T, now=self.now)
+        self.next_token = 1
+        self.granted_all: set[Lease] = set()
+        self.handed: set[Lease] = set()  # loaded, handed to the consumer, not yet done
+        self.revoked: set[Lease] = set()  # taken away by the master while held
+        self.given: set[Lease] = set()
+        self.done_after_loss: set[Lease] = set()
+        self.sure_until = self.book.sure_until
+
+    def _any(self, data: st.DataObject, pool: set[Lease]) -> Lease:
+        return data.draw(st.sampled_from(sorted(pool)))
+
+    @rule(dt=st.floats(0, 20))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @precondition(lambda self: not self.handed)
+    @rule(quota=st.none() | st.integers(0, 40))
+    def begin_pass(self, quota: int | None) -> None:
+        self.book.begin_pass(quota)
+
+    @rule(epoch=st.integers(0, 1), partition=st.integers(0, 5), records=st.integers(1, 12),
+          fails=st.booleans())
+    def grant(self, epoch: int, partition: int, records: int, fails: bool) -> None:
+        if (epoch, partition) in self.book.held:
+            return  # the master leases a partition to one holder at a time
+        lease = (epoch, partition, self.next_token)
+        self.next_token += 1
+        self.granted_all.add(lease)
+        self.book.granted([lease])
+        kept = self.book.keep(task(lease, records), self.now)
+        assert kept.delivers <= records
+        if fails:
+            self.book.failed(lease, "unreadable", self.now)
+            return
+        if self.book.lost(lease):
+            self.given.add(lease)  # a synchronous cut to nothing: handed back at once
+        self.book.handed_over()
+        self.handed.add(lease)
+
+    @precondition(lambda self: self.handed)
+    @rule(data=st.data())
+    def claim(self, data: st.DataObject) -> None:
+        lease = self._any(data, self.handed)
+        lost = self.book.claim(lease)
+        assert lost == (lease in self.revoked or lease in self.given)
+
+    @precondition(lambda self: self.handed)
+    @rule(data=st.data(), consumed=st.integers(0, 12))
+    def progress(self, data: st.DataObject, consumed: int) -> None:
+        self.book.note_progress(self._any(data, self.handed), consumed, self.now)
+
+    @precondition(lambda self: self.handed)
+    @rule(data=st.data())
+    def done(self, data: st.DataObject) -> None:
+        lease = self._any(data, self.handed)
+        self.handed.discard(lease)
+        lost = lease in self.revoked or lease in self.given
+        queued = self.book.done(lease, self.now)
+        if lost:
+            assert not queued, f"a DONE queued for lost lease {lease}"
+            self.done_after_loss.add(lease)
+
+    @precondition(lambda self: self.granted_all)
+    @rule(data=st.data(), pushed=st.booleans())
+    def revoke(self, data: st.DataObject, pushed: bool) -> None:
+        lease = self._any(data, self.granted_all)
+        if self.book.holds(lease):
+            self.revoked.add(lease)
+        answer = Answer(revoked=(lease,))
+        if pushed:
+            self.book.told(answer, self.now)
+        else:
+            self.book.answered([], answer, self.now, self.now)
+
+    @precondition(lambda self: self.granted_all)
+    @rule(data=st.data(), pushed=st.booleans())
+    def ask_back(self, data: st.DataObject, pushed: bool) -> None:
+        lease = self._any(data, self.granted_all)
+        expected = (self.book.holds(lease) and lease not in self.book.started
+                    and self.book.need is None)
+        answer = Answer(give_back=(lease,))
+        applied = (self.book.told(answer, self.now) if pushed
+                   else self.book.answered([], answer, self.now, self.now))
+        assert applied.given == int(expected)
+        if expected:
+            self.given.add(lease)
+
+    @rule(fails=st.booleans(), delay=st.floats(0, 5), lag=st.floats(0, 40))
+    def call(self, fails: bool, delay: float, lag: float) -> None:
+        """A call that started `lag` ago (the producer's and the reporter's calls overlap)
+        and is answered `delay` from now."""
+        sent = self.book.drain()
+        for report in sent:
+            assert report.names in self.granted_all, f"{report} names no lease we were granted"
+            if report.outcome is Outcome.DONE:
+                assert report.names not in self.done_after_loss
+        if fails:
+            self.book.unsent(sent)
+        else:
+            self.book.answered(sent, Answer(), called_at=self.now - lag, now=self.now + delay)
+
+    @invariant()
+    def never_both_given_back_and_started(self) -> None:
+        assert not (self.book.given & self.book.started)
+
+    @invariant()
+    def every_queued_report_names_a_granted_lease(self) -> None:
+        for report in self.book.reports:
+            assert report.names in self.granted_all
+            if report.outcome is Outcome.DONE:
+                assert report.names not in self.done_after_loss
+
+    @invariant()
+    def started_leases_are_held_or_kept_after_a_cut(self) -> None:
+        held = {(*key, token) for key, token in self.book.held.items()}
+        assert self.book.started <= held | self.book.released
+
+    @invariant()
+    def progress_is_kept_only_for_held_partitions(self) -> None:
+        assert set(self.book.progress) <= set(self.book.held)
+        assert self.book.dirty <= set(self.book.progress)
+
+    @invariant()
+    def held_leases_were_granted_and_never_lost(self) -> None:
+        for key, token in self.book.held.items():
+            lease = (*key, token)
+            assert lease in self.granted_all
+            assert not self.book.lost(lease)
+
+    @invariant()
+    def counts_stay_in_range(self) -> None:
+        assert self.book.outstanding == len(self.handed)
+        assert self.book.need is None or self.book.need >= 0
+
+    @invariant()
+    def leases_are_renewed_only_forward(self) -> None:
+        assert self.book.sure_until >= self.sure_until
+        self.sure_until = self.book.sure_until
+
+
+TestLeaseBook = LeaseBookMachine.TestCase
+TestLeaseBook.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

@@ -1,0 +1,144 @@
+"""The one producer loop: reads a pass's partitions ahead of the trainer, whoever plans them.
+
+A pass is a stream of tasks from a `TaskSource` (the local epoch order, `PlannedTasks`; or leases
+from a master, trainfeed.lease.tasks.LeasedTasks), each read with the pass's `Load` and handed to
+the consumer through a `PrefetchStream`, whose credits bound how many are loaded ahead. The
+source decides which tasks and when (a master-fed one may wait, long-poll, or have the consumer
+flush); the loop only reads and hands over, so `TRAIN_LOCAL=1` and a cluster run read through the
+same code.
+
+`Dataset` is the dataset as a reader reads it, resolved once: its folder, its fields, its manifest
+(read once), and what the passes' partition readers share.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
+from trainfeed.io.array_pool import ArrayPool
+from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
+from trainfeed.io.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
+from trainfeed.lease.session import Load
+from trainfeed.storage import Storage
+
+
+class TaskSource(Protocol):
+    """Where a pass's tasks come from. Driven by one producer thread."""
+
+    # Read errors after which a pass goes on without the partition (`failed` is told); any
+    # other error ends the pass. () for a source that cannot go on without one.
+    read_errors: tuple[type[BaseException], ...]
+
+    def next_tasks(self, credits: Credits, out: PrefetchStream) -> Sequence[TaskRef] | None:
+        """The next tasks to read, each having taken one of `credits` (the source takes them,
+        and gives back what it does not use); None: the pass is over. May block, and may have
+        the consumer `out.flush()` its partial batch."""
+        ...
+
+    def loaded(self, task: TaskRef) -> None:
+        """`task` was read and goes to the consumer."""
+        ...
+
+    def failed(self, task: TaskRef, error: BaseException) -> None:
+        """`task` could not be read (one of `read_errors`); its credit is given back."""
+        ...
+
+    def close(self) -> None:
+        """The pass's producer ends (finished, failed or stopped)."""
+        ...
+
+
+def produce(source: TaskSource, dataset: Dataset, load: Load, out: PrefetchStream,
+            credits: Credits) -> None:
+    """The producer of one pass: reads what `source` hands out, in order, into `out`."""
+    reader = dataset.partition_reader()
+    try:
+        while (tasks := source.next_tasks(credits, out)) is not None:
+            for task in tasks:
+                try:
+                    # Minus what an earlier holder's trainer already got (task.skip).
+                    table = load(reader, task)
+                except source.read_errors as e:
+                    source.failed(task, e)
+                    credits.give(1)
+                    continue
+                source.loaded(task)
+                out.put(LoadedPartition(task, table))
+    finally:
+        source.close()
+        reader.close()
+
+
+def prefetched(source: TaskSource, dataset: Dataset, load: Load, depth: int,
+               name: str) -> PrefetchStream:
+    """A pass's stream: `produce` in a background thread, `depth` partitions ahead."""
+    return PrefetchStream(lambda out, credits: produce(source, dataset, load, out, credits),
+                          depth, name)
+
+
+class PlannedTasks:
+    """A local pass's tasks: a planned list, read in order as credits free up. A partition
+    that cannot be read ends the pass (no master could give it to another reader)."""
+
+    read_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, tasks: Sequence[TaskRef]):
+        self._todo: Iterator[TaskRef] = iter(tasks)
+
+    def next_tasks(self, credits: Credits, out: PrefetchStream) -> list[TaskRef] | None:
+        free = credits.take_all()
+        tasks = [task for _, task in zip(range(free), self._todo)]
+        return tasks or None
+
+    def loaded(self, task: TaskRef) -> None:
+        pass
+
+    def failed(self, task: TaskRef, error: BaseException) -> None:
+        raise error
+
+    def close(self) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class Dataset:
+    """A dataset as one reader reads it: where it is and its fields, resolved once (from the
+    storage and the name, or from the master's OpenJob answer), its manifest read once on first
+    use, and the read statistics and payload buffers its passes' partition readers share."""
+
+    folder: Storage
+    field_names: tuple[str, ...]
+    binary_fields: tuple[str, ...]
+    _manifest: Manifest | None = None
+    stats: ReadStats = dataclasses.field(default_factory=ReadStats)
+    buffers: ArrayPool = dataclasses.field(default_factory=payload_buffer_pool)
+    _load_manifest: Callable[[], Manifest] | None = None
+
+    @classmethod
+    def in_storage(cls, storage: Storage, name: str) -> Dataset:
+        """Dataset `name` of `storage`, its manifest read now. Raises DatasetNotFoundError (naming
+        the datasets there) if it is not published."""
+        folder = dataset_storage(storage, name)
+        try:
+            data = folder.read_bytes(MANIFEST_NAME)
+        except FileNotFoundError:
+            read_manifest(storage, name)  # raises DatasetNotFoundError with what is there
+            raise
+        manifest = Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
+        return cls(folder, manifest.field_names,
+                   tuple(f.name for f in manifest.fields if f.type == "binary"), manifest)
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest, read from its folder on first use (raw readers skip it)."""
+        if self._manifest is None:
+            data = self.folder.read_bytes(MANIFEST_NAME)
+            self._manifest = Manifest.from_json(data, where=f"{self.folder.url}/{MANIFEST_NAME}")
+        return self._manifest
+
+    def partition_reader(self) -> PartitionReader:
+        """A reader of this dataset's partitions for one pass (close it at its end)."""
+        return PartitionReader(self.folder, self.field_names, list(self.binary_fields),
+                               self.stats, self.buffers)

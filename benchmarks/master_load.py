@@ -97,6 +97,7 @@ from trainfeed.formats.manifest import (
 )
 from trainfeed.master.process import MasterProcess
 from trainfeed.planning.partitions import plan_partitions
+from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
 
 # Generated data and results live in the system's temporary folder, never in the repository.
@@ -242,7 +243,7 @@ async def _open_workers(cfg: dict[str, Any]) -> tuple[list[Any], list[tuple[Any,
                 await asyncio.wait_for(channel.channel_ready(), cfg["open_timeout_s"])
                 return health_pb2_grpc.HealthStub(channel), "", ""
             stub = master_pb2_grpc.MasterStub(channel)
-            reply = await stub.OpenJob(pb.OpenJobRequest(
+            reply = await stub.OpenJob(pb.OpenJobRequest(protocol_version=PROTOCOL_VERSION,
                 job=cfg["job"], dataset=cfg["dataset"],
                 worker_name=f"load-{cfg['index']}-{i}", seed=1), timeout=cfg["open_timeout_s"])
             return stub, reply.worker_id, reply.session_secret

@@ -20,6 +20,24 @@ from trainfeed import errors
 INTERNAL = {
     "trainfeed.master.admission.Refusal":
         "the master's admission control turns it into a gRPC status; callers never see it",
+    "trainfeed.master.jobs.CallError":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.jobs.InvalidArgument":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.jobs.NotFound":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.jobs.FailedPrecondition":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.jobs.PermissionDenied":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.jobs.ResourceExhausted":
+        "a refusal of the master's coordinator that the gRPC shell turns into a status code "
+        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
     "trainfeed.io.prefetch.Stopped":
         "signals a prefetch thread to stop; caught inside trainfeed.io.prefetch",
 }

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
+from integration.raw_calls import open_request
 
 from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, JobError
@@ -135,7 +136,7 @@ def refused(call: Callable[..., Any], request: Any) -> grpc.RpcError:
 
 def open_own(stub: master_pb2_grpc.MasterStub, **fields: Any) -> pb.OpenJobResponse:
     """The attacker's own session of job "j" (it holds the job token, as any trainer does)."""
-    return stub.OpenJob(pb.OpenJobRequest(job="j", dataset="flowers", worker_name="attacker",
+    return stub.OpenJob(open_request(job="j", dataset="flowers", worker_name="attacker",
                                           **fields), timeout=30)
 
 
@@ -188,7 +189,7 @@ def test_a_forged_resume_rewind_is_refused(storage: str) -> None:
                 for credential in ("", getattr(own, "resume_credential", ""), "f" * 32):
                     resume = with_fields(pb.ResumePosition(epoch=0, worker_id=victim.worker),
                                          credential=credential)
-                    answers.append(attempt(stub.OpenJob, pb.OpenJobRequest(
+                    answers.append(attempt(stub.OpenJob, open_request(
                         job="j", dataset="flowers", worker_name="attacker", resume=resume)))
         exactly_once(got)
         for code, details in answers:
@@ -262,14 +263,14 @@ def test_huge_worker_names_are_refused_and_the_master_stays_small(storage: str) 
             name = "n" * MIB
             # gRPC's and the allocator's buffers for 1 MiB messages grow the process once
             # (about 70 MiB here), whatever is done with them: measured after a warm-up.
-            warm_up = Counter(attempt(stub.OpenJob, pb.OpenJobRequest(
+            warm_up = Counter(attempt(stub.OpenJob, open_request(
                 job="j", dataset="flowers", worker_name=f"warm-up{i}{name}"))[0]
                 for i in range(50))
             before_rss, before_log = rss_bytes(master.proc.pid), len("".join(master.log))
             codes: Counter[grpc.StatusCode] = Counter()
             for i in range(100):
                 for call, request in (
-                        (stub.OpenJob, pb.OpenJobRequest(job="j", dataset="flowers",
+                        (stub.OpenJob, open_request(job="j", dataset="flowers",
                                                          worker_name=f"{i}{name}")),
                         (stub.Report, with_fields(pb.ReportRequest(
                             job="j", worker_id=f"{i}{name}", reports=[pb.TaskReport(
@@ -305,7 +306,7 @@ def test_live_sessions_per_job_are_capped(storage: str) -> None:
         stub = stub_of(channel)
         with honest_pass(master) as (_, got):
             opened = [open_own(stub) for _ in range(2)]  # 2 honest + 2: the cap
-            error = refused(stub.OpenJob, pb.OpenJobRequest(job="j", dataset="flowers",
+            error = refused(stub.OpenJob, open_request(job="j", dataset="flowers",
                                                             worker_name="one-more"))
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
             assert "--max-sessions 4" in (error.details() or "")

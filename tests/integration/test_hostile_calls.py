@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from integration.raw_calls import open_request
 from test_master_metrics import scrape, value
 
 from trainfeed.lease.client import MasterClient
@@ -178,7 +179,7 @@ def test_partitions_and_epochs_that_cannot_exist_are_invalid_arguments(storage: 
                                          credential=credential),
                        pb.ResumePosition(epoch=0, worker_id=worker, positions={0: 10**9},
                                          credential=credential)):
-            requests.append((stub.OpenJob, pb.OpenJobRequest(job="j", dataset="flowers",
+            requests.append((stub.OpenJob, open_request(job="j", dataset="flowers",
                                                              resume=resume)))
         for call, request in requests:
             error = refusal(call, request)

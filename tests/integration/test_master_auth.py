@@ -13,6 +13,7 @@ import grpc
 import pytest
 from certs import CertificateAuthority
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from integration.raw_calls import open_request
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainfeed import MasterSource, dist
@@ -79,7 +80,7 @@ def test_calls_without_or_with_a_wrong_token_are_refused_and_change_nothing(
         # Every RPC, each one a change if it were accepted: a new job, the owner's tasks
         # reported done, handed back, or its worker gone.
         calls: list[tuple[str, object]] = [
-            ("OpenJob", pb.OpenJobRequest(job="intruder", dataset="flowers")),
+            ("OpenJob", open_request(job="intruder", dataset="flowers")),
             ("GetTasks", pb.GetTasksRequest(job="j", worker_id=opened.worker_id, epoch=0,
                                             max_tasks=5, reports=done)),
             ("Report", pb.ReportRequest(job="j", worker_id=opened.worker_id, reports=done)),

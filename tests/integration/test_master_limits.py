@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from integration.raw_calls import open_request
 
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -36,7 +37,7 @@ def test_requests_over_the_configured_size_limit_are_refused_without_a_change(
         done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE,
                               lease=t.lease)
                 for t in leased.tasks]
-        assert code_of(stub.OpenJob, pb.OpenJobRequest(
+        assert code_of(stub.OpenJob, open_request(
             job="k", dataset="flowers", worker_name=big)) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert code_of(stub.GetTasks, pb.GetTasksRequest(
             job="j", worker_id=worker, epoch=0, max_tasks=1,
@@ -49,7 +50,7 @@ def test_requests_over_the_configured_size_limit_are_refused_without_a_change(
             grpc.StatusCode.NOT_FOUND
         # Under the limit the same kind of request is served (but for the name's own limit,
         # 256 bytes: tests/integration/test_borrowed_identities.py).
-        assert code_of(stub.OpenJob, pb.OpenJobRequest(
+        assert code_of(stub.OpenJob, open_request(
             job="k", dataset="flowers", worker_name="x" * 256)) == grpc.StatusCode.OK
 
 
@@ -58,7 +59,7 @@ def test_every_rpc_refuses_invalid_job_and_dataset_names(storage: str) -> None:
         stub = master_pb2_grpc.MasterStub(channel)
         for bad in ("", "../x", "a/b", "..", "-lead", "x" * 129, "a b", "ä"):
             requests = {
-                "OpenJob": pb.OpenJobRequest(job=bad, dataset="flowers"),
+                "OpenJob": open_request(job=bad, dataset="flowers"),
                 "GetTasks": pb.GetTasksRequest(job=bad, worker_id="w", epoch=-1, max_tasks=1),
                 "Report": pb.ReportRequest(job=bad, worker_id="w"),
                 "LeaveJob": pb.LeaveJobRequest(job=bad, worker_id="w"),
@@ -72,7 +73,7 @@ def test_every_rpc_refuses_invalid_job_and_dataset_names(storage: str) -> None:
         # Dataset names are only ever given to OpenJob.
         for bad in ("", "../x", "/abs", "a/b/c", "a\\b", "public/.."):
             with pytest.raises(grpc.RpcError) as refusal:
-                stub.OpenJob(pb.OpenJobRequest(job="j", dataset=bad), timeout=5)
+                stub.OpenJob(open_request(job="j", dataset=bad), timeout=5)
             assert refusal.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
             assert "invalid dataset name" in refusal.value.details(), bad
         with pytest.raises(grpc.RpcError) as refusal:  # nothing was created on the way

@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from integration.raw_calls import open_request
 
 from trainfeed import MasterSource, dist
 from trainfeed.errors import JobError
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
-from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def test_oversized_requests_are_rejected(storage: str) -> None:
     with MasterProcess(storage) as master, grpc.insecure_channel(master.address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         with pytest.raises(grpc.RpcError) as e:
-            stub.OpenJob(pb.OpenJobRequest(job="j", dataset="flowers",
+            stub.OpenJob(open_request(job="j", dataset="flowers",
                                            worker_name="x" * (5 << 20)), timeout=5)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 

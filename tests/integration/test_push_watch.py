@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sample_data import make_image_list
 
-from trainfeed import dist
+from trainfeed import MasterSource, dist
 from trainfeed.lease.session import WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -68,8 +68,8 @@ def stalled(master: MasterProcess,
             job: str) -> tuple[Any, Iterator[Any], list[int], WorkerSession]:
     """A reader whose trainer took one record and stalls: it holds leases it has not started.
     Returns the reader, its pass (batches of one record), the ids it had, and its session."""
-    reader = dist.reader("flowers", local=False, master=master.address, job=job,
-                         prefetch_partitions=8)
+    reader = dist.reader("flowers", source=MasterSource(master.address, job,
+                                                            prefetch_partitions=8))
     try:
         batches = iter(reader.column_batches(1))
         ids = next(batches)["_id"].tolist()
@@ -114,8 +114,8 @@ def test_a_give_back_reaches_an_idle_reader_through_the_stream(master: MasterPro
             return _call(*args, **kwargs)
         setattr(client, name, counting)
     got: list[int] = []
-    thief = dist.reader("flowers", local=False, master=master.address, job="steal",
-                        prefetch_partitions=2)
+    thief = dist.reader("flowers", source=MasterSource(master.address, "steal",
+                                                           prefetch_partitions=2))
 
     errors: list[BaseException] = []
 

@@ -105,7 +105,6 @@ class Reader:
                 raise ValueError(f"reader of {self.name!r} is closed")
             if self._connected is None:
                 self._connected = self._make_backend(self._resume)
-                self._read_stats = self._connected.read_stats  # counted on after close()
                 session = getattr(self._connected, "session", None)
                 if session is not None:  # its calls to the master carry the summaries
                     session.use_stats(self.meter.take_summary)
@@ -226,6 +225,9 @@ class Reader:
         return self.meter.totals()
 
     def _counters(self) -> Counters:
+        connected = self._connected
+        if connected is not None:  # (a master-fed backend's counters come with its first pass)
+            self._read_stats = connected.read_stats  # kept: counted on after close()
         read, pipeline = self._read_stats, self._built
         return Counters(
             bytes_read=read.payload_bytes if read is not None else 0,

@@ -73,40 +73,36 @@ def shrink(data: bytes, max_side: int, quality: int, budget: int, where: str = "
     (aspect kept, rounded), or `data` itself when it is no larger, or not an image Pillow or
     libjpeg can read (it is stored as it is: --check-images is the check for that).
 
-    JPEGs decode through libjpeg-turbo at the smallest DCT scale still at least the target
-    (1/2, 1/4, 1/8: simplejpeg's `min_width`/`min_height`), then Pillow resamples (antialiased
-    bilinear, which for shrinking averages like OpenCV's INTER_AREA that FFCV uses) and
-    libjpeg-turbo encodes at 4:2:0 with its standard tables (the --jpeg-restarts rewrite then
-    keeps them: trainfeed/decode/_jpeg_region.c)."""
+    The pixels come from the readers' own decoder (trainfeed.decode.image: a JPEG at the
+    smallest DCT scale still covering the target, then OpenCV's INTER_AREA average, as FFCV's
+    ingest does), and libjpeg-turbo encodes them at 4:2:0 with its standard tables (the
+    --jpeg-restarts rewrite then keeps them: trainfeed/decode/_jpeg_region.c)."""
     import numpy as np
     import simplejpeg
-    from PIL import Image
 
-    from trainfeed.decode.pixel_budget import header_size, pillow_decode
+    from trainfeed.decode.crops import Plan
+    from trainfeed.decode.image import decode_into, decode_whole
+    from trainfeed.decode.pixel_budget import header_size, is_jpeg
+    from trainfeed.decode.resize import resize_into
 
-    size = header_size(data)
+    size = header_size(data) if is_jpeg(data) else None
     if size is not None and max(size) <= max_side:
         return data
     try:
-        if data[:2] == b"\xff\xd8" and size is not None:
-            height, width = size
-            target = _target(height, width, max_side)
-            pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=target[0],
-                                            min_width=target[1])
+        if size is not None:  # the target is known from the header: one decode into it
+            pixels = np.empty((*_target(*size, max_side), 3), np.uint8)
+            decode_into(data, Plan(antialias=True), pixels, budget)
         else:
-            pixels = pillow_decode(data, 3, budget)
-            height, width = pixels.shape[:2]
-            if max(height, width) <= max_side:
+            whole, _ = decode_whole(data, 3, budget)
+            if max(whole.shape[:2]) <= max_side:
                 return data
-            target = _target(height, width, max_side)
-    except (ValueError, OSError) as e:  # simplejpeg's and Pillow's refusals; PixelBudgetError
+            pixels = np.empty((*_target(whole.shape[0], whole.shape[1], max_side), 3), np.uint8)
+            resize_into(whole, pixels, antialias=True)
+    except (ValueError, OSError, SyntaxError) as e:  # the decoders' refusals; PixelBudgetError
         logger.debug("%s: not resized (%s): stored as it is", where, e)
         return data
-    if pixels.shape[:2] != target:
-        image = Image.fromarray(np.ascontiguousarray(pixels))
-        pixels = np.asarray(image.resize((target[1], target[0]), Image.Resampling.BILINEAR))
-    out: bytes = simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality,
-                                        colorspace="RGB", colorsubsampling="420")
+    out: bytes = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB",
+                                        colorsubsampling="420")
     return out
 
 

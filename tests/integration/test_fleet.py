@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 ROOT = Path(__file__).resolve().parents[2]
 # Calls per reader-second: a partition every 2 s, a heartbeat at most every lease_timeout/3.
 MAX_CALLS_PER_READER_S = 1.0

@@ -29,7 +29,7 @@ from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 TOKEN = "status-page-token-0123456789abcdef"
 REPO = Path(__file__).resolve().parents[2]

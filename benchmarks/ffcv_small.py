@@ -50,18 +50,15 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from imagenet_like import Sampler, timed_window, wait_quiet, warm
+from imagenet_like import measure, timed_window, wait_quiet, warm
 from imagenet_methods import BATCH, OPS, SIZE, read_list, trainfeed_batches
 from make_imagenet_like import LIST_NAME, ensure_dataset
 from read_throughput import DEFAULT_ROOT
@@ -353,51 +350,9 @@ def run_one(args: argparse.Namespace, dataset: dict[str, Any]) -> dict[str, Any]
     warm(files_of(dataset["path"]))
     cmd = [sys.executable, HERE, "_method", method, "--input", dataset["dataset"],
            "--storage", args.storage, "--warmup", str(args.warmup), "--images", str(args.images)]
-    lines: list[str] = []
-    with tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True,
-                                start_new_session=True)
-        try:
-            sampler = Sampler(proc.pid)
-
-            def read() -> None:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    if line.startswith("{"):
-                        lines.append(line)
-                        return
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            reader.join(args.timeout)
-            time.sleep(0.3)  # samples after the window's end, the tree still whole
-            sampler.stop()
-        finally:  # also on SIGTERM/SIGINT (exit_cleanly_on_signals): no method outlives us
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the method's session: workers, threads
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        errors.seek(0)
-        err = errors.read()
-    if not lines and reader.is_alive():
-        err += f"\ntimed out after {args.timeout:.0f} s"
     row: dict[str, Any] = {"method": method, "ops": METHODS[method],
                            "standin": dataset["standin"], **quiet}
-    if not lines:
-        row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
-        return row
-    window = json.loads(lines[-1])
-    seconds = window["end"] - window["start"]
-    cpu0, busy0 = sampler.at(window["start"])
-    cpu1, busy1 = sampler.at(window["end"])
-    cpu = cpu1 - cpu0
-    row.update(images=window["images"], seconds=round(seconds, 3),
-               rate=window["images"] / seconds, cpu_s=round(cpu, 3),
-               cpu_ms_per_image=1000 * cpu / window["images"], cores_busy=cpu / seconds,
-               foreign_cores=max(0.0, (busy1 - busy0 - cpu) / seconds),
-               loadavg_after=round(os.getloadavg()[0], 2))
-    return row
+    return {**row, **measure(cmd, args.timeout)}
 
 
 def files_of(path: str) -> list[str]:

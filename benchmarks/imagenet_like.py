@@ -262,52 +262,61 @@ def run_one(args: argparse.Namespace, method: str, workload: str, cold: bool,
     cmd = [sys.executable, HERE, "_method", method, "--workload", workload, "--data", args.data,
            "--storage", args.storage, "--warmup", "1" if cold else str(args.warmup),
            "--images", str(args.images)]
-    # A session of its own, so that the whole tree is killed once the window is reported:
-    # worker processes (DataLoader, Grain, multiprocessing's resource tracker) may outlive the
-    # method's process and keep its pipes open.
+    row: dict[str, Any] = {"method": method, "workload": workload, "cold": cold,
+                           "ops": OPS[method][workload], **quiet}
+    return {**row, **measure(cmd, args.timeout)}
+
+
+def measure(cmd: list[str], timeout: float) -> dict[str, Any]:
+    """Runs a method's process (`cmd` prints its timed window as one JSON line) and returns
+    the window's figures: images, rate, CPU per image (sampled from /proc over the process
+    tree), the cores others kept busy meanwhile; or {"error": its last line of stderr}.
+
+    The method runs in a session of its own, so that the whole tree is killed once the window
+    is reported: worker processes (DataLoader, Grain, multiprocessing's resource tracker) may
+    outlive the method's process and keep its pipes open. Killed also on SIGTERM/SIGINT
+    (exit_cleanly_on_signals): no method outlives the benchmark."""
+    lines: list[str] = []
     with tempfile.TemporaryFile("w+") as errors:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True,
                                 start_new_session=True)
-        sampler = Sampler(proc.pid)
-        lines: list[str] = []
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("{"):
-                    lines.append(line)
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(args.timeout)
-        time.sleep(0.3)  # samples after the window's end, the tree still whole
-        sampler.stop()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            sampler = Sampler(proc.pid)
+
+            def read() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if line.startswith("{"):
+                        lines.append(line)
+                        return
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout)
+            time.sleep(0.3)  # samples after the window's end, the tree still whole
+            sampler.stop()
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the method's session: workers, threads
+            except ProcessLookupError:
+                pass
+            proc.wait()
         errors.seek(0)
         err = errors.read()
     if not lines and reader.is_alive():
-        err += f"\ntimed out after {args.timeout:.0f} s"
-    row: dict[str, Any] = {"method": method, "workload": workload, "cold": cold,
-                           "ops": OPS[method][workload], **quiet}
+        err += f"\ntimed out after {timeout:.0f} s"
     if not lines:
-        row["error"] = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
-        return row
+        return {"error": (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]}
     window = json.loads(lines[-1])
     seconds = window["end"] - window["start"]
     cpu0, busy0 = sampler.at(window["start"])
     cpu1, busy1 = sampler.at(window["end"])
     cpu = cpu1 - cpu0
-    row.update(images=window["images"], seconds=round(seconds, 3),
-               rate=window["images"] / seconds, cpu_s=round(cpu, 3),
-               cpu_ms_per_image=1000 * cpu / window["images"], cores_busy=cpu / seconds,
-               foreign_cores=max(0.0, (busy1 - busy0 - cpu) / seconds),
-               loadavg_after=round(os.getloadavg()[0], 2))
-    return row
+    return dict(images=window["images"], seconds=round(seconds, 3),
+                rate=window["images"] / seconds, cpu_s=round(cpu, 3),
+                cpu_ms_per_image=1000 * cpu / window["images"], cores_busy=cpu / seconds,
+                foreign_cores=max(0.0, (busy1 - busy0 - cpu) / seconds),
+                loadavg_after=round(os.getloadavg()[0], 2))
 
 
 def ceiling(args: argparse.Namespace, paths: Sequence[str]) -> list[dict[str, Any]]:

@@ -79,6 +79,23 @@ def test_a_reader_holding_unstarted_leases_polls_only_without_the_stream() -> No
     assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT, poll_s=0.25) > 0
 
 
+def test_an_ask_for_a_begun_lease_is_answered_at_once_by_a_report() -> None:
+    """The master learns which leases are begun only from our calls: asked back one that the
+    trainer began, the reader calls at once (its held list says so) instead of letting the
+    master ask again until the next heartbeat (issue 28: the epoch's tail)."""
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.claim((0, 1, 11))
+    book.answered([], Answer(), called_at=1.0, now=1.0)
+    assert book.send_in(2.0, fetching=True, heartbeat_s=HEARTBEAT) > 0
+    book.told(Answer(give_back=((0, 1, 11),)), now=2.0)
+    assert book.send_in(2.0, fetching=True, heartbeat_s=HEARTBEAT) <= 0
+    book.answered([], Answer(), called_at=1.5, now=2.1)  # a call from before the ask
+    assert book.send_in(2.1, fetching=True, heartbeat_s=HEARTBEAT) <= 0
+    book.answered([], Answer(), called_at=2.2, now=2.3)  # it carried the begun lease
+    assert book.send_in(2.3, fetching=True, heartbeat_s=HEARTBEAT) > 0
+
+
 def test_a_heartbeat_is_skipped_while_other_calls_renew_the_leases() -> None:
     book = LeaseBook(T, now=0.0)
     book.answered([], Answer(), called_at=9.0, now=9.0)

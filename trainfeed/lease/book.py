@@ -156,6 +156,11 @@ class LeaseBook:
         self.broken = ""  # why the synchronous group broke, once the master said so
         self.superseded = ""  # who took over this reader's work, once the master said so
         self.completed_epoch = -1  # the last epoch the Watch stream announced complete
+        # When the master asked back a lease the trainer had begun (it learns which leases are
+        # begun only from our calls): the next Report goes at once and says so, instead of the
+        # master asking again until our next heartbeat (issue 28: the epoch's tail). None: no
+        # such ask unanswered.
+        self.begun_asked_at: float | None = None
 
     # -- leases -------------------------------------------------------------------------------
     def lost(self, lease: Lease) -> bool:
@@ -313,6 +318,8 @@ class LeaseBook:
         may name them)."""
         applied = self._news(answer)
         self.sure_until = max(self.sure_until, called_at + self.lease_timeout_s)
+        if self.begun_asked_at is not None and called_at >= self.begun_asked_at:
+            self.begun_asked_at = None  # that call listed our begun leases
         applied.gone = self._revoke(answer.revoked)
         self._confirmed(sent)
         self.granted(granted)
@@ -375,7 +382,11 @@ class LeaseBook:
         given = 0
         for epoch, partition, token in asked:
             key, lease = (epoch, partition), (epoch, partition, token)
-            if self.held.get(key) != token or lease in self.started:
+            if self.held.get(key) != token:
+                continue
+            if lease in self.started:  # the master does not know yet: tell it at once
+                if self.begun_asked_at is None:
+                    self.begun_asked_at = now
                 continue
             del self.held[key]
             self._unkeep(key, token)
@@ -419,6 +430,8 @@ class LeaseBook:
             assert poll_s is not None
             interval = poll_s
         if self.reports and (not fetching or now - self.oldest_report >= COALESCE_S):
+            return 0.0
+        if self.begun_asked_at is not None:
             return 0.0
         progress_in = (self.oldest_progress + PROGRESS_INTERVAL_S - now if self.dirty
                        else interval)

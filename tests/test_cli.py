@@ -10,7 +10,8 @@ import pytest
 from trainfeed.cli.main import build_parser, main
 
 COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess",
-            "sql", "health", "submit", "scale", "status", "delete", "doctor", "token"]
+            "sql", "health", "submit", "scale", "status", "delete", "doctor", "token",
+            "submit-upload", "upload-slice", "upload-commit"]
 
 
 @pytest.mark.slow

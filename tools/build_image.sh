@@ -6,7 +6,7 @@
 #      week (so Debian's security updates arrive within a week);
 #   2. the Dockerfile on that base: buildah bud --build-arg BASE=<base>, vfs storage, chroot
 #      isolation (root, no daemon, no user namespaces needed).
-# Prints how long each step took and the image's size. tests/integration/test_image.py runs
+# Prints how long each step took and the image's size. tests/integration/test_container_image.py runs
 # the image (TRAINFEED_IMAGE=IMAGE CONTAINERS_STORAGE_CONF=CACHE/storage.conf).
 #
 #   tools/build_image.sh [IMAGE]          (default localhost/trainfeed:ci)
@@ -49,7 +49,7 @@ if ! flock -n 9; then
   flock -w 1800 9 || die "$cache/lock still held after 30 min; is a build hung? (fuser $cache/lock)"
 fi
 
-# Containers a killed run of tests/integration/test_image.py left behind hold their image.
+# Containers a killed run of tests/integration/test_container_image.py left behind hold their image.
 mapfile -t stale < <(buildah containers --noheading --format '{{.ContainerName}}' |
                      grep '^trainfeed-image-test-' || true)
 ((${#stale[@]} == 0)) || { say "removing stale test containers: ${stale[*]}"; buildah rm "${stale[@]}" >/dev/null; }

@@ -117,10 +117,10 @@ def test_the_status_page_shows_the_ledgers_progress_and_flags_the_throttled_read
         assert browser.url.endswith("/login")  # no token yet
         browser.type("#token", "not-the-token")
         browser.click("#login")
-        assert "not this master" in browser.source
+        browser.wait_until(lambda b: "not this master" in b.source)
         browser.type("#token", TOKEN)
         browser.click("#login")
-        assert browser.url.endswith("/status")
+        browser.wait_until(lambda b: b.url.endswith("/status"))
         deadline = time.monotonic() + 60
         while True:  # until nothing moved while the page was read, and the slow reader told
             before = ledger_progress(client.job_status(JOB))

@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -100,6 +101,16 @@ class Browser:
 
     def click(self, css: str) -> None:
         self._s("POST", f"/element/{self.find(css)}/click", {})
+
+    def wait_until(self, shown: Callable[[Browser], bool], timeout_s: float = 15.0) -> None:
+        """Waits until `shown(self)`: a click's navigation may end after the click's answer
+        (a form's POST and its redirect), and the page read at once is the old one."""
+        deadline = time.monotonic() + timeout_s
+        while not shown(self):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not shown within {timeout_s:g} s; at {self.url}: "
+                                     f"{self.source[-500:]}")
+            time.sleep(0.1)
 
     @property
     def url(self) -> str:

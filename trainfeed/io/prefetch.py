@@ -10,11 +10,14 @@ reader never leases work it will not start soon) and the input pipeline's batch 
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -112,6 +115,7 @@ class Background(Generic[T]):
         self._on_empty = on_empty
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     @classmethod
     def of(cls, items: Iterable[T], maxsize: int, name: str) -> Background[T]:
@@ -256,3 +260,26 @@ class PrefetchStream(Background[LoadedPartition]):
         self.stop()
         self.credits.poke()
         self._thread.join(timeout)
+
+
+# Producers still running when the interpreter exits (a pass abandoned mid-epoch, a reader never
+# closed): at exit each is stopped and joined, up to EXIT_JOIN_S in all. A daemon thread left
+# inside a native read (pyarrow, a decoder) while the interpreter finalizes is killed there,
+# which C++ code answers with std::terminate ("terminate called without an active exception":
+# a training script that finished aborts with SIGABRT, seen under load in CI's torchrun run).
+_RUNNING: weakref.WeakSet[Background[Any]] = weakref.WeakSet()
+EXIT_JOIN_S = 10.0
+
+
+def _stop_all_at_exit() -> None:
+    running = list(_RUNNING)
+    for background in running:
+        background.stop()
+        if isinstance(background, PrefetchStream):
+            background.credits.poke()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for background in running:
+        background._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_stop_all_at_exit)

@@ -509,7 +509,9 @@ class WorkerSession:
                 else:
                     logger.debug("the Watch stream broke (%s: %s); polling until it is back",
                                  code, e.details())  # type: ignore[attr-defined]
-            except Exception:
+            except Exception as e:
+                if self._stopping or _closed_channel(e):
+                    return  # closed under us (the client first): nothing to watch any more
                 logger.exception("the Watch stream failed; polling until it is back")
             finally:
                 self._set_watching(False)
@@ -601,7 +603,9 @@ class WorkerSession:
 def _closed_channel(error: Exception) -> bool:
     """Whether `error` is gRPC's refusal to use a channel that was closed (the client closed
     before this session's threads stopped): not worth a retry."""
-    return isinstance(error, ValueError) and "closed channel" in str(error)
+    text = str(error).lower()
+    return isinstance(error, ValueError) and ("closed channel" in text
+                                              or "channel closed" in text)
 
 
 def _lease(task: TaskRef) -> Lease:

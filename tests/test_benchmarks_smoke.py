@@ -82,3 +82,31 @@ def test_ffcv_small_runs_without_ffcv_and_says_so(tmp_path: Path) -> None:
     assert any(line.startswith(f"| {label} | ") for line in lines), result.stdout
     assert any(line.startswith("| trainfeed-256 | ") and "trainfeed upload" in line
                for line in lines), result.stdout
+
+
+# ~20 s on a loaded machine: a master, 6 real readers in 2 processes, a 10 s window in which
+# 240 records at 60 records/s make two whole epochs (issue 28's real-reader measurement, small).
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_real_readers_prints_its_table_and_every_epoch_exactly_once(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/real_readers.py"), "--readers", "6",
+         "--processes", "2", "--window", "10", "--records", "240", "--partitions", "24",
+         "--rate", "10", "--storage", str(tmp_path / "storage"),
+         "--json", str(tmp_path / "out.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=220,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("| readers | window | master CPU |") for line in lines), \
+        result.stdout
+    assert any(line.startswith("| 6 | 10 s |") and line.endswith("| yes |") for line in lines), \
+        result.stdout
+    assert "exactly once: yes" in lines, result.stdout
+    written = json.loads((tmp_path / "out.json").read_text())
+    complete = [e for e in written["epochs"] if e["complete"]]
+    assert complete, written["epochs"]  # at least one whole epoch, each record once
+    assert all(e["delivered"] == e["distinct"] == 240 for e in complete), complete
+    assert all(e["duplicated"] == 0 for e in written["epochs"])
+    assert written["calls_per_s"].get("GetTasks", 0) > 0 and written["master_cores"] > 0
+    assert not written["errors"] and not written["stuck"]

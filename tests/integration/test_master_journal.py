@@ -93,7 +93,15 @@ def test_a_master_killed_right_after_answering_lost_nothing_it_answered(tmp_path
                     epoch=0, partition=p, outcome=pb.TaskReport.DONE, lease=lease)])
                 assert not reply.revoked, f"partition {p}: lease {lease} forgotten"
             after = client.job_status("train")
-            assert after.done == status.done + len(answered_leased)
+            # Every partition it answered for is done now: those acknowledged DONE, and those
+            # it leased, reported DONE to the new master. (A call cut by the kill may have
+            # made its DONE durable without an answer: that partition, still listed as leased
+            # here, was done already, and its DONE again changes nothing. Seen in CI: 44 done
+            # after 37 + 8 such reports.)
+            answered = {p for p, _ in answered_done} | set(answered_leased)
+            assert len(answered) == len(answered_done) + len(answered_leased)
+            assert after.done >= len(answered)
+            assert after.done - status.done <= len(answered_leased)
     finally:
         master.stop()
     log = "".join(master.log)

@@ -47,14 +47,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
-from proc_stats import process_cpu_s
+from proc_stats import process_cpu_s, rpc_counts
 from stop_cleanly import exit_cleanly_on_signals
 
 import trainfeed
@@ -507,19 +506,6 @@ def ensure_dataset(storage_url: str, partitions: int, records: int) -> str:
     manifest.check()
     write_manifest(open_storage(storage_url), manifest)
     return name
-
-
-def rpc_counts(url: str | None) -> dict[str, float]:
-    """trainfeed_rpc_duration_seconds_count by method, from the master's metrics."""
-    if url is None:
-        return {}
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("trainfeed_rpc_duration_seconds_count{"):
-            method = line.split('method="', 1)[1].split('"', 1)[0].rsplit("/", 1)[-1]
-            counts[method] = float(line.rsplit(" ", 1)[1])
-    return counts
 
 
 # -- the run ---------------------------------------------------------------------------------------

@@ -33,12 +33,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from proc_stats import process_cpu_s
+from proc_stats import process_cpu_s, rpc_counts
 from stop_cleanly import exit_cleanly_on_signals
 
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench")
@@ -134,19 +133,6 @@ def ensure_dataset(storage: str, records: int, partitions: int) -> str:
                UploadOptions(kind="text", row_group_rows=records // partitions), progress=False)
         open(marker, "w").close()
     return name
-
-
-def rpc_counts(url: str | None) -> dict[str, float]:
-    """trainfeed_rpc_duration_seconds_count by method, from the master's metrics."""
-    if url is None:
-        return {}
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("trainfeed_rpc_duration_seconds_count{"):
-            method = line.split('method="', 1)[1].split('"', 1)[0].rsplit("/", 1)[-1]
-            counts[method] = float(line.rsplit(" ", 1)[1])
-    return counts
 
 
 def _wait(pipes: list[multiprocessing.connection.Connection], word: str, timeout: float,

@@ -140,6 +140,7 @@ class MasterClient:
         self.security = security
         self._metadata = security.metadata
         self._channel = security.open_channel(self.address, CHANNEL_OPTIONS)
+        self.closed = False  # set by close(): a call after it cannot be made
         self._stub = master_pb2_grpc.MasterStub(self._channel)
         # (job, worker id) -> the secret its OpenJob answer gave: sent with its every call.
         self._secrets: dict[tuple[str, str], str] = {}
@@ -335,6 +336,7 @@ class MasterClient:
                           CALL_TIMEOUT_S)
 
     def close(self) -> None:
+        self.closed = True
         self._channel.close()
 
     def __enter__(self) -> MasterClient:

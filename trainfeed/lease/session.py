@@ -475,8 +475,8 @@ class WorkerSession:
                 logger.error("%s", e)
                 return
             except Exception as e:
-                if self._stopping or _closed_channel(e):
-                    return  # closed under us: nothing more can be sent
+                if self._stopping or self.client.closed:
+                    return  # the client closed under us: nothing more can be sent
                 failures += 1
                 # Backed off, and the traceback once: a failure that repeats at once would
                 # otherwise spin this thread and flood the log.
@@ -509,8 +509,8 @@ class WorkerSession:
                 else:
                     logger.debug("the Watch stream broke (%s: %s); polling until it is back",
                                  code, e.details())  # type: ignore[attr-defined]
-            except Exception as e:
-                if self._stopping or _closed_channel(e):
+            except Exception:
+                if self._stopping or self.client.closed:
                     return  # closed under us (the client first): nothing to watch any more
                 logger.exception("the Watch stream failed; polling until it is back")
             finally:
@@ -598,14 +598,6 @@ class WorkerSession:
             self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)
-
-
-def _closed_channel(error: Exception) -> bool:
-    """Whether `error` is gRPC's refusal to use a channel that was closed (the client closed
-    before this session's threads stopped): not worth a retry."""
-    text = str(error).lower()
-    return isinstance(error, ValueError) and ("closed channel" in text
-                                              or "channel closed" in text)
 
 
 def _lease(task: TaskRef) -> Lease:

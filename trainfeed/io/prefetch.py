@@ -11,6 +11,7 @@ reader never leases work it will not start soon) and the input pipeline's batch 
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
 import threading
 import time
@@ -277,9 +278,17 @@ def _stop_all_at_exit() -> None:
         background.stop()
         if isinstance(background, PrefetchStream):
             background.credits.poke()
-    deadline = time.monotonic() + EXIT_JOIN_S
+    start = time.monotonic()
+    said = False
     for background in running:
-        background._thread.join(max(0.0, deadline - time.monotonic()))
+        while background._thread.is_alive() and time.monotonic() - start < EXIT_JOIN_S:
+            background._thread.join(0.5)
+            if not said and background._thread.is_alive() and time.monotonic() - start >= 5:
+                said = True  # no silent waits: what for, and until when
+                logging.getLogger(__name__).warning(
+                    "exiting: waiting for %d read-ahead thread(s) to stop, at most until "
+                    "%s", sum(b._thread.is_alive() for b in running),
+                    time.strftime("%H:%M:%S", time.localtime(time.time() + EXIT_JOIN_S - 5)))
 
 
 atexit.register(_stop_all_at_exit)

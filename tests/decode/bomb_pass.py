@@ -1,16 +1,39 @@
 """One reader pass in a process of its own, for tests that measure its peak memory:
 `python bomb_pass.py STORAGE DATASET [crops]` prints one JSON line with the ids delivered, the
-decode failures counted and the error that ended the pass, if any."""
+decode failures counted, the error that ended the pass, if any, and the native (non-Python)
+threads the pass started: Arrow's pool threads, left running at exit, can abort the interpreter's
+finalization with "terminate called without an active exception" (Arrow #34314)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+
+
+def native_threads() -> set[int]:
+    """The process's threads that Python did not start (thread pools of C/C++ libraries)."""
+    python = {t.native_id for t in threading.enumerate()}
+    return {int(tid) for tid in os.listdir("/proc/self/task")} - python
+
+
+def warm_up() -> None:
+    """Starts the native threads a reader is expected to have (OpenCV's resize pool, Arrow's
+    allocator thread) so that only those a pass starts on top are counted."""
+    import cv2
+    import numpy as np
+    import pyarrow as pa
+
+    cv2.resize(np.zeros((2000, 2000, 3), np.uint8), (500, 500), interpolation=cv2.INTER_AREA)
+    pa.array(np.arange(1 << 16))
 
 
 def main() -> None:
     storage, dataset, path = sys.argv[1], sys.argv[2], sys.argv[3]
     from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 
+    warm_up()
+    before = native_threads()
     crop = ((0.08, 1.0), (3 / 4, 4 / 3)) if path == "crops" else None
     pipeline = PipelineOptions(
         decode=DecodeOptions(True, image_size=(16, 16), errors="skip", threads=2,
@@ -26,7 +49,9 @@ def main() -> None:
         error = f"{type(e).__name__}: {e}"
     failures = reader.decode_failures
     reader.close()
-    print(json.dumps({"ids": ids, "failures": failures, "error": error}))
+    started = len(native_threads() - before)
+    print(json.dumps({"ids": ids, "failures": failures, "error": error,
+                      "native_threads_started": started}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Decompression bombs (issue 25 §3): a reader given any of them finishes its pass with
 decode_errors="skip", delivers every other record, counts the bomb as a decode failure named by
-its file and list line, and stays under 1 GB of RSS, measured on a reader process of its own."""
+its file and list line, and stays under 1 GB of RSS, measured on a reader process of its own; and
+starts no native pool thread that could abort the interpreter's exit."""
 from __future__ import annotations
 
 import json
@@ -65,3 +66,6 @@ def test_a_bomb_is_skipped_counted_and_named_within_1_gb(row: str, tmp_path: Pat
     assert "pixel budget" in run.stderr and "TRAINFEED_MAX_IMAGE_PIXELS" in run.stderr
     assert "BytesIO" not in run.stderr
     assert run.peak_mb < MEMORY_LIMIT_MB
+    # Naming the bomb's file reads the dataset's sources table: with one thread, so that no
+    # Arrow pool thread outlives the pass (the exit abort CI met, 1 run in ~200 under load).
+    assert result["native_threads_started"] == 0

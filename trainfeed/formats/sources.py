@@ -52,7 +52,10 @@ class SourceIndex:
                 by_id: dict[int, tuple[str | None, int]] = {}
                 if self.rel is not None:
                     try:
-                        table = pq.read_table(io.BytesIO(self.folder.read_bytes(self.rel)))
+                        # One thread, no read-ahead: a reader process must start no Arrow
+                        # pool threads, which can abort the interpreter's exit (Arrow #34314).
+                        table = pq.ParquetFile(io.BytesIO(self.folder.read_bytes(self.rel)),
+                                               pre_buffer=False).read(use_threads=False)
                     except (OSError, pa.ArrowException):
                         table = None  # provenance is a courtesy: never mask the real error
                     if table is not None:

@@ -123,10 +123,12 @@ class PartitionReader:
             if self.dataset.is_local:
                 # pyarrow's own file reader: no Python in the read path, the GIL stays free.
                 handle = None
-                parquet = pq.ParquetFile(path, memory_map=False, page_checksum_verification=True)
+                parquet = pq.ParquetFile(path, memory_map=False, pre_buffer=False,
+                                         page_checksum_verification=True)
             else:
                 handle = self.dataset.fs.open(path, "rb")
-                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
+                parquet = pq.ParquetFile(handle, pre_buffer=False,
+                                         page_checksum_verification=True)
         except PermissionError as e:
             raise access_error(self.dataset.url, e) from e
         except FileNotFoundError:

@@ -200,14 +200,25 @@ def read_manifest(storage: Storage, name: str, version: int | None = None) -> Ma
     """
     folder = dataset_storage(storage, name)
     try:
-        data = folder.read_bytes(MANIFEST_NAME)
+        return load_manifest(folder, version)
     except FileNotFoundError:
         known = list_datasets(storage)
         hint = f"; datasets here: {', '.join(known)}" if known else "; this storage has none"
         raise DatasetNotFoundError(
             f"no dataset {name!r} in {storage.url} (no {MANIFEST_NAME}; an upload that did not "
             f"finish is not published){hint}") from None
-    current = Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
+
+
+def load_manifest(folder: Storage, version: int | None = None) -> Manifest:
+    """The manifest in dataset folder `folder`: its current version, or `version` if that is
+    published (the current one or an earlier one its history lists).
+
+    Raises:
+        FileNotFoundError: no dataset is published there.
+        DatasetNotFoundError: no readable version `version` (naming those there are).
+    """
+    current = Manifest.from_json(folder.read_bytes(MANIFEST_NAME),
+                                 where=f"{folder.url}/{MANIFEST_NAME}")
     if version is None or version == current.dataset_version:
         return current
     readable = [v.version for v in current.history]
@@ -218,9 +229,9 @@ def read_manifest(storage: Storage, name: str, version: int | None = None) -> Ma
         except FileNotFoundError:
             pass
     raise DatasetNotFoundError(
-        f"dataset {name!r} in {storage.url} has no version {version}: its readable versions "
-        f"are {', '.join(map(str, readable))} (the current one is "
-        f"{current.dataset_version}; `trainfeed info {name}` lists them)")
+        f"dataset {current.name!r} in {folder.url} has no version {version}: its readable "
+        f"versions are {', '.join(map(str, readable))} (the current one is "
+        f"{current.dataset_version}; `trainfeed info {current.name}` lists them)")
 
 
 def split_version(spec: str) -> tuple[str, int | None]:

@@ -256,7 +256,7 @@ def test_info_lists_the_versions(tmp_path: Path) -> None:
                           "--storage", storage], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     assert "version   2" in out and "versions  2" in out
-    assert f"ds@1\t" in out and f"+{FIRST} records from one.list\t{FIRST} in all" in out
+    assert "ds@1\t" in out and f"+{FIRST} records from one.list\t{FIRST} in all" in out
     assert f"+{ADDED} records from two.list\t{FIRST + ADDED} in all" in out
 
 

@@ -396,20 +396,7 @@ class Coordinator:
             raise FailedPrecondition(
                 f"job {request.job!r} reads dataset {job.manifest.name!r}, not "
                 f"{request.dataset!r}; use another job name (TRAINFEED_JOB or job=...)")
-        pinned = job.manifest.dataset_version
-        if request.dataset_version and request.dataset_version != pinned:
-            raise FailedPrecondition(
-                f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}, "
-                f"not version {request.dataset_version}: a job reads the version it was created "
-                f"on until it ends. Read {request.dataset}@{pinned}, or read version "
-                f"{request.dataset_version} under another job name (TRAINFEED_JOB or job=...)")
-        saved = request.resume.dataset_version if request.HasField("resume") else 0
-        if saved and saved != pinned:
-            raise FailedPrecondition(
-                f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}; "
-                f"the reader state restored was saved reading version {saved}, whose partitions "
-                f"it counts. Restore it into a job of version {saved} (another job name, "
-                f"dataset {request.dataset}@{saved}), or start the reader without the state")
+        _check_version(job, request)
         res = request.resources
         if not job.rules.admits(res.name, res.gpus):
             raise FailedPrecondition(job.rules.refusal(job.name, res.name, res.hostname,
@@ -896,6 +883,27 @@ class Coordinator:
                        lease=job.ledger.token_of(partition),
                        stop_records=job.ledger.limits.get(partition, 0),
                        row_start=p.row_start)
+
+
+
+def _check_version(job: Job, request: pb.OpenJobRequest) -> None:
+    """FAILED_PRECONDITION for a reader of `job` asking for another version of its dataset, or
+    resuming a state saved on another: a job reads the version it was created on until it ends
+    (trainfeed.formats.manifest, "Versions"). Before anything changed."""
+    pinned = job.manifest.dataset_version
+    if request.dataset_version and request.dataset_version != pinned:
+        raise FailedPrecondition(
+            f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}, "
+            f"not version {request.dataset_version}: a job reads the version it was created "
+            f"on until it ends. Read {request.dataset}@{pinned}, or read version "
+            f"{request.dataset_version} under another job name (TRAINFEED_JOB or job=...)")
+    saved = request.resume.dataset_version if request.HasField("resume") else 0
+    if saved and saved != pinned:
+        raise FailedPrecondition(
+            f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}; "
+            f"the reader state restored was saved reading version {saved}, whose partitions "
+            f"it counts. Restore it into a job of version {saved} (another job name, "
+            f"dataset {request.dataset}@{saved}), or start the reader without the state")
 
 
 def _resumes(request: pb.OpenJobRequest) -> str:

@@ -219,8 +219,7 @@ def append_cli(listing: Path, storage: str, kill_at: int = 0, name: str = "",
             "--columns", "word,label", "--rows-per-group", "4", "--processes", "1", "--append",
             "--no-progress"]
     return subprocess.run([sys.executable, "-c", KILLER, str(kill_at), name, "upload", *args],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_an_append_killed_mid_write_publishes_nothing(tmp_path: Path) -> None:

@@ -266,16 +266,19 @@ def test_a_dataset_from_before_versions_can_be_appended_to(tmp_path: Path) -> No
     listing.write_text(listing.read_text() + "# a comment\n")
     upload(str(listing), "ds", storage, OPTIONS, progress=False)
     # The manifest as written before versions: no version fields, no versions/ folder.
+    # A dataset never appended to has a manifest that releases before versions read: none of
+    # the version keys.
     folder = dataset_storage(open_storage(storage), "ds")
-    old = json.loads(folder.read_bytes(MANIFEST_NAME))
-    for key in ("dataset_version", "next_id", "versions"):
-        del old[key]
-    folder.write_atomic(MANIFEST_NAME, json.dumps(old).encode())
+    assert not {"dataset_version", "next_id", "versions"} & set(
+        json.loads(folder.read_bytes(MANIFEST_NAME)))
     folder.fs.rm(folder.path("versions"), recursive=True)
     upload(str(word_list(tmp_path / "two.list", FIRST, ADDED)), "ds", storage, APPEND,
            progress=False)
     assert Counter(ids(storage, "ds@1")) == Counter(range(FIRST))
     assert Counter(ids(storage, "ds")) == Counter(range(FIRST + ADDED))
+    # (The trailing comment took no id: the append numbers its records from FIRST.)
+    appended = json.loads(folder.read_bytes(MANIFEST_NAME))
+    assert appended["dataset_version"] == 2 and len(appended["versions"]) == 2
 
 
 def test_overwrite_takes_the_next_number_and_drops_the_replaced_versions(

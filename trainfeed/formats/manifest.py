@@ -23,7 +23,7 @@ have no `versions/` folder until their first append.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
@@ -116,7 +116,17 @@ class Manifest:
     versions: tuple[VersionInfo, ...] = ()
 
     def to_json(self) -> bytes:
+        """The manifest's bytes. The version fields are left out where they say what a reader
+        infers without them (`dataset_version` 1, `next_id` of `id_limit`, `versions` of
+        `history`): a dataset never appended to is read by trainfeed releases before versions
+        too, which refuse a manifest with keys they do not know."""
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        if self.dataset_version == 1:
+            del body["dataset_version"]
+        if self.next_id is None or self.next_id == self.num_records + len(self.skipped):
+            del body["next_id"]
+        if self.versions == () or self.versions == replace(self, versions=()).history:
+            del body["versions"]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod

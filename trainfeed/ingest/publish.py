@@ -232,7 +232,7 @@ def remove_stale_data(folder: Storage, keep: str) -> None:
         published = json.loads(folder.read_bytes(MANIFEST_NAME))
     except FileNotFoundError:
         return
-    _remove_stale_versions(folder, published)
+    _remove_stale_versions(folder)
     try:
         found = folder.fs.ls(folder.path("data"), detail=False)
     except FileNotFoundError:
@@ -245,12 +245,13 @@ def remove_stale_data(folder: Storage, keep: str) -> None:
             folder.fs.rm(path, recursive=True)
 
 
-def _remove_stale_versions(folder: Storage, published: dict) -> None:
+def _remove_stale_versions(folder: Storage) -> None:
     """Deletes `versions/<n>.json` of every version the published manifest's history does not
-    list (versions before versions/ existed list none: their manifest is the only one)."""
-    listed = {f"{v['version']}.json" for v in published.get("versions", ())}
-    if not listed:
+    list (replaced by an --overwrite)."""
+    published = published_manifest(folder)
+    if published is None:
         return
+    listed = {version_path(v.version).rsplit("/", 1)[-1] for v in published.history}
     try:
         found = folder.fs.ls(folder.path(VERSIONS_DIR), detail=False)
     except FileNotFoundError:

@@ -23,9 +23,11 @@ def dataset_files(root: Path) -> dict[str, str]:
     for path in sorted(root.rglob("*")):
         if path.is_file() and not path.name.startswith("."):
             data = path.read_bytes()
-            if path.name == "manifest.json":
+            if path.name == "manifest.json" or path.parent.name == "versions":
                 body = json.loads(data)
                 body.pop("created_at")
+                for version in body.get("versions", ()):  # its history names the time too
+                    version.pop("created_at")
                 data = json.dumps(body, sort_keys=True).encode()
             out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
     return out

@@ -1,6 +1,7 @@
 """trainfeed: an elastic master/worker data service that feeds deep-learning training."""
 from trainfeed import dist
 from trainfeed.errors import (
+    AppendMismatchError,
     AuthenticationError,
     CheckpointError,
     ClusterError,
@@ -53,8 +54,8 @@ from trainfeed.reader.sources import LocalSource, MasterSource
 from trainfeed.reader.world import SyncOptions
 from trainfeed.upload import UploadOptions, upload
 
-__all__ = ["AuthenticationError", "BatchOptions", "CheckpointError", "ClusterError",
-           "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",
+__all__ = ["AppendMismatchError", "AuthenticationError", "BatchOptions", "CheckpointError",
+           "ClusterError", "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",
            "DatasetExistsError", "DatasetNotFoundError", "DecodeError", "DecodeOptions",
            "DeliveryOrderError", "EtcdUnavailableError", "IncompleteUploadError",
            "InvalidNameError", "InvalidQueryError",

@@ -226,3 +226,9 @@ class IncompleteUploadError(TrainfeedError, RuntimeError):
     """The commit of an upload run as slices (`trainfeed submit-upload`, `upload-slice`) found a
     slice missing, failed or not as planned, and published nothing; the message names each such
     slice and the index to run again."""
+
+
+class AppendMismatchError(TrainfeedError, ValueError):
+    """`trainfeed upload --append` of a list that does not fit the dataset it would extend
+    (other fields, another kind, other stored transforms, labels that would renumber its
+    classes): the message names the field or setting. Nothing is written then."""

@@ -18,8 +18,14 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from trainfeed.errors import DatasetExistsError
-from trainfeed.formats.manifest import check_name_is_free, dataset_storage, write_manifest
+from trainfeed.errors import DatasetExistsError, DatasetNotFoundError
+from trainfeed.formats.manifest import (
+    Manifest,
+    check_name_is_free,
+    dataset_storage,
+    read_manifest,
+    write_manifest,
+)
 from trainfeed.ingest.check import check_images
 from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
 from trainfeed.ingest.lock import LOCK_NAME, UploadLock, check_not_replaced, published_fingerprint
@@ -35,7 +41,16 @@ from trainfeed.ingest.pack import field_specs, pack_tasks, read_ahead_windows
 from trainfeed.ingest.plan import plan_shards
 from trainfeed.ingest.pool import Packers
 from trainfeed.ingest.progress import ShardProgress, finished
-from trainfeed.ingest.publish import build_manifest, remove_stale_data, remove_temporary_files
+from trainfeed.ingest.publish import (
+    already_appended,
+    build_manifest,
+    check_appendable,
+    for_append,
+    keep_version,
+    published_manifest,
+    remove_stale_data,
+    remove_temporary_files,
+)
 from trainfeed.ingest.transform import describe, make_transform
 from trainfeed.storage import Storage, open_storage
 
@@ -60,6 +75,7 @@ class UploadResult:
     already_published: bool
     resumed_shards: int
     seconds: float
+    version: int = 1  # the dataset's version published (or found published)
 
 
 def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
@@ -92,12 +108,23 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     inputs = read_inputs(list_path, options)
     with UploadLock(folder, dataset):
         previous = published_fingerprint(folder)
-        if previous == inputs.fingerprint:
+        base = None
+        if options.append:
+            base = _append_base(store, dataset, inputs, options)
+            if already_appended(base, inputs.fingerprint):
+                logger.debug("dataset %r's current version is this append; nothing to do",
+                             dataset)
+                return UploadResult(dataset, folder.url, len(inputs.entries), 0, 0,
+                                    inputs.skipped, True, 0, time.monotonic() - started,
+                                    base.dataset_version)
+            inputs = for_append(inputs, base)
+        elif previous == inputs.fingerprint:
             logger.debug("dataset %r is already published from this input; nothing to do",
                          dataset)
             return UploadResult(dataset, folder.url, len(inputs.entries), 0, 0, inputs.skipped,
-                                True, 0, time.monotonic() - started)
-        if previous is not None and not options.overwrite:
+                                True, 0, time.monotonic() - started,
+                                _published_version(folder))
+        if previous is not None and not (options.overwrite or options.append):
             raise DatasetExistsError(
                 f"dataset {dataset!r} already exists in {store.url} with different content; "
                 f"use --overwrite to replace it, or upload under another name")
@@ -105,13 +132,39 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         shards, resumed = _pack(inputs, options, folder, dataset, progress, on_shard)
         manifest = build_manifest(
             dataset, inputs, field_specs(inputs.parsed.kind, inputs.parsed.field_names), shards,
-            folder, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), describe(options))
+            folder, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), describe(options), base)
         check_not_replaced(folder, dataset, previous)
+        if base is not None:
+            keep_version(folder, base)
         write_manifest(store, manifest)
         remove_stale_data(folder, keep=inputs.data_dir)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), inputs.skipped, False, resumed,
-                        time.monotonic() - started)
+                        time.monotonic() - started, manifest.dataset_version)
+
+
+def _published_version(folder: Storage) -> int:
+    manifest = published_manifest(folder)
+    return manifest.dataset_version if manifest is not None else 1
+
+
+def _append_base(store: Storage, dataset: str, inputs: Inputs,
+                 options: UploadOptions) -> Manifest:
+    """The version an append extends (the current one), checked to fit the list.
+
+    Raises:
+        DatasetNotFoundError: nothing is published to append to.
+        AppendMismatchError: the list's fields (named) or transforms differ from the dataset's.
+    """
+    try:
+        base = read_manifest(store, dataset)
+    except DatasetNotFoundError as e:
+        raise DatasetNotFoundError(f"{e}; --append adds to a published dataset: upload the "
+                                   f"first list without --append") from None
+    check_appendable(base, inputs,
+                     field_specs(inputs.parsed.kind, inputs.parsed.field_names),
+                     describe(options))
+    return base
 
 
 def _prepare(inputs: Inputs, options: UploadOptions, store: Storage, folder: Storage,

@@ -15,7 +15,7 @@ def full() -> ReaderPosition:
     return ReaderPosition(mode="distributed", dataset="flowers", epoch=3, done={4, 1},
                           positions={7: 12, 2: 5}, finished=False, job="resnet",
                           worker="host:1-ab12", seed=9, order="shuffle:9:64",
-                          delivered=170, partitions=64, credential="c0ffee")
+                          delivered=170, partitions=64, credential="c0ffee", dataset_version=2)
 
 
 def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs() -> None:
@@ -24,7 +24,7 @@ def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs
         "version": STATE_DICT_VERSION, "mode": "distributed", "dataset": "flowers",
         "job": "resnet", "worker": "host:1-ab12", "seed": 9, "epoch": 3, "finished": False,
         "done": [1, 4], "positions": [[2, 5], [7, 12]], "order": "shuffle:9:64",
-        "delivered": 170, "partitions": 64, "credential": "c0ffee"}
+        "delivered": 170, "partitions": 64, "credential": "c0ffee", "dataset_version": 2}
     empty = ReaderPosition("local", "flowers", 0).to_state_dict()
     assert set(empty) == set(state) and empty["positions"] == []
 
@@ -125,3 +125,16 @@ def test_an_unknown_state_is_shown_cut_at_200_characters() -> None:
     with pytest.raises(ValueError) as error:
         ReaderPosition.from_dict("x" * 300, "flowers", "local")  # type: ignore[arg-type]
     assert str(error.value).endswith(": " + "x" * 200)
+
+
+def test_a_state_restores_only_into_the_version_it_was_saved_on() -> None:
+    position = full()
+    position.check_version(2)
+    position.check_version(0)  # a master before versions names none: not checked
+    with pytest.raises(CheckpointError, match=r"saved reading version 2 of dataset 'flowers', "
+                                              r"but this reader opened version 3.*"
+                                              r"dist.reader\('flowers@2', ...\)"):
+        position.check_version(3)
+    with pytest.raises(CheckpointError, match="'dataset_version' is -1"):
+        ReaderPosition.from_dict({**full().to_state_dict(), "dataset_version": -1}, "flowers",
+                                 "distributed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from trainfeed.cli.common import add_storage_options, storage_from
-from trainfeed.formats.manifest import list_datasets, read_manifest
+from trainfeed.formats.manifest import Manifest, list_datasets, read_manifest, split_version
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.set_defaults(run=run_ls)
     info = sub.add_parser("info", help="show one dataset's manifest",
                           description="Show a dataset's schema, shards, counts and labels.")
-    info.add_argument("name", help="dataset name")
+    info.add_argument("name", help="dataset name; NAME@N shows version N")
     add_storage_options(info)
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     info.set_defaults(run=run_info)
@@ -33,11 +33,13 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    m = read_manifest(storage_from(args), args.name)
+    name, version = split_version(args.name)
+    m = read_manifest(storage_from(args), name, version)
     if args.json:
         print(m.to_json().decode())
         return 0
     print(f"dataset   {m.name} ({m.kind} list, from {m.source}, {m.created_at})")
+    print(f"version   {m.dataset_version}")
     print(f"fields    {', '.join(f'{f.name}:{f.type}' for f in m.fields)}")
     print(f"records   {m.num_records}  ({m.num_bytes / 1e6:.1f} MB payload)")
     print(f"shards    {len(m.shards)} with {m.num_row_groups} row groups")
@@ -50,4 +52,16 @@ def run_info(args: argparse.Namespace) -> int:
             print(f"  {label}\t{count}")
     if m.skipped:
         print(f"skipped   {len(m.skipped)} missing file(s)")
+    _print_versions(m)
     return 0
+
+
+def _print_versions(m: Manifest) -> None:
+    """The readable versions up to `m`'s, oldest first: each readable as NAME@N."""
+    history = m.history
+    print(f"versions  {len(history)} (read one with dist.reader(\"{m.name}@N\"))")
+    total = 0
+    for v in history:
+        total += v.added_records
+        print(f"  {m.name}@{v.version}\t{v.created_at}\t+{v.added_records} records from "
+              f"{v.source}\t{total} in all")

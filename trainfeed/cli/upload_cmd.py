@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from trainfeed.cli.common import add_storage_options, storage_from
@@ -59,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", required=True, help="dataset name, e.g. flowers or public/digits")
     add_storage_options(p)
     add_upload_options(p)
+    p.add_argument("--append", action="store_true",
+                   help="add the list's records to the existing dataset as its next version, "
+                        "without rewriting its shards (same fields; record ids continue after "
+                        "its largest); readers of older versions keep reading theirs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
@@ -142,7 +147,10 @@ def upload_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = upload(args.list, args.dataset, storage_from(args), options_from(args),
+    options = options_from(args)
+    if getattr(args, "append", False):
+        options = dataclasses.replace(options, append=True)
+    result = upload(args.list, args.dataset, storage_from(args), options,
                     progress=False if args.no_progress else None)
     if result.already_published:
         print(f"dataset {result.dataset!r} is already published from this input "
@@ -154,5 +162,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"published {result.dataset!r}: {result.num_records} records, "
           f"{result.num_bytes / 1e6:.1f} MB in {result.num_shards} shard(s) at {result.url} "
           f"in {result.seconds:.1f} s{resumed}"
-          + (f"; {len(result.skipped)} missing file(s) skipped" if result.skipped else ""))
+          + (f"; {len(result.skipped)} missing file(s) skipped" if result.skipped else "")
+          + (f"; version {result.version}" if result.version > 1 else ""))
     return 0

@@ -4,11 +4,26 @@ A dataset folder holds Parquet shards and `manifest.json`. The manifest is writt
 atomically, so a dataset exists for readers exactly when its manifest does: an interrupted upload
 is invisible. It records the schema, every shard with its row-group boundaries, row and byte
 counts, per-shard SHA-256, the label histogram and the order of its labels (which class ids follow).
+
+Versions. A dataset grows by appends (`trainfeed upload --append`), each a new version numbered
+1, 2, ...: its manifest lists the previous version's shards, unchanged, plus the new ones. Every
+version's manifest is kept, immutable, as `versions/<n>.json`; `manifest.json` is the current
+version, written after it (both atomically), so a version exists for readers exactly when
+`manifest.json` names it or a later one. A reader or job pins the version it opened
+(`read_manifest(..., version=n)`), and keeps reading it while later versions are published:
+their shards are never rewritten. `--overwrite` publishes the next number too (numbers are never
+reused, so a checkpoint of replaced content cannot restore into the new one); the versions it
+replaced are deleted with their shards. Datasets published before versions are version 1, and
+have no `versions/` folder until their first append.
+
+    <dataset>/manifest.json            the current version (n)
+    <dataset>/versions/<k>.json        version k, for every k still readable (≤ n)
+    <dataset>/data/<fingerprint>/...   each upload's or append's shards, never rewritten
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
@@ -17,6 +32,8 @@ from trainfeed.names import validate_dataset_name
 from trainfeed.storage import Storage
 
 MANIFEST_NAME = "manifest.json"
+# The folder of the immutable per-version manifests: versions/<n>.json.
+VERSIONS_DIR = "versions"
 FORMAT = "trainfeed.dataset"
 VERSION = 1
 # Dataset kinds beyond uploaded lists: records are MADlib-style buffers (trainfeed.preprocess),
@@ -54,6 +71,18 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class VersionInfo:
+    """One published version of a dataset, as its history in later manifests lists it."""
+
+    version: int
+    created_at: str
+    added_records: int  # records this version added (all of them for the first)
+    source: str  # the basename of the list it came from
+    sources: str | None  # its records' sources file (trainfeed.formats.sources)
+    fingerprint: str  # the dataset's fingerprint at this version
+
+
+@dataclass(frozen=True)
 class Manifest:
     """What a published dataset holds. Immutable; build a new one to change anything."""
 
@@ -77,9 +106,27 @@ class Manifest:
     # dataset uploaded with integer labels, "string" otherwise and for manifests written before
     # the field existed, so that their class ids stay what their models were trained with.
     label_order: str = STRING_ORDER
+    # This manifest's version of the dataset (see the module docstring): 1 for manifests written
+    # before versions existed.
+    dataset_version: int = 1
+    # One past the largest record id (an append numbers its records from here, so that ids stay
+    # unique and stable across versions); None for manifests written before it (`id_limit`).
+    next_id: int | None = None
+    # The readable versions up to this one, oldest first (() before versions existed).
+    versions: tuple[VersionInfo, ...] = ()
 
     def to_json(self) -> bytes:
+        """The manifest's bytes. The version fields are left out where they say what a reader
+        infers without them (`dataset_version` 1, `next_id` of `id_limit`, `versions` of
+        `history`): a dataset never appended to is read by trainfeed releases before versions
+        too, which refuse a manifest with keys they do not know."""
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        if self.dataset_version == 1:
+            del body["dataset_version"]
+        if self.next_id is None or self.next_id == self.num_records + len(self.skipped):
+            del body["next_id"]
+        if self.versions == () or self.versions == replace(self, versions=()).history:
+            del body["versions"]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -96,6 +143,7 @@ class Manifest:
                 ShardInfo(**{**s, "row_groups": tuple(RowGroupInfo(**g) for g in s["row_groups"])})
                 for s in raw["shards"])
             raw["skipped"] = tuple(raw.get("skipped", ()))
+            raw["versions"] = tuple(VersionInfo(**v) for v in raw.get("versions", ()))
             manifest = cls(**raw)
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptDatasetError(f"{where}: unreadable manifest: {e}") from e
@@ -119,6 +167,22 @@ class Manifest:
                 f"{self.num_records} declared)")
 
     @property
+    def id_limit(self) -> int:
+        """One past the largest record id: `next_id`, or for a manifest without it an upper
+        bound (ids are list ordinals: one per record or skipped line, comments aside)."""
+        if self.next_id is not None:
+            return self.next_id
+        return self.num_records + len(self.skipped)
+
+    @property
+    def history(self) -> tuple[VersionInfo, ...]:
+        """The readable versions, oldest first; a manifest written before versions is its own
+        version 1."""
+        return self.versions or (VersionInfo(self.dataset_version, self.created_at,
+                                             self.num_records, self.source, self.sources,
+                                             self.fingerprint),)
+
+    @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
@@ -132,18 +196,68 @@ def dataset_storage(storage: Storage, name: str) -> Storage:
     return storage.child(validate_dataset_name(name))
 
 
-def read_manifest(storage: Storage, name: str) -> Manifest:
-    """Loads the manifest of dataset `name`, raising DatasetNotFoundError if it is not published."""
+def version_path(version: int) -> str:
+    """Where version `version`'s manifest is, in the dataset's folder."""
+    return f"{VERSIONS_DIR}/{version}.json"
+
+
+def read_manifest(storage: Storage, name: str, version: int | None = None) -> Manifest:
+    """Loads the manifest of dataset `name`: its current version, or `version`.
+
+    Raises:
+        DatasetNotFoundError: the dataset is not published, or has no readable version
+            `version` (not published yet, or replaced by an --overwrite): names the ones it has.
+    """
     folder = dataset_storage(storage, name)
     try:
-        data = folder.read_bytes(MANIFEST_NAME)
+        return load_manifest(folder, version)
     except FileNotFoundError:
         known = list_datasets(storage)
         hint = f"; datasets here: {', '.join(known)}" if known else "; this storage has none"
         raise DatasetNotFoundError(
             f"no dataset {name!r} in {storage.url} (no {MANIFEST_NAME}; an upload that did not "
             f"finish is not published){hint}") from None
-    return Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
+
+
+def load_manifest(folder: Storage, version: int | None = None) -> Manifest:
+    """The manifest in dataset folder `folder`: its current version, or `version` if that is
+    published (the current one or an earlier one its history lists).
+
+    Raises:
+        FileNotFoundError: no dataset is published there.
+        DatasetNotFoundError: no readable version `version` (naming those there are).
+    """
+    current = Manifest.from_json(folder.read_bytes(MANIFEST_NAME),
+                                 where=f"{folder.url}/{MANIFEST_NAME}")
+    if version is None or version == current.dataset_version:
+        return current
+    readable = [v.version for v in current.history]
+    if version in readable:
+        try:
+            return Manifest.from_json(folder.read_bytes(version_path(version)),
+                                      where=f"{folder.url}/{version_path(version)}")
+        except FileNotFoundError:
+            pass
+    raise DatasetNotFoundError(
+        f"dataset {current.name!r} in {folder.url} has no version {version}: its readable "
+        f"versions are {', '.join(map(str, readable))} (the current one is "
+        f"{current.dataset_version}; `trainfeed info {current.name}` lists them)")
+
+
+def split_version(spec: str) -> tuple[str, int | None]:
+    """'flowers@3' -> ('flowers', 3); 'flowers' -> ('flowers', None): how a reader asks for
+    one version of a dataset (none: the current one).
+
+    Raises:
+        InvalidNameError: a version that is not a whole number ≥ 1.
+    """
+    if not isinstance(spec, str) or "@" not in spec:
+        return spec, None
+    name, _, version = spec.rpartition("@")
+    if not version.isdigit() or int(version) < 1:
+        raise InvalidNameError(f"invalid dataset version in {spec!r}: write NAME@N with N a "
+                               f"version number ≥ 1 (`trainfeed info {name}` lists them)")
+    return name, int(version)
 
 
 def check_name_is_free(storage: Storage, name: str) -> None:
@@ -165,9 +279,17 @@ def check_name_is_free(storage: Storage, name: str) -> None:
 
 def write_manifest(storage: Storage, manifest: Manifest) -> None:
     """Publishes `manifest` atomically: the last step of an upload. Writers check the name
-    before writing any data (check_name_is_free); this is the last guard."""
+    before writing any data (check_name_is_free); this is the last guard.
+
+    Its version's immutable copy is written first, then `manifest.json`: a writer killed
+    between the two published nothing (readers find a version through `manifest.json` only),
+    and a re-run writes the same version again."""
     check_name_is_free(storage, manifest.name)
-    dataset_storage(storage, manifest.name).write_atomic(MANIFEST_NAME, manifest.to_json())
+    folder = dataset_storage(storage, manifest.name)
+    data = manifest.to_json()
+    if manifest.kind != SQL_KIND:
+        folder.write_atomic(version_path(manifest.dataset_version), data)
+    folder.write_atomic(MANIFEST_NAME, data)
 
 
 def list_datasets(storage: Storage) -> list[str]:

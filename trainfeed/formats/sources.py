@@ -37,12 +37,16 @@ def write_sources(folder: Storage, data_dir: str, ids: Sequence[int],
 
 
 class SourceIndex:
-    """Looks up records' sources, loading the file on first use (errors are rare)."""
+    """Looks up records' sources, loading the file on first use (errors are rare). A dataset
+    grown by appends has one sources file per version (`more`: the others' (path, list name)),
+    each naming its own list."""
 
-    def __init__(self, folder: Storage, rel: str | None, list_name: str):
+    def __init__(self, folder: Storage, rel: str | None, list_name: str,
+                 more: Sequence[tuple[str | None, str]] = ()):
         self.folder = folder
         self.rel = rel
         self.list_name = list_name
+        self._others = [SourceIndex(folder, r, name) for r, name in more if r != rel]
         self._by_id: dict[int, tuple[str | None, int]] | None = None
         self._lock = threading.Lock()
 
@@ -68,6 +72,9 @@ class SourceIndex:
         """'images/000014.jpg, train_data.list line 16' (or '' when unknown)."""
         found = self._load().get(int(record_id))
         if found is None:
+            for other in self._others:
+                if text := other.describe(record_id):
+                    return text
             return ""
         path, line = found
         where = f"{self.list_name} line {line}"

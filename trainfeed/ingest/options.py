@@ -68,6 +68,9 @@ class UploadOptions:
     # FFCV's ImageNet recipe stores at most 256 px). None keeps every file's bytes.
     max_side: int | None = None
     quality: int = DEFAULT_RESIZE_QUALITY
+    # Add the list to the published dataset as its next version (trainfeed.ingest.publish):
+    # its shards are kept, never rewritten; the list must have the dataset's fields.
+    append: bool = False
 
     def __post_init__(self) -> None:
         for name in ("row_group_rows", "row_group_bytes", "shard_bytes", "shard_row_groups",
@@ -77,6 +80,9 @@ class UploadOptions:
         if self.max_side is not None and self.max_side < 8:
             raise ValueError(f"UploadOptions.max_side must be ≥ 8 pixels (or None to keep the "
                              f"files' bytes), got {self.max_side}")
+        if self.append and self.overwrite:
+            raise ValueError("UploadOptions: append and overwrite exclude each other (append "
+                             "keeps the dataset's records, overwrite replaces them)")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"UploadOptions.quality must be a JPEG quality in 1..100, got "
                              f"{self.quality}")

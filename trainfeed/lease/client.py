@@ -248,11 +248,13 @@ class MasterClient:
     def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
                  resume: pb.ResumePosition | None = None,
                  sync: pb.SyncGroup | None = None,
-                 order: pb.DeliveryOrder | None = None) -> pb.OpenJobResponse:
+                 order: pb.DeliveryOrder | None = None,
+                 dataset_version: int = 0) -> pb.OpenJobResponse:
         """Joins `job`. `order`: what shapes this reader's delivery order (a reader whose order
         differs from the job's raises DeliveryOrderError). A synchronous rank (`sync`) held by a
         live reader raises RankTakenError; one whose holder went quiet (a restarted process in
-        its place) is claimed again until the holder's claim lapses."""
+        its place) is claimed again until the holder's claim lapses. `dataset_version`: the
+        version to read (0: the job's; a job of another one refuses, JobError naming both)."""
         name = f"{socket.gethostname()}:{os.getpid()}"
         if sync is not None:
             name = f"rank{sync.rank}-{name}"
@@ -262,7 +264,8 @@ class MasterClient:
         request = pb.OpenJobRequest(
             job=job, dataset=dataset, worker_name=name, seed=seed,
             distribution_rules=distribution_rules, resources=detect_resources(),
-            resume=resume, sync=sync, order=order, protocol_version=PROTOCOL_VERSION)
+            resume=resume, sync=sync, order=order, protocol_version=PROTOCOL_VERSION,
+            dataset_version=dataset_version)
         holder_heard: float | None = None  # when the rank's holder was last heard (wall clock)
         logged = False
         while True:

@@ -121,9 +121,11 @@ class WorkerSession:
     def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
                  distribution_rules: str = "", resume: pb.ResumePosition | None = None,
                  sync: pb.SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
-                 stats: StatsHook | None = None):
+                 stats: StatsHook | None = None, dataset_version: int = 0):
         self.client = client
-        self._join = (job, dataset, seed, distribution_rules, resume, sync, order)
+        # dataset_version: the version to read (0: the job's; trainfeed.formats.manifest).
+        self._join = (job, dataset, seed, distribution_rules, resume, sync, order,
+                      dataset_version)
         self.job = job
         # A synchronous rank's group, sent with every call (a restarted master learns it again).
         self.sync = sync

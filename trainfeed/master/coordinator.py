@@ -132,7 +132,7 @@ class Coordinator:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self, saved_jobs: dict[str, SavedJob],
-                read_manifest: Callable[[str], Manifest], now: float) -> list[Job]:
+                read_manifest: Callable[[str, int | None], Manifest], now: float) -> list[Job]:
         """Loads every saved job (snapshot + journal); outstanding leases get a fresh deadline.
         Returns the jobs restored (the shell snapshots each again, compacting its journal)."""
         restored = []
@@ -144,10 +144,11 @@ class Coordinator:
         return restored
 
     def _restore_job(self, name: str, saved: SavedJob,
-                     read_manifest: Callable[[str], Manifest], now: float) -> Job | None:
+                     read_manifest: Callable[[str, int | None], Manifest], now: float
+                     ) -> Job | None:
         state = saved.snapshot
-        try:
-            manifest = read_manifest(state["dataset"])
+        try:  # the version the job read (None in states before versions: the current one)
+            manifest = read_manifest(state["dataset"], state.get("dataset_version"))
         except (DatasetNotFoundError, CorruptDatasetError) as e:
             logger.error("job %r not restored: %s", name, e)
             return None
@@ -386,7 +387,8 @@ class Coordinator:
             num_bytes=job.manifest.num_bytes, resumed_partitions=len(resumed),
             session_secret=job.sessions.secret(worker),
             resume_credential=job.sessions.resume_credential(worker), resume_cut=len(cut),
-            protocol_version=PROTOCOL_VERSION), changed
+            protocol_version=PROTOCOL_VERSION,
+            dataset_version=job.manifest.dataset_version), changed
 
     @staticmethod
     def _check_joinable(job: Job, request: pb.OpenJobRequest) -> None:
@@ -394,6 +396,7 @@ class Coordinator:
             raise FailedPrecondition(
                 f"job {request.job!r} reads dataset {job.manifest.name!r}, not "
                 f"{request.dataset!r}; use another job name (TRAINFEED_JOB or job=...)")
+        _check_version(job, request)
         res = request.resources
         if not job.rules.admits(res.name, res.gpus):
             raise FailedPrecondition(job.rules.refusal(job.name, res.name, res.hostname,
@@ -880,6 +883,27 @@ class Coordinator:
                        lease=job.ledger.token_of(partition),
                        stop_records=job.ledger.limits.get(partition, 0),
                        row_start=p.row_start)
+
+
+
+def _check_version(job: Job, request: pb.OpenJobRequest) -> None:
+    """FAILED_PRECONDITION for a reader of `job` asking for another version of its dataset, or
+    resuming a state saved on another: a job reads the version it was created on until it ends
+    (trainfeed.formats.manifest, "Versions"). Before anything changed."""
+    pinned = job.manifest.dataset_version
+    if request.dataset_version and request.dataset_version != pinned:
+        raise FailedPrecondition(
+            f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}, "
+            f"not version {request.dataset_version}: a job reads the version it was created "
+            f"on until it ends. Read {request.dataset}@{pinned}, or read version "
+            f"{request.dataset_version} under another job name (TRAINFEED_JOB or job=...)")
+    saved = request.resume.dataset_version if request.HasField("resume") else 0
+    if saved and saved != pinned:
+        raise FailedPrecondition(
+            f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}; "
+            f"the reader state restored was saved reading version {saved}, whose partitions "
+            f"it counts. Restore it into a job of version {saved} (another job name, "
+            f"dataset {request.dataset}@{saved}), or start the reader without the state")
 
 
 def _resumes(request: pb.OpenJobRequest) -> str:

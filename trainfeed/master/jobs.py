@@ -155,6 +155,8 @@ class Job:
     def state(self) -> dict[str, Any]:
         return {"version": JOB_STATE_VERSION, "dataset": self.manifest.name,
                 "fingerprint": self.manifest.fingerprint,
+                # The version the job reads until it ends (a restarted master reads it again).
+                "dataset_version": self.manifest.dataset_version,
                 "target_partitions": self.target_partitions,
                 "distribution_rules": str(self.rules), "ledger": self.ledger.state(),
                 "session_key": self.sessions.hex(),

@@ -130,7 +130,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.journal = JournalWriter(store, on_leadership_lost)
         # Manifest reads in flight for jobs being created, so that workers joining a new job
         # at once share one read instead of each reading a (possibly large) manifest again.
-        self._manifest_reads: dict[tuple[str, str], asyncio.Future[Manifest]] = {}
+        self._manifest_reads: dict[tuple[str, str, int | None],
+                                  asyncio.Future[Manifest]] = {}
         # Long-polls wait on their job's event; each Watch stream on its own.
         self._changed: dict[str, asyncio.Event] = {}
         self._watchers: dict[tuple[str, str], asyncio.Event] = {}
@@ -155,8 +156,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Loads every saved job (snapshot + journal) and snapshots each again, which compacts
         its journal. Before serving, from any thread (the journal writer is not running)."""
         restored = self.core.restore(
-            self.store.load_jobs(), lambda name: read_manifest(self.config.storage, name),
-            time.time())
+            self.store.load_jobs(),
+            lambda name, version: read_manifest(self.config.storage, name, version), time.time())
         for job in restored:
             self._snapshot(job)
 
@@ -254,7 +255,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         rules = self.core.check_open(request, self._scope(context))
         job = self.core.jobs.get(request.job)
         if job is None:
-            manifest = await self._read_manifest(request.job, request.dataset)
+            manifest = await self._read_manifest(request.job, request.dataset,
+                                                 request.dataset_version or None)
             job = self.core.jobs.get(request.job)  # another OpenJob may have won while we read
             if job is None:
                 job = self.core.create_job(request, manifest, rules,
@@ -265,13 +267,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await self._durable(job)
         return response
 
-    async def _read_manifest(self, job: str, dataset: str) -> Manifest:
-        """The manifest of `dataset`, read on a thread; readers joining at once share one read."""
-        key = (job, dataset)
+    async def _read_manifest(self, job: str, dataset: str, version: int | None) -> Manifest:
+        """The manifest of `dataset` (its `version`, None: the current one), read on a thread;
+        readers joining at once share one read."""
+        key = (job, dataset, version)
         reading = self._manifest_reads.get(key)
         if reading is None:
             reading = asyncio.ensure_future(asyncio.to_thread(
-                read_manifest, self.config.storage, dataset))
+                read_manifest, self.config.storage, dataset, version))
             self._manifest_reads[key] = reading
             reading.add_done_callback(lambda _: self._manifest_reads.pop(key, None))
         return await asyncio.shield(reading)

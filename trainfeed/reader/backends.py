@@ -201,10 +201,13 @@ class LocalBackend:
     """Reads every partition of a dataset straight from storage, no master (TRAIN_LOCAL)."""
 
     def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
-                 resume: ReaderPosition | None = None, group: SyncGroup | None = None):
+                 resume: ReaderPosition | None = None, group: SyncGroup | None = None,
+                 version: int | None = None):
         self.group = group
-        self.dataset = Dataset.in_storage(storage, dataset)
+        self.dataset = Dataset.in_storage(storage, dataset, version)
         manifest = self.dataset.manifest
+        if resume is not None:
+            resume.check_version(manifest.dataset_version)
         # A restored reader keeps the plan its state counts in (see plan_of_state).
         try:
             self.partitions = (plan_partitions(manifest) if resume is None
@@ -215,11 +218,13 @@ class LocalBackend:
         self.epoch: int | None = None
         # The one position of this reader (and the one place its seed is kept): updated in
         # place as passes go, copied out by `position()`.
-        self._position = ReaderPosition("local", dataset, 0, seed=seed)
+        self._position = ReaderPosition("local", dataset, 0, seed=seed,
+                                        dataset_version=manifest.dataset_version)
         if resume is not None:
             sql = manifest.kind == SQL_KIND  # a bucket's rows are known once queried
             resume.check_plan([None if sql else p.num_records for p in self.partitions])
-            self._position = dataclasses.replace(_copy(resume), seed=seed)
+            self._position = dataclasses.replace(_copy(resume), seed=seed,
+                                                 dataset_version=manifest.dataset_version)
             if resume.finished:
                 _advance(self._position, resume.next_epoch)
 
@@ -311,7 +316,7 @@ class DistributedBackend:
                  prefetch: int | None, distribution_rules: str = "",
                  resume: ReaderPosition | None = None, lost_partitions: str = "raise",
                  group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
-                 stats: StatsHook | None = None):
+                 stats: StatsHook | None = None, version: int | None = None):
         self.lost_policy = check_lost_policy(lost_partitions)
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
@@ -325,7 +330,8 @@ class DistributedBackend:
         sync = None if group is None else pb.SyncGroup(
             world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
         self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
-                                     _rewind_request(resume), sync, order, stats)
+                                     _rewind_request(resume), sync, order, stats,
+                                     dataset_version=version or 0)
         self.prefetch = prefetch  # None: from the dataset's size, once the master named it
         self.epoch: int | None = None
         self._dataset: Dataset | None = None
@@ -355,10 +361,14 @@ class DistributedBackend:
                                       f"of the same job") from None
             raise
         opened = session.opened
+        if self._resume is not None:  # the job's version (0: a master before versions)
+            self._resume.check_version(opened.dataset_version)
+        self._position.dataset_version = opened.dataset_version
         self._position.worker = opened.worker_id
         self._position.credential = opened.resume_credential
         self.prefetch = self.prefetch or prefetch_depth(opened.num_bytes, opened.num_partitions)
-        self._dataset = Dataset(session.dataset, session.field_names, session.binary_fields)
+        self._dataset = Dataset(session.dataset, session.field_names, session.binary_fields,
+                                version=opened.dataset_version or None)
         return self._dataset
 
     def _learn_epoch(self, epoch: int) -> None:
@@ -489,7 +499,8 @@ def _rewind_request(resume: ReaderPosition | None) -> pb.ResumePosition | None:
         return None
     if resume.finished:
         return pb.ResumePosition(epoch=resume.next_epoch, worker_id=resume.worker,
-                                 credential=resume.credential)
+                                 credential=resume.credential,
+                                 dataset_version=resume.dataset_version)
     return pb.ResumePosition(epoch=resume.epoch, worker_id=resume.worker,
                              done=sorted(resume.done), positions=resume.positions,
-                             credential=resume.credential)
+                             credential=resume.credential, dataset_version=resume.dataset_version)

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from trainfeed import settings
+from trainfeed.formats.manifest import split_version
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.backends import DistributedBackend, LocalBackend
@@ -33,7 +34,9 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     Nothing connects or reads until the first pass, so creating a reader is free.
 
     Args:
-        name: The dataset, as uploaded (e.g. "flowers", "public/digits").
+        name: The dataset, as uploaded (e.g. "flowers", "public/digits"), read at its current
+            version; "flowers@2" reads version 2 (`trainfeed info flowers` lists them). A
+            reader keeps the version it opened; master-fed, its job's (see docs/usage.md).
         source: Where partitions come from: `LocalSource(...)` (storage, no master) or
             `MasterSource(...)` (a job on a master, whose readers split each epoch). None: the
             environment's, `LocalSource()` with `TRAIN_LOCAL` set, else `MasterSource()`.
@@ -59,6 +62,7 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
         >>> for raw_image_bytes, label in reader():                 # doctest: +SKIP
         ...     pass
     """
+    name, version = split_version(name)
     validate_dataset_name(name)
     if shortcuts or isinstance(sync, bool):
         source, pipeline, sync = translate(source, pipeline, sync, shortcuts)
@@ -69,7 +73,8 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     seed, depth = source.seed, source.prefetch_partitions
     if isinstance(source, LocalSource):
         store = open_storage(source.storage)
-        return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group), name,
+        return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group,
+                                                  version), name,
                       "local", state, options, seed, group)
     job_name = validate_job_name(source.job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
@@ -79,7 +84,8 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     order = delivery_order(options, seed, group)
     address, lost = source.address, source.lost_partitions
     return Reader(lambda resume: DistributedBackend(name, job_name, address, seed, depth, rules,
-                                                    resume, lost, group, order),
+                                                    resume, lost, group, order,
+                                                    version=version),
                   name, "distributed", state, options, seed, group)
 
 

@@ -116,7 +116,8 @@ class Pipeline:
                             if isinstance(transform, str) else transform)
         self.augmentor = (Augmentor(options.transform.augment) if options.augments else None)
         # Each record's file and list line, looked up only when an error names a record.
-        self.sources = SourceIndex(dataset_folder, manifest.sources, manifest.source)
+        self.sources = SourceIndex(dataset_folder, manifest.sources, manifest.source,
+                                   [(v.sources, v.source) for v in manifest.versions])
 
     @property
     def selector(self) -> Selector | None:

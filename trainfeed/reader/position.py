@@ -65,6 +65,10 @@ class ReaderPosition:
     # Distributed: the resume credential the master gave `worker`'s session, without which the
     # master refuses to rewind that session's work ("" in states older than it, and local ones).
     credential: str = ""
+    # The version of the dataset read (trainfeed.formats.manifest, "Versions"): partitions are
+    # counted in its plan, so a state restores only into a reader of the same version (0 in
+    # states older than versions, and before the reader opened its dataset: not checked).
+    dataset_version: int = 0
 
     def to_state_dict(self) -> dict[str, Any]:
         """The position as a JSON-able dict with fixed keys (version 2): `done` sorted,
@@ -74,7 +78,8 @@ class ReaderPosition:
                 "finished": self.finished, "done": sorted(self.done),
                 "positions": [[p, n] for p, n in sorted(self.positions.items())],
                 "order": self.order, "delivered": self.delivered,
-                "partitions": self.partitions, "credential": self.credential}
+                "partitions": self.partitions, "credential": self.credential,
+                "dataset_version": self.dataset_version}
 
     @classmethod
     def from_dict(cls, state: dict[str, Any], dataset: str, mode: str) -> ReaderPosition:
@@ -119,8 +124,25 @@ class ReaderPosition:
                        worker=_text(state, "worker"), seed=_count(state, "seed"),
                        order=_text(state, "order"), delivered=_count(state, "delivered"),
                        partitions=_count(state, "partitions"),
-                       credential=_text(state, "credential"))
+                       credential=_text(state, "credential"),
+                       dataset_version=_count(state, "dataset_version"))
         return position
+
+    def check_version(self, opened: int) -> None:
+        """Checks that this state was saved reading version `opened` of the dataset (a state
+        from before versions, or saved before its reader opened the dataset, names none).
+
+        Raises:
+            CheckpointError: naming both versions and the two ways on.
+        """
+        saved = self.dataset_version
+        if saved and opened and saved != opened:
+            raise CheckpointError(
+                f"reader state was saved reading version {saved} of dataset {self.dataset!r}, "
+                f"but this reader opened version {opened}: its partitions and positions count "
+                f"in version {saved}'s plan. Open the state's version to go on where it stopped "
+                f"(dist.reader({f'{self.dataset}@{saved}'!r}, ...)), or start a reader without "
+                f"the state to read version {opened} from the beginning of an epoch")
 
     @property
     def may_repeat(self) -> bool:

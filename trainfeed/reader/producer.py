@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, dataset_storage, read_manifest
+from trainfeed.formats.manifest import Manifest, dataset_storage, load_manifest, read_manifest
 from trainfeed.io.array_pool import ArrayPool
 from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
 from trainfeed.io.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
@@ -115,27 +115,31 @@ class Dataset:
     stats: ReadStats = dataclasses.field(default_factory=ReadStats)
     buffers: ArrayPool = dataclasses.field(default_factory=payload_buffer_pool)
     _load_manifest: Callable[[], Manifest] | None = None
+    # The version read (trainfeed.formats.manifest, "Versions"); None: the current one when the
+    # manifest is first read (a master before versions names none).
+    version: int | None = None
 
     @classmethod
-    def in_storage(cls, storage: Storage, name: str) -> Dataset:
-        """Dataset `name` of `storage`, its manifest read now. Raises DatasetNotFoundError (naming
-        the datasets there) if it is not published."""
+    def in_storage(cls, storage: Storage, name: str, version: int | None = None) -> Dataset:
+        """Dataset `name` of `storage` (its `version`, None: the current one), its manifest read
+        now, and its version pinned. Raises DatasetNotFoundError (naming the datasets, or the
+        versions, there) if it is not published."""
         folder = dataset_storage(storage, name)
         try:
-            data = folder.read_bytes(MANIFEST_NAME)
+            manifest = load_manifest(folder, version)
         except FileNotFoundError:
             read_manifest(storage, name)  # raises DatasetNotFoundError with what is there
             raise
-        manifest = Manifest.from_json(data, where=f"{folder.url}/{MANIFEST_NAME}")
         return cls(folder, manifest.field_names,
-                   tuple(f.name for f in manifest.fields if f.type == "binary"), manifest)
+                   tuple(f.name for f in manifest.fields if f.type == "binary"), manifest,
+                   version=manifest.dataset_version)
 
     @property
     def manifest(self) -> Manifest:
-        """The dataset's manifest, read from its folder on first use (raw readers skip it)."""
+        """The dataset's manifest (of its pinned version), read from its folder on first use
+        (raw readers skip it)."""
         if self._manifest is None:
-            data = self.folder.read_bytes(MANIFEST_NAME)
-            self._manifest = Manifest.from_json(data, where=f"{self.folder.url}/{MANIFEST_NAME}")
+            self._manifest = load_manifest(self.folder, self.version)
         return self._manifest
 
     def partition_reader(self) -> PartitionReader:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync", "order", "protocol_version")
+    __slots__ = ("job", "dataset", "worker_name", "seed", "distribution_rules", "resources", "resume", "sync", "order", "protocol_version", "dataset_version")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class OpenJobRequest(_message.Message):
     SYNC_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATASET_VERSION_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     worker_name: str
@@ -29,7 +30,8 @@ class OpenJobRequest(_message.Message):
     sync: SyncGroup
     order: DeliveryOrder
     protocol_version: int
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., order: _Optional[_Union[DeliveryOrder, _Mapping]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    dataset_version: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., worker_name: _Optional[str] = ..., seed: _Optional[int] = ..., distribution_rules: _Optional[str] = ..., resources: _Optional[_Union[WorkerResources, _Mapping]] = ..., resume: _Optional[_Union[ResumePosition, _Mapping]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., order: _Optional[_Union[DeliveryOrder, _Mapping]] = ..., protocol_version: _Optional[int] = ..., dataset_version: _Optional[int] = ...) -> None: ...
 
 class DeliveryOrder(_message.Message):
     __slots__ = ("seed", "shuffle_buffer", "resample", "sync_batch_size")
@@ -54,7 +56,7 @@ class SyncGroup(_message.Message):
     def __init__(self, world_size: _Optional[int] = ..., rank: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ResumePosition(_message.Message):
-    __slots__ = ("epoch", "worker_id", "done", "positions", "credential")
+    __slots__ = ("epoch", "worker_id", "done", "positions", "credential", "dataset_version")
     class PositionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,12 +69,14 @@ class ResumePosition(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    DATASET_VERSION_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     worker_id: str
     done: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.ScalarMap[int, int]
     credential: str
-    def __init__(self, epoch: _Optional[int] = ..., worker_id: _Optional[str] = ..., done: _Optional[_Iterable[int]] = ..., positions: _Optional[_Mapping[int, int]] = ..., credential: _Optional[str] = ...) -> None: ...
+    dataset_version: int
+    def __init__(self, epoch: _Optional[int] = ..., worker_id: _Optional[str] = ..., done: _Optional[_Iterable[int]] = ..., positions: _Optional[_Mapping[int, int]] = ..., credential: _Optional[str] = ..., dataset_version: _Optional[int] = ...) -> None: ...
 
 class WorkerResources(_message.Message):
     __slots__ = ("hostname", "name", "gpus")
@@ -93,7 +97,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class OpenJobResponse(_message.Message):
-    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions", "session_secret", "resume_credential", "resume_cut", "protocol_version")
+    __slots__ = ("worker_id", "job", "dataset", "dataset_url", "storage_options_json", "fields", "num_records", "num_partitions", "current_epoch", "lease_timeout_s", "num_bytes", "resumed_partitions", "session_secret", "resume_credential", "resume_cut", "protocol_version", "dataset_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +114,7 @@ class OpenJobResponse(_message.Message):
     RESUME_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     RESUME_CUT_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATASET_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job: str
     dataset: str
@@ -126,7 +131,8 @@ class OpenJobResponse(_message.Message):
     resume_credential: str
     resume_cut: int
     protocol_version: int
-    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ..., session_secret: _Optional[str] = ..., resume_credential: _Optional[str] = ..., resume_cut: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    dataset_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., job: _Optional[str] = ..., dataset: _Optional[str] = ..., dataset_url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., num_records: _Optional[int] = ..., num_partitions: _Optional[int] = ..., current_epoch: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., num_bytes: _Optional[int] = ..., resumed_partitions: _Optional[int] = ..., session_secret: _Optional[str] = ..., resume_credential: _Optional[str] = ..., resume_cut: _Optional[int] = ..., protocol_version: _Optional[int] = ..., dataset_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("epoch", "partition", "shard", "row_group_start", "row_group_stop", "num_records", "skip_records", "lease", "row_start", "stop_records")

@@ -257,15 +257,28 @@ def _find(storage: Storage, folder: str) -> dict[str, dict[str, Any]]:
     """Every record file below `folder` (paths relative to the root) with its listing info,
     fresh (fsspec's listing cache dropped first)."""
     base = storage.path(folder)
-    storage.fs.invalidate_cache(base)
+    _forget_listings(storage, base)
     try:
         found = storage.fs.find(base, detail=True)
     except FileNotFoundError:
         return {}
+    finally:
+        _forget_listings(storage, base)
     prefix = storage.root.rstrip("/") + "/"
     return {path[len(prefix):] if path.startswith(prefix) else path: info
             for path, info in found.items()
             if path.endswith(".json") and ".tmp-" not in path.rsplit("/", 1)[-1]}
+
+
+def _forget_listings(storage: Storage, base: str) -> None:
+    """Drops fsspec's cached listings of `base` and every folder below it. s3fs caches each
+    folder's listing, and `find` fills that cache without replacing what it holds; a read then
+    checks the cached listing, so a long-lived reader (the master) would miss every record
+    written by another process after its first look."""
+    cache = getattr(storage.fs, "dircache", None)
+    for key in [k for k in (cache or ()) if k == base or k.startswith(base + "/")]:
+        storage.fs.invalidate_cache(key)
+    storage.fs.invalidate_cache(base)
 
 
 def _read_all(storage: Storage, paths: Iterable[str]) -> dict[str, dict[str, Any]]:

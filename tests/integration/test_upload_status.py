@@ -222,3 +222,4 @@ def test_the_status_page_shows_the_uploads_section(tmp_path: Path) -> None:
         overflow = browser.script("return document.documentElement.scrollWidth - "
                                   "document.documentElement.clientWidth")
         assert overflow <= 0, f"the page is {overflow} px wider than a phone's screen"
+

@@ -123,6 +123,7 @@ class ProgressReporter:
         self.storage = storage
         self._progress = progress
         self._clock = clock
+        progress.started_at = progress.updated_at = clock()
         self._interval_s, self._heartbeat_s = interval_s, heartbeat_s
         self._lock = threading.Lock()
         self._changed = False
@@ -344,44 +345,60 @@ def _upload(dataset: str, fingerprint: str, rows: list[dict[str, Any]], now: flo
     packers = sorted((_slice_row(r, now, stale_s) for r in rows),
                      key=lambda s: -1 if s["slice"] is None else s["slice"])
     first = rows[0]
-    slices = int(first.get("slices", 1))
-    local = first.get("index") is None
-    by_state = {state: sum(1 for s in packers if s["state"] == state)
-                for state in (RUNNING, DONE, FAILED, STALE)}
-    waiting = 0 if local else max(0, slices - len({s["slice"] for s in packers}))
+    slices, local = int(first.get("slices", 1)), first.get("index") is None
+    counts = _counts(packers, slices, local)
+    state = (FAILED if counts["slices_failed"] else STALE if counts["slices_stale"] else
+             PACKED if counts["slices_done"] == slices and not local else RUNNING)
+    totals = _totals(rows, now)
     records_total = int(first.get("upload_records", 0))
-    records_done = sum(int(r.get("records_done", 0)) for r in rows)
     rate = sum(s["records_per_s"] for s in packers if s["state"] == RUNNING)
-    state = (FAILED if by_state[FAILED] else STALE if by_state[STALE] else
-             PACKED if by_state[DONE] == slices and not local else RUNNING)
-    problems = [f"slice {s['slice']}: failed: {s['reason']}" if s["state"] == FAILED else
-                f"slice {s['slice']} on {s['host']}: stale: no progress record for "
-                f"{s['updated_ago_s']:.0f} s (its packer may be gone; run its index again)"
-                for s in packers if s["state"] in (FAILED, STALE)]
-    if local:
-        problems = [p.replace("slice None", "the upload") for p in problems]
-    if state == PACKED:
-        problems.append("every slice packed, not published yet: run `trainfeed upload-commit`")
+    remaining = records_total - totals["records_done"]
     shown = sorted(packers, key=lambda s: (s["state"] not in (FAILED, STALE),
                                            s["state"] != RUNNING))[:MAX_SLICE_ROWS]
     return {
         "dataset": dataset, "fingerprint": fingerprint, "mode": "local" if local else "slices",
-        "state": state, "slices": slices, "slices_done": by_state[DONE],
-        "slices_running": by_state[RUNNING], "slices_failed": by_state[FAILED],
-        "slices_stale": by_state[STALE], "slices_waiting": waiting,
-        "records_done": records_done, "records_total": records_total,
-        "bytes_done": sum(int(r.get("bytes_done", 0)) for r in rows),
-        "shards_done": sum(int(r.get("shards_done", 0)) for r in rows),
-        "shards_total": int(first.get("upload_shards", 0)),
-        "records_per_s": rate,
-        "eta_s": (records_total - records_done) / rate if rate > 0 and state == RUNNING
-        else None,
-        "started_at": min(float(r.get("started_at", now)) for r in rows),
-        "updated_at": max(float(r.get("updated_at", 0.0)) for r in rows),
-        "updated_ago_s": max(0.0, now - max(float(r.get("updated_at", 0.0)) for r in rows)),
-        "problems": problems, "slice_rows": sorted(shown, key=lambda s: s["slice"] or 0),
+        "state": state, "slices": slices, **counts, **totals, "records_total": records_total,
+        "shards_total": int(first.get("upload_shards", 0)), "records_per_s": rate,
+        "eta_s": remaining / rate if rate > 0 and state == RUNNING else None,
+        "problems": _problems(packers, state, local),
+        "slice_rows": sorted(shown, key=lambda s: s["slice"] or 0),
         "slice_rows_hidden": len(packers) - len(shown),
     }
+
+
+def _counts(packers: list[dict[str, Any]], slices: int, local: bool) -> dict[str, int]:
+    """Slices by state; `slices_waiting`: those whose packer has not reported yet."""
+    counts = {f"slices_{state}": sum(1 for s in packers if s["state"] == state)
+              for state in (DONE, RUNNING, FAILED, STALE)}
+    counts["slices_waiting"] = 0 if local else max(0, slices - len({s["slice"]
+                                                                   for s in packers}))
+    return counts
+
+
+def _totals(rows: list[dict[str, Any]], now: float) -> dict[str, float]:
+    """What the packers did together, and when they started and last reported."""
+    updated = max(float(r.get("updated_at", 0.0)) for r in rows)
+    return {"records_done": sum(int(r.get("records_done", 0)) for r in rows),
+            "bytes_done": sum(int(r.get("bytes_done", 0)) for r in rows),
+            "shards_done": sum(int(r.get("shards_done", 0)) for r in rows),
+            "started_at": min(float(r.get("started_at", now)) for r in rows),
+            "updated_at": updated, "updated_ago_s": max(0.0, now - updated)}
+
+
+def _problems(packers: list[dict[str, Any]], state: str, local: bool) -> list[str]:
+    """What an operator should act on: each failed or stale packer, or a missing commit."""
+    problems = []
+    for s in packers:
+        who = "the upload" if local else f"slice {s['slice']}"
+        if s["state"] == FAILED:
+            problems.append(f"{who}: failed: {s['reason']}")
+        elif s["state"] == STALE:
+            problems.append(f"{who} on {s['host']}: stale: no progress record for "
+                            f"{s['updated_ago_s']:.0f} s (its packer may be gone; run "
+                            + ("the upload again)" if local else "its index again)"))
+    if state == PACKED:
+        problems.append("every slice packed, not published yet: run `trainfeed upload-commit`")
+    return problems
 
 
 def _slice_row(r: dict[str, Any], now: float, stale_s: float) -> dict[str, Any]:

@@ -4,17 +4,44 @@ every refresh period whatever the page views, says (redacted) when it cannot; th
 escaped."""
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-from test_status_page import TOKEN, Client
 
 from trainfeed.ingest.board import record_path
 from trainfeed.master.status import UploadWatch
 from trainfeed.master.status_page import Access, StatusApp, render
 from trainfeed.security import job_token
 from trainfeed.storage import Storage, open_storage
+
+TOKEN = "status-uploads-token-0123456789abcdef"
+
+
+def snapshot(job: str | None) -> dict[str, Any]:
+    """Jobs a (dataset "other") and b (dataset "<b>ds</b>"), or `job` alone."""
+    return {"generated_at": 0.0, "sparkline_step_s": 10.0, "jobs": [
+        {"job": name, "dataset": dataset, "num_records": 10, "workers_alive": 0,
+         "records_per_s": 0.0, "sparkline": [], "input_bound": 0.0, "reports_refused": 0,
+         "epoch": 0, "num_partitions": 1, "done": 0, "failed": 0, "todo": 1, "pending": 0,
+         "progress": 0.0, "readers": [], "sync_group": None, "failed_partitions": [],
+         "refusals": [], "label_histogram": {}}
+        for name, dataset in (("a", "other"), ("b", "<b>ds</b>")) if job in (None, name)]}
+
+
+def call(app: StatusApp, path: str, token: str) -> str:
+    path, _, query = path.partition("?")
+    environ = {"PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": "GET",
+               "HTTP_AUTHORIZATION": f"Bearer {token}", "wsgi.input": io.BytesIO()}
+    got: list[str] = []
+    body = b"".join(app(environ, lambda status, headers: got.append(status))).decode()
+    assert got[0].startswith("200"), (got, body)
+    return body
+
+
+def fallback(environ: dict[str, Any], start: Any) -> Iterable[bytes]:
+    raise AssertionError("not a status path")
 
 
 def write(storage: Storage, dataset: str, index: int, **kw: Any) -> None:
@@ -64,17 +91,13 @@ def uploads(storage: Storage) -> UploadWatch:
 
 
 def test_the_masters_token_sees_every_upload_a_job_token_its_datasets(tmp_path: Path) -> None:
-    client = Client()
-    client.app = StatusApp(client.app._snapshot, Access(TOKEN), client.app._fallback,
-                           uploads=uploads(open_storage(str(tmp_path))))
-    _, _, body = client.call("/status.json", headers={"Authorization": f"Bearer {TOKEN}"})
+    app = StatusApp(snapshot, Access(TOKEN), fallback, uploads=uploads(open_storage(
+        str(tmp_path))))
+    body = call(app, "/status.json", TOKEN)
     assert [u["dataset"] for u in json.loads(body)["uploads"]] == ["<b>ds</b>", "other"]
-    _, _, body = client.call("/status.json",
-                             headers={"Authorization": f"Bearer {job_token(TOKEN, 'b')}"})
-    [mine] = json.loads(body)["uploads"]  # job b reads "<b>ds</b>" (test_status_page)
+    [mine] = json.loads(call(app, "/status.json", job_token(TOKEN, "b")))["uploads"]
     assert mine["dataset"] == "<b>ds</b>" and mine["state"] == "failed"
-    _, _, page = client.call("/status?refresh=0",
-                             headers={"Authorization": f"Bearer {TOKEN}"})
+    page = call(app, "/status?refresh=0", TOKEN)
     assert '<section class="uploads" id="uploads">' in page
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'data-dataset="&lt;b&gt;ds&lt;/b&gt;" data-state="failed"' in page

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 storages = test_upload_slices.storages
 T = TypeVar("T")
 TOKEN = "upload-status-token-0123456789abcdef"
+REPO = Path(__file__).resolve().parents[2]
 # A packer that stops at its `at`-th row group (inside slice 1's second shard, as FAULTY fails
 # there) until the test creates `<gate>.open`; it creates `<gate>.reached` when it gets there.
 PAUSING = """
@@ -76,10 +77,10 @@ def wait_for(what: str, get: Callable[[], T], ok: Callable[[T], bool]) -> T:
         time.sleep(0.25)
 
 
-def status_lines(env: dict[str, str], storage: str) -> str:
+def status_lines(env: dict[str, str], storage: str, *extra: str) -> str:
     run = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "status", "--uploads",
-                          "--storage", storage], env=env, capture_output=True, text=True,
-                         timeout=60)
+                          "--storage", storage, *extra], env=env, capture_output=True,
+                         text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     return run.stdout
 
@@ -170,6 +171,7 @@ def test_progress_mid_upload_a_failed_slice_and_the_end(
         text = status_lines(env, storage)
         assert "(3 slices, fingerprint " in text
         assert "published 300 records in 5 shard(s)" in text, text
+        assert "none in progress" in status_lines(env, storage, "--dataset", "other")
         [upload] = wait_for("the published upload on the master", lambda: master_uploads(
             master), lambda u: len(u) == 1 and u[0]["state"] == "published")
         assert upload["records_done"] == upload["records_total"] == IMAGES
@@ -217,9 +219,12 @@ def test_the_status_page_shows_the_uploads_section(tmp_path: Path) -> None:
         assert "the disk is on fire" in page and TOKEN not in page
         assert browser.script(
             "return document.querySelectorAll('#uploads tr.slice.flagged').length") == 1
+        shot = browser.screenshot()
         browser.resize(390, 844)  # a phone: the slices' table scrolls inside its box
         browser.get(base + "/status?refresh=0")
         overflow = browser.script("return document.documentElement.scrollWidth - "
                                   "document.documentElement.clientWidth")
         assert overflow <= 0, f"the page is {overflow} px wider than a phone's screen"
+    if os.environ.get("TRAINFEED_UPDATE_SCREENSHOT") == "1":  # docs/operations.md shows it
+        (REPO / "docs" / "images" / "status-uploads.png").write_bytes(shot)
 

@@ -165,6 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--uploads", action="store_true",
                    help="show the uploads of --storage in progress (and published in the last "
                         "hour) instead of a job: `trainfeed upload`s and submit-upload's packers")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="with --uploads: that dataset's uploads only")
     add_storage_options(p)
     p.add_argument("--master", metavar="HOST:PORT",
                    help="the master's address; from outside the cluster run `kubectl "
@@ -323,7 +325,11 @@ def _uploads(args: argparse.Namespace) -> int:
     if args.job is not None:
         raise ConfigurationError(f"status --uploads shows a storage's uploads, not job "
                                  f"{args.job!r}: drop one of them")
-    get = status_uploads.read(storage_from(args))
+    read = status_uploads.read(storage_from(args))
+
+    def get() -> list[dict[str, Any]]:
+        return [u for u in read() if args.dataset in (None, u["dataset"])]
+
     if args.watch:
         return status_watch.watch(lambda: {"uploads": get()}, None, args.interval, sys.stdout,
                                   sys.stdout.isatty(), args.count)

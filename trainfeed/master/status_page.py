@@ -415,7 +415,7 @@ def _upload(u: dict[str, Any]) -> str:
     if rows:
         parts.append('<div class="scroll"><table class="slices"><tr><th>slice</th><th>state'
                      '</th><th>records</th><th>records/s</th><th>host</th><th>last report</th>'
-                     '<th>reason</th></tr>')
+                     '<th style="text-align:left">reason</th></tr>')
         for r in rows:
             flagged = r["state"] in ("failed", "stale")
             parts.append(

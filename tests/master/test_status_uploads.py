@@ -10,7 +10,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainfeed.ingest.board import record_path
+from trainfeed.master import status
 from trainfeed.master.status import UploadWatch
 from trainfeed.master.status_page import Access, StatusApp, render
 from trainfeed.security import job_token
@@ -70,6 +73,20 @@ def test_the_watch_reads_the_board_at_most_every_refresh_period(tmp_path: Path) 
     clock.now += 0.2
     [upload] = watch()["uploads"]
     assert upload["dataset"] == "photos" and upload["records_done"] == 10
+
+
+def test_a_slow_board_is_read_less_often(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    storage, clock = open_storage(str(tmp_path)), Clock()
+    watch = UploadWatch(storage, refresh_s=5.0, clock=clock)
+    ticks = iter([100.0, 103.0, 200.0, 200.1])  # the first look takes 3 s, the next 0.1 s
+    monkeypatch.setattr(status.time, "monotonic", lambda: next(ticks))
+    assert watch()["uploads"] == []
+    write(storage, "photos", 0)
+    clock.now += 14.9  # 3 s / UPLOADS_READ_SHARE (0.2): 15 s between looks
+    assert watch()["uploads"] == []
+    clock.now += 0.2
+    assert len(watch()["uploads"]) == 1
 
 
 def test_a_board_that_cannot_be_read_is_said_without_the_secret(tmp_path: Path) -> None:

@@ -283,12 +283,28 @@ def _forget_listings(storage: Storage, base: str) -> None:
 
 
 def _read_all(storage: Storage, paths: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The records at `paths` (relative to the root) that could be read and parsed. On object
+    stores they are fetched concurrently (fsspec's `cat` of many paths, in batches): one GET
+    after another pays a round trip each, a thousand of them 5-14 s on a local SeaweedFS."""
+    rels = list(paths)
+    if not rels:
+        return {}
+    if storage.is_local:
+        blobs = {}
+        for rel in rels:
+            try:
+                blobs[rel] = storage.read_bytes(rel)
+            except FileNotFoundError:
+                continue  # removed since the listing: the next look has it
+    else:
+        got = storage.fs.cat([storage.path(rel) for rel in rels], on_error="omit")
+        blobs = {rel: got[storage.path(rel)] for rel in rels if storage.path(rel) in got}
     out = {}
-    for rel in paths:
+    for rel, blob in blobs.items():
         try:
-            raw = json.loads(storage.read_bytes(rel))
-        except (FileNotFoundError, ValueError):
-            continue  # removed since the listing, or being replaced: the next look has it
+            raw = json.loads(blob)
+        except ValueError:
+            continue  # being replaced (never on these storages' atomic writes), or damaged
         if isinstance(raw, dict) and "dataset" in raw and "state" in raw:
             out[rel] = raw
     return out

@@ -34,6 +34,9 @@ MAX_LABELS = 40
 MAX_FAILED = 50
 # The uploads board is read at most this often (seconds): the page's own refresh period.
 UPLOADS_REFRESH_S = 5.0
+# ...and at most this share of the time: a board of a thousand running packers (each record
+# rewritten between two looks, so each look reads them all) is read less often, not more.
+UPLOADS_READ_SHARE = 0.2
 
 
 def snapshot(servicer: MasterServicer, now: float | None = None,
@@ -162,7 +165,8 @@ class UploadWatch:
     "uploads_error": None or why the board could not be read}.
 
     Thread-safe. Reads the board (one listing, plus the records that changed) at most every
-    `refresh_s`; while one thread reads, the others get the last answer rather than wait.
+    `refresh_s`, and at most UPLOADS_READ_SHARE of the time (a look that took 3 s waits 15 s
+    for the next); while one thread reads, the others get the last answer rather than wait.
     """
 
     def __init__(self, storage: Storage, refresh_s: float = UPLOADS_REFRESH_S,
@@ -172,21 +176,25 @@ class UploadWatch:
         self._lock = threading.Lock()
         self._value: dict[str, Any] | None = None
         self._at = 0.0
+        self._period = refresh_s
         self._reading = False
 
     def __call__(self) -> dict[str, Any]:
         with self._lock:
-            fresh = self._value is not None and self._clock() - self._at < self._refresh_s
+            fresh = self._value is not None and self._clock() - self._at < self._period
             if self._value is not None and (fresh or self._reading):
                 return self._value
             self._reading = True
+        started = time.monotonic()
         try:
             value: dict[str, Any] = {"uploads": summarize(self._board.records(), self._clock()),
                                      "uploads_error": None}
         except Exception as e:  # a storage that cannot be read: said on the page, not raised
             value = {"uploads": [], "uploads_error": redact_text(
                 f"cannot read the uploads board: {type(e).__name__}: {e}")}
+        took = time.monotonic() - started
         with self._lock:
             self._value, self._at, self._reading = value, self._clock(), False
+            self._period = max(self._refresh_s, took / UPLOADS_READ_SHARE)
         return value
 

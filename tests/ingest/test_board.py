@@ -191,3 +191,21 @@ def test_a_plain_upload_that_fails_says_why(tmp_path: Path) -> None:
     [u] = summarize(Board(storage).records(), time.time())
     assert u["state"] == "failed" and u["records_done"] == 20
     assert u["problems"] == ["the upload: failed: interrupted"]
+
+
+def test_publishing_leaves_one_record_per_dataset(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path))
+    storage.write_atomic(record_path("photos", "a" * 16, 0), json.dumps(record(0)).encode())
+    storage.write_atomic(record_path("photos", "b" * 16, 1), json.dumps(record(1)).encode())
+    storage.write_atomic(record_path("photos", "b" * 16, None) + ".tmp-0a1b",
+                         b"half a record of a packer killed while writing it")
+    storage.write_atomic(record_path("other", "c" * 16, 0), json.dumps(record(0)).encode())
+    board.publish(storage, "photos", "b" * 16 + "tail", 300, 6, 1000, 2, clock=lambda: 1005.0)
+    left = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "_uploads").rglob("*"))
+    assert left == ["_uploads/other", "_uploads/other/" + "c" * 16,
+                    "_uploads/other/" + "c" * 16 + "/slice-00000.json", "_uploads/photos",
+                    "_uploads/photos/" + "b" * 16, "_uploads/photos/" + "b" * 16 +
+                    "/published.json"]
+    shown = json.loads((tmp_path / "_uploads/photos" / ("b" * 16) / "published.json")
+                       .read_text())
+    assert shown["started_at"] == 990.0 and shown["records_done"] == 300  # slice 1's start

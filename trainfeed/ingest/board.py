@@ -220,9 +220,10 @@ def publish(storage: Storage, dataset: str, fingerprint: str, num_records: int,
     None for a plain upload."""
     folder = f"{BOARD_DIR}/{dataset_key(dataset)}"
     try:
-        found = _find(storage, folder)
+        found = _find(storage, folder, temporary=True)
         mine = f"{folder}/{fingerprint[:16]}/"
-        started = [r["started_at"] for path, r in _read_all(storage, found).items()
+        records = [rel for rel in found if rel.endswith(".json")]
+        started = [r["started_at"] for path, r in _read_all(storage, records).items()
                    if path.startswith(mine) and isinstance(r.get("started_at"), (int, float))]
         now = clock()
         record = {"version": RECORD_VERSION, "dataset": dataset, "fingerprint": fingerprint[:16],
@@ -236,6 +237,12 @@ def publish(storage: Storage, dataset: str, fingerprint: str, num_records: int,
         for rel in found:
             if rel != target:
                 storage.fs.rm(storage.path(rel))
+        if storage.is_local:  # folders are real there: those of other uploads go too
+            for parent in {rel.rsplit("/", 1)[0] for rel in found} - {mine.rstrip("/")}:
+                try:
+                    os.rmdir(storage.path(parent))
+                except OSError:
+                    pass  # written again since: a re-run index; the next publish removes it
     except Exception as e:  # the dataset is published: warn only
         logger.warning("dataset %r published, but its uploads board at %s/%s was not updated: "
                        "%s", dataset, storage.url, folder, e)
@@ -254,9 +261,10 @@ def last_report(storage: Storage, dataset: str, fingerprint: str, index: int,
             f"{row['records_total']} records {row['updated_ago_s']:.0f} s ago ({row['state']})")
 
 
-def _find(storage: Storage, folder: str) -> dict[str, dict[str, Any]]:
+def _find(storage: Storage, folder: str, temporary: bool = False) -> dict[str, dict[str, Any]]:
     """Every record file below `folder` (paths relative to the root) with its listing info,
-    fresh (fsspec's listing cache dropped first)."""
+    fresh (fsspec's listing cache dropped first); with `temporary`, also the temporary files
+    of writes cut short (a packer killed while writing its record)."""
     base = storage.path(folder)
     _forget_listings(storage, base)
     try:
@@ -268,7 +276,7 @@ def _find(storage: Storage, folder: str) -> dict[str, dict[str, Any]]:
     prefix = storage.root.rstrip("/") + "/"
     return {path[len(prefix):] if path.startswith(prefix) else path: info
             for path, info in found.items()
-            if path.endswith(".json") and ".tmp-" not in path.rsplit("/", 1)[-1]}
+            if temporary or (path.endswith(".json") and ".tmp-" not in path.rsplit("/", 1)[-1])}
 
 
 def _forget_listings(storage: Storage, base: str) -> None:

@@ -49,6 +49,8 @@ HEARTBEAT_S = 10.0
 # storage hiccup does not explain, and a packer killed without a word (SIGKILL, OOM, a lost
 # node) does. Clocks of packers and readers are assumed within a few seconds (NTP).
 STALE_S = 60.0
+# How long the end of a packer waits for a record being written (a storage that hangs).
+JOIN_S = 5.0
 # Published uploads stay on the board for this long (then hidden; their record stays until the
 # dataset's next publish replaces it).
 SHOW_PUBLISHED_S = 3600.0
@@ -198,7 +200,11 @@ class ProgressReporter:
         self._closed = True
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(JOIN_S)
+            if self._thread.is_alive():
+                logger.warning("the upload's progress writer has been writing to %s for over "
+                               "%.0f s; the upload goes on without waiting for it",
+                               self.storage.url, JOIN_S)
             self._thread = None
         with self._lock:
             if error is None:

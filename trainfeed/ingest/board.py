@@ -132,6 +132,7 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._warned = False
 
     def resumed(self, shards: Sequence[ShardPlan], sizes: Sequence[int]) -> None:
         """Counts `shards` as finished by an earlier attempt (`sizes`: the upload's records')."""
@@ -168,8 +169,13 @@ class ProgressReporter:
         try:
             self.storage.write_atomic(record.path, record.to_json())
         except Exception as e:  # the board never fails an upload
-            logger.warning("cannot write upload progress %s to %s: %s (retried at the next "
-                           "beat)", record.path, self.storage.url, e)
+            # Once at warning level: storage that lets this process write its dataset's folder
+            # but not the board's (an S3 policy on a prefix) would otherwise flood the log.
+            logger.log(logging.DEBUG if self._warned else logging.WARNING,
+                       "cannot write upload progress %s to %s: %s (retried at the next beat; "
+                       "`trainfeed status --uploads` will not show this packer)",
+                       record.path, self.storage.url, e)
+            self._warned = True
 
     def _run(self) -> None:
         last = self._clock()

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import s3fs
 import test_upload_slices
 from sample_data import make_image_list
 from test_upload_slices import IMAGES, cli, slice_args
@@ -228,3 +230,17 @@ def test_the_status_page_shows_the_uploads_section(tmp_path: Path) -> None:
     if os.environ.get("TRAINFEED_UPDATE_SCREENSHOT") == "1":  # docs/operations.md shows it
         (REPO / "docs" / "images" / "status-uploads.png").write_bytes(shot)
 
+
+
+def test_status_uploads_says_when_the_storage_refuses_its_credentials(
+        s3_server: Any) -> None:
+    bucket = f"refused-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**s3_server.storage_options(), skip_instance_cache=True).mkdir(bucket)
+    env = {**os.environ, **s3_server.env(), "TRAINFEED_S3_ENDPOINT": s3_server.endpoint_url,
+           "AWS_SECRET_ACCESS_KEY": "not-the-secret-key-0123456789"}
+    run = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "status", "--uploads",
+                          "--storage", f"s3://{bucket}/datasets"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert f"access to s3://{bucket}/datasets refused" in run.stderr, run.stderr
+    assert "AWS_SECRET_ACCESS_KEY" in run.stderr and "not-the-secret" not in run.stderr

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainfeed.ingest.plan import ShardPlan
 from trainfeed.redaction import redact_text
-from trainfeed.storage import Storage
+from trainfeed.storage import Storage, access_error
 
 logger = logging.getLogger(__name__)
 
@@ -283,6 +283,8 @@ def _find(storage: Storage, folder: str, temporary: bool = False) -> dict[str, d
         found = storage.fs.find(base, detail=True)
     except FileNotFoundError:
         return {}
+    except PermissionError as e:
+        raise access_error(storage.url, e) from e
     finally:
         _forget_listings(storage, base)
     prefix = storage.root.rstrip("/") + "/"

@@ -8,7 +8,7 @@ import pytest
 
 from trainfeed.cli import status_watch
 from trainfeed.cli.main import main
-from trainfeed.ingest.board import summarize
+from trainfeed.ingest.board_summary import summarize
 
 
 def test_status_takes_a_job_or_uploads(capsys: pytest.CaptureFixture[str],

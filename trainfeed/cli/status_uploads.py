@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainfeed.ingest.board import FAILED, PUBLISHED, STALE, Board, summarize
+from trainfeed.ingest.board import FAILED, PUBLISHED, STALE, Board
+from trainfeed.ingest.board_summary import summarize
 from trainfeed.storage import Storage
 
 # Slices listed per upload in the terminal (problems first; the page lists up to 50).

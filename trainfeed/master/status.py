@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from trainfeed.ingest.board import Board, summarize
+from trainfeed.ingest.board import Board
+from trainfeed.ingest.board_summary import summarize
 from trainfeed.master.jobs import Job, JobMetrics
 from trainfeed.master.metrics import JobReaders
 from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trainfeed.ingest.board import STALE_S, PackerProgress
 from trainfeed.ingest.board_summary import SHOW_PUBLISHED_S, summarize
@@ -67,3 +69,27 @@ def test_published_uploads_are_shown_for_an_hour_after_the_ones_in_progress() ->
     assert [u["state"] for u in uploads] == ["running", "published"]
     assert uploads[1]["records_per_s"] == 3.0 and uploads[1]["mode"] == "slices"
     assert summarize([published], now=1000.0 + SHOW_PUBLISHED_S + 1) == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["running", "done", "failed"]),
+                          st.integers(0, 100), st.floats(0, 200)), max_size=12),
+       st.floats(0, 200))
+def test_every_reported_slice_is_counted_once_in_one_state(
+        rows: list[tuple[int, str, int, float]], now: float) -> None:
+    latest = {index: (state, done, at) for index, state, done, at in rows}  # one per slice
+    records = [record(index, state, done, at) for index, (state, done, at) in latest.items()]
+    for r in records:
+        r["slices"] = 8
+    uploads = summarize(records, now=now, stale_s=50.0)
+    if not records:
+        assert uploads == []
+        return
+    [u] = uploads
+    states = ("done", "running", "failed", "stale")
+    assert sum(u[f"slices_{s}"] for s in states) == len(latest)
+    assert u["slices_waiting"] == 8 - len(latest)
+    assert u["records_done"] == sum(done for _, done, _ in latest.values())
+    assert u["slices_stale"] == sum(1 for state, _, at in latest.values()
+                                    if state == "running" and now - at > 50.0)
+    assert (u["state"] == "failed") == (u["slices_failed"] > 0)
+    assert len(u["problems"]) >= u["slices_failed"] + u["slices_stale"]

@@ -26,6 +26,7 @@ from trainfeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
+from trainfeed.ingest import board
 from trainfeed.ingest.check import check_images
 from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
 from trainfeed.ingest.lock import LOCK_NAME, UploadLock, check_not_replaced, published_fingerprint
@@ -129,7 +130,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
                 f"dataset {dataset!r} already exists in {store.url} with different content; "
                 f"use --overwrite to replace it, or upload under another name")
         _prepare(inputs, options, store, folder, dataset)
-        shards, resumed = _pack(inputs, options, folder, dataset, progress, on_shard)
+        shards, resumed = _pack(inputs, options, store, dataset, progress, on_shard)
         manifest = build_manifest(
             dataset, inputs, field_specs(inputs.parsed.kind, inputs.parsed.field_names), shards,
             folder, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), describe(options), base)
@@ -138,6 +139,8 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
             keep_version(folder, base)
         write_manifest(store, manifest)
         remove_stale_data(folder, keep=inputs.data_dir)
+        board.publish(store, dataset, inputs.fingerprint, manifest.num_records,
+                      len(manifest.shards), manifest.num_bytes, None)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), inputs.skipped, False, resumed,
                         time.monotonic() - started, manifest.dataset_version)
@@ -179,11 +182,12 @@ def _prepare(inputs: Inputs, options: UploadOptions, store: Storage, folder: Sto
         check_images(inputs.parsed, inputs.entries, options.read_threads, list(inputs.sizes))
 
 
-def _pack(inputs: Inputs, options: UploadOptions, folder: Storage, dataset: str,
+def _pack(inputs: Inputs, options: UploadOptions, store: Storage, dataset: str,
           progress: bool | None, on_shard: Callable[[int], None] | None,
           ) -> tuple[list[ShardProgress], int]:
-    """Packs every planned shard not finished by an earlier run; (all shards' progress in
-    order, how many were resumed)."""
+    """Packs every planned shard not finished by an earlier run, its progress on the uploads
+    board (trainfeed.ingest.board); (all shards' progress in order, how many were resumed)."""
+    folder = dataset_storage(store, dataset)
     plans = plan_shards(inputs.sizes, layout_of(options))
     done = {p.index: d for p in plans if (d := finished(folder, inputs.data_dir, p)) is not None}
     if done:
@@ -192,13 +196,18 @@ def _pack(inputs: Inputs, options: UploadOptions, folder: Storage, dataset: str,
     todo = [p for p in plans if p.index not in done]
     tasks = pack_tasks(inputs, options, folder, todo, options.processes)
     show = progress if progress is not None else sys.stderr.isatty()
-    with Packers(tasks, options.processes) as packers, tqdm(
+    reporter = board.ProgressReporter(store, board.PackerProgress(
+        dataset, inputs.fingerprint[:16], None, 1, len(inputs.entries), sum(inputs.sizes),
+        len(plans), len(inputs.entries), len(plans)))
+    reporter.resumed([p for p in plans if p.index in done], inputs.sizes)
+    with Packers(tasks, options.processes) as packers, reporter, tqdm(
             total=len(inputs.entries), initial=sum(len(p) for p in plans if p.index in done),
             unit="rec", unit_scale=True, desc=f"upload {dataset}", disable=not show,
             smoothing=0.1) as bar:
         for task, written in zip(tasks, packers.results()):
             done[task.plan.index] = written
             bar.update(len(task.plan))
+            reporter.add(len(task.plan), sum(inputs.sizes[task.plan.start:task.plan.stop]))
             if on_shard is not None:
                 on_shard(task.plan.index)
     return [done[p.index] for p in plans], len(plans) - len(todo)

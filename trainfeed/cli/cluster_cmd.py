@@ -12,8 +12,8 @@ import secrets
 import sys
 from typing import Any
 
-from trainfeed.cli import status_watch
-from trainfeed.cli.common import whole_number_or_none
+from trainfeed.cli import status_uploads, status_watch
+from trainfeed.cli.common import add_storage_options, storage_from, whole_number_or_none
 from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
 from trainfeed.cluster.jobs import Cluster
@@ -32,7 +32,7 @@ from trainfeed.cluster.spec import (
     parse_node_selector,
     validate_cluster_job_name,
 )
-from trainfeed.errors import ClusterError, TrainfeedError
+from trainfeed.errors import ClusterError, ConfigurationError, TrainfeedError
 from trainfeed.lease.client import MasterClient
 from trainfeed.names import validate_job_name
 from trainfeed.security import load_token
@@ -154,11 +154,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_scale)
 
     p = sub.add_parser(
-        "status", help="a job's progress (from its master) and pods (from Kubernetes)",
+        "status", help="a job's progress (from its master) and pods (from Kubernetes); "
+                       "uploads in progress (--uploads)",
         description="Epoch, partitions todo/pending/done/failed, workers and rate from the "
                     "job's master; pod phases and problems (image pulls, scheduling, quota) "
-                    "from Kubernetes when a cluster is configured.")
-    p.add_argument("job", help="job name")
+                    "from Kubernetes when a cluster is configured. With --uploads: the uploads "
+                    "of a storage in progress (slices done, records, rate, ETA, failed or stale "
+                    "slices), read from the storage itself.")
+    p.add_argument("job", nargs="?", help="job name (not with --uploads)")
+    p.add_argument("--uploads", action="store_true",
+                   help="show the uploads of --storage in progress (and published in the last "
+                        "hour) instead of a job: `trainfeed upload`s and submit-upload's packers")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="with --uploads: that dataset's uploads only")
+    add_storage_options(p)
     p.add_argument("--master", metavar="HOST:PORT",
                    help="the master's address; from outside the cluster run `kubectl "
                         "port-forward svc/JOB-master 50051:50051` and give localhost:50051 "
@@ -311,7 +320,30 @@ def _watch(args: argparse.Namespace, address: str, token: str | None) -> int:
                               sys.stdout, sys.stdout.isatty(), args.count)
 
 
+def _uploads(args: argparse.Namespace) -> int:
+    """`status --uploads`: the storage's uploads board, once or redrawn (--watch)."""
+    if args.job is not None:
+        raise ConfigurationError(f"status --uploads shows a storage's uploads, not job "
+                                 f"{args.job!r}: drop one of them")
+    read = status_uploads.read(storage_from(args))
+
+    def get() -> list[dict[str, Any]]:
+        return [u for u in read() if args.dataset in (None, u["dataset"])]
+
+    if args.watch:
+        return status_watch.watch(lambda: {"uploads": get()}, None, args.interval, sys.stdout,
+                                  sys.stdout.isatty(), args.count)
+    for line in status_uploads.render(get()):
+        print(line)
+    return 0
+
+
 def run_status(args: argparse.Namespace) -> int:
+    if args.uploads:
+        return _uploads(args)
+    if args.job is None:
+        raise ConfigurationError("status: name a job (trainfeed status JOB), or give --uploads "
+                                 "for the uploads of a storage")
     # With --master, any name the master and readers accept is a job to ask about (readers
     # started by hand may use `paddleD-xmap`); the Kubernetes naming rule applies to jobs
     # `submit` made, so pods are looked up only for names that could be one.

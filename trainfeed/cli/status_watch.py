@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from trainfeed.cli import status_uploads
 from trainfeed.errors import AuthenticationError, MasterUnavailableError
 
 # Cursor to the top-left corner, then clear to the end of the screen.
@@ -53,8 +54,16 @@ def spark(points: list[float]) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int(p / top * (len(SPARK) - 1)))] for p in points)
 
 
-def render(data: dict[str, Any], job: str) -> list[str]:
-    """The lines shown for `job` in a status snapshot (trainfeed.master.status)."""
+def render(data: dict[str, Any], job: str | None) -> list[str]:
+    """The lines shown for `job` in a status snapshot (trainfeed.master.status), then the
+    uploads the snapshot has (the master's storage's); only those when `job` is None."""
+    if job is None:
+        return status_uploads.render(data.get("uploads", []))
+    uploads = [line for u in data.get("uploads", ()) for line in status_uploads.upload_lines(u)]
+    return _job_lines(data, job) + uploads
+
+
+def _job_lines(data: dict[str, Any], job: str) -> list[str]:
     found = next((j for j in data.get("jobs", ()) if j["job"] == job), None)
     if found is None:
         names = ", ".join(j["job"] for j in data.get("jobs", ())) or "none"
@@ -94,10 +103,11 @@ def render(data: dict[str, Any], job: str) -> list[str]:
     return lines
 
 
-def watch(get: Callable[[], dict[str, Any]], job: str, interval_s: float, out: TextIO,
+def watch(get: Callable[[], dict[str, Any]], job: str | None, interval_s: float, out: TextIO,
           tty: bool, count: int | None = None,
           sleep: Callable[[float], None] = time.sleep) -> int:
-    """Shows `job` every `interval_s` until Ctrl-C (or `count` refreshes); returns 0."""
+    """Shows `job` (None: the uploads alone) every `interval_s` until Ctrl-C (or `count`
+    refreshes); returns 0."""
     shown = 0
     try:
         while count is None or shown < count:

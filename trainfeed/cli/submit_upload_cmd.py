@@ -140,4 +140,6 @@ def run_submit(args: argparse.Namespace) -> int:
     print(f"submitted upload {spec.name!r} of {spec.dataset!r} to namespace {namespace!r}: "
           f"{', '.join(created)}; `kubectl get job {spec.job_name} -n {namespace}` shows its "
           f"indexes")
+    if args.storage:
+        print(f"progress: trainfeed status --uploads --storage {args.storage} --watch")
     return 0

@@ -7,4 +7,6 @@ shard: read, transform, encode, write, record progress), `pool` (shards packed b
 processes), `transform` (--jpeg-restarts, --max-side), `check` (--check-images), `progress`,
 `lock`, `publish` (the manifest, last). `trainfeed.upload` is the entry point that strings them
 together; `slices` runs the same packing as the indexes of a Kubernetes Indexed Job.
+`board` keeps each packer's live progress on the storage, and `board_summary` sums it into the
+uploads `trainfeed status --uploads` and the master's status page show.
 """

@@ -8,7 +8,9 @@ commit. Index i packs the i-th contiguous run of shards (`slice_of`), skipping t
 attempt finished (each shard and its progress record are written atomically, so a packer
 killed mid-slice loses at most the shard it was writing), then writes its slice record
 `_slices/slice-<i>.json`. A slice that fails writes `_slices/slice-<i>.failed.json` with the
-error instead.
+error instead. While it packs, each index keeps its live progress on the storage's uploads
+board (trainfeed.ingest.board), which `trainfeed status --uploads` and the master's status page
+read.
 
 The commit validates every slice (its record, and every shard's progress record, file and size)
 and publishes one manifest, atomically: readers never see a partial dataset. The manifest's
@@ -31,6 +33,7 @@ from trainfeed.formats.manifest import (
     dataset_storage,
     write_manifest,
 )
+from trainfeed.ingest import board
 from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
 from trainfeed.ingest.lock import published_fingerprint
 from trainfeed.ingest.options import UploadOptions
@@ -45,6 +48,9 @@ from trainfeed.storage import Storage, open_storage
 logger = logging.getLogger(__name__)
 
 SLICES_DIR = "_slices"
+# Incomplete slices whose packer's last report (trainfeed.ingest.board) a refusal quotes: each
+# costs a read, and every packer's commit attempt refuses until the last slice is done.
+MAX_REPORTS = 5
 
 
 @dataclass(frozen=True)
@@ -95,17 +101,21 @@ def pack_slice(job: SliceJob, index: int, commit_after: bool = True) -> SliceRes
     inputs, plans = _plans(job)
     mine = slice_of(plans, index, job.workers)
     folder = job.folder
+    reporter = board.ProgressReporter(job.storage, _packer_progress(job, inputs, plans, index))
     try:
         if inputs.parsed.kind == "file":
             make_transform(job.options, 1)  # refuses at once if the transform cannot run
         done = {p.index: d for p in mine
                 if (d := finished(folder, inputs.data_dir, p)) is not None}
+        reporter.resumed([p for p in mine if p.index in done], inputs.sizes)
         todo = [p for p in mine if p.index not in done]
         tasks = pack_tasks(inputs, job.options, folder, todo, job.options.processes)
-        with Packers(tasks, job.options.processes) as packers:
-            for _ in packers.results():
-                pass
+        # The reporter's thread starts after the packing processes are forked.
+        with Packers(tasks, job.options.processes) as packers, reporter:
+            for task, _ in zip(tasks, packers.results()):
+                reporter.add(len(task.plan), sum(inputs.sizes[task.plan.start:task.plan.stop]))
     except Exception as e:
+        reporter.close(e)  # on the board first: the slice record says the upload's outcome
         record = {"index": index, "error": f"{type(e).__name__}: {e}",
                   "shards": [p.index for p in mine]}
         folder.write_atomic(slice_path(inputs.data_dir, index, failed=True),
@@ -151,17 +161,31 @@ def commit(job: SliceJob, inputs: Inputs | None = None,
     check_name_is_free(job.storage, job.dataset)
     write_manifest(job.storage, manifest)
     remove_stale_data(folder, keep=inputs.data_dir)
+    board.publish(job.storage, job.dataset, inputs.fingerprint, manifest.num_records,
+                  len(manifest.shards), manifest.num_bytes, job.workers)
     return manifest
+
+
+def _packer_progress(job: SliceJob, inputs: Inputs, plans: tuple[ShardPlan, ...],
+                     index: int) -> board.PackerProgress:
+    """Slice `index`'s record on the uploads board, nothing packed yet."""
+    mine = slice_of(plans, index, job.workers)
+    return board.PackerProgress(
+        dataset=job.dataset, fingerprint=inputs.fingerprint[:16], index=index,
+        slices=job.workers, records_total=sum(len(p) for p in mine),
+        bytes_total=sum(inputs.sizes[mine[0].start:mine[-1].stop]) if mine else 0,
+        shards_total=len(mine), upload_records=len(inputs.entries), upload_shards=len(plans))
 
 
 def _validated(job: SliceJob, inputs: Inputs, plans: tuple[ShardPlan, ...],
                ) -> list[ShardProgress]:
     """Every shard's progress, or IncompleteUploadError naming each slice that is not complete."""
-    folder, problems = job.folder, []
+    problems: list[str] = []
     by_index: dict[int, ShardProgress] = {}
     for index in range(job.workers):
         mine = slice_of(plans, index, job.workers)
-        problem = _slice_problem(folder, inputs.data_dir, index, mine, by_index)
+        problem = _slice_problem(job, inputs.data_dir, index, mine, by_index,
+                                 with_report=len(problems) < MAX_REPORTS)
         if problem:
             shards = (f"shards {mine[0].index}-{mine[-1].index}" if mine else "no shards")
             problems.append(f"slice {index} ({shards}): {problem}")
@@ -174,16 +198,20 @@ def _validated(job: SliceJob, inputs: Inputs, plans: tuple[ShardPlan, ...],
     return [by_index[p.index] for p in plans]
 
 
-def _slice_problem(folder: Storage, data_dir: str, index: int, mine: tuple[ShardPlan, ...],
-                   by_index: dict[int, ShardProgress]) -> str:
-    """Why slice `index` is not complete ("" when it is); fills `by_index` with its shards."""
+def _slice_problem(job: SliceJob, data_dir: str, index: int, mine: tuple[ShardPlan, ...],
+                   by_index: dict[int, ShardProgress], with_report: bool) -> str:
+    """Why slice `index` is not complete ("" when it is); fills `by_index` with its shards.
+    `with_report`: add what its packer last said on the uploads board (one more read)."""
+    folder, storage, dataset = job.folder, job.storage, job.dataset
     try:
         failure = json.loads(folder.read_bytes(slice_path(data_dir, index, failed=True)))
         return f"failed: {failure.get('error', 'no error recorded')}"
     except FileNotFoundError:
         pass
     if not folder.exists(slice_path(data_dir, index)):
-        return "not finished (no slice record)"
+        report = (board.last_report(storage, dataset, data_dir.rsplit("/", 1)[-1], index)
+                  if with_report else "")
+        return "not finished (no slice record)" + (f"; {report}" if report else "")
     for plan in mine:
         done = finished(folder, data_dir, plan)
         if done is None:

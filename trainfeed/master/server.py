@@ -115,7 +115,7 @@ async def serve(config: MasterConfig, store: StateStore,
             running.metrics = MetricsServer(
                 registry, options.host, options.metrics_port, wrap=lambda app: StatusApp(
                     lambda job: _on_loop(loop, lambda: status.snapshot(servicer, only_job=job)),
-                    Access(options.token), app))
+                    Access(options.token), app, uploads=status.UploadWatch(config.storage)))
         await running.start(stop, exit_with_parent)
         metrics = running.metrics
         logger.info("master serving on %s:%d (%s, %s), storage %s, metrics %s", options.host,

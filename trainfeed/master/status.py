@@ -5,23 +5,39 @@ One JSON-able dict (`snapshot`), versioned; the page renders it, the terminal vi
 tests compare it with the ledger (GetJobStatus). It names no secret: no token, no session secret
 or lease token, no storage URL (which may carry credentials); worker ids and dataset names only.
 Runs on the servicer's event loop (the ledgers are not thread-safe): O(jobs + readers).
+
+The uploads of the master's storage in progress (`UploadWatch`, from the storage's uploads board,
+trainfeed.ingest.board) are read off the loop, on the page's HTTP threads, at most every
+UPLOADS_REFRESH_S: a page view in between costs nothing, and a slow storage never holds the
+loop that serves the readers.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from trainfeed.ingest.board import Board
+from trainfeed.ingest.board_summary import summarize
 from trainfeed.master.jobs import Job, JobMetrics
 from trainfeed.master.metrics import JobReaders
 from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
 from trainfeed.master.service import MasterServicer
+from trainfeed.redaction import redact_text
+from trainfeed.storage import Storage
 
 STATUS_VERSION = 1
 # Labels of a dataset's histogram shown (the most frequent); the rest are summed as "other".
 MAX_LABELS = 40
 # Failed partitions listed per job (the rest are counted).
 MAX_FAILED = 50
+# The uploads board is read at most this often (seconds): the page's own refresh period.
+UPLOADS_REFRESH_S = 5.0
+# ...and at most this share of the time: a board of a thousand running packers (each record
+# rewritten between two looks, so each look reads them all) is read less often, not more.
+UPLOADS_READ_SHARE = 0.2
 
 
 def snapshot(servicer: MasterServicer, now: float | None = None,
@@ -143,3 +159,43 @@ def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[J
                      if now - 3 * timeout <= seen < now - timeout)
         out.append(JobReaders(name, board.totals(name), share, flagged, silent))
     return out
+
+
+class UploadWatch:
+    """The uploads of a storage, as `/status.json` shows them: {"uploads": [...],
+    "uploads_error": None or why the board could not be read}.
+
+    Thread-safe. Reads the board (one listing, plus the records that changed) at most every
+    `refresh_s`, and at most UPLOADS_READ_SHARE of the time (a look that took 3 s waits 15 s
+    for the next); while one thread reads, the others get the last answer rather than wait.
+    """
+
+    def __init__(self, storage: Storage, refresh_s: float = UPLOADS_REFRESH_S,
+                 clock: Callable[[], float] = time.time):
+        self._board = Board(storage)
+        self._refresh_s, self._clock = refresh_s, clock
+        self._lock = threading.Lock()
+        self._value: dict[str, Any] | None = None
+        self._at = 0.0
+        self._period = refresh_s
+        self._reading = False
+
+    def __call__(self) -> dict[str, Any]:
+        with self._lock:
+            fresh = self._value is not None and self._clock() - self._at < self._period
+            if self._value is not None and (fresh or self._reading):
+                return self._value
+            self._reading = True
+        started = time.monotonic()
+        try:
+            value: dict[str, Any] = {"uploads": summarize(self._board.records(), self._clock()),
+                                     "uploads_error": None}
+        except Exception as e:  # a storage that cannot be read: said on the page, not raised
+            value = {"uploads": [], "uploads_error": redact_text(
+                f"cannot read the uploads board: {type(e).__name__}: {e}")}
+        took = time.monotonic() - started
+        with self._lock:
+            self._value, self._at, self._reading = value, self._clock(), False
+            self._period = max(self._refresh_s, took / UPLOADS_READ_SHARE)
+        return value
+

@@ -38,6 +38,7 @@ MAX_FORM_BYTES = 4096
 ALL_JOBS = ""
 
 Snapshot = Callable[[str | None], dict[str, Any]]
+Uploads = Callable[[], dict[str, Any]]
 StartResponse = Callable[..., Any]
 _HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
             ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
@@ -117,13 +118,17 @@ class StatusApp:
     Args:
         snapshot: the master's status for a scope (None: every job; else one job's name);
             called from the HTTP server's threads (the master's hops to its event loop).
+        uploads: the uploads of the master's storage (trainfeed.master.status.UploadWatch),
+            called from the same threads; None shows no uploads section.
     """
 
     def __init__(self, snapshot: Snapshot, access: Access,
-                 fallback: Callable[[dict[str, Any], StartResponse], Iterable[bytes]]):
+                 fallback: Callable[[dict[str, Any], StartResponse], Iterable[bytes]],
+                 uploads: Uploads | None = None):
         self._snapshot = snapshot
         self.access = access
         self._fallback = fallback
+        self._uploads = uploads
 
     def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -150,6 +155,8 @@ class StatusApp:
                                 [("WWW-Authenticate", 'Bearer realm="trainfeed"')])
             return _respond(start, "303 See Other", b"", "text/plain", [("Location", "/login")])
         data = self._snapshot(scope or None)
+        if self._uploads is not None:
+            data = with_uploads(data, self._uploads(), every_job=scope == ALL_JOBS)
         if as_json:
             return _respond(start, "200 OK", json.dumps(data).encode(), "application/json")
         query = parse_qs(environ.get("QUERY_STRING", ""))
@@ -173,6 +180,16 @@ class StatusApp:
                                        "it.").encode(), "text/html; charset=utf-8")
         return _respond(start, "303 See Other", b"", "text/plain",
                         [("Location", "/status"), ("Set-Cookie", _cookie(sid, SESSION_S))])
+
+
+def with_uploads(data: dict[str, Any], uploads: dict[str, Any],
+                 every_job: bool) -> dict[str, Any]:
+    """A snapshot with the uploads its reader may see: every upload with the master's token,
+    else those of its job's dataset (a job token sees its own dataset's new uploads only)."""
+    datasets = {j["dataset"] for j in data["jobs"]}
+    shown = uploads["uploads"] if every_job else [
+        u for u in uploads["uploads"] if u["dataset"] in datasets]
+    return {**data, "uploads": shown, "uploads_error": uploads["uploads_error"]}
 
 
 def _cookie(value: str, max_age: int) -> str:
@@ -255,6 +272,8 @@ def render(data: dict[str, Any], refresh_s: int = REFRESH_S, logout: bool = Fals
     if not jobs:
         out.append("<p>No job yet: a reader creates its job when it opens it.</p>")
     out += [_job(job, data) for job in jobs]
+    if "uploads" in data:
+        out.append(_uploads(data["uploads"], data.get("uploads_error")))
     out.append("</body></html>")
     return "".join(out)
 
@@ -349,6 +368,70 @@ def _histogram(histogram: dict[str, int]) -> str:
         f'<div style="width:{100 * n / top:.1f}%"></div></div></td></tr>'
         for label, n in histogram.items())
     return f'<h3>Labels</h3><div class="scroll"><table class="labels">{rows}</table></div>'
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else \
+        f"{minutes}:{secs:02d}"
+
+
+def _uploads(uploads: list[dict[str, Any]], error: str | None) -> str:
+    """The uploads of the master's storage (trainfeed.ingest.board.summarize)."""
+    out = ['<section class="uploads" id="uploads"><h2>Uploads</h2>']
+    if error:
+        out.append(f'<p><span class="flag">error</span> {_e(error)}</p>')
+    if not uploads:
+        out.append("<p>None in progress, none published in the last hour.</p>")
+    out += [_upload(u) for u in uploads]
+    out.append("</section>")
+    return "".join(out)
+
+
+def _upload(u: dict[str, Any]) -> str:
+    share = u["records_done"] / u["records_total"] if u["records_total"] else 0.0
+    bad = u["state"] in ("failed", "stale")
+    state = f'<span class="flag">{_e(u["state"])}</span>' if bad else f'<b>{_e(u["state"])}</b>'
+    slices = (f' · {u["slices_done"]}/{u["slices"]} slices done · {u["slices_running"]} '
+              f'running' + (f' · {u["slices_waiting"]} not started' if u["slices_waiting"]
+                            else "") if u["mode"] == "slices" else "")
+    eta = f' · ETA {_duration(u["eta_s"])}' if u["eta_s"] is not None else ""
+    ago = f' · {_ago(u["updated_ago_s"])}' if u["state"] == "published" else ""
+    parts = [
+        f'<div class="upload" data-dataset="{_e(u["dataset"])}" data-state="{_e(u["state"])}" '
+        f'data-records-done="{u["records_done"]}" data-records-total="{u["records_total"]}" '
+        f'data-slices="{u["slices"]}" data-slices-done="{u["slices_done"]}" '
+        f'data-slices-failed="{u["slices_failed"]}" data-slices-stale="{u["slices_stale"]}">',
+        f'<h3>{_e(u["dataset"])} <span class="muted">({_e(u["mode"])}, fingerprint '
+        f'{_e(u["fingerprint"])})</span></h3>',
+        f'<p class="upload-progress">{state}{slices} · {u["records_done"]:,}/'
+        f'{u["records_total"]:,} records ({share:.0%}) · {_size(u["bytes_done"])} · '
+        f'{u["records_per_s"]:,.0f} records/s{eta}{ago}</p>',
+        f'<div class="bar"><div style="width:{100 * share:.1f}%"></div></div>',
+    ]
+    parts += [f'<p class="problem"><span class="flag">!</span> {_e(p)}</p>'
+              for p in u["problems"]]
+    rows = [s for s in u["slice_rows"] if u["mode"] == "slices"]
+    if rows:
+        parts.append('<div class="scroll"><table class="slices"><tr><th>slice</th><th>state'
+                     '</th><th>records</th><th>records/s</th><th>host</th><th>last report</th>'
+                     '<th style="text-align:left">reason</th></tr>')
+        for r in rows:
+            flagged = r["state"] in ("failed", "stale")
+            parts.append(
+                f'<tr class="slice{" flagged" if flagged else ""}" data-slice="{r["slice"]}" '
+                f'data-state="{_e(r["state"])}" data-records-done="{r["records_done"]}">'
+                f'<td>{r["slice"]}</td><td>{_e(r["state"])}</td><td>{r["records_done"]:,}/'
+                f'{r["records_total"]:,}</td><td>{r["records_per_s"]:,.1f}</td>'
+                f'<td>{_e(r["host"])}</td><td>{_ago(r["updated_ago_s"])}</td>'
+                f'<td style="text-align:left;white-space:normal">{_e(r["reason"] or "")}</td>'
+                '</tr>')
+        if u["slice_rows_hidden"]:
+            parts.append(f'<tr><td colspan="7">… and {u["slice_rows_hidden"]} more slices'
+                         '</td></tr>')
+        parts.append("</table></div>")
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def login_form(problem: str = "") -> str:

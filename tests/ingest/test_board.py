@@ -11,29 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from board_records import progress, record
 from sample_data import make_image_list
 
 from trainfeed.ingest import board
-from trainfeed.ingest.board import Board, PackerProgress, ProgressReporter, record_path
+from trainfeed.ingest.board import Board, ProgressReporter, record_path
 from trainfeed.ingest.board_summary import summarize
 from trainfeed.storage import Storage, open_storage
 from trainfeed.upload import UploadOptions, upload
 
 SECRET = "hunter2-secret"
-
-
-def progress(index: int | None, **kw: Any) -> PackerProgress:
-    fields: dict[str, Any] = dict(dataset="public/photos", fingerprint="f" * 16, index=index,
-                                  slices=3, records_total=100, bytes_total=1000,
-                                  shards_total=2, upload_records=300, upload_shards=6)
-    return PackerProgress(**{**fields, **kw})
-
-
-def record(index: int | None, state: str = "running", done: int = 50, at: float = 1000.0,
-           **kw: Any) -> dict[str, Any]:
-    p = progress(index, records_done=done, state=state, started_at=at - 10, updated_at=at,
-                 records_per_s=done / 10, **kw)
-    return dict(json.loads(p.to_json()))
 
 
 class Clock:

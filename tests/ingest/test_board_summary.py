@@ -2,29 +2,13 @@
 state, records, rate and ETA; stale, failed, packed and published uploads."""
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
+from board_records import record
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainfeed.ingest.board import STALE_S, PackerProgress
+from trainfeed.ingest.board import STALE_S
 from trainfeed.ingest.board_summary import SHOW_PUBLISHED_S, summarize
-
-
-def progress(index: int | None, **kw: Any) -> PackerProgress:
-    fields: dict[str, Any] = dict(dataset="public/photos", fingerprint="f" * 16, index=index,
-                                  slices=3, records_total=100, bytes_total=1000,
-                                  shards_total=2, upload_records=300, upload_shards=6)
-    return PackerProgress(**{**fields, **kw})
-
-
-def record(index: int | None, state: str = "running", done: int = 50, at: float = 1000.0,
-           **kw: Any) -> dict[str, Any]:
-    p = progress(index, records_done=done, state=state, started_at=at - 10, updated_at=at,
-                 records_per_s=done / 10, **kw)
-    return dict(json.loads(p.to_json()))
 
 
 def test_a_board_sums_its_slices_into_one_upload_with_rate_and_eta() -> None:

@@ -300,6 +300,24 @@ class LeaseBook:
         self.dirty.clear()
         return reports
 
+    def drain_progress(self) -> list[Report]:
+        """Takes the progress that changed since it was last sent (not the queued reports: a
+        Session message carries progress only)."""
+        reports = [Report(*key, Outcome.PROGRESS, self.held.get(key, 0),
+                          consumed=self.progress[key]) for key in sorted(self.dirty)]
+        self.dirty.clear()
+        return reports
+
+    def resend_progress(self) -> None:
+        """A stream carrying progress nobody acknowledged broke: what it carried may be lost,
+        so every held partition's progress goes again (the master keeps the largest count)."""
+        self.dirty.update(key for key in self.progress if key in self.held)
+
+    def needs_answer(self, now: float, heartbeat_s: float) -> bool:
+        """Whether the next message must be answered: a heartbeat is due (only an answer renews
+        `sure_until`), or the master asked back a lease our trainer began."""
+        return self.begun_asked_at is not None or now - self.last_contact >= heartbeat_s
+
     def unsent(self, reports: list[Report]) -> None:
         """A call carrying `reports` failed: they go first in the next one (progress too, as
         plain reports: the master takes the largest count)."""

@@ -24,6 +24,7 @@ producer loop (trainfeed.reader.producer) drives.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -43,7 +44,7 @@ from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import shutdown
 from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
-from trainfeed.lease.client import MasterClient
+from trainfeed.lease.client import MasterClient, SessionStream, session_message
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -68,6 +69,9 @@ WATCH_SINCE_VERSION = 2
 # itself) is sent again after a backoff doubling from REPORT_RETRY_MIN_S to REPORT_RETRY_MAX_S.
 REPORT_RETRY_MIN_S = 0.1
 REPORT_RETRY_MAX_S = 5.0
+# A heartbeat sent on the Session stream unanswered this long: the stream is taken for broken
+# (reopened), and the heartbeat goes as a Report call instead (within the 5 s of a silent wait).
+ANSWER_TIMEOUT_S = 5.0
 
 _OUTCOMES = {Outcome.DONE: pb.TaskReport.DONE, Outcome.FAILED: pb.TaskReport.FAILED,
              Outcome.RELEASED: pb.TaskReport.RELEASED, Outcome.PROGRESS: pb.TaskReport.PROGRESS}
@@ -137,7 +141,13 @@ class WorkerSession:
         self._stopping = False
         self._stop = threading.Event()  # set with _stopping: ends the watcher's backoff
         self._watching = False  # the master accepted the Watch stream, which is up
-        self._stream: object = None  # the Watch call in flight (cancelled by close)
+        self._stream: object = None  # the Watch or Session call in flight (cancelled by close)
+        # The Session stream while the master accepts it: heartbeats and progress go on it.
+        self._carrier: SessionStream | None = None
+        self._session_rpc = True  # False once the master answered Session with UNIMPLEMENTED
+        # Session messages sent and waiting for their answer: seq -> (progress sent, when).
+        self._pending: dict[int, tuple[list[Report], float]] = {}
+        self._seq = 0
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
         self.broken: SyncGroupBrokenError | None = None
@@ -467,6 +477,12 @@ class WorkerSession:
                     self._cond.wait(max(0.001, due))
                 if self._stopping:
                     return
+                # Heartbeats and progress ride on the Session stream; queued DONE, FAILED and
+                # RELEASED reports go by a Report call (answered once durable).
+                carrier = self._carrier if not book.reports else None
+            if carrier is not None and self._send_on(carrier, heartbeat):
+                failures = 0
+                continue
             try:
                 self.send()
                 failures = 0
@@ -487,6 +503,56 @@ class WorkerSession:
             if self.broken is not None:
                 return  # the group is over: nothing to renew
 
+    def _send_on(self, carrier: SessionStream, heartbeat_s: float) -> bool:
+        """Sends the progress not yet sent, the held leases and the stats as a message of the
+        Session stream; a heartbeat (one is due) waits for its answer, which renews our view of
+        the leases like the answer to a Report. Returns False if the answer did not come (the
+        stream is then cancelled, to be reopened, and the caller sends a Report instead)."""
+        book = self._book()
+        now = time.monotonic()
+        with self._cond:
+            answered = book.needs_answer(now, heartbeat_s)
+            reports = book.drain_progress()
+            held, begun = book.held_now()
+            seq = 0
+            if answered:
+                self._seq += 1
+                seq = self._seq
+                self._pending[seq] = (reports, now)
+        carrier.send(session_message(seq, [to_message(r) for r in reports], held, begun,
+                                     self.sync, self._stats_now()))
+        if not answered:
+            return True
+        deadline = now + ANSWER_TIMEOUT_S
+        with self._cond:
+            while (seq in self._pending and self._carrier is carrier and not self._stopping
+                   and time.monotonic() < deadline):
+                self._cond.wait(max(0.001, deadline - time.monotonic()))
+            if seq not in self._pending or self._stopping:
+                return True
+            del self._pending[seq]
+            book.resend_progress()
+            timed_out = self._carrier is carrier
+        if timed_out:
+            logger.warning("the master did not answer a heartbeat on the Session stream within "
+                           "%g s; sending it as a Report call and reopening the stream",
+                           ANSWER_TIMEOUT_S)
+            carrier.cancel()
+        return False
+
+    def _answer(self, event: pb.WatchEvent) -> None:
+        """The master's answer to a Session message of ours: applied as the answer to a call
+        (it renews `sure_until`); progress it refused is dropped like a revoked lease."""
+        answer = event_answer(event)
+        answer = dataclasses.replace(answer, revoked=answer.revoked + leases(event.refused))
+        with self._cond:  # (re-entrant: the waiting sender sees the answer applied)
+            pending = self._pending.pop(event.answers, None)
+            if pending is None:
+                return  # it came after the sender gave up on it
+            reports, sent_at = pending
+            self._answered(reports, answer, sent_at)
+            self._cond.notify_all()
+
     # -- the watcher --------------------------------------------------------------------------
     def _watch_loop(self) -> None:
         """Keeps the Watch stream open and applies its events, reopening it with backoff."""
@@ -500,6 +566,12 @@ class WorkerSession:
                 code = e.code()  # type: ignore[attr-defined]
                 if self._stopping:
                     return
+                if code is grpc.StatusCode.UNIMPLEMENTED and self._session_rpc:
+                    self._session_rpc = False  # a master before Session: Watch, and Reports
+                    logger.info("master %s has no Session stream (an older master): this "
+                                "reader's heartbeats and progress go as Report calls",
+                                self.client.address)
+                    continue
                 if code is grpc.StatusCode.UNIMPLEMENTED:
                     if not unimplemented_logged:
                         unimplemented_logged = True
@@ -522,7 +594,8 @@ class WorkerSession:
             delay = min(delay * 2, WATCH_RETRY_MAX_S)
 
     def _watch_once(self) -> None:
-        stream = self.client.watch(self.job, self.worker)
+        carrier = self.client.session(self.job, self.worker) if self._session_rpc else None
+        stream = carrier if carrier is not None else self.client.watch(self.job, self.worker)
         with self._cond:
             if self._stopping:
                 stream.cancel()
@@ -532,13 +605,24 @@ class WorkerSession:
             # The master sends its headers (or a first event) once the stream is registered:
             # from then on it pushes what it would otherwise put in answers to our calls.
             stream.initial_metadata()
-            self._set_watching(True)
             for event in stream:
+                if event.answers:
+                    self._answer(event)
+                    continue
+                with self._cond:
+                    if carrier is not None and self._carrier is None:
+                        self._carrier = carrier  # (the first event: the master took it)
                 self._set_watching(True)
                 self.apply(event)
         finally:
             with self._cond:
                 self._stream = None
+                if carrier is not None and self._carrier is carrier:
+                    self._carrier = None
+                    # What it carried unanswered may be lost: sent again, by call or stream.
+                    self._pending.clear()
+                    self._book().resend_progress()
+                    self._cond.notify_all()
 
     def apply(self, event: pb.WatchEvent) -> Applied:
         """Applies one Watch event through the book, as the same fields of an answer (but it

@@ -593,15 +593,10 @@ class Coordinator:
     def report(self, job: Job, request: pb.ReportRequest, now: float
                ) -> tuple[pb.ReportResponse, bool]:
         """A heartbeat with reports; returns the answer and whether the ledger changed."""
-        worker = request.worker_id
-        self.session(job, worker, request.session_secret)
+        self.session(job, request.worker_id, request.session_secret)
         held = self.check_held(job, request.held)
-        self.alive(now)
-        self.reader_stats.record(job.name, worker, request.stats, now)
-        verdicts = self.check_reports(job, worker, request.reports)
-        changed = self.apply_reports(job, worker, request.reports, verdicts, now)
-        self.listed(job, worker, request.held)
-        self.touch(job, worker, now)
+        verdicts, changed = self._heard(job, request.worker_id, request, held, now)
+        worker = request.worker_id
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
                                  now)
         why = admission.revoked_why(job, worker)
@@ -609,6 +604,50 @@ class Coordinator:
                                  revoked=self.revoked(job, worker, held, request.reports),
                                  give_back=self.asked_back(job, worker, held),
                                  group_broken=stop, revoked_why=why, superseded=why), changed
+
+    def _heard(self, job: Job, worker: str, request: pb.ReportRequest, held: Held, now: float,
+               refuse: bool = True) -> tuple[list[Verdict], bool]:
+        """What a Report call and a Session message share: stats, reports (`refuse`: a call
+        with a report that is not the holder's is refused whole), the started marks, and the
+        renewal of every lease of `worker`. Returns the verdicts and whether the ledger
+        changed."""
+        self.alive(now)
+        self.reader_stats.record(job.name, worker, request.stats, now)
+        verdicts = self.check_reports(job, worker, request.reports, refuse)
+        changed = self.apply_reports(job, worker, request.reports, verdicts, now)
+        self.listed(job, worker, request.held)
+        self.touch(job, worker, now)
+        return verdicts, changed
+
+    def session_message(self, job: Job, worker: str, message: pb.SessionMessage, now: float
+                        ) -> tuple[pb.WatchEvent | None, bool]:
+        """A message of `worker`'s Session stream (its secret was checked when the stream
+        opened): renews its leases and takes its progress and stats, as a Report would. Only
+        PROGRESS reports ride here (INVALID_ARGUMENT for others: DONE, FAILED and RELEASED
+        are answered once durable, by Report or GetTasks). A progress report that is not the
+        holder's any more (it raced a DONE or an expiry) is dropped, not refused: it changed
+        nothing, and an answered message lists it in `refused`. Returns the answer (None for a
+        message without `seq`, which nobody waits for) and whether the ledger changed."""
+        request = message.report
+        for r in request.reports:
+            if r.outcome != pb.TaskReport.PROGRESS:
+                raise InvalidArgument(
+                    f"job {job.name!r}: a Session message carries only PROGRESS reports; send "
+                    f"the {pb.TaskReport.Outcome.Name(r.outcome)} report on partition "
+                    f"{r.partition} with Report or GetTasks (they are answered once durable)")
+        held = self.check_held(job, request.held)
+        verdicts, changed = self._heard(job, worker, request, held, now, refuse=False)
+        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
+                                 now)
+        if not message.seq:
+            return None, changed
+        why = admission.revoked_why(job, worker)
+        refused = [pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+                   for r, v in zip(request.reports, verdicts) if v is Verdict.REFUSE]
+        return pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
+                             revoked=self.revoked(job, worker, held, request.reports),
+                             give_back=self.asked_back(job, worker, held), refused=refused,
+                             group_broken=stop, revoked_why=why, superseded=why), changed
 
     def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
               ) -> tuple[pb.LeaveJobResponse, bool]:
@@ -635,10 +674,12 @@ class Coordinator:
             reports_refused=metrics.reports_refused, **job.ledger.counts())
 
     # -- reports ------------------------------------------------------------------------------
-    def check_reports(self, job: Job, worker: str, reports: Any) -> list[Verdict]:
+    def check_reports(self, job: Job, worker: str, reports: Any,
+                      refuse: bool = True) -> list[Verdict]:
         """Each report's verdict. Raises, before anything changed, INVALID_ARGUMENT if a report
-        names what cannot exist, or FAILED_PRECONDITION (the refused reports in the
-        REFUSED_TRAILER metadata) if one is not from the holder with its token."""
+        names what cannot exist, or (with `refuse`) FAILED_PRECONDITION (the refused reports in
+        the REFUSED_TRAILER metadata) if one is not from the holder with its token; without
+        `refuse` those are left to the caller (their verdict is REFUSE)."""
         verdicts: list[Verdict] = []
         refused: list[Any] = []
         for r in reports:
@@ -658,7 +699,7 @@ class Coordinator:
             if verdict is Verdict.REFUSE:
                 refused.append(r)
             verdicts.append(verdict)
-        if refused:
+        if refused and refuse:
             self._refuse(job, worker, refused)
         return verdicts
 

@@ -605,6 +605,7 @@ class WorkerSession:
             # The master sends its headers (or a first event) once the stream is registered:
             # from then on it pushes what it would otherwise put in answers to our calls.
             stream.initial_metadata()
+            self._set_watching(True)
             for event in stream:
                 if event.answers:
                     self._answer(event)

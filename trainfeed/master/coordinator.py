@@ -733,13 +733,17 @@ class Coordinator:
 
     def apply_reports(self, job: Job, worker: str, reports: Any, verdicts: list[Verdict],
                       now: float) -> bool:
-        """Applies the reports checked APPLY; returns whether the ledger changed."""
-        changed = False
+        """Applies the reports checked APPLY; returns whether the ledger changed. Long-polls
+        are woken only by what may let them lease or end (DONE, FAILED, RELEASED), not by
+        progress: every reader reports progress each second, and waking every waiting GetTasks
+        for it made the epoch's tail cost the master more than the reads (issue 28)."""
+        changed = freed = False
         complete = job.ledger.complete
         for report, verdict in zip(reports, verdicts):
-            if verdict is Verdict.APPLY:
-                changed |= self._apply_report(job, worker, report, now)
-        if changed:
+            if verdict is Verdict.APPLY and self._apply_report(job, worker, report, now):
+                changed = True
+                freed |= report.outcome != pb.TaskReport.PROGRESS
+        if freed:
             self.on_change(job.name)
             if job.ledger.complete and not complete:
                 self._tell_complete(job)

@@ -21,7 +21,7 @@ def message(seq: int, tasks: list[pb.Task], outcome: int = pb.TaskReport.PROGRES
               for t in tasks]))
 
 
-def test_progress_wakes_no_long_poll_and_a_done_does(core: Coordinator) -> None:  # noqa: F811
+def test_progress_and_a_done_wake_no_long_poll_and_a_hand_back_does(core: Coordinator) -> None:  # noqa: F811
     job = new_job(core)
     worker, secret = join(core, job)
     tasks = list(lease(core, job, worker, secret, 2, 0.0).tasks)
@@ -31,10 +31,15 @@ def test_progress_wakes_no_long_poll_and_a_done_does(core: Coordinator) -> None:
     assert changed and answer is not None and answer.answers == 1
     assert job.ledger.progress == {t.partition: 1 for t in tasks}
     assert woken == [], "progress woke the job's long-polls"
-    core.report(job, pb.ReportRequest(
-        job="j", worker_id=worker, session_secret=secret, reports=[pb.TaskReport(
-            epoch=0, partition=tasks[0].partition, lease=tasks[0].lease,
-            outcome=pb.TaskReport.DONE)]), 2.0)
+
+    def report(task: pb.Task, outcome: int) -> None:
+        core.report(job, pb.ReportRequest(
+            job="j", worker_id=worker, session_secret=secret, reports=[pb.TaskReport(
+                epoch=0, partition=task.partition, lease=task.lease,
+                outcome=outcome)]), 2.0)  # type: ignore[arg-type]
+    report(tasks[0], pb.TaskReport.DONE)
+    assert woken == [], "a DONE that leaves the epoch open woke the job's long-polls"
+    report(tasks[1], pb.TaskReport.RELEASED)  # back in todo: a waiting reader may lease it
     assert woken == ["j"]
 
 
@@ -58,3 +63,19 @@ def test_only_progress_rides_a_session_message(core: Coordinator) -> None:  # no
     with pytest.raises(InvalidArgument, match="only PROGRESS reports"):
         core.session_message(job, worker, message(1, tasks, pb.TaskReport.DONE), 1.0)
     assert not job.ledger.done
+
+
+def test_the_done_that_completes_the_epoch_wakes_the_long_polls(
+        core: Coordinator) -> None:  # noqa: F811
+    job = new_job(core)
+    worker, secret = join(core, job)
+    tasks: list[pb.Task] = []
+    while len(tasks) < job.ledger.num_partitions:
+        tasks += lease(core, job, worker, secret, 8, 0.0).tasks
+    woken: list[str] = []
+    core.on_change = woken.append
+    core.report(job, pb.ReportRequest(
+        job="j", worker_id=worker, session_secret=secret, reports=[pb.TaskReport(
+            epoch=0, partition=t.partition, lease=t.lease, outcome=pb.TaskReport.DONE)
+            for t in tasks]), 1.0)
+    assert job.ledger.complete and woken == ["j"]

@@ -734,19 +734,22 @@ class Coordinator:
     def apply_reports(self, job: Job, worker: str, reports: Any, verdicts: list[Verdict],
                       now: float) -> bool:
         """Applies the reports checked APPLY; returns whether the ledger changed. Long-polls
-        are woken only by what may let them lease or end (DONE, FAILED, RELEASED), not by
-        progress: every reader reports progress each second, and waking every waiting GetTasks
-        for it made the epoch's tail cost the master more than the reads (issue 28)."""
+        are woken only by what may let them lease or end: a partition back in todo (FAILED,
+        RELEASED) or the epoch complete. Not by progress, nor by a DONE that leaves the epoch
+        open (a waiting GetTasks waits for todo, which neither fills): every reader reports
+        progress each second and a DONE every partition, and each woke every waiting GetTasks,
+        which made the epoch's tail cost the master more than the reads (issue 28)."""
         changed = freed = False
         complete = job.ledger.complete
         for report, verdict in zip(reports, verdicts):
             if verdict is Verdict.APPLY and self._apply_report(job, worker, report, now):
                 changed = True
-                freed |= report.outcome != pb.TaskReport.PROGRESS
-        if freed:
+                freed |= report.outcome not in (pb.TaskReport.PROGRESS, pb.TaskReport.DONE)
+        ended = job.ledger.complete and not complete
+        if freed or ended:
             self.on_change(job.name)
-            if job.ledger.complete and not complete:
-                self._tell_complete(job)
+        if ended:
+            self._tell_complete(job)
         return changed
 
     def _apply_report(self, job: Job, worker: str, report: Any, now: float) -> bool:

@@ -23,8 +23,12 @@ from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-# How long one GetTasks may wait server-side while others hold the epoch's last tasks.
-LONG_POLL_MS = 2000
+# How long one GetTasks may wait server-side while others hold the epoch's last tasks: the
+# master's cap (trainfeed.master.service.MAX_WAIT_MS). The master answers at once when the wait
+# can end (a partition back in todo, the epoch complete), so a longer poll delays nothing; it
+# only makes a reader waiting out the epoch's tail cost fewer calls (2 s made a third of the
+# GetTasks calls of benchmarks/real_readers.py, issue 28).
+LONG_POLL_MS = 5000
 # A pass waiting this long for partitions others hold logs what it waits for and until when
 # (again when that changes, or every WAIT_LOG_EVERY_S): no wait over 5 s is silent (issue 26).
 WAIT_LOG_S = 5.0

@@ -188,7 +188,7 @@ def test_session_messages_renew_the_leases_and_a_silent_open_stream_does_not(
             call.cancel()
 
 
-def test_a_session_message_with_a_done_report_is_refused_and_stale_progress_is_listed(
+def test_an_unanswered_session_message_with_a_done_is_refused_and_stale_progress_listed(
         master: MasterProcess) -> None:
     with MasterClient(master.address, give_up_s=10) as client:
         worker = client.open_job("train", "flowers", seed=0).worker_id
@@ -205,7 +205,8 @@ def test_a_session_message_with_a_done_report_is_refused_and_stale_progress_is_l
             # Its own progress counts (the answer renews; nothing refused).
             call.send(heartbeat(2, [task], consumed=1))
             assert not answer(events, 2).refused
-            call.send(session_message(3, [pb.TaskReport(
+            # A DONE on a message nobody waits for: refused (a DONE must be confirmed).
+            call.send(session_message(0, [pb.TaskReport(
                 epoch=0, partition=task.partition, lease=task.lease,
                 outcome=pb.TaskReport.DONE)], [], (), None, None))
             while True:

@@ -1,5 +1,6 @@
 """The coordinator's side of the Session stream (issue 28): a message renews the session's
-leases and takes its progress like a Report; progress wakes no long-poll; only PROGRESS rides."""
+leases and takes its reports like a Report (a DONE only on an answered message; a refused report
+is listed, the others apply); progress wakes no long-poll."""
 from __future__ import annotations
 
 import pytest
@@ -56,13 +57,30 @@ def test_a_message_renews_the_leases_and_one_without_seq_gets_no_answer(
     assert expired == [55], "renewed at 25 s, the leases run out at 55 s"
 
 
-def test_only_progress_rides_a_session_message(core: Coordinator) -> None:  # noqa: F811
+def test_a_done_rides_only_an_answered_message(core: Coordinator) -> None:  # noqa: F811
     job = new_job(core)
     worker, secret = join(core, job)
     tasks = list(lease(core, job, worker, secret, 1, 0.0).tasks)
     with pytest.raises(InvalidArgument, match="only PROGRESS reports"):
-        core.session_message(job, worker, message(1, tasks, pb.TaskReport.DONE), 1.0)
+        core.session_message(job, worker, message(0, tasks, pb.TaskReport.DONE), 1.0)
     assert not job.ledger.done
+    answer, changed = core.session_message(job, worker, message(1, tasks, pb.TaskReport.DONE),
+                                           1.0)
+    assert changed and answer is not None and not answer.refused
+    assert set(job.ledger.done) == {tasks[0].partition}
+
+
+def test_a_refused_report_is_listed_and_the_others_apply(core: Coordinator) -> None:  # noqa: F811
+    job = new_job(core)
+    worker, secret = join(core, job)
+    tasks = list(lease(core, job, worker, secret, 2, 0.0).tasks)
+    stale = pb.Task(epoch=0, partition=tasks[1].partition, lease=tasks[1].lease + 1)
+    answer, _ = core.session_message(
+        job, worker, message(1, [tasks[0], stale], pb.TaskReport.DONE), 1.0)
+    assert answer is not None
+    assert [(t.partition, t.lease) for t in answer.refused] == [(stale.partition, stale.lease)]
+    assert set(job.ledger.done) == {tasks[0].partition}
+    assert core.metrics["j"].reports_refused == 1  # (a refused DONE counts; stale progress not)
 
 
 def test_the_done_that_completes_the_epoch_wakes_the_long_polls(

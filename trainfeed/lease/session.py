@@ -8,13 +8,20 @@ the session owns what the book must not: the client, the lock, and two threads.
   long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
   PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
   the master, which keeps the leases of slow partitions alive.
-- The watcher (with a master of protocol version 2 or later) holds the session's Watch stream
-  open: what the master must tell this reader
-  between its own calls (give-backs, revocations, epoch ends, group changes) comes pushed, so a
-  reader holding leases it has not started makes no calls (issue 28). A master without Watch
-  (UNIMPLEMENTED), or a broken stream, falls back to polling every STEAL_POLL_S while such leases
-  are held, and the stream is reopened with backoff. Fencing never depends on the stream: only an
-  answer to a call of the reader's own renews its leases.
+- The watcher (with a master of protocol version 2 or later) holds the session's Session stream
+  open: what the master must tell this reader between its own calls (give-backs, revocations,
+  epoch ends, group changes) comes pushed, so a reader holding leases it has not started makes
+  no calls; and what the reporter sends goes on it as messages, not Report calls (issue 28: a
+  unary call cost the master ~0.7-1.5 ms, a stream message a fraction). A message with reports
+  or a due heartbeat is answered once the master made it durable, and the answer is applied as
+  a Report's; progress alone goes unanswered (re-sent whole if the stream breaks). A heartbeat is
+  a message the reporter thread sends: a frozen reader sends none, and the master, which renews
+  leases only on messages, lets them expire although the stream stays open. A master without
+  Session (UNIMPLEMENTED) gets Watch and Report calls; one without Watch either, or a broken
+  stream (or an answer that does not come within ANSWER_TIMEOUT_S), falls back to Report calls
+  and to polling every STEAL_POLL_S while unstarted leases are held, and the stream is reopened
+  with backoff. Fencing never depends on the stream: only an answer to the reader's own call or
+  message renews its view of its leases.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.
@@ -477,9 +484,8 @@ class WorkerSession:
                     self._cond.wait(max(0.001, due))
                 if self._stopping:
                     return
-                # Heartbeats and progress ride on the Session stream; queued DONE, FAILED and
-                # RELEASED reports go by a Report call (answered once durable).
-                carrier = self._carrier if not book.reports else None
+                # Reports, progress and heartbeats ride on the Session stream while it is up.
+                carrier = self._carrier
             if carrier is not None and self._send_on(carrier, heartbeat):
                 failures = 0
                 continue
@@ -504,15 +510,17 @@ class WorkerSession:
                 return  # the group is over: nothing to renew
 
     def _send_on(self, carrier: SessionStream, heartbeat_s: float) -> bool:
-        """Sends the progress not yet sent, the held leases and the stats as a message of the
-        Session stream; a heartbeat (one is due) waits for its answer, which renews our view of
-        the leases like the answer to a Report. Returns False if the answer did not come (the
-        stream is then cancelled, to be reopened, and the caller sends a Report instead)."""
+        """What a Report call would carry (queued reports, progress not yet sent, the held
+        leases, the stats), as a message of the Session stream. With queued reports or a
+        heartbeat due it waits for the answer (sent once the master made the reports durable),
+        which is applied as the answer to a Report; progress alone goes unanswered. Returns
+        False if the answer did not come (the reports are queued again, the stream is
+        cancelled, to be reopened, and the caller sends a Report instead)."""
         book = self._book()
         now = time.monotonic()
         with self._cond:
-            answered = book.needs_answer(now, heartbeat_s)
-            reports = book.drain_progress()
+            answered = bool(book.reports) or book.needs_answer(now, heartbeat_s)
+            reports = book.drain() if answered else book.drain_progress()
             held, begun = book.held_now()
             seq = 0
             if answered:
@@ -528,10 +536,12 @@ class WorkerSession:
             while (seq in self._pending and self._carrier is carrier and not self._stopping
                    and time.monotonic() < deadline):
                 self._cond.wait(max(0.001, deadline - time.monotonic()))
-            if seq not in self._pending or self._stopping:
+            if seq not in self._pending:
                 return True
             del self._pending[seq]
-            book.resend_progress()
+            book.unsent(reports)  # (progress too, as plain reports: the master keeps the max)
+            if self._stopping:
+                return True  # close() sends them
             timed_out = self._carrier is carrier
         if timed_out:
             logger.warning("the master did not answer a heartbeat on the Session stream within "
@@ -620,8 +630,8 @@ class WorkerSession:
                 self._stream = None
                 if carrier is not None and self._carrier is carrier:
                     self._carrier = None
-                    # What it carried unanswered may be lost: sent again, by call or stream.
-                    self._pending.clear()
+                    # What it carried unanswered may be lost: sent again, by call or stream
+                    # (a sender waiting for an answer requeues its reports itself).
                     self._book().resend_progress()
                     self._cond.notify_all()
 

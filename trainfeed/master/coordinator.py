@@ -622,32 +622,41 @@ class Coordinator:
     def session_message(self, job: Job, worker: str, message: pb.SessionMessage, now: float
                         ) -> tuple[pb.WatchEvent | None, bool]:
         """A message of `worker`'s Session stream (its secret was checked when the stream
-        opened): renews its leases and takes its progress and stats, as a Report would. Only
-        PROGRESS reports ride here (INVALID_ARGUMENT for others: DONE, FAILED and RELEASED
-        are answered once durable, by Report or GetTasks). A progress report that is not the
-        holder's any more (it raced a DONE or an expiry) is dropped, not refused: it changed
-        nothing, and an answered message lists it in `refused`. Returns the answer (None for a
-        message without `seq`, which nobody waits for) and whether the ledger changed."""
+        opened): renews its leases and takes its reports and stats, as a Report would. One
+        without `seq` (nobody waits for its answer) carries PROGRESS reports only
+        (INVALID_ARGUMENT for others: a DONE must be confirmed). Reports not from the holder
+        with its token do not refuse the message: the others are applied, and the answer lists
+        them in `refused` (what a refused Report call and its retry come to); such progress is
+        not counted as a refusal (unanswered progress may race a DONE of another call).
+        Returns the answer (None without `seq`) and whether the ledger changed; the shell
+        answers once the change is durable."""
         request = message.report
-        for r in request.reports:
-            if r.outcome != pb.TaskReport.PROGRESS:
-                raise InvalidArgument(
-                    f"job {job.name!r}: a Session message carries only PROGRESS reports; send "
-                    f"the {pb.TaskReport.Outcome.Name(r.outcome)} report on partition "
-                    f"{r.partition} with Report or GetTasks (they are answered once durable)")
+        if not message.seq:
+            for r in request.reports:
+                if r.outcome != pb.TaskReport.PROGRESS:
+                    raise InvalidArgument(
+                        f"job {job.name!r}: a Session message without seq carries only "
+                        f"PROGRESS reports; the {pb.TaskReport.Outcome.Name(r.outcome)} report "
+                        f"on partition {r.partition} needs an answer (give the message a seq, "
+                        f"or send it with Report)")
         held = self.check_held(job, request.held)
         verdicts, changed = self._heard(job, worker, request, held, now, refuse=False)
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
                                  now)
+        refused = [r for r, v in zip(request.reports, verdicts) if v is Verdict.REFUSE]
+        counted = [r for r in refused if r.outcome != pb.TaskReport.PROGRESS]
+        if counted:
+            self._count_refused(job, worker, counted)
         if not message.seq:
             return None, changed
         why = admission.revoked_why(job, worker)
-        refused = [pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-                   for r, v in zip(request.reports, verdicts) if v is Verdict.REFUSE]
-        return pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
-                             revoked=self.revoked(job, worker, held, request.reports),
-                             give_back=self.asked_back(job, worker, held), refused=refused,
-                             group_broken=stop, revoked_why=why, superseded=why), changed
+        return pb.WatchEvent(
+            current_epoch=job.ledger.epoch, answers=message.seq,
+            revoked=self.revoked(job, worker, held, request.reports),
+            give_back=self.asked_back(job, worker, held), group_broken=stop,
+            revoked_why=why, superseded=why,
+            refused=[pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+                     for r in refused]), changed
 
     def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
               ) -> tuple[pb.LeaveJobResponse, bool]:
@@ -704,6 +713,17 @@ class Coordinator:
         return verdicts
 
     def _refuse(self, job: Job, worker: str, refused: list[Any]) -> None:
+        why = self._count_refused(job, worker, refused)
+        trailer = pb.RefusedReports(reports=[
+            pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
+        raise FailedPrecondition(
+            f"job {job.name!r}: {len(refused)} report(s) of worker {clip(worker)} refused: it "
+            f"does not hold their lease (it expired, or the partition went to another reader); "
+            f"first: {why}", ((REFUSED_TRAILER, trailer),))
+
+    def _count_refused(self, job: Job, worker: str, refused: list[Any]) -> str:
+        """Counts and logs (rate-limited) refused reports; returns why the first was."""
         self.metrics[job.name].reports_refused += len(refused)
         first = refused[0]
         # Neither the partition's holder nor any token: that is what let a caller report as
@@ -714,13 +734,7 @@ class Coordinator:
         self.refusal_log.warning(
             f"job {job.name!r}: refused {len(refused)} report(s) of worker {clip(worker)}, "
             f"which does not hold their lease; first: {why}")
-        trailer = pb.RefusedReports(reports=[
-            pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
-        raise FailedPrecondition(
-            f"job {job.name!r}: {len(refused)} report(s) of worker {clip(worker)} refused: it "
-            f"does not hold their lease (it expired, or the partition went to another reader); "
-            f"first: {why}", ((REFUSED_TRAILER, trailer),))
+        return why
 
     def check_held(self, job: Job, held: Any) -> Held:
         """The (epoch, partition, lease) triples a request says it holds; INVALID_ARGUMENT for a

@@ -126,9 +126,9 @@ class MasterServicer:
         first SessionMessage names the session (`open`, as a WatchRequest); the master renews the
         session's leases on each later message it receives (never on the stream's mere liveness: a
         frozen reader sends none, and its leases expire), and answers each one that has a `seq` with
-        a WatchEvent whose `answers` is that seq. DONE, FAILED and RELEASED reports are not taken
-        here (INVALID_ARGUMENT): they go by Report or GetTasks, answered once durable. A master
-        without this rpc answers UNIMPLEMENTED; the reader then uses Watch and unary Reports.
+        a WatchEvent whose `answers` is that seq, once the message's changes are durable (so a DONE
+        may ride a message with a seq, as on a Report call). A master without this rpc answers
+        UNIMPLEMENTED; the reader then uses Watch and unary Reports.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

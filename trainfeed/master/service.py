@@ -78,6 +78,11 @@ logger = logging.getLogger(__name__)
 
 # Upper bound of one long-poll: short enough that a reader notices a dead master quickly.
 MAX_WAIT_MS = 5000
+# Progress that no reader waits for (unanswered Session messages) reaches the journal writer at
+# most this long after it came (then durable a journal tick later): 200 readers' progress is then
+# ~20 hand-overs a second, not 200. A master killed meanwhile loses at most this much progress,
+# which a reader re-delivers (the contract: progress at most PROGRESS_INTERVAL_S old).
+PROGRESS_JOURNAL_S = 0.05
 # The one table of refusals -> status codes (looked up along the exception's class hierarchy).
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -137,6 +142,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         # Long-polls wait on their job's event; each Watch stream on its own.
         self._changed: dict[str, asyncio.Event] = {}
         self._watchers: dict[tuple[str, str], asyncio.Event] = {}
+        # Jobs whose unanswered progress is handed to the journal writer soon (_submit_soon).
+        self._submit_due: set[str] = set()
         # Set by the server when calls carry tokens: a job token's call may touch its job only.
         self.job_scoped = False
 
@@ -223,6 +230,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self.journal.submit(job.name, ops, state)
         except StateStoreError as e:
             logger.error("job %r: %s", job.name, e)
+
+    def _submit_soon(self, job: Job) -> None:
+        """Hands the job's ops to the journal writer within PROGRESS_JOURNAL_S, with whatever
+        else changed meanwhile: unanswered progress (each reader's, every second) is one
+        hand-over per job per tick, not one per message (each woke the writer thread)."""
+        if job.name in self._submit_due:
+            return
+        self._submit_due.add(job.name)
+
+        def submit() -> None:
+            self._submit_due.discard(job.name)
+            if job.ledger.journal and self.journal.running:
+                self._submit(job)
+        asyncio.get_running_loop().call_later(PROGRESS_JOURNAL_S, submit)
 
     # -- waking -------------------------------------------------------------------------------
     def _wake(self, job: str) -> None:
@@ -420,7 +441,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 answer, changed = self.core.session_message(job, worker, message, time.time())
                 if changed:
                     if answer is None:
-                        self._submit(job)  # nobody waits for it: durable soon, not awaited
+                        self._submit_soon(job)  # nobody waits for it: durable soon
                     else:
                         await self._durable(job)
                 if answer is not None:

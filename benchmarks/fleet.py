@@ -140,7 +140,7 @@ class ReaderStats:
     released: int = 0
     revoked: int = 0
     events: int = 0
-    stream_messages: int = 0  # heartbeats sent on the Session stream
+    stream_messages: int = 0  # heartbeats and reports sent on the Session stream
     answers: int = 0  # the master's answers to them
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
@@ -170,9 +170,9 @@ class SimReader:
     """One reader: the lease protocol as a reader session speaks it, consumption simulated.
 
     Per epoch: keep `depth` leases in hand (the one being read and those ahead, unstarted);
-    reports ride on the next call; a heartbeat goes every lease_timeout/3 if no other call went
-    (a message of its Session stream, or a Report call when it has reports to send or no
-    stream); a reader that does not watch also calls every STEAL_POLL_S while it holds
+    reports ride on the next call; a heartbeat goes every lease_timeout/3 if no other call went,
+    and reports that cannot wait go alone (a message of its Session stream, or a Report call
+    without a stream); a reader that does not watch also calls every STEAL_POLL_S while it holds
     unstarted leases (how it learns of give-backs); a watching one learns them on its stream.
     """
 
@@ -304,10 +304,10 @@ class SimReader:
                 due = now  # at an epoch's tail the others wait for these reports
             if now >= due:
                 sent, reports = reports, []
-                if sent or self.stream is None:
+                if self.stream is None:
                     self._answered(self._report(sent, held, current), ahead, reports)
-                else:  # a heartbeat: a message; its answer comes as an event
-                    self._heartbeat(held, current)
+                else:  # a message; its answer comes as an event
+                    self._send(sent, held, current)
                 last_call = time.monotonic()
                 continue
             wake = due if current is None else min(due, began + (current.end - current.skip)
@@ -341,6 +341,7 @@ class SimReader:
         for event in events:
             if event.answers:
                 self.stats.answers += 1
+                self._drop(event.refused, ahead)
             else:
                 self.stats.events += 1
             self._answered(event, ahead, reports)
@@ -358,8 +359,10 @@ class SimReader:
             # and the thief, woken, asks elsewhere at once rather than after ASK_AGAIN_S)
             reports[:] = [r for r in reports if r.outcome != pb.TaskReport.RELEASED]
             held = ([self.current] if self.current else []) + list(ahead)
-            again = self._report(sent, held, self.current)
-            self._drop(again.revoked, ahead)
+            if self.stream is not None:
+                self._send(sent, held, self.current)
+            else:
+                self._drop(self._report(sent, held, self.current).revoked, ahead)
 
     def _drop(self, revoked: Sequence[pb.HeldTask], ahead: deque[_Lease]) -> None:
         gone = {(t.epoch, t.partition, t.lease) for t in revoked}
@@ -409,10 +412,13 @@ class SimReader:
                    held=[x.key for x in held], started=[current.key] if current else [],
                    sync=self.sync)
 
-    def _heartbeat(self, held: list[_Lease], current: _Lease | None) -> None:
+    def _send(self, reports: list[pb.TaskReport], held: list[_Lease],
+              current: _Lease | None) -> None:
+        """A Session message (a heartbeat, with any reports): answered once durable; the answer
+        comes as an event."""
         self.seq += 1
         self.stats.stream_messages += 1
-        self.stream.send(session_message(self.seq, [], [x.key for x in held],
+        self.stream.send(session_message(self.seq, reports, [x.key for x in held],
                                          [current.key] if current else [], self.sync, None))
 
     def _call(self, name: str, method: Any, *args: Any, **kw: Any) -> Any:
@@ -652,7 +658,8 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
                      "released": sum(r["released"] for r in results),
                      "revoked": sum(r["revoked"] for r in results)},
         "watch_events": sum(r["events"] for r in results),
-        # Over the whole run (not the window): heartbeats as Session messages, and answers.
+        # Over the whole run (not the window): heartbeats and reports as Session messages, and
+    # the master's answers.
         "stream_messages": sum(r["stream_messages"] for r in results),
         "stream_answers": sum(r["answers"] for r in results),
         "kinds": dict(Counter(r["kind"] for r in results)),
@@ -699,7 +706,7 @@ def render(summary: dict[str, Any]) -> str:
              f"{summary['stealing']['released']} |",
              f"calls/s by method: {summary['calls_per_s']}",
              f"Session streams (whole run): {summary['watch_events']} events pushed, "
-             f"{summary['stream_messages']} heartbeat messages, {summary['stream_answers']} "
+             f"{summary['stream_messages']} messages sent, {summary['stream_answers']} "
              f"answers"]
     for epoch, c in summary["epochs"].items():
         lines.append(f"epoch {epoch}: {c['expected']} records expected, {c['missing']} missing, "

@@ -390,3 +390,39 @@ def test_an_unanswered_session_message_falls_back_to_a_report_call(
                 session.close()
     finally:
         server.stop(0)
+
+
+class ClosingSessionMaster(FakeMaster):
+    """A FakeMaster whose Session streams end right after their opening event (a master that
+    keeps dropping them)."""
+
+    def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+        self._count("Session", next(request_iterator))
+        yield pb.WatchEvent(current_epoch=0)
+
+
+def test_reopened_session_streams_leave_no_thread_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC feeds a stream's messages from a thread of its own, blocked on the session's queue
+    until told the stream is over: a reader whose stream broke 70 times had 70 more threads."""
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.01)
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.05)
+    servicer = ClosingSessionMaster()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}") as client:
+            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            try:
+                wait_until(lambda: servicer.calls["Session"] >= 5)
+                threads = threading.active_count()
+                opened = servicer.calls["Session"]
+                wait_until(lambda: servicer.calls["Session"] >= opened + 30)
+                assert threading.active_count() <= threads + 3
+            finally:
+                session.close()
+    finally:
+        server.stop(0)

@@ -626,6 +626,8 @@ class WorkerSession:
                 self._set_watching(True)
                 self.apply(event)
         finally:
+            if carrier is not None:
+                carrier.cancel()  # (ends the thread gRPC feeds the call's messages from)
             with self._cond:
                 self._stream = None
                 if carrier is not None and self._carrier is carrier:

@@ -3,8 +3,10 @@
 What it measures: a master process (`trainfeed master`, any state store) serving N simulated
 readers, spread as threads over `--processes` client processes so that 1,000 fit on a small
 machine. Each reader speaks the real wire protocol through trainfeed.lease.client.MasterClient
-(OpenJob, GetTasks with reports and held leases, Report as heartbeat, LeaveJob) and, with
-`--watch` (the default), holds a Watch stream instead of polling while it holds unstarted leases.
+(OpenJob, GetTasks with reports and held leases, LeaveJob) and, by default, holds a Session
+stream: what the master pushes (give-backs, revocations, epoch ends) comes on it, and its
+heartbeats go on it as messages (answered), not as Report calls. `--poll`: no stream, Report as
+heartbeat and every STEAL_POLL_S while it holds unstarted leases (readers before push).
 What a reader "reads" is time: it consumes a partition's records at its own rate (records/s),
 so the load on the master is the protocol's and nothing else's. Readers come in kinds: `slow`
 and `fast` (a share of them, at a factor of the base rate) and `dying` (they stop dead, without
@@ -59,12 +61,11 @@ from stop_cleanly import exit_cleanly_on_signals
 import trainfeed
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo, write_manifest
-from trainfeed.lease.client import MasterClient
+from trainfeed.lease.client import MasterClient, session_message
 from trainfeed.master.process import MasterProcess
 from trainfeed.planning.order import epoch_order
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
-from trainfeed.v1 import master_pb2_grpc
 
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench")
 JOB = "fleet"
@@ -139,6 +140,8 @@ class ReaderStats:
     released: int = 0
     revoked: int = 0
     events: int = 0
+    stream_messages: int = 0  # heartbeats and reports sent on the Session stream
+    answers: int = 0  # the master's answers to them
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     records: dict[int, int] = field(default_factory=dict)  # epoch -> records consumed
@@ -167,8 +170,9 @@ class SimReader:
     """One reader: the lease protocol as a reader session speaks it, consumption simulated.
 
     Per epoch: keep `depth` leases in hand (the one being read and those ahead, unstarted);
-    reports ride on the next call; a heartbeat (Report) goes every lease_timeout/3 if no other
-    call went; a reader that does not watch also calls every STEAL_POLL_S while it holds
+    reports ride on the next call; a heartbeat goes every lease_timeout/3 if no other call went,
+    and reports that cannot wait go alone (a message of its Session stream, or a Report call
+    without a stream); a reader that does not watch also calls every STEAL_POLL_S while it holds
     unstarted leases (how it learns of give-backs); a watching one learns them on its stream.
     """
 
@@ -184,7 +188,8 @@ class SimReader:
         self.worker = ""
         self.cond = threading.Condition()
         self.inbox: list[pb.WatchEvent] = []
-        self.stream: Any = None
+        self.stream: Any = None  # its Session stream (a SessionStream)
+        self.seq = 0
         # When (after the start) a dying reader dies: within its first epoch's share.
         self.dies_after = (random.Random(index).uniform(0.2, 0.8)
                            * cfg.partitions * cfg.records / cfg.readers / self.rate
@@ -299,7 +304,10 @@ class SimReader:
                 due = now  # at an epoch's tail the others wait for these reports
             if now >= due:
                 sent, reports = reports, []
-                self._answered(self._report(sent, held, current), ahead, reports)
+                if self.stream is None:
+                    self._answered(self._report(sent, held, current), ahead, reports)
+                else:  # a message; its answer comes as an event
+                    self._send(sent, held, current)
                 last_call = time.monotonic()
                 continue
             wake = due if current is None else min(due, began + (current.end - current.skip)
@@ -331,7 +339,11 @@ class SimReader:
             events, self.inbox = self.inbox, []
         stop = False
         for event in events:
-            self.stats.events += 1
+            if event.answers:
+                self.stats.answers += 1
+                self._drop(event.refused, ahead)
+            else:
+                self.stats.events += 1
             self._answered(event, ahead, reports)
             stop = stop or bool(event.group_broken or event.superseded)
         return stop
@@ -347,8 +359,10 @@ class SimReader:
             # and the thief, woken, asks elsewhere at once rather than after ASK_AGAIN_S)
             reports[:] = [r for r in reports if r.outcome != pb.TaskReport.RELEASED]
             held = ([self.current] if self.current else []) + list(ahead)
-            again = self._report(sent, held, self.current)
-            self._drop(again.revoked, ahead)
+            if self.stream is not None:
+                self._send(sent, held, self.current)
+            else:
+                self._drop(self._report(sent, held, self.current).revoked, ahead)
 
     def _drop(self, revoked: Sequence[pb.HeldTask], ahead: deque[_Lease]) -> None:
         gone = {(t.epoch, t.partition, t.lease) for t in revoked}
@@ -398,6 +412,15 @@ class SimReader:
                    held=[x.key for x in held], started=[current.key] if current else [],
                    sync=self.sync)
 
+    def _send(self, reports: list[pb.TaskReport], held: list[_Lease],
+              current: _Lease | None) -> None:
+        """A Session message (a heartbeat, with any reports): answered once durable; the answer
+        comes as an event."""
+        self.seq += 1
+        self.stats.stream_messages += 1
+        self.stream.send(session_message(self.seq, reports, [x.key for x in held],
+                                         [current.key] if current else [], self.sync, None))
+
     def _call(self, name: str, method: Any, *args: Any, **kw: Any) -> Any:
         self.stats.calls[name] += 1
         return method(*args, **kw)
@@ -429,18 +452,12 @@ class SimReader:
 
 
 class Watcher:
-    """The Watch streams of one client process: one thread per stream, as each reader process
-    of a real fleet has (grpc's blocking API; mixing it with grpc.aio in one process slowed the
-    blocking calls under load)."""
-
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address)
-        self.stub = master_pb2_grpc.MasterStub(self.channel)
+    """The Session streams of one client process: one thread per stream, as each reader
+    process of a real fleet has (grpc's blocking API; mixing it with grpc.aio in one process
+    slowed the blocking calls under load)."""
 
     def watch(self, reader: SimReader) -> None:
-        call = self.stub.Watch(pb.WatchRequest(
-            job=JOB, worker_id=reader.worker,
-            session_secret=reader.client.secret(JOB, reader.worker)))
+        call = reader.client.session(JOB, reader.worker)
         reader.stream = call
 
         def read() -> None:
@@ -449,19 +466,16 @@ class Watcher:
                     reader.deliver(event)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.CANCELLED:
-                    reader.stats.errors.append(f"reader {reader.index}: Watch: {e.code().name}: "
-                                               f"{e.details()}")
+                    reader.stats.errors.append(f"reader {reader.index}: Session: "
+                                               f"{e.code().name}: {e.details()}")
         threading.Thread(target=read, daemon=True).start()
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def client_main(address: str, cfg: FleetOptions, dataset: str, indices: list[int],
                 conn: multiprocessing.connection.Connection) -> None:
     """One client process: its readers as threads, their Watch streams on one loop."""
     client = MasterClient(address, give_up_s=30, token=None)
-    watcher = Watcher(address) if cfg.watch else None
+    watcher = Watcher() if cfg.watch else None
     go = threading.Event()
     readers = [SimReader(client, cfg, dataset, i, go) for i in indices]
     results: list[ReaderStats] = [ReaderStats() for _ in readers]
@@ -479,8 +493,6 @@ def client_main(address: str, cfg: FleetOptions, dataset: str, indices: list[int
     go.set()
     for t in threads:
         t.join()
-    if watcher is not None:
-        watcher.close()
     client.close()
     conn.send([asdict(r) for r in results])
     conn.close()
@@ -646,6 +658,10 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
                      "released": sum(r["released"] for r in results),
                      "revoked": sum(r["revoked"] for r in results)},
         "watch_events": sum(r["events"] for r in results),
+        # Over the whole run (not the window): heartbeats and reports as Session messages, and
+    # the master's answers.
+        "stream_messages": sum(r["stream_messages"] for r in results),
+        "stream_answers": sum(r["answers"] for r in results),
         "kinds": dict(Counter(r["kind"] for r in results)),
         "epochs": coverage(cfg, results) if not cfg.duration_s else {},
         # Distinct errors (the reader's index cut off), with how many readers met each.
@@ -688,7 +704,10 @@ def render(summary: dict[str, Any]) -> str:
              f"{summary['grant_ms']['p50']} / {summary['grant_ms']['p99']} | "
              f"{summary['starved_s']['max']} | {summary['stealing']['give_backs']} | "
              f"{summary['stealing']['released']} |",
-             f"calls/s by method: {summary['calls_per_s']}"]
+             f"calls/s by method: {summary['calls_per_s']}",
+             f"Session streams (whole run): {summary['watch_events']} events pushed, "
+             f"{summary['stream_messages']} messages sent, {summary['stream_answers']} "
+             f"answers"]
     for epoch, c in summary["epochs"].items():
         lines.append(f"epoch {epoch}: {c['expected']} records expected, {c['missing']} missing, "
                      f"{c['duplicated']} duplicated"

@@ -7,7 +7,11 @@ mismatch surface later as a refused lease token.
 
 History: 0 — readers before versioning (they send no field). 1 — never used on the wire (the
 protocol up to issue 27). 2 — issue 28: the Watch stream carries give-backs, revocations, epoch
-ends and sync-group changes; a reader holding unstarted leases no longer polls.
+ends and sync-group changes; a reader holding unstarted leases no longer polls. Still 2: the
+Session rpc (Watch plus the reader's heartbeats and reports as stream messages, issue 28) was
+added without a new version, since both sides of a mixed pair still work: a reader meets a master
+without Session with UNIMPLEMENTED and uses Watch and Report calls, and a master serves readers
+that never open one as before. Bumping would have refused every such pair at OpenJob.
 """
 from __future__ import annotations
 

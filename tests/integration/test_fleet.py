@@ -1,8 +1,9 @@
 """The fleet simulator at CI size (issue 28): 200 simulated readers (slow, fast and dying ones
-mixed in) on a real master process, over the real wire protocol with Watch streams: every record
-of the epoch delivered exactly once, and the readers cost the master at most one call per
-reader-second (the same readers polling while they hold unstarted leases, `--poll`, made 1.98
-in the same setting: the bound fails without push)."""
+mixed in) on a real master process, over the real wire protocol with Session streams: every
+record of the epoch delivered exactly once, and the readers cost the master at most 0.9 calls per
+reader-second and no Report calls (their heartbeats and reports are stream messages; the same
+readers polling while they hold unstarted leases, `--poll`, made 1.98 calls in the same setting:
+the bound fails without push)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 ROOT = Path(__file__).resolve().parents[2]
-# Calls per reader-second: a partition every 2 s, a heartbeat at most every lease_timeout/3.
-MAX_CALLS_PER_READER_S = 1.0
+# Calls per reader-second: a partition every 2 s (its GetTasks), nothing else (heartbeats and
+# reports ride the Session streams). Measured 0.61-0.69 here; 0.72 with Report calls for them.
+MAX_CALLS_PER_READER_S = 0.9
+# Report calls per second of the whole fleet: none while the readers' Session streams are up.
+MAX_REPORTS_PER_S = 2.0
 
 
 @pytest.mark.timeout(240)
@@ -38,6 +42,8 @@ def test_200_simulated_readers_read_every_record_once_at_under_a_call_per_second
     assert epoch == {"expected": 800 * 20, "missing": 0, "duplicated": 0, "uncertain": 0}, \
         result.stdout
     assert summary["calls_per_reader_s"] <= MAX_CALLS_PER_READER_S, result.stdout
+    assert summary["calls_per_s"].get("Report", 0) <= MAX_REPORTS_PER_S, result.stdout
+    assert summary["stream_answers"] >= 100, result.stdout  # (reports and heartbeats)
     # What the streams carried: at least the opening events, and give-backs that were handed
     # back (a dying reader's and the slow readers' leases at the tail).
     assert summary["watch_events"] >= 200, result.stdout

@@ -1,17 +1,23 @@
 """Watch over the wire (issue 28): one stream per reader session, authenticated by its secret,
 carrying leases taken from the session and the end of an epoch as they happen; and a reader of
-another protocol version refused at OpenJob naming both versions."""
+another protocol version refused at OpenJob naming both versions. Session: the same stream plus
+the reader's heartbeats and progress as messages, which renew its leases as they arrive (the
+stream's mere liveness renews nothing)."""
 from __future__ import annotations
 
 import queue
 import threading
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sample_data import make_image_list
 
-from trainfeed.lease.client import MasterClient
+from trainfeed.lease.client import MasterClient, session_message
 from trainfeed.master.process import MasterProcess
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.upload import UploadOptions, upload
@@ -30,6 +36,16 @@ def master(tmp_path: Path) -> MasterProcess:
     with MasterProcess(storage, extra_args=["--partitions", str(PARTITIONS),
                                             "--lease-timeout", "1"]) as m:
         yield m
+
+
+def calls(master: MasterProcess) -> dict[str, float]:
+    """Calls the master answered so far, by method (its trainfeed_rpc_duration_seconds)."""
+    assert master.metrics_url is not None
+    with urllib.request.urlopen(master.metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {s.labels["method"].rsplit("/", 1)[-1]: s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "trainfeed_rpc_duration_seconds_count"}
 
 
 def stream(stub: master_pb2_grpc.MasterStub, request: pb.WatchRequest
@@ -106,3 +122,109 @@ def test_a_reader_of_another_protocol_version_is_refused_naming_both(
                                                 worker_name="new",
                                                 protocol_version=PROTOCOL_VERSION), timeout=30)
         assert opened.protocol_version == PROTOCOL_VERSION
+
+
+# -- Session: Watch plus the reader's heartbeats and progress as stream messages -----------------
+def session_stream(client: MasterClient, worker: str
+                   ) -> tuple[queue.Queue[pb.WatchEvent | grpc.RpcError], Any]:
+    """The session's Session stream (client.session), its events on a queue read by a thread."""
+    events: queue.Queue[pb.WatchEvent | grpc.RpcError] = queue.Queue()
+    call = client.session("train", worker)
+
+    def read() -> None:
+        try:
+            for event in call:
+                events.put(event)
+        except grpc.RpcError as e:
+            events.put(e)
+    threading.Thread(target=read, daemon=True).start()
+    return events, call
+
+
+def heartbeat(seq: int, held: list[pb.Task], consumed: int = 0) -> pb.SessionMessage:
+    return session_message(
+        seq, [pb.TaskReport(epoch=t.epoch, partition=t.partition, lease=t.lease,
+                            outcome=pb.TaskReport.PROGRESS, consumed=consumed)
+              for t in held if consumed],
+        [(t.epoch, t.partition, t.lease) for t in held], (), None, None)
+
+
+def answer(events: queue.Queue[pb.WatchEvent | grpc.RpcError], seq: int) -> pb.WatchEvent:
+    while True:
+        event = events.get(timeout=10)
+        assert isinstance(event, pb.WatchEvent), event
+        if event.answers == seq:
+            return event
+        assert not event.revoked, f"leases taken before the answer to {seq}: {event}"
+
+
+def test_session_messages_renew_the_leases_and_a_silent_open_stream_does_not(
+        master: MasterProcess) -> None:
+    """Heartbeats sent as messages keep a session's leases past the lease timeout (1 s) without
+    a Report call; once the reader stops sending (a frozen process) its leases expire although
+    its stream stays open: liveness of the stream is no heartbeat."""
+    with MasterClient(master.address, give_up_s=10) as client:
+        worker = client.open_job("train", "flowers", seed=0).worker_id
+        events, call = session_stream(client, worker)
+        try:
+            assert isinstance(events.get(timeout=10), pb.WatchEvent)  # open
+            mine = list(client.get_tasks("train", worker, 0, 2, 0).tasks)
+            assert mine
+            reports_before = calls(master).get("Report", 0)
+            for seq in range(1, 9):  # 2.4 s of heartbeats every 0.3 s, all answered
+                call.send(heartbeat(seq, mine, consumed=seq % 2))
+                got = answer(events, seq)
+                silent = time.monotonic()  # (the master renewed them before it answered)
+                assert not got.revoked and not got.refused, got
+                time.sleep(0.3)
+            assert calls(master).get("Report", 0) == reports_before
+            # Silent from now on, the stream open: the leases go after the lease timeout.
+            event = events.get(timeout=10)
+            assert isinstance(event, pb.WatchEvent), event
+            assert {(t.partition, t.lease) for t in event.revoked} == {
+                (t.partition, t.lease) for t in mine}
+            assert time.monotonic() - silent >= 0.7
+        finally:
+            call.cancel()
+
+
+def test_an_unanswered_session_message_with_a_done_is_refused_and_stale_progress_listed(
+        master: MasterProcess) -> None:
+    with MasterClient(master.address, give_up_s=10) as client:
+        worker = client.open_job("train", "flowers", seed=0).worker_id
+        events, call = session_stream(client, worker)
+        try:
+            assert isinstance(events.get(timeout=10), pb.WatchEvent)
+            [task] = client.get_tasks("train", worker, 0, 1, 0).tasks
+            # Progress on a lease that is not the session's (a stale token: the partition went
+            # to another reader since): dropped and listed, the call not refused.
+            stale = pb.Task(epoch=0, partition=task.partition, lease=task.lease + 1)
+            call.send(heartbeat(1, [stale], consumed=1))
+            assert [(t.partition, t.lease) for t in answer(events, 1).refused] == [
+                (task.partition, task.lease + 1)]
+            # Its own progress counts (the answer renews; nothing refused).
+            call.send(heartbeat(2, [task], consumed=1))
+            assert not answer(events, 2).refused
+            # A DONE on a message nobody waits for: refused (a DONE must be confirmed).
+            call.send(session_message(0, [pb.TaskReport(
+                epoch=0, partition=task.partition, lease=task.lease,
+                outcome=pb.TaskReport.DONE)], [], (), None, None))
+            while True:
+                error = events.get(timeout=10)
+                if isinstance(error, grpc.RpcError):
+                    break
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "only PROGRESS reports" in (error.details() or "")
+        finally:
+            call.cancel()
+
+
+def test_a_session_stream_without_the_session_secret_is_refused(master: MasterProcess) -> None:
+    with MasterClient(master.address, give_up_s=10) as client:
+        worker = client.open_job("train", "flowers", seed=0).worker_id
+        client._secrets[("train", worker)] = "x"  # (what a caller without the secret sends)
+        events, call = session_stream(client, worker)
+        error = events.get(timeout=10)
+        assert isinstance(error, grpc.RpcError)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        call.cancel()

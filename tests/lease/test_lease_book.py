@@ -61,6 +61,23 @@ def test_a_revoked_lease_is_not_reported_done_but_a_done_queued_before_still_goe
     assert [r.names for r in book.drain() if r.outcome is Outcome.DONE] == [(0, 1, 11)]
 
 
+def test_a_lease_taken_away_after_its_last_record_went_out_drops_nothing() -> None:
+    """The DONE of an epoch's last partition rides one call while another call's (or message's)
+    answer, made after the epoch ended, lists the lease as no longer ours: nothing of it was
+    undelivered, so it is not among the leases whose records are dropped (nor logged so)."""
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11), (0, 2, 12)])
+    book.handed_over()
+    book.claim((0, 1, 11))
+    assert book.done((0, 1, 11), now=1.0)
+    in_flight = book.drain()
+    applied = book.answered([], Answer(revoked=((0, 1, 11), (0, 2, 12))), called_at=2.0,
+                            now=2.0)
+    assert applied.gone == [(0, 2)]
+    book.answered(in_flight, Answer(), called_at=1.5, now=2.5)
+    assert not book.held and not book.finishing
+
+
 def test_only_an_answer_to_our_own_call_renews_the_leases() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])

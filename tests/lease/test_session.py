@@ -27,6 +27,8 @@ from trainfeed import (
     SyncGroupBrokenError,
     dist,
 )
+from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
 from trainfeed.lease.session import STEAL_POLL_S, WATCH_SINCE_VERSION, WorkerSession
@@ -314,6 +316,112 @@ def test_a_master_of_an_older_protocol_gets_no_watch_calls() -> None:
                 time.sleep(0.6)
                 assert servicer.calls["Watch"] == 0
                 assert servicer.calls["Report"] >= 1  # it polls, as readers before Watch did
+            finally:
+                session.close()
+    finally:
+        server.stop(0)
+
+
+class MuteSessionMaster(FakeMaster):
+    """A FakeMaster whose Session stream opens (and says so) but never answers a message: a
+    master cut off or stalled on the stream's path."""
+
+    def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+        self._count("Session", next(request_iterator))
+        yield pb.WatchEvent(current_epoch=0)
+        for message in request_iterator:
+            self._count("SessionMessage", message)
+
+
+def done_task(session: WorkerSession, partition: int, lease: int) -> TaskRef:
+    task = TaskRef(0, partition, "s", 0, 1, 8, lease=lease)
+    session.handed_over()
+    assert session.claim(task) is False
+    return task
+
+
+def test_without_session_a_reader_watches_and_reports_by_calls(
+        fake: tuple[FakeMaster, str]) -> None:
+    servicer, address = fake  # (a master before Session: UNIMPLEMENTED)
+    with MasterClient(address) as client:
+        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        try:
+            wait_until(lambda: session.watching)
+            assert servicer.calls["Watch"] == 1 and not session._session_rpc
+            lease_two(session, servicer)
+            session.set_fetching(False)
+            session.report_done(done_task(session, 1, 11))
+            wait_until(lambda: any(r.outcome == pb.TaskReport.DONE for r in servicer.reports()))
+            assert servicer.calls["Report"] >= 1
+        finally:
+            session.close()
+
+
+def test_an_unanswered_session_message_falls_back_to_a_report_call(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A DONE sent on the Session stream whose answer does not come: after ANSWER_TIMEOUT_S it
+    goes again by a Report call (logged), and the stream is reopened; nothing waits silently."""
+    monkeypatch.setattr(session_module, "ANSWER_TIMEOUT_S", 0.5)
+    servicer = MuteSessionMaster()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}") as client:
+            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            try:
+                wait_until(lambda: session._carrier is not None)
+                lease_two(session, servicer)
+                session.set_fetching(False)
+                session.report_done(done_task(session, 1, 11))
+                wait_until(lambda: servicer.calls["SessionMessage"] >= 1, timeout=5.0)
+                sent_at = time.monotonic()
+                wait_until(lambda: any(r.outcome == pb.TaskReport.DONE
+                                       for q in servicer.requests
+                                       if isinstance(q, pb.ReportRequest) for r in q.reports),
+                           timeout=5.0)
+                assert time.monotonic() - sent_at < 3.0
+                assert "did not answer" in caplog.text
+                wait_until(lambda: servicer.calls["Session"] >= 2, timeout=5.0)  # reopened
+                assert session.held() == {(0, 2): 12}  # the Report's answer confirmed the DONE
+            finally:
+                session.close()
+    finally:
+        server.stop(0)
+
+
+class ClosingSessionMaster(FakeMaster):
+    """A FakeMaster whose Session streams end right after their opening event (a master that
+    keeps dropping them)."""
+
+    def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+        self._count("Session", next(request_iterator))
+        yield pb.WatchEvent(current_epoch=0)
+
+
+def test_reopened_session_streams_leave_no_thread_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC feeds a stream's messages from a thread of its own, blocked on the session's queue
+    until told the stream is over: a reader whose stream broke 70 times had 70 more threads."""
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.01)
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.05)
+    servicer = ClosingSessionMaster()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}") as client:
+            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            try:
+                wait_until(lambda: servicer.calls["Session"] >= 5)
+                threads = threading.active_count()
+                opened = servicer.calls["Session"]
+                wait_until(lambda: servicer.calls["Session"] >= opened + 30)
+                assert threading.active_count() <= threads + 3
             finally:
                 session.close()
     finally:

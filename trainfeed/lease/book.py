@@ -135,6 +135,9 @@ class LeaseBook:
         # their undelivered records are dropped.
         self.revoked: set[Lease] = set()
         self.given: set[Lease] = set()
+        # Leases whose every record the trainer had, their DONE queued or in flight: taken away
+        # meanwhile (their epoch ended with that very DONE, on another call) they lose nothing.
+        self.finishing: set[Lease] = set()
         self.reports: list[Report] = []
         self.oldest_report = 0.0  # when the oldest unsent report was queued
         # Records handed to the trainer per held partition, and which changed since sent.
@@ -277,6 +280,7 @@ class LeaseBook:
         if lost or released:
             return False
         self._queue(Report(*key, Outcome.DONE, lease[2]), now)
+        self.finishing.add(lease)
         return True
 
     def failed(self, lease: Lease, reason: str, now: float) -> None:
@@ -299,6 +303,24 @@ class LeaseBook:
                        for key in sorted(self.dirty))
         self.dirty.clear()
         return reports
+
+    def drain_progress(self) -> list[Report]:
+        """Takes the progress that changed since it was last sent (not the queued reports: a
+        Session message carries progress only)."""
+        reports = [Report(*key, Outcome.PROGRESS, self.held.get(key, 0),
+                          consumed=self.progress[key]) for key in sorted(self.dirty)]
+        self.dirty.clear()
+        return reports
+
+    def resend_progress(self) -> None:
+        """A stream carrying progress nobody acknowledged broke: what it carried may be lost,
+        so every held partition's progress goes again (the master keeps the largest count)."""
+        self.dirty.update(key for key in self.progress if key in self.held)
+
+    def needs_answer(self, now: float, heartbeat_s: float) -> bool:
+        """Whether the next message must be answered: a heartbeat is due (only an answer renews
+        `sure_until`), or the master asked back a lease our trainer began."""
+        return self.begun_asked_at is not None or now - self.last_contact >= heartbeat_s
 
     def unsent(self, reports: list[Report]) -> None:
         """A call carrying `reports` failed: they go first in the next one (progress too, as
@@ -359,7 +381,10 @@ class LeaseBook:
             # (A DONE already queued still goes: the master takes it if nobody leased the
             # partition since, and saves its re-reading; else it refuses it.)
             self.revoked.add((*key, token))
-            gone.append(key)
+            if (*key, token) in self.finishing:
+                self.finishing.discard((*key, token))  # every record was delivered: nothing
+            else:  # is dropped (what `gone` tells the reader's log)
+                gone.append(key)
         return gone
 
     def _confirmed(self, reports: Iterable[Report]) -> None:
@@ -369,6 +394,7 @@ class LeaseBook:
             if r.outcome is not Outcome.PROGRESS and self.held.get(r.key) == r.lease:
                 del self.held[r.key]
                 self.started.discard(r.names)
+            self.finishing.discard(r.names)
 
     def _give_back(self, asked: Iterable[Lease], now: float) -> int:
         """Work stealing: hands back, with RELEASED reports, the leases the master asked for
@@ -401,6 +427,7 @@ class LeaseBook:
         """The session left the job (LeaveJob): the master took every lease back."""
         self.held.clear()
         self.started.clear()
+        self.finishing.clear()
         self.progress.clear()
         self.dirty.clear()
 

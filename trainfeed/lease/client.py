@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import random
 import re
 import socket
@@ -330,6 +331,13 @@ class MasterClient:
             pb.WatchRequest(job=job, worker_id=worker, session_secret=self.secret(job, worker)),
             metadata=self._metadata)
 
+    def session(self, job: str, worker: str) -> SessionStream:
+        """Opens the session's Session stream: Watch, plus this reader's heartbeats and progress
+        as messages (`SessionStream.send`) instead of Report calls. Not retried: the caller
+        reopens a broken stream; a master without it answers UNIMPLEMENTED (use `watch`)."""
+        return SessionStream(self._stub, self._metadata, pb.WatchRequest(
+            job=job, worker_id=worker, session_secret=self.secret(job, worker)))
+
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
         return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S)
@@ -359,6 +367,43 @@ class WatchStream(Protocol):
         ...
 
     def cancel(self) -> bool: ...
+
+
+class SessionStream:
+    """A Session call in flight: `send` queues a message for the master (never blocks), and
+    iterating it yields the master's events. gRPC's blocking API takes the messages from a
+    queue on a thread of its own. Thread-safe; `cancel()` ends the call and is idempotent."""
+
+    def __init__(self, stub: master_pb2_grpc.MasterStub, metadata: object,
+                 opening: pb.WatchRequest):
+        self._outbox: queue.SimpleQueue[pb.SessionMessage | None] = queue.SimpleQueue()
+        self._outbox.put(pb.SessionMessage(open=opening))
+        self._call = stub.Session(self._messages(), metadata=metadata)
+        self.cancelled = False
+
+    def _messages(self) -> Iterator[pb.SessionMessage]:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def send(self, message: pb.SessionMessage) -> None:
+        """Queues `message`. One sent on a call that ended is lost: the caller waits for the
+        answers it needs, and treats one that does not come as a broken stream."""
+        self._outbox.put(message)
+
+    def __iter__(self) -> Iterator[pb.WatchEvent]:
+        return iter(self._call)
+
+    def initial_metadata(self) -> object:
+        """Blocks until the master accepted the stream (or the call ended)."""
+        return self._call.initial_metadata()
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        self._outbox.put(None)
+        return bool(self._call.cancel())
 
 
 class _Refused(Exception):
@@ -400,6 +445,15 @@ def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:
         if key == REFUSED_TRAILER and isinstance(value, bytes):
             return list(pb.RefusedReports.FromString(value).reports)
     return []
+
+
+def session_message(seq: int, reports: Iterable[pb.TaskReport],
+                    held: Iterable[tuple[int, int, int]],
+                    started: Collection[tuple[int, int, int]], sync: pb.SyncGroup | None,
+                    stats: pb.ReaderStats | None) -> pb.SessionMessage:
+    """A heartbeat or progress message of a Session stream (`seq` > 0: to be answered)."""
+    return pb.SessionMessage(seq=seq, report=pb.ReportRequest(
+        reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats))
 
 
 def _held_tasks(held: Iterable[tuple[int, int, int]],

@@ -8,13 +8,20 @@ the session owns what the book must not: the client, the lock, and two threads.
   long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
   PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
   the master, which keeps the leases of slow partitions alive.
-- The watcher (with a master of protocol version 2 or later) holds the session's Watch stream
-  open: what the master must tell this reader
-  between its own calls (give-backs, revocations, epoch ends, group changes) comes pushed, so a
-  reader holding leases it has not started makes no calls (issue 28). A master without Watch
-  (UNIMPLEMENTED), or a broken stream, falls back to polling every STEAL_POLL_S while such leases
-  are held, and the stream is reopened with backoff. Fencing never depends on the stream: only an
-  answer to a call of the reader's own renews its leases.
+- The watcher (with a master of protocol version 2 or later) holds the session's Session stream
+  open: what the master must tell this reader between its own calls (give-backs, revocations,
+  epoch ends, group changes) comes pushed, so a reader holding leases it has not started makes
+  no calls; and what the reporter sends goes on it as messages, not Report calls (issue 28: a
+  unary call cost the master ~0.7-1.5 ms, a stream message a fraction). A message with reports
+  or a due heartbeat is answered once the master made it durable, and the answer is applied as
+  a Report's; progress alone goes unanswered (re-sent whole if the stream breaks). A heartbeat is
+  a message the reporter thread sends: a frozen reader sends none, and the master, which renews
+  leases only on messages, lets them expire although the stream stays open. A master without
+  Session (UNIMPLEMENTED) gets Watch and Report calls; one without Watch either, or a broken
+  stream (or an answer that does not come within ANSWER_TIMEOUT_S), falls back to Report calls
+  and to polling every STEAL_POLL_S while unstarted leases are held, and the stream is reopened
+  with backoff. Fencing never depends on the stream: only an answer to the reader's own call or
+  message renews its view of its leases.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.
@@ -24,6 +31,7 @@ producer loop (trainfeed.reader.producer) drives.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -43,7 +51,7 @@ from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import shutdown
 from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
-from trainfeed.lease.client import MasterClient
+from trainfeed.lease.client import MasterClient, SessionStream, session_message
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -68,6 +76,9 @@ WATCH_SINCE_VERSION = 2
 # itself) is sent again after a backoff doubling from REPORT_RETRY_MIN_S to REPORT_RETRY_MAX_S.
 REPORT_RETRY_MIN_S = 0.1
 REPORT_RETRY_MAX_S = 5.0
+# A heartbeat sent on the Session stream unanswered this long: the stream is taken for broken
+# (reopened), and the heartbeat goes as a Report call instead (within the 5 s of a silent wait).
+ANSWER_TIMEOUT_S = 5.0
 
 _OUTCOMES = {Outcome.DONE: pb.TaskReport.DONE, Outcome.FAILED: pb.TaskReport.FAILED,
              Outcome.RELEASED: pb.TaskReport.RELEASED, Outcome.PROGRESS: pb.TaskReport.PROGRESS}
@@ -139,7 +150,13 @@ class WorkerSession:
         self._stopping = False
         self._stop = threading.Event()  # set with _stopping: ends the watcher's backoff
         self._watching = False  # the master accepted the Watch stream, which is up
-        self._stream: object = None  # the Watch call in flight (cancelled by close)
+        self._stream: object = None  # the Watch or Session call in flight (cancelled by close)
+        # The Session stream while the master accepts it: heartbeats and progress go on it.
+        self._carrier: SessionStream | None = None
+        self._session_rpc = True  # False once the master answered Session with UNIMPLEMENTED
+        # Session messages sent and waiting for their answer: seq -> (progress sent, when).
+        self._pending: dict[int, tuple[list[Report], float]] = {}
+        self._seq = 0
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
         self.broken: SyncGroupBrokenError | None = None
@@ -469,6 +486,11 @@ class WorkerSession:
                     self._cond.wait(max(0.001, due))
                 if self._stopping:
                     return
+                # Reports, progress and heartbeats ride on the Session stream while it is up.
+                carrier = self._carrier
+            if carrier is not None and self._send_on(carrier, heartbeat):
+                failures = 0
+                continue
             try:
                 self.send()
                 failures = 0
@@ -489,6 +511,60 @@ class WorkerSession:
             if self.broken is not None:
                 return  # the group is over: nothing to renew
 
+    def _send_on(self, carrier: SessionStream, heartbeat_s: float) -> bool:
+        """What a Report call would carry (queued reports, progress not yet sent, the held
+        leases, the stats), as a message of the Session stream. With queued reports or a
+        heartbeat due it waits for the answer (sent once the master made the reports durable),
+        which is applied as the answer to a Report; progress alone goes unanswered. Returns
+        False if the answer did not come (the reports are queued again, the stream is
+        cancelled, to be reopened, and the caller sends a Report instead)."""
+        book = self._book()
+        now = time.monotonic()
+        with self._cond:
+            answered = bool(book.reports) or book.needs_answer(now, heartbeat_s)
+            reports = book.drain() if answered else book.drain_progress()
+            held, begun = book.held_now()
+            seq = 0
+            if answered:
+                self._seq += 1
+                seq = self._seq
+                self._pending[seq] = (reports, now)
+        carrier.send(session_message(seq, [to_message(r) for r in reports], held, begun,
+                                     self.sync, self._stats_now()))
+        if not answered:
+            return True
+        deadline = now + ANSWER_TIMEOUT_S
+        with self._cond:
+            while (seq in self._pending and self._carrier is carrier and not self._stopping
+                   and time.monotonic() < deadline):
+                self._cond.wait(max(0.001, deadline - time.monotonic()))
+            if seq not in self._pending:
+                return True
+            del self._pending[seq]
+            book.unsent(reports)  # (progress too, as plain reports: the master keeps the max)
+            if self._stopping:
+                return True  # close() sends them
+            timed_out = self._carrier is carrier
+        if timed_out:
+            logger.warning("the master did not answer a heartbeat on the Session stream within "
+                           "%g s; sending it as a Report call and reopening the stream",
+                           ANSWER_TIMEOUT_S)
+            carrier.cancel()
+        return False
+
+    def _answer(self, event: pb.WatchEvent) -> None:
+        """The master's answer to a Session message of ours: applied as the answer to a call
+        (it renews `sure_until`); progress it refused is dropped like a revoked lease."""
+        answer = event_answer(event)
+        answer = dataclasses.replace(answer, revoked=answer.revoked + leases(event.refused))
+        with self._cond:  # (re-entrant: the waiting sender sees the answer applied)
+            pending = self._pending.pop(event.answers, None)
+            if pending is None:
+                return  # it came after the sender gave up on it
+            reports, sent_at = pending
+            self._answered(reports, answer, sent_at)
+            self._cond.notify_all()
+
     # -- the watcher --------------------------------------------------------------------------
     def _watch_loop(self) -> None:
         """Keeps the Watch stream open and applies its events, reopening it with backoff."""
@@ -502,6 +578,12 @@ class WorkerSession:
                 code = e.code()  # type: ignore[attr-defined]
                 if self._stopping:
                     return
+                if code is grpc.StatusCode.UNIMPLEMENTED and self._session_rpc:
+                    self._session_rpc = False  # a master before Session: Watch, and Reports
+                    logger.info("master %s has no Session stream (an older master): this "
+                                "reader's heartbeats and progress go as Report calls",
+                                self.client.address)
+                    continue
                 if code is grpc.StatusCode.UNIMPLEMENTED:
                     if not unimplemented_logged:
                         unimplemented_logged = True
@@ -524,7 +606,8 @@ class WorkerSession:
             delay = min(delay * 2, WATCH_RETRY_MAX_S)
 
     def _watch_once(self) -> None:
-        stream = self.client.watch(self.job, self.worker)
+        carrier = self.client.session(self.job, self.worker) if self._session_rpc else None
+        stream = carrier if carrier is not None else self.client.watch(self.job, self.worker)
         with self._cond:
             if self._stopping:
                 stream.cancel()
@@ -536,11 +619,25 @@ class WorkerSession:
             stream.initial_metadata()
             self._set_watching(True)
             for event in stream:
+                if event.answers:
+                    self._answer(event)
+                    continue
+                with self._cond:
+                    if carrier is not None and self._carrier is None:
+                        self._carrier = carrier  # (the first event: the master took it)
                 self._set_watching(True)
                 self.apply(event)
         finally:
+            if carrier is not None:
+                carrier.cancel()  # (ends the thread gRPC feeds the call's messages from)
             with self._cond:
                 self._stream = None
+                if carrier is not None and self._carrier is carrier:
+                    self._carrier = None
+                    # What it carried unanswered may be lost: sent again, by call or stream
+                    # (a sender waiting for an answer requeues its reports itself).
+                    self._book().resend_progress()
+                    self._cond.notify_all()
 
     def apply(self, event: pb.WatchEvent) -> Applied:
         """Applies one Watch event through the book, as the same fields of an answer (but it

@@ -596,15 +596,10 @@ class Coordinator:
     def report(self, job: Job, request: pb.ReportRequest, now: float
                ) -> tuple[pb.ReportResponse, bool]:
         """A heartbeat with reports; returns the answer and whether the ledger changed."""
-        worker = request.worker_id
-        self.session(job, worker, request.session_secret)
+        self.session(job, request.worker_id, request.session_secret)
         held = self.check_held(job, request.held)
-        self.alive(now)
-        self.reader_stats.record(job.name, worker, request.stats, now)
-        verdicts = self.check_reports(job, worker, request.reports)
-        changed = self.apply_reports(job, worker, request.reports, verdicts, now)
-        self.listed(job, worker, request.held)
-        self.touch(job, worker, now)
+        verdicts, changed = self._heard(job, request.worker_id, request, held, now)
+        worker = request.worker_id
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
                                  now)
         why = admission.revoked_why(job, worker)
@@ -612,6 +607,59 @@ class Coordinator:
                                  revoked=self.revoked(job, worker, held, request.reports),
                                  give_back=self.asked_back(job, worker, held),
                                  group_broken=stop, revoked_why=why, superseded=why), changed
+
+    def _heard(self, job: Job, worker: str, request: pb.ReportRequest, held: Held, now: float,
+               refuse: bool = True) -> tuple[list[Verdict], bool]:
+        """What a Report call and a Session message share: stats, reports (`refuse`: a call
+        with a report that is not the holder's is refused whole), the started marks, and the
+        renewal of every lease of `worker`. Returns the verdicts and whether the ledger
+        changed."""
+        self.alive(now)
+        self.reader_stats.record(job.name, worker, request.stats, now)
+        verdicts = self.check_reports(job, worker, request.reports, refuse)
+        changed = self.apply_reports(job, worker, request.reports, verdicts, now)
+        self.listed(job, worker, request.held)
+        self.touch(job, worker, now)
+        return verdicts, changed
+
+    def session_message(self, job: Job, worker: str, message: pb.SessionMessage, now: float
+                        ) -> tuple[pb.WatchEvent | None, bool]:
+        """A message of `worker`'s Session stream (its secret was checked when the stream
+        opened): renews its leases and takes its reports and stats, as a Report would. One
+        without `seq` (nobody waits for its answer) carries PROGRESS reports only
+        (INVALID_ARGUMENT for others: a DONE must be confirmed). Reports not from the holder
+        with its token do not refuse the message: the others are applied, and the answer lists
+        them in `refused` (what a refused Report call and its retry come to); such progress is
+        not counted as a refusal (unanswered progress may race a DONE of another call).
+        Returns the answer (None without `seq`) and whether the ledger changed; the shell
+        answers once the change is durable."""
+        request = message.report
+        if not message.seq:
+            for r in request.reports:
+                if r.outcome != pb.TaskReport.PROGRESS:
+                    raise InvalidArgument(
+                        f"job {job.name!r}: a Session message without seq carries only "
+                        f"PROGRESS reports; the {pb.TaskReport.Outcome.Name(r.outcome)} report "
+                        f"on partition {r.partition} needs an answer (give the message a seq, "
+                        f"or send it with Report)")
+        held = self.check_held(job, request.held)
+        verdicts, changed = self._heard(job, worker, request, held, now, refuse=False)
+        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
+                                 now)
+        refused = [r for r, v in zip(request.reports, verdicts) if v is Verdict.REFUSE]
+        counted = [r for r in refused if r.outcome != pb.TaskReport.PROGRESS]
+        if counted:
+            self._count_refused(job, worker, counted)
+        if not message.seq:
+            return None, changed
+        why = admission.revoked_why(job, worker)
+        return pb.WatchEvent(
+            current_epoch=job.ledger.epoch, answers=message.seq,
+            revoked=self.revoked(job, worker, held, request.reports),
+            give_back=self.asked_back(job, worker, held), group_broken=stop,
+            revoked_why=why, superseded=why,
+            refused=[pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+                     for r in refused]), changed
 
     def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
               ) -> tuple[pb.LeaveJobResponse, bool]:
@@ -638,10 +686,12 @@ class Coordinator:
             reports_refused=metrics.reports_refused, **job.ledger.counts())
 
     # -- reports ------------------------------------------------------------------------------
-    def check_reports(self, job: Job, worker: str, reports: Any) -> list[Verdict]:
+    def check_reports(self, job: Job, worker: str, reports: Any,
+                      refuse: bool = True) -> list[Verdict]:
         """Each report's verdict. Raises, before anything changed, INVALID_ARGUMENT if a report
-        names what cannot exist, or FAILED_PRECONDITION (the refused reports in the
-        REFUSED_TRAILER metadata) if one is not from the holder with its token."""
+        names what cannot exist, or (with `refuse`) FAILED_PRECONDITION (the refused reports in
+        the REFUSED_TRAILER metadata) if one is not from the holder with its token; without
+        `refuse` those are left to the caller (their verdict is REFUSE)."""
         verdicts: list[Verdict] = []
         refused: list[Any] = []
         for r in reports:
@@ -661,11 +711,22 @@ class Coordinator:
             if verdict is Verdict.REFUSE:
                 refused.append(r)
             verdicts.append(verdict)
-        if refused:
+        if refused and refuse:
             self._refuse(job, worker, refused)
         return verdicts
 
     def _refuse(self, job: Job, worker: str, refused: list[Any]) -> None:
+        why = self._count_refused(job, worker, refused)
+        trailer = pb.RefusedReports(reports=[
+            pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
+            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
+        raise FailedPrecondition(
+            f"job {job.name!r}: {len(refused)} report(s) of worker {clip(worker)} refused: it "
+            f"does not hold their lease (it expired, or the partition went to another reader); "
+            f"first: {why}", ((REFUSED_TRAILER, trailer),))
+
+    def _count_refused(self, job: Job, worker: str, refused: list[Any]) -> str:
+        """Counts and logs (rate-limited) refused reports; returns why the first was."""
         self.metrics[job.name].reports_refused += len(refused)
         first = refused[0]
         # Neither the partition's holder nor any token: that is what let a caller report as
@@ -676,13 +737,7 @@ class Coordinator:
         self.refusal_log.warning(
             f"job {job.name!r}: refused {len(refused)} report(s) of worker {clip(worker)}, "
             f"which does not hold their lease; first: {why}")
-        trailer = pb.RefusedReports(reports=[
-            pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-            for r in refused[:MAX_REFUSED_LISTED]]).SerializeToString()
-        raise FailedPrecondition(
-            f"job {job.name!r}: {len(refused)} report(s) of worker {clip(worker)} refused: it "
-            f"does not hold their lease (it expired, or the partition went to another reader); "
-            f"first: {why}", ((REFUSED_TRAILER, trailer),))
+        return why
 
     def check_held(self, job: Job, held: Any) -> Held:
         """The (epoch, partition, lease) triples a request says it holds; INVALID_ARGUMENT for a
@@ -695,16 +750,23 @@ class Coordinator:
 
     def apply_reports(self, job: Job, worker: str, reports: Any, verdicts: list[Verdict],
                       now: float) -> bool:
-        """Applies the reports checked APPLY; returns whether the ledger changed."""
-        changed = False
+        """Applies the reports checked APPLY; returns whether the ledger changed. Long-polls
+        are woken only by what may let them lease or end: a partition back in todo (FAILED,
+        RELEASED) or the epoch complete. Not by progress, nor by a DONE that leaves the epoch
+        open (a waiting GetTasks waits for todo, which neither fills): every reader reports
+        progress each second and a DONE every partition, and each woke every waiting GetTasks,
+        which made the epoch's tail cost the master more than the reads (issue 28)."""
+        changed = freed = False
         complete = job.ledger.complete
         for report, verdict in zip(reports, verdicts):
-            if verdict is Verdict.APPLY:
-                changed |= self._apply_report(job, worker, report, now)
-        if changed:
+            if verdict is Verdict.APPLY and self._apply_report(job, worker, report, now):
+                changed = True
+                freed |= report.outcome not in (pb.TaskReport.PROGRESS, pb.TaskReport.DONE)
+        ended = job.ledger.complete and not complete
+        if freed or ended:
             self.on_change(job.name)
-            if job.ledger.complete and not complete:
-                self._tell_complete(job)
+        if ended:
+            self._tell_complete(job)
         return changed
 
     def _apply_report(self, job: Job, worker: str, report: Any, now: float) -> bool:

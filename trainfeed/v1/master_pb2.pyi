@@ -389,7 +389,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded")
+    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +397,8 @@ class WatchEvent(_message.Message):
     EPOCH_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
     SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
@@ -404,7 +406,19 @@ class WatchEvent(_message.Message):
     epoch_complete: int
     group_broken: str
     superseded: str
-    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
+    answers: int
+    refused: _containers.RepeatedCompositeFieldContainer[HeldTask]
+    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
+
+class SessionMessage(_message.Message):
+    __slots__ = ("open", "report", "seq")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    open: WatchRequest
+    report: ReportRequest
+    seq: int
+    def __init__(self, open: _Optional[_Union[WatchRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ReaderStats(_message.Message):
     __slots__ = ("wall_s", "input_wait_s", "batches", "records", "bytes_read", "read_s", "records_decoded", "decode_s", "decode_failures")

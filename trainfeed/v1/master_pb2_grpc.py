@@ -64,6 +64,11 @@ class MasterStub:
                 request_serializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
                 response_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/trainfeed.v1.Master/Session',
+                request_serializer=trainfeed_dot_v1_dot_master__pb2.SessionMessage.SerializeToString,
+                response_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -115,6 +120,20 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Watch, plus the reader's own messages on the same stream (issue 28): heartbeats and progress
+        (with ReaderStats) become messages of one long-lived call instead of unary Report calls. The
+        first SessionMessage names the session (`open`, as a WatchRequest); the master renews the
+        session's leases on each later message it receives (never on the stream's mere liveness: a
+        frozen reader sends none, and its leases expire), and answers each one that has a `seq` with
+        a WatchEvent whose `answers` is that seq, once the message's changes are durable (so a DONE
+        may ride a message with a seq, as on a Report call). A master without this rpc answers
+        UNIMPLEMENTED; the reader then uses Watch and unary Reports.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +165,11 @@ def add_MasterServicer_to_server(servicer, server):
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.FromString,
+                    response_serializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=trainfeed_dot_v1_dot_master__pb2.SessionMessage.FromString,
                     response_serializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.SerializeToString,
             ),
     }
@@ -310,6 +334,33 @@ class Master:
             target,
             '/trainfeed.v1.Master/Watch',
             trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
+            trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/trainfeed.v1.Master/Session',
+            trainfeed_dot_v1_dot_master__pb2.SessionMessage.SerializeToString,
             trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
             options,
             channel_credentials,

@@ -84,6 +84,7 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     run = subprocess.run(command(method, list_path, out), capture_output=True, text=True)
+    synced = time.perf_counter()
     subprocess.run(["sync"], check=True)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -93,7 +94,8 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
                  for n in names)
     shutil.rmtree(out, ignore_errors=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"method": method, "seconds": seconds, "cpu_seconds": cpu, "load_before": load,
+    return {"method": method, "seconds": seconds, "sync_seconds": started + seconds - synced,
+            "cpu_seconds": cpu, "load_before": load,
             "source_bytes": source_bytes, "stored_bytes": stored}
 
 
@@ -114,6 +116,7 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
             "images_per_s": round(images / seconds),
             "mb_per_s": round(mine[0]["source_bytes"] / seconds / 1e6, 1),
             "vs_cp": round(statistics.median(ratios), 2) if ratios else None,
+            "sync_seconds": round(statistics.median(r["sync_seconds"] for r in mine), 2),
             "cpu_seconds": round(cpu, 2),
             "cpu_vs_cp": round(statistics.median(cpu_ratios), 2) if cpu_ratios else None,
             "cpu_ms_per_image": round(cpu / images * 1000, 3),
@@ -125,12 +128,14 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
 
 
 def render(summary: Sequence[dict[str, Any]]) -> str:
-    head = ("| method | s | images/s | MB/s in | × cp+sync | CPU s | CPU × cp | CPU ms/image | "
+    head = ("| method | s | images/s | MB/s in | × cp+sync | sync s | CPU s | CPU × cp | "
+            "CPU ms/image | "
             "images/CPU-s | images/s/core | stored MB | load |")
-    lines = [head, "|---|" + "---:|" * 11]
+    lines = [head, "|---|" + "---:|" * 12]
     for s in summary:
         lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
                      f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
+                     f"{s['sync_seconds']} | "
                      f"{s['cpu_seconds']} | "
                      f"{s['cpu_vs_cp'] if s['cpu_vs_cp'] is not None else ''} | "
                      f"{s['cpu_ms_per_image']} | {s['images_per_cpu_s']} | "
@@ -162,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["pass"] = number
                 rows.append(row)
                 print(f"pass {number} {method}: {row['seconds']:.2f} s "
+                      f"(sync {row['sync_seconds']:.2f} s) "
                       f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
                       file=sys.stderr, flush=True)
     finally:

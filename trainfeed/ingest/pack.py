@@ -167,10 +167,11 @@ def read_groups(task: PackTask) -> Iterator[RowGroupBuffer]:
 
 def _read_run(task: PackTask, first: int, values: PackedValues, lo: int, hi: int) -> None:
     """Reads the files of values lo..hi-1 (entries first+lo...) into their places."""
+    offsets = values.offsets[lo:hi + 1].tolist()
     for i in range(lo, hi):
         entry = task.entries[first + i]
         path = entry.columns[0]
-        target = values.data[int(values.offsets[i]):int(values.offsets[i + 1])]
+        target = values.data[offsets[i - lo]:offsets[i - lo + 1]]
         try:
             # Unbuffered: readinto fills the target directly, with the GIL released.
             with open(path, "rb", buffering=0) as f:

@@ -10,10 +10,14 @@ disk:
 - `upload`: `trainfeed upload` with its default processes (one per core), then `sync`;
 - `upload-1p`: the same with `--processes 1` (what one process does);
 - `restarts`: `trainfeed upload --jpeg-restarts`;
-- `resized`: `trainfeed upload --max-side 256 --jpeg-restarts` (FFCV's ImageNet ingest size).
+- `restarts-1p`: the same with `--processes 1`;
+- `resized`: `trainfeed upload --max-side 256 --jpeg-restarts` (FFCV's ImageNet ingest size);
+- `cli-start`: `trainfeed upload --help`: the interpreter and the CLI's imports, the fixed cost
+  every upload pays whatever its data (so that a ratio on few files can be read).
 
 Reported per method, medians over `--passes`: seconds, images/s, MB/s of input, the ratio to
-`cp` of the same pass, the CPU seconds of the method's processes (children's rusage), images per
+`cp` of the same pass (wall), the CPU seconds of the method's processes (children's rusage),
+their ratio to `cp`'s CPU seconds in the same pass, CPU milliseconds per image, images per
 CPU-second (what a core does: the figure that load on a shared machine moves least) and images/s
 per core of the machine. The machine's load average before each run is recorded.
 
@@ -40,12 +44,14 @@ from make_imagenet_like import ensure_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench", "upload")
-METHODS = {
+METHODS: dict[str, list[str] | None] = {
     "cp": None,
     "upload": [],
     "upload-1p": ["--processes", "1"],
     "restarts": ["--jpeg-restarts"],
+    "restarts-1p": ["--jpeg-restarts", "--processes", "1"],
     "resized": ["--max-side", "256", "--jpeg-restarts"],
+    "cli-start": ["--help"],
 }
 
 
@@ -53,8 +59,10 @@ def command(method: str, list_path: str, out: str) -> list[str]:
     """The command a method runs (its `sync` follows it)."""
     if method == "cp":
         return ["cp", "-r", os.path.dirname(list_path), out]
+    if method == "cli-start":
+        return [sys.executable, "-m", "trainfeed.cli.main", "upload", "--help"]
     return [sys.executable, "-m", "trainfeed.cli.main", "upload", list_path, "--dataset",
-            "bench", "--storage", out, "--no-progress", *METHODS[method]]
+            "bench", "--storage", out, "--no-progress", *(METHODS[method] or [])]
 
 
 def warm(folder: str) -> int:
@@ -76,6 +84,7 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     run = subprocess.run(command(method, list_path, out), capture_output=True, text=True)
+    synced = time.perf_counter()
     subprocess.run(["sync"], check=True)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -85,25 +94,32 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
                  for n in names)
     shutil.rmtree(out, ignore_errors=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"method": method, "seconds": seconds, "cpu_seconds": cpu, "load_before": load,
+    return {"method": method, "seconds": seconds, "sync_seconds": started + seconds - synced,
+            "cpu_seconds": cpu, "load_before": load,
             "source_bytes": source_bytes, "stored_bytes": stored}
 
 
 def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any]]:
     cores = os.cpu_count() or 1
     by_pass: dict[int, float] = {r["pass"]: r["seconds"] for r in rows if r["method"] == "cp"}
+    cpu_by_pass = {r["pass"]: r["cpu_seconds"] for r in rows if r["method"] == "cp"}
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         seconds = statistics.median(r["seconds"] for r in mine)
         cpu = statistics.median(r["cpu_seconds"] for r in mine)
         ratios = [r["seconds"] / by_pass[r["pass"]] for r in mine if r["pass"] in by_pass]
+        cpu_ratios = [r["cpu_seconds"] / cpu_by_pass[r["pass"]] for r in mine
+                      if cpu_by_pass.get(r["pass"])]
         out.append({
             "method": method, "seconds": round(seconds, 2),
             "images_per_s": round(images / seconds),
             "mb_per_s": round(mine[0]["source_bytes"] / seconds / 1e6, 1),
             "vs_cp": round(statistics.median(ratios), 2) if ratios else None,
+            "sync_seconds": round(statistics.median(r["sync_seconds"] for r in mine), 2),
             "cpu_seconds": round(cpu, 2),
+            "cpu_vs_cp": round(statistics.median(cpu_ratios), 2) if cpu_ratios else None,
+            "cpu_ms_per_image": round(cpu / images * 1000, 3),
             "images_per_cpu_s": round(images / cpu) if cpu else None,
             "images_per_s_per_core": round(images / seconds / cores),
             "stored_mb": round(statistics.median(r["stored_bytes"] for r in mine) / 1e6, 1),
@@ -112,13 +128,17 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
 
 
 def render(summary: Sequence[dict[str, Any]]) -> str:
-    head = ("| method | s | images/s | MB/s in | × cp+sync | CPU s | images/CPU-s | "
-            "images/s/core | stored MB | load |")
-    lines = [head, "|---|" + "---:|" * 9]
+    head = ("| method | s | images/s | MB/s in | × cp+sync | sync s | CPU s | CPU × cp | "
+            "CPU ms/image | "
+            "images/CPU-s | images/s/core | stored MB | load |")
+    lines = [head, "|---|" + "---:|" * 12]
     for s in summary:
         lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
                      f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
-                     f"{s['cpu_seconds']} | {s['images_per_cpu_s']} | "
+                     f"{s['sync_seconds']} | "
+                     f"{s['cpu_seconds']} | "
+                     f"{s['cpu_vs_cp'] if s['cpu_vs_cp'] is not None else ''} | "
+                     f"{s['cpu_ms_per_image']} | {s['images_per_cpu_s']} | "
                      f"{s['images_per_s_per_core']} | {s['stored_mb']} | {s['load_before']} |")
     return "\n".join(lines)
 
@@ -147,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["pass"] = number
                 rows.append(row)
                 print(f"pass {number} {method}: {row['seconds']:.2f} s "
+                      f"(sync {row['sync_seconds']:.2f} s) "
                       f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
                       file=sys.stderr, flush=True)
     finally:

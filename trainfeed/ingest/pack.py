@@ -7,19 +7,25 @@ nothing but its `PackTask`, which pickles. Its output depends on the task alone.
 """
 from __future__ import annotations
 
+import itertools
+import os
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import cast
+
+import numpy as np
 
 from trainfeed.errors import ListFileError
 from trainfeed.formats import shards as shard_format
 from trainfeed.formats.listfile import ListEntry
 from trainfeed.formats.manifest import FieldSpec, ShardInfo
-from trainfeed.ingest.inputs import Inputs
+from trainfeed.formats.shards import PackedValues, RowGroupBuffer
+from trainfeed.ingest.inputs import Inputs, layout_of
 from trainfeed.ingest.options import DECODE_MEMORY_BYTES, READ_AHEAD_BYTES, UploadOptions
-from trainfeed.ingest.plan import ShardPlan
+from trainfeed.ingest.plan import ShardPlan, row_groups
 from trainfeed.ingest.progress import ShardProgress, progress_path
 from trainfeed.ingest.transform import Transform, make_transform
 from trainfeed.storage import Storage
@@ -61,44 +67,152 @@ def pack_shard(task: PackTask) -> ShardProgress:
     """Packs shard `task.plan` and returns its progress (also written, after the shard).
 
     Idempotent: packing a shard again writes the same bytes (atomically) under the same names.
-    Memory: the row group being filled (at most `row_group_bytes` plus one record, and its Arrow
-    copy), the encoded shard (its bytes so far), and the files read ahead."""
-    options = task.options
-    transform = (make_transform(options, task.transform_memory_bytes)
+    Memory: the row group being encoded (at most `row_group_bytes` plus one record) and Arrow's
+    pages of it, the next one being read (within the read-ahead), a buffer to read back one
+    encoded row group, and, for object stores only, the encoded shard (its bytes so far): a
+    local shard is encoded into its file (trainfeed.formats.shards.ShardEncoder)."""
+    transform = (make_transform(task.options, task.transform_memory_bytes)
                  if task.kind == "file" else None)
-    encoder = shard_format.ShardEncoder(shard_format.arrow_schema(task.fields))
-    group = shard_format.RowGroupBuffer.empty(len(task.fields))
+    schema = shard_format.arrow_schema(task.fields)
+    groups = (read_groups(task) if task.kind == "file" and transform is None
+              else cut_groups(task, read_payloads(task, transform)))
+    if not task.folder.is_local:
+        return _pack(task, shard_format.ShardEncoder(schema), groups)
+    # Local folders: the shard is encoded straight into a temporary sibling of its name, synced,
+    # then renamed over it (what Storage.write_atomic does with bytes).
+    target = task.folder.path(task.shard_path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    temporary = f"{target}.tmp-{uuid.uuid4().hex}"
+    try:
+        return _pack(task, shard_format.ShardEncoder(schema, temporary), groups)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _pack(task: PackTask, encoder: shard_format.ShardEncoder,
+          groups: Iterator[RowGroupBuffer]) -> ShardProgress:
     labels: Counter[str] = Counter()
     payload = 0
-    for entry, values, size in read_payloads(task, transform):
+    for group in groups:
+        encoder.add(group)
+        payload += group.payload_bytes
+        if task.label_index is not None:
+            labels.update(str(v) for v in group.columns[task.label_index])
+    return _write(task, encoder, labels, payload)
+
+
+def cut_groups(task: PackTask, payloads: Iterator[Payload]) -> Iterator[RowGroupBuffer]:
+    """Row groups of records as they stream past (their stored sizes known only once read):
+    a group ends at `row_group_rows` records or before passing `row_group_bytes`."""
+    options, width = task.options, len(task.fields)
+    group = RowGroupBuffer.empty(width)
+    for entry, values, size in payloads:
         if len(group) and (len(group) >= options.row_group_rows
                            or group.payload_bytes + size > options.row_group_bytes):
-            encoder.add(group)
-            group = shard_format.RowGroupBuffer.empty(len(task.fields))
+            yield group
+            group = RowGroupBuffer.empty(width)
         group.add(entry.record_id, values, size)
-        payload += size
-        if task.label_index is not None:
-            labels[str(values[task.label_index])] += 1
     if len(group):
-        encoder.add(group)
-    del group
-    return _write(task, encoder, labels, payload)
+        yield group
+
+
+def read_groups(task: PackTask) -> Iterator[RowGroupBuffer]:
+    """The row groups of a file list's shard stored as they are, each group's files read
+    straight into one buffer (PackedValues) on `read_threads` threads, the next group read
+    while the caller encodes this one when it fits the read-ahead.
+
+    Stored sizes are the files' sizes, known from the plan: the groups are those `cut_groups`
+    would make (trainfeed.ingest.plan.row_groups), so the shard is byte-identical to the
+    streaming path's. A file whose size changed since it was listed is an error naming it
+    (its shard was planned from the old size)."""
+    other = [sum(len(c.encode()) for c in e.columns[1:]) for e in task.entries]
+    file_sizes = [size - extra for size, extra in zip(task.sizes, other)]
+    counts = row_groups(task.sizes, layout_of(task.options))
+    bounds = [0, *itertools.accumulate(counts)]
+    largest = max((sum(file_sizes[a:b]) for a, b in itertools.pairwise(bounds)), default=0)
+    threads = task.options.read_threads
+    # Two buffers: the group handed to the encoder, and the next one being read.
+    buffers = [bytearray(largest), bytearray(largest)]
+
+    def start(k: int) -> tuple[PackedValues, list[Future[None]]]:
+        a, b = bounds[k], bounds[k + 1]
+        offsets = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(file_sizes[a:b], out=offsets[1:])
+        values = PackedValues(memoryview(buffers[k % 2])[:int(offsets[-1])], offsets)
+        # Runs of files per thread: a task per file cost more than reading a cached 80 KB file.
+        step = -(-(b - a) // threads)
+        return values, [pool.submit(_read_run, task, a, values, i, min(i + step, b - a))
+                        for i in range(0, b - a, step)]
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="trainfeed-read") as pool:
+        ahead = start(0) if counts else None
+        for k in range(len(counts)):
+            assert ahead is not None
+            values, reads = ahead
+            ahead = None
+            for future in reads:
+                future.result()
+            a, b = bounds[k], bounds[k + 1]
+            following = k + 1 < len(counts)
+            if following and sum(file_sizes[b:bounds[k + 2]]) <= task.read_ahead_bytes:
+                ahead = start(k + 1)
+            entries = task.entries[a:b]
+            yield RowGroupBuffer([e.record_id for e in entries], [values] + [
+                [e.columns[i] for e in entries] for i in range(1, len(task.fields))],
+                sum(task.sizes[a:b]))
+            if following and ahead is None:
+                ahead = start(k + 1)
+
+
+def _read_run(task: PackTask, first: int, values: PackedValues, lo: int, hi: int) -> None:
+    """Reads the files of values lo..hi-1 (entries first+lo...) into their places."""
+    offsets = values.offsets[lo:hi + 1].tolist()
+    for i in range(lo, hi):
+        entry = task.entries[first + i]
+        path = entry.columns[0]
+        target = values.data[offsets[i - lo]:offsets[i - lo + 1]]
+        try:
+            # Unbuffered: readinto fills the target directly, with the GIL released.
+            with open(path, "rb", buffering=0) as f:
+                got = 0
+                while got < len(target):
+                    n = f.readinto(target[got:])
+                    if not n:
+                        break
+                    got += n
+                if got == len(target) and f.read(1):
+                    got += 1
+        except OSError as e:
+            raise ListFileError(f"{task.list_path}:{entry.line}: cannot read "
+                                f"{path}: {e.strerror or e}") from e
+        if got != len(target):
+            raise ListFileError(
+                f"{task.list_path}:{entry.line}: {path} changed while being uploaded: "
+                f"{len(target)} bytes when listed, {'more' if got > len(target) else got} now; "
+                f"upload files that are not being written to, or re-run the upload")
 
 
 def _write(task: PackTask, encoder: shard_format.ShardEncoder, labels: Counter[str],
            payload: int) -> ShardProgress:
-    """Writes the encoded shard, its payload index, then its progress record."""
+    """Finishes the shard (written in place, or its bytes written now), writes its payload
+    index, then its progress record."""
     data, sha, groups, index = encoder.finish()
     folder = task.folder
-    # A view of the encoder's buffer: written as it is to files, copied once for object stores.
-    folder.write_atomic(task.shard_path, cast(bytes, data) if folder.is_local else bytes(data))
+    if data is None:
+        assert encoder.path is not None
+        os.replace(encoder.path, folder.path(task.shard_path))
+    else:
+        # A view of the encoder's buffer: written as it is to files, copied for object stores.
+        folder.write_atomic(task.shard_path, cast(bytes, data) if folder.is_local
+                            else bytes(data))
+        data.release()
     index_rel = None
     if index is not None and index.shape[1]:
         index_rel = task.shard_path + shard_format.PAYLOAD_INDEX_SUFFIX
         folder.write_atomic(index_rel, shard_format.payload_index_bytes(index))
-    info = ShardInfo(path=task.shard_path, num_rows=len(task.plan), num_bytes=len(data),
+    info = ShardInfo(path=task.shard_path, num_rows=len(task.plan), num_bytes=encoder.size,
                      sha256=sha, row_groups=groups, payload_index=index_rel)
-    data.release()
     progress = ShardProgress(info, task.plan.stop, dict(sorted(labels.items())), payload)
     folder.write_atomic(progress_path(task.data_dir, task.plan.index), progress.to_json())
     return progress

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -109,3 +111,22 @@ def test_a_file_changed_since_listed_is_named_by_its_line(tmp_path: Path, change
     with pytest.raises(ListFileError, match=r"photos\.list:6: .*images/5\.jpg changed while "
                                             r"being uploaded"):
         pack_shard(task)
+
+
+UPLOAD_AND_REPORT = """
+import sys
+from trainfeed.upload import UploadOptions, upload
+upload(sys.argv[1], "ds", sys.argv[2], UploadOptions(processes=1), progress=False)
+print("pandas" in sys.modules)
+"""
+
+
+def test_an_upload_does_not_import_pandas(tmp_path: Path) -> None:
+    """pyarrow's first `pa.array` imports pandas (0.2 CPU-s, as much as packing 500 photos):
+    the upload builds its arrays from buffers (the sources table was the last `pa.array`)."""
+    listing = photo_list(tmp_path / "photos", 12)
+    result = subprocess.run([sys.executable, "-c", UPLOAD_AND_REPORT, str(listing),
+                             str(tmp_path / "storage")], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False"]

@@ -1,5 +1,7 @@
 """trainfeed: an elastic master/worker data service that feeds deep-learning training."""
-from trainfeed import dist
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trainfeed.errors import (
     AppendMismatchError,
     AuthenticationError,
@@ -40,19 +42,59 @@ from trainfeed.errors import (
     UnknownColumnError,
     UnknownLabelError,
 )
-from trainfeed.reader.batch import batch
-from trainfeed.reader.options import (
-    BatchOptions,
-    DecodeOptions,
-    LabelOptions,
-    PipelineOptions,
-    SamplingOptions,
-    TransformOptions,
-)
-from trainfeed.reader.reader import Reader
-from trainfeed.reader.sources import LocalSource, MasterSource
-from trainfeed.reader.world import SyncOptions
-from trainfeed.upload import UploadOptions, upload
+
+# The reader and the upload load on first use (PEP 562): `trainfeed upload`, the master and the
+# other commands do not pay for the reader's imports (gRPC, OpenCV, the lease client), nor a
+# reader for the upload's.
+_LAZY = {
+    "dist": "trainfeed.dist",
+    "batch": "trainfeed.reader.batch",
+    "BatchOptions": "trainfeed.reader.options",
+    "DecodeOptions": "trainfeed.reader.options",
+    "LabelOptions": "trainfeed.reader.options",
+    "PipelineOptions": "trainfeed.reader.options",
+    "SamplingOptions": "trainfeed.reader.options",
+    "TransformOptions": "trainfeed.reader.options",
+    "Reader": "trainfeed.reader.reader",
+    "LocalSource": "trainfeed.reader.sources",
+    "MasterSource": "trainfeed.reader.sources",
+    "SyncOptions": "trainfeed.reader.world",
+    "UploadOptions": "trainfeed.upload",
+    "upload": "trainfeed.upload",
+}
+
+if TYPE_CHECKING:
+    from trainfeed import dist
+    from trainfeed.reader.batch import batch
+    from trainfeed.reader.options import (
+        BatchOptions,
+        DecodeOptions,
+        LabelOptions,
+        PipelineOptions,
+        SamplingOptions,
+        TransformOptions,
+    )
+    from trainfeed.reader.reader import Reader
+    from trainfeed.reader.sources import LocalSource, MasterSource
+    from trainfeed.reader.world import SyncOptions
+    from trainfeed.upload import UploadOptions, upload
+
+
+def __getattr__(name: str) -> Any:
+    """Imports a lazily exported name on first use and keeps it in the package."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainfeed' has no attribute {name!r}")
+    value = importlib.import_module(module)
+    if name != "dist":
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = ["AppendMismatchError", "AuthenticationError", "BatchOptions", "CheckpointError",
            "ClusterError", "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",

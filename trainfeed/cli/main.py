@@ -2,28 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import select
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from trainfeed import __version__
-from trainfeed.cli import (
-    builtin_cmd,
-    cluster_cmd,
-    datasets_cmd,
-    demo_cmd,
-    doctor_cmd,
-    health_cmd,
-    master_cmd,
-    preprocess_cmd,
-    sql_cmd,
-    submit_upload_cmd,
-    token_cmd,
-    upload_cmd,
-)
 from trainfeed.cli.log_format import (
     LOG_FORMAT_ENV,
     LOG_FORMATS,
@@ -34,11 +22,30 @@ from trainfeed.cli.redacting import redacted_output
 from trainfeed.errors import TrainfeedError
 
 logger = logging.getLogger("trainfeed.cli")
-COMMANDS = (upload_cmd, master_cmd, health_cmd, datasets_cmd, builtin_cmd, demo_cmd,
-            preprocess_cmd, sql_cmd, cluster_cmd, submit_upload_cmd, doctor_cmd, token_cmd)
+# Each subcommand's module, in `--help` order. Only the module of the command being run is
+# imported (with `--help` or no command: all of them), so that `trainfeed upload` does not pay
+# for the master's, the cluster's and the reader's imports (tests/test_cli.py checks the table).
+COMMAND_MODULES: dict[str, str] = {
+    "upload": "upload_cmd", "master": "master_cmd", "health": "health_cmd",
+    "ls": "datasets_cmd", "info": "datasets_cmd", "publish-builtin": "builtin_cmd",
+    "demo": "demo_cmd", "preprocess": "preprocess_cmd", "sql": "sql_cmd",
+    "submit": "cluster_cmd", "scale": "cluster_cmd", "status": "cluster_cmd",
+    "delete": "cluster_cmd", "submit-upload": "submit_upload_cmd",
+    "upload-slice": "submit_upload_cmd", "upload-commit": "submit_upload_cmd",
+    "doctor": "doctor_cmd", "token": "token_cmd",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_modules(argv: Sequence[str] | None = None) -> list[Any]:
+    """The modules registering the command named in `argv` (all of them when none is)."""
+    named = next((a for a in argv or () if a in COMMAND_MODULES), None)
+    names = [COMMAND_MODULES[named]] if named is not None else list(
+        dict.fromkeys(COMMAND_MODULES.values()))
+    return [importlib.import_module(f"trainfeed.cli.{name}") for name in names]
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; given the arguments, with only the subcommand they name."""
     parser = argparse.ArgumentParser(
         prog="trainfeed",
         description="Feed deep-learning training from shared storage: upload datasets, run the "
@@ -50,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"level, logger, message and exception, for log collectors "
                              f"(default ${LOG_FORMAT_ENV}, else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
+    for module in command_modules(argv):
         module.register(sub)
     return parser
 
@@ -92,7 +99,7 @@ def _stdout_gone() -> bool:
 
 
 def _main(argv: Sequence[str]) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.log_format is None:
         try:

@@ -12,8 +12,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import (
     COALESCE_S,
-    LEASE_BATCH,
-    MIN_LEASES,
     PROGRESS_INTERVAL_S,
     Answer,
     Lease,
@@ -27,19 +25,6 @@ HEARTBEAT = T / 3
 
 def task(lease: Lease, records: int = 10) -> TaskRef:
     return TaskRef(lease[0], lease[1], "shard", 0, 1, records, lease=lease[2])
-
-
-def test_a_steady_trainer_leases_in_batches_with_as_many_left_ahead_when_it_asks() -> None:
-    """Until the trainer's rate is known, one lease per free slot; then LEASE_BATCH at a time
-    (issue 28: at depth 2 a slow reader made one GetTasks per partition), the depth raised so
-    that as many leases are still ahead when it asks; never beyond the prefetch window."""
-    book = LeaseBook(T, 0.0)
-    assert book.lease_target(32) == (MIN_LEASES * 2, 1)  # no rate yet
-    book.finished_at.extend([0.0, 4.0, 8.0])  # 0.25 partitions/s: depth MIN_LEASES
-    depth, batch = book.lease_target(32)
-    assert (depth, batch) == (MIN_LEASES + LEASE_BATCH - 1, LEASE_BATCH)
-    assert depth - batch == MIN_LEASES - 1  # left ahead when it asks, as at batch 1
-    assert book.lease_target(MIN_LEASES) == (MIN_LEASES, 1)  # a window of 2: as before
 
 
 def test_a_started_lease_is_never_given_back_and_a_given_back_one_never_starts() -> None:

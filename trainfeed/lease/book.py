@@ -53,11 +53,6 @@ PROGRESS_INTERVAL_S = 1.0
 LEASE_HORIZON_S = 2.0
 LEASE_RATE_WINDOW = 16
 MIN_LEASES = 2
-# Once the trainer's rate is known (it is steady), a reader asks for leases LEASE_BATCH at a
-# time, holding up to LEASE_BATCH - 1 more than its depth: it asks when as many are left ahead
-# as before, but half as often (at lease depth 2, one GetTasks per partition was most of the
-# master's calls in benchmarks/real_readers.py, issue 28).
-LEASE_BATCH = 2
 # A report's `reason` is cut to this many characters (the master's limit on a report).
 MAX_REASON_CHARS = 2000
 
@@ -445,18 +440,6 @@ class LeaseBook:
             return max(MIN_LEASES, min(window, MIN_LEASES * 2))
         rate = (len(times) - 1) / (times[-1] - times[0])
         return max(MIN_LEASES, min(window, math.ceil(rate * LEASE_HORIZON_S)))
-
-    def lease_target(self, window: int) -> tuple[int, int]:
-        """(depth, batch): hold up to `depth` leases ahead and ask once `batch` slots of them
-        are free. `batch` is 1 until the trainer's rate is known; then LEASE_BATCH, with the
-        depth raised by LEASE_BATCH - 1 (within `window`), so that as many leases are left
-        ahead when it asks as at batch 1."""
-        depth = self.lease_depth(window)
-        times = self.finished_at
-        if len(times) < 2 or times[-1] <= times[0]:
-            return depth, 1
-        target = min(window, depth + LEASE_BATCH - 1)
-        return target, max(1, target - depth + 1)
 
     def send_in(self, now: float, fetching: bool, heartbeat_s: float,
                 poll_s: float | None = None) -> float:

@@ -449,11 +449,6 @@ class WorkerSession:
         with self._cond:
             return self._book().lease_depth(window)
 
-    def lease_target(self, window: int) -> tuple[int, int]:
-        """(depth, batch): see LeaseBook.lease_target."""
-        with self._cond:
-            return self._book().lease_target(window)
-
     def completed_epoch(self) -> int:
         """The last epoch the Watch stream announced complete (-1: none)."""
         with self._cond:

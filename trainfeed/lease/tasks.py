@@ -127,17 +127,11 @@ class LeasedTasks:
         # consumer (loaded or loading; not those already in its batch buffer) holds a few
         # seconds of training, not a whole byte budget, so that work stays where an idle reader
         # can get it.
-        # Once the trainer is steady, leases come `batch` at a time (LeaseBook.lease_target).
-        depth, batch = self.session.lease_target(credits.total)
+        depth = self.session.lease_depth(credits.total)
         room = depth - (credits.total - free)
         if room < 1 and not (self.waiting or self.drained):
             credits.give(free)  # and wait until the consumer takes a partition
             credits.give(credits.take_all(free + 1))
-            return 0
-        if room < batch and not (self.waiting or self.drained or out.buffered == 0):
-            credits.give(free)  # wait until `batch` are free, or the consumer runs dry
-            credits.give(credits.take_all(free + batch - room,
-                                          starving=lambda: out.buffered == 0))
             return 0
         if 0 < room < free:
             credits.give(free - room)

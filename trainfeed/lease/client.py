@@ -109,6 +109,8 @@ RANK_RETRY_S = 0.5
 # "WRONG_VERSION_NUMBER"), as opposed to a master that is not there ("Connection refused").
 _TLS_MISMATCH = re.compile(r"socket closed|handshake|ssl|tls|wrong_version|end of file",
                            re.IGNORECASE)
+# How often a cancellable call (a long-poll) checks whether its caller gave up on it.
+CANCEL_CHECK_S = 0.1
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -296,14 +298,20 @@ class MasterClient:
                   max_records: int = 0,
                   started: Collection[tuple[int, int, int]] = (),
                   sync: pb.SyncGroup | None = None,
-                  stats: pb.ReaderStats | None = None) -> pb.GetTasksResponse:
+                  stats: pb.ReaderStats | None = None,
+                  abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
         """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
         the master then hands back any other lease it has on the caller (see the proto), and
         the answer's `revoked` lists those of them that are not the caller's any more.
         `started`: those of `held` the caller's trainer has begun (never asked back).
         `max_records` > 0: no more tasks than cover that many records (a synchronous quota).
-        `stats`: the reader's figures since its last summary (issue 29), riding on the call."""
-        return self._fenced(self._stub.GetTasks, pb.GetTasksRequest(
+        `stats`: the reader's figures since its last summary (issue 29), riding on the call.
+        `abandoned`: checked every CANCEL_CHECK_S while the call is in flight; once true, the
+        call is cancelled and CallCancelled raised (a long-poll need not run its course)."""
+        method: Callable[..., pb.GetTasksResponse] = self._stub.GetTasks
+        if abandoned is not None:
+            method = _cancellable(self._stub.GetTasks, abandoned)
+        return self._fenced(method, pb.GetTasksRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
             max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
             reconcile=held is not None, max_records=max_records,
@@ -404,6 +412,32 @@ class SessionStream:
         self.cancelled = True
         self._outbox.put(None)
         return bool(self._call.cancel())
+
+
+class CallCancelled(JobError):
+    """A cancellable call was cancelled because its caller gave up on it (a pass abandoned, a
+    session closed): whether the master acted on it is unknown, as after any lost answer."""
+
+
+def _cancellable(method: grpc.UnaryUnaryMultiCallable,
+                 abandoned: Callable[[], bool]) -> Callable[..., pb.GetTasksResponse]:
+    """`method`, called as a future that is cancelled once `abandoned()` (checked every
+    CANCEL_CHECK_S); raises CallCancelled then."""
+    def call(request: object, timeout: float, metadata: object) -> pb.GetTasksResponse:
+        if abandoned():
+            raise CallCancelled("the call was given up before it was made")
+        future = method.future(request, timeout=timeout, metadata=metadata)
+        while True:
+            try:
+                return future.result(timeout=CANCEL_CHECK_S)  # type: ignore[no-any-return]
+            except grpc.FutureTimeoutError:
+                if abandoned():
+                    future.cancel()
+                    raise CallCancelled("the call was cancelled: its caller gave up on it") \
+                        from None
+            except grpc.FutureCancelledError:
+                raise CallCancelled("the call was cancelled") from None
+    return call
 
 
 class _Refused(Exception):

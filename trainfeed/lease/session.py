@@ -357,11 +357,13 @@ class WorkerSession:
             raise
         self._answered(reports, answer_of(response), started)
 
-    def get_tasks(self, epoch: int, max_tasks: int, wait_ms: int,
-                  max_records: int) -> pb.GetTasksResponse:
+    def get_tasks(self, epoch: int, max_tasks: int, wait_ms: int, max_records: int,
+                  abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
         """A GetTasks call carrying the queued reports; its grants, revocations and give-back
         asks are in the book when it returns. Raises the group's break or the supersession it
-        announced."""
+        announced. A long-poll (`wait_ms` > 0) is cancelled once `abandoned()` or the session
+        closes (CallCancelled: the reports stay queued, and any grant it made is handed back
+        by the LeaveJob of end_pass_early or close)."""
         book = self._book()
         with self._cond:
             reports = book.drain()
@@ -371,7 +373,8 @@ class WorkerSession:
             response = self.client.get_tasks(
                 self.job, self.worker, epoch, max_tasks, wait_ms,
                 [to_message(r) for r in reports], held=held, max_records=max_records,
-                started=begun, sync=self.sync, stats=self._stats_now())
+                started=begun, sync=self.sync, stats=self._stats_now(),
+                abandoned=self._given_up(abandoned) if wait_ms > 0 else None)
         except BaseException:
             with self._cond:  # keep them for the next try
                 book.unsent(reports)
@@ -379,6 +382,11 @@ class WorkerSession:
         self._answered(reports, answer_of(response), started, leases(response.tasks))
         self.check()
         return response
+
+    def _given_up(self, abandoned: Callable[[], bool] | None) -> Callable[[], bool]:
+        """Whether a long-poll in flight is no longer wanted: `abandoned()`, or this session
+        is closing."""
+        return lambda: self._stopping or (abandoned is not None and abandoned())
 
     def _answered(self, reports: list[Report], answer: Answer, started: float,
                   granted: Sequence[Lease] = ()) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from trainfeed.errors import CorruptDatasetError, PartitionReadError, SyncShortfallError
-from trainfeed.io.prefetch import Credits, PrefetchStream, TaskRef
-from trainfeed.lease.client import wall_clock
+from trainfeed.io.prefetch import Credits, PrefetchStream, Stopped, TaskRef
+from trainfeed.lease.client import CallCancelled, wall_clock
 from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession
 from trainfeed.v1 import master_pb2 as pb
 
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 # master's cap (5 s): it made 30 % fewer GetTasks calls in benchmarks/real_readers.py (issue 28),
 # but a pass abandoned at the epoch's tail waits for its producer's long-poll to return, and its
 # close took 4.3 s instead of 1.3 s. (A GetTasks that close() can cancel would allow it.)
-LONG_POLL_MS = 2000
+LONG_POLL_MS = 5000
 # A pass waiting this long for partitions others hold logs what it waits for and until when
 # (again when that changes, or every WAIT_LOG_EVERY_S): no wait over 5 s is silent (issue 26).
 WAIT_LOG_S = 5.0
@@ -157,7 +157,12 @@ class LeasedTasks:
         asked_at = time.monotonic()
         try:
             response = self.session.get_tasks(self.epoch, free, self._wait_ms(long_poll),
-                                              max(0, self._need() or 0))
+                                              max(0, self._need() or 0),
+                                              abandoned=lambda: out.stopping)
+        except CallCancelled:
+            if out.stopping:
+                raise Stopped from None  # the pass was abandoned: its producer ends quietly
+            raise
         finally:
             self.session.set_fetching(True)
         self.waits.saw(response, self.epoch, asked_at)

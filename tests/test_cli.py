@@ -55,6 +55,27 @@ def test_the_upload_command_does_not_import_the_master_the_cluster_or_the_reader
     assert result.stdout.split() == []
 
 
+PACKAGE_NAMES = """
+import trainfeed.dist, trainfeed.upload  # submodules named like two exports of the package
+import trainfeed
+from trainfeed import LocalSource, Reader, batch, dist, upload
+assert callable(upload) and callable(batch) and callable(dist.reader), (upload, batch)
+assert set(trainfeed.__all__) <= set(dir(trainfeed))
+for name in trainfeed.__all__:
+    getattr(trainfeed, name)
+print("ok")
+"""
+
+
+def test_the_package_exports_every_name_of_its_all_as_the_object_not_a_module() -> None:
+    """The lazy exports (PEP 562) resolve, and `upload` is the function even after something
+    imported the submodule trainfeed.upload (CI: a lazy `upload` was the module there)."""
+    result = subprocess.run([sys.executable, "-c", PACKAGE_NAMES], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok"]
+
+
 def test_upload_ls_info(image_list: Path, storage_dir: str,
                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["upload", str(image_list), "--dataset", "flowers", "--storage", storage_dir,

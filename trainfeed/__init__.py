@@ -43,9 +43,13 @@ from trainfeed.errors import (
     UnknownLabelError,
 )
 
-# The reader and the upload load on first use (PEP 562): `trainfeed upload`, the master and the
-# other commands do not pay for the reader's imports (gRPC, OpenCV, the lease client), nor a
-# reader for the upload's.
+# `upload` is imported here, not lazily: it is also the name of the submodule trainfeed.upload,
+# which Python binds on the package when anything imports it, so that a lazy `upload` would be
+# the module, not the function, after `import trainfeed.upload`.
+from trainfeed.upload import UploadOptions, upload
+
+# The reader loads on first use (PEP 562): `trainfeed upload`, the master and the other commands
+# do not pay for its imports (gRPC, OpenCV, the lease client).
 _LAZY = {
     "dist": "trainfeed.dist",
     "batch": "trainfeed.reader.batch",
@@ -59,8 +63,6 @@ _LAZY = {
     "LocalSource": "trainfeed.reader.sources",
     "MasterSource": "trainfeed.reader.sources",
     "SyncOptions": "trainfeed.reader.world",
-    "UploadOptions": "trainfeed.upload",
-    "upload": "trainfeed.upload",
 }
 
 if TYPE_CHECKING:
@@ -77,7 +79,6 @@ if TYPE_CHECKING:
     from trainfeed.reader.reader import Reader
     from trainfeed.reader.sources import LocalSource, MasterSource
     from trainfeed.reader.world import SyncOptions
-    from trainfeed.upload import UploadOptions, upload
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from trainfeed.errors import (
     AppendMismatchError,
     AuthenticationError,
+    CallCancelled,
     CheckpointError,
     ClusterError,
     ConcurrentUploadError,
@@ -97,7 +98,8 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["AppendMismatchError", "AuthenticationError", "BatchOptions", "CheckpointError",
+__all__ = ["AppendMismatchError", "AuthenticationError", "BatchOptions", "CallCancelled",
+           "CheckpointError",
            "ClusterError", "ConcurrentUploadError", "ConfigurationError", "CorruptDatasetError",
            "DatasetExistsError", "DatasetNotFoundError", "DecodeError", "DecodeOptions",
            "DeliveryOrderError", "EtcdUnavailableError", "IncompleteUploadError",

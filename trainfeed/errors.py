@@ -100,6 +100,13 @@ class JobError(TrainfeedError):
     """The master refused a job request (unknown dataset, job bound to another dataset, …)."""
 
 
+class CallCancelled(JobError):
+    """A reader's call to the master was cancelled because its caller gave up on it: a pass's
+    long-poll for tasks when the reader was closed (from another thread) while the pass was
+    still reading. Whether the master acted on the call is unknown, as after any lost answer;
+    the pass ends with this error rather than as if the epoch were over."""
+
+
 class AuthenticationError(JobError):
     """The master refused the caller's token (missing or wrong): retrying cannot help."""
 

@@ -38,6 +38,7 @@ import grpc
 from trainfeed import settings
 from trainfeed.errors import (
     AuthenticationError,
+    CallCancelled,
     ConfigurationError,
     DeliveryOrderError,
     JobError,
@@ -412,11 +413,6 @@ class SessionStream:
         self.cancelled = True
         self._outbox.put(None)
         return bool(self._call.cancel())
-
-
-class CallCancelled(JobError):
-    """A cancellable call was cancelled because its caller gave up on it (a pass abandoned, a
-    session closed): whether the master acted on it is unknown, as after any lost answer."""
 
 
 def _cancellable(method: grpc.UnaryUnaryMultiCallable,

@@ -15,9 +15,14 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from trainfeed.errors import CorruptDatasetError, PartitionReadError, SyncShortfallError
+from trainfeed.errors import (
+    CallCancelled,
+    CorruptDatasetError,
+    PartitionReadError,
+    SyncShortfallError,
+)
 from trainfeed.io.prefetch import Credits, PrefetchStream, Stopped, TaskRef
-from trainfeed.lease.client import CallCancelled, wall_clock
+from trainfeed.lease.client import wall_clock
 from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession
 from trainfeed.v1 import master_pb2 as pb
 

@@ -60,7 +60,7 @@ import trainfeed.dist, trainfeed.upload  # submodules named like two exports of 
 import trainfeed
 from trainfeed import LocalSource, Reader, batch, dist, upload
 assert callable(upload) and callable(batch) and callable(dist.reader), (upload, batch)
-assert set(trainfeed.__all__) <= set(dir(trainfeed))
+assert set(trainfeed.__all__) | {'__version__'} <= set(dir(trainfeed))
 for name in trainfeed.__all__:
     getattr(trainfeed, name)
 print("ok")

@@ -95,7 +95,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    """What is loaded (`__version__`, imported submodules) plus every lazily exported name."""
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = ["AppendMismatchError", "AuthenticationError", "BatchOptions", "CallCancelled",

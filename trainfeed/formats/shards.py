@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainfeed.formats.arrays import string_array
 from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
 from trainfeed.storage import Storage
 
@@ -254,7 +255,7 @@ class ShardEncoder:
             [pa.Array.from_buffers(pa.int64(), len(group),
                                    [None, pa.py_buffer(np.asarray(group.ids, np.int64))])]
             + [_binary_array(col) if self.schema.field(i + 1).type == pa.binary()
-               else _string_array(cast(list[str], col))
+               else string_array(cast(list[str], col))
                for i, col in enumerate(group.columns)], schema=self.schema)
         self._writer.write_table(table, row_group_size=len(group))
         del table
@@ -383,15 +384,6 @@ def _binary_array(values: Sequence[bytes] | PackedValues) -> pa.Array:
     np.cumsum([len(v) for v in values], out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), len(values),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
-
-
-def _string_array(values: Sequence[str]) -> pa.Array:
-    """`pa.array(values, pa.string())` from one UTF-8 buffer and its offsets."""
-    encoded = [v.encode() for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(v) for v in encoded], out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 
 # How far past where a value would follow the previous one `_place` looks first: a page header

@@ -13,10 +13,10 @@ import io
 import threading
 from collections.abc import Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainfeed.formats.arrays import int64_array, string_array
 from trainfeed.storage import Storage
 
 SOURCES_FILE = "sources.parquet"
@@ -28,34 +28,13 @@ SCHEMA = pa.schema([pa.field("_id", pa.int64(), nullable=False),
 def write_sources(folder: Storage, data_dir: str, ids: Sequence[int],
                   paths: Sequence[str | None], lines: Sequence[int]) -> str:
     """Writes the sources of one upload (atomically); returns its path in the dataset folder."""
-    table = pa.table([_int64_array(ids), _string_array(paths), _int64_array(lines)],
+    table = pa.table([int64_array(ids), string_array(paths), int64_array(lines)],
                      schema=SCHEMA)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     rel = f"{data_dir}/{SOURCES_FILE}"
     folder.write_atomic(rel, sink.getvalue())
     return rel
-
-
-# Built from buffers, not with `pa.array`: pyarrow's first `pa.array` call imports pandas
-# (0.2 CPU-s), which an upload would pay for this one small table.
-def _int64_array(values: Sequence[int]) -> pa.Array:
-    data = np.asarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
-
-
-def _string_array(values: Sequence[str | None]) -> pa.Array:
-    """Strings, or all None (a text list's records have no file)."""
-    if all(v is None for v in values):
-        return pa.nulls(len(values), pa.string())
-    encoded = [v.encode() if v is not None else b"" for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(v) for v in encoded], out=offsets[1:])
-    valid = None
-    if any(v is None for v in values):
-        valid = pa.py_buffer(np.packbits([v is not None for v in values], bitorder="little"))
-    return pa.Array.from_buffers(pa.string(), len(encoded),
-                                 [valid, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 
 class SourceIndex:

@@ -1,5 +1,6 @@
 """`etcd://host:port[/prefix][?ttl=S]`: the master's state in etcd, so that a standby master
-takes over when the leader dies (needs the `etcd` extra).
+takes over when the leader dies (no client package: JSON over HTTP to etcd's gateway, see
+`etcd_gateway`).
 
 Leadership follows Paddle's master design: the leader holds `<prefix>/leader` (value: its owner
 id) attached to an etcd lease that a background thread keeps alive. When the leader dies the
@@ -29,20 +30,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from trainfeed.errors import (
-    ConfigurationError,
-    EtcdUnavailableError,
-    LeadershipError,
-    TrainfeedError,
-)
+from trainfeed.errors import EtcdUnavailableError, LeadershipError, TrainfeedError
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
+from trainfeed.master.stores.etcd_gateway import EtcdGateway
 from trainfeed.redaction import redact_url
-
-if TYPE_CHECKING:
-    from etcd3gw.client import Etcd3Client
 
 __all__ = ["EtcdLocation", "EtcdStateStore", "EtcdUnavailableError"]
 
@@ -106,22 +100,17 @@ class EtcdStateStore:
     """Job state and master leadership in etcd (see the module docstring for the layout).
 
     Called from one thread at a time, like every StateStore; the lease keeper runs on its own
-    thread with its own HTTP session. `close()` is idempotent and revokes the lease, so that a
+    thread with its own HTTP connection. `close()` is idempotent and revokes the lease, so that a
     standby takes over at once after a clean stop rather than `ttl` seconds later.
     """
 
     def __init__(self, url: str):
         self.url = url
         self.location = EtcdLocation.parse(url)
-        try:  # the client is an extra, imported only by a master that uses etcd
-            import etcd3gw  # noqa: F401
-        except ImportError:
-            raise ConfigurationError(f"state {url} needs the etcd client: "
-                                     f"pip install 'trainfeed[etcd]'") from None
         self._keys = _Keys(self.location.prefix)
         # Requests must not hang past the lease: a stuck call would outlive the leadership.
         self._timeout_s = max(1.0, self.location.ttl_s / 2)
-        self._client: Etcd3Client | None = self._new_client()
+        self._client: EtcdGateway | None = self._new_client()
         self._owner: str | None = None
         self._lease_id: int | None = None
         self._leader_revision = 0  # create_revision of our leader key: fences every write
@@ -135,39 +124,18 @@ class EtcdStateStore:
     def from_url(cls, url: str) -> EtcdStateStore:
         return cls(url)
 
-    def _new_client(self) -> Etcd3Client:
-        import requests
-        from etcd3gw.client import Etcd3Client
-
-        session = requests.Session()
-        # etcd is a cluster-internal service: an HTTP(S)_PROXY set for storage access must not
-        # sit between the master and its leadership lease.
-        session.trust_env = False
-        return Etcd3Client(self.location.host, self.location.port, api_path="/v3/",
-                           timeout=self._timeout_s, session=session)
+    def _new_client(self) -> EtcdGateway:
+        # http.client ignores HTTP(S)_PROXY: a proxy set for storage access never sits between
+        # the master and its leadership lease.
+        return EtcdGateway(self.location.host, self.location.port, self._timeout_s,
+                           redact_url(self.url))
 
     def _call(self, path: str, payload: dict[str, Any],
-              client: Etcd3Client | None = None) -> dict[str, Any]:
-        from etcd3gw.exceptions import (
-            ConnectionFailedError,
-            ConnectionTimeoutError,
-            Etcd3Exception,
-        )
-
+              client: EtcdGateway | None = None) -> dict[str, Any]:
         client = client or self._client
         if client is None:
             raise RuntimeError(f"state store {self.url} is closed")
-        try:
-            result: dict[str, Any] = client.post(client.get_url(path), json=payload)
-        except (ConnectionFailedError, ConnectionTimeoutError) as e:
-            raise EtcdUnavailableError(
-                f"cannot reach etcd for state {self.url} at {client.base_url} ({path}): "
-                f"{e.detail_text or type(e).__name__}; is etcd running and the address "
-                f"right?") from None
-        except Etcd3Exception as e:
-            raise TrainfeedError(f"etcd for state {self.url} refused {path}: "
-                                 f"{e.detail_text or e}") from None
-        return result
+        return client.post(path, payload)
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -248,7 +216,7 @@ class EtcdStateStore:
                     return
                 last_ok = time.monotonic()
         finally:
-            client.session.close()
+            client.close()
 
     def _revoke(self, lease_id: int) -> None:
         try:
@@ -419,7 +387,7 @@ class EtcdStateStore:
             self._revoke(self._lease_id)  # deletes the leader key: a standby takes over now
         self._lease_id = None
         self._owner = None
-        self._client.session.close()
+        self._client.close()
         self._client = None
 
     def __enter__(self) -> EtcdStateStore:

@@ -53,6 +53,10 @@ _SEQ_DIGITS = 20
 # etcd's default --max-txn-ops: one txn holds at most this many operations (the leadership
 # compares aside).
 MAX_TXN_OPS = 128
+# etcd's default --max-request-bytes is 1.5 MiB: a txn's values stay under 1 MiB (x 4/3 in
+# base64, plus keys and JSON), and one journal entry under CHUNK_BYTES.
+TXN_BYTES = 1 << 20
+ENTRY_BYTES = CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class EtcdStateStore:
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self._last_seq: dict[str, int] = {}
+        # Ops of a batch that failed part-way which are durable all the same, per job.
+        self._landed: dict[str, list[Any]] = {}
         self._call("/maintenance/status", {})  # fail fast on a wrong address
 
     @classmethod
@@ -291,30 +297,52 @@ class EtcdStateStore:
         return jobs
 
     def append(self, job: str, ops: Sequence[Any]) -> None:
-        if not ops:
-            return
-        text = json.dumps(list(ops), separators=(",", ":")).encode()
-        seq = self._seq(job) + 1
-        self._fenced([{"request_put": {"key": _b64(self._keys.journal_entry(job, seq)),
-                                       "value": _b64(text)}}])
-        self._last_seq[job] = seq
+        self.append_batch({job: ops})
 
     def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
-        """One txn: a journal entry per job (etcd's default limit is 128 ops per txn, so a
-        batch of more jobs than that goes in several, each job's entry whole)."""
-        puts: list[tuple[str, int, dict[str, Any]]] = []
+        """A journal entry per job, in one txn when it fits (the journal writer's group commit).
+
+        A batch above one txn's limits (MAX_TXN_OPS puts, TXN_BYTES of values: etcd refuses
+        larger requests) goes in several txns, in order, and a job's ops above ENTRY_BYTES in
+        several entries. If a later txn fails, the ops of the earlier ones are durable: they are
+        remembered, and when the journal writer retries the batch (its failed entries come
+        first, in order, so each job's ops start with them) they are not written twice.
+        """
+        landed, self._landed = self._landed, {}
+        entries: list[tuple[str, list[Any], bytes]] = []
         for job, ops in ops_by_job.items():
-            if not ops:
-                continue
-            text = json.dumps(list(ops), separators=(",", ":")).encode()
-            seq = self._seq(job) + 1
-            puts.append((job, seq, {"request_put": {
-                "key": _b64(self._keys.journal_entry(job, seq)), "value": _b64(text)}}))
-        for start in range(0, len(puts), MAX_TXN_OPS - 1):
-            chunk = puts[start:start + MAX_TXN_OPS - 1]
-            self._fenced([put for _, _, put in chunk])
-            for job, seq, _ in chunk:
-                self._last_seq[job] = seq
+            todo = list(ops)
+            done = landed.get(job, [])
+            if done and todo[:len(done)] == done:
+                todo = todo[len(done):]
+            elif done:
+                logger.warning("state %s: a retried batch of job %r does not start with the %d "
+                               "op(s) already written; writing all of it", self.url, job,
+                               len(done))
+                done = []
+            if done:
+                self._landed[job] = done  # still durable, whatever happens to the rest
+            entries.extend((job, part, text) for part, text in _entries(todo))
+        written: dict[str, list[Any]] = {}
+        try:
+            for txn in _txns(entries):
+                puts = []
+                seqs = dict.fromkeys((job for job, _, _ in txn), 0)
+                for job, _, text in txn:
+                    seqs[job] = seqs[job] or self._seq(job)
+                    seqs[job] += 1
+                    puts.append({"request_put": {
+                        "key": _b64(self._keys.journal_entry(job, seqs[job])),
+                        "value": _b64(text)}})
+                self._fenced(puts)
+                for job, part, _ in txn:
+                    written.setdefault(job, []).extend(part)
+                self._last_seq.update(seqs)
+        except BaseException:
+            for job, part in written.items():
+                self._landed[job] = self._landed.get(job, []) + part
+            raise
+        self._landed = {}
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:
         keys = self._keys
@@ -440,6 +468,42 @@ class _Keys:
 
     def chunk(self, job: str, gen: int, index: int) -> str:
         return f"{self.generation(job, gen)}{index:06d}"
+
+
+def _entries(ops: list[Any]) -> list[tuple[list[Any], bytes]]:
+    """`ops` as journal entries (the ops, their JSON) of at most ENTRY_BYTES each (an op above
+    that alone is an entry of its own): one entry in the common case, encoded once."""
+    if not ops:
+        return []
+    text = json.dumps(ops, separators=(",", ":")).encode()
+    if len(text) <= ENTRY_BYTES:
+        return [(ops, text)]
+    entries: list[tuple[list[Any], bytes]] = []
+    part: list[Any] = []
+    size = 2  # the brackets
+    for op in ops:
+        op_size = len(json.dumps(op, separators=(",", ":")).encode()) + 1
+        if part and size + op_size > ENTRY_BYTES:
+            entries.append((part, json.dumps(part, separators=(",", ":")).encode()))
+            part, size = [], 2
+        part.append(op)
+        size += op_size
+    entries.append((part, json.dumps(part, separators=(",", ":")).encode()))
+    return entries
+
+
+def _txns(entries: list[tuple[str, list[Any], bytes]]
+          ) -> list[list[tuple[str, list[Any], bytes]]]:
+    """`entries` in order, cut into txns of at most MAX_TXN_OPS - 1 puts and TXN_BYTES."""
+    txns: list[list[tuple[str, list[Any], bytes]]] = []
+    size = 0
+    for entry in entries:
+        if not txns or len(txns[-1]) >= MAX_TXN_OPS - 1 or size + len(entry[2]) > TXN_BYTES:
+            txns.append([])
+            size = 0
+        txns[-1].append(entry)
+        size += len(entry[2])
+    return txns
 
 
 def _b64(data: str | bytes) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -309,3 +310,17 @@ def test_a_batch_that_failed_part_way_is_retried_without_writing_ops_twice(
         journals = {job: saved.journal for job, saved in again.load_jobs().items()}
     assert journals.pop("hold") == [["D", 0, "h"]]
     assert journals == {job: first[job] + second[job] for job in first}
+
+
+def test_a_connection_closed_under_the_store_is_opened_again(state_url: str) -> None:
+    """The store keeps one HTTP connection to etcd's gateway; one that died while idle (etcd
+    restarted, a proxy's idle timeout) costs a reconnect, not a failed commit."""
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"version": 1})
+        for i in range(3):
+            conn = store._client._conn if store._client is not None else None
+            assert conn is not None and conn.sock is not None
+            conn.sock.shutdown(socket.SHUT_RDWR)  # as a server closing it would
+            store.append("j", [["D", i, "w"]])
+    with open_store(state_url, "master-b") as again:
+        assert again.load_jobs()["j"].journal == [["D", i, "w"] for i in range(3)]

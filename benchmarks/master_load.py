@@ -44,6 +44,9 @@ Method:
   same workers and clients. It is the ceiling that any servicer logic can reach with this server,
   these clients and this machine; each row gives its rate as a share of that ceiling, and each
   SQLite row its rate relative to `memory://` at the same size.
+- etcd rows also give etcd's own view of the window, read from its /metrics at the window's
+  edges: txns/s (the journal's group commits), calls per txn, the mean WAL fsync, and etcd's
+  CPU with `--etcd-pid` (benchmarks/etcd_ceiling.py measures what etcd can take).
 - `--py-spy` samples the master with `py-spy record --nonblocking` during each window and adds
   the share of its busy samples spent in `_save` (snapshot + store) to the table.
 - Between configurations the script waits for the master to go idle (it may still be answering
@@ -77,6 +80,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -484,6 +488,27 @@ def wait_idle(pid: int, timeout_s: float, period_s: float = 0.25) -> float:
     return time.monotonic() - start
 
 
+def etcd_counters(address: str) -> dict[str, float]:
+    """etcd's own counters (its /metrics): txns and puts served, WAL fsyncs and their seconds.
+
+    Read at the window's edges of an etcd row, they give the txns per second the journal made
+    and the calls each held (group commit), without touching the master."""
+    wanted = {'grpc_server_handled_total{grpc_code="OK",grpc_method="Txn",'
+              'grpc_service="etcdserverpb.KV",grpc_type="unary"}': "txns",
+              "etcd_mvcc_put_total": "puts",
+              "etcd_disk_wal_fsync_duration_seconds_sum": "fsync_s",
+              "etcd_disk_wal_fsync_duration_seconds_count": "fsyncs"}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
+    with opener.open(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counters: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in wanted:
+            counters[wanted[name]] = float(value)
+    return counters
+
+
 def state_url(backend: str, state_dir: str, partitions: int, etcd: str = "") -> str:
     if backend == "memory":
         return "memory://"
@@ -565,6 +590,8 @@ class Row:
     drain_s: float = 0.0
     profile: dict[str, Any] | None = None
     skipped: str = ""
+    # etcd rows: etcd's counters over the window (etcd_counters), and its CPU (--etcd-pid).
+    etcd: dict[str, float] | None = None
 
     @property
     def rate(self) -> float:
@@ -707,19 +734,27 @@ def run_config(pool: ClientPool, master: MasterProcess, row: Row, mode: str, job
            "open_timeout_s": args.open_timeout, "tasks_per_call": args.tasks_per_call}
     pid = master.proc.pid
     edges: dict[str, Any] = {}
+    etcd = row.backend == "etcd"
 
     def on_start(t0: float) -> None:
         # The master's CPU at the window's edges: sleep to t0, read; profile; sleep to the end.
         time.sleep(max(0.0, t0 - time.monotonic()))
         edges["cpu0"] = process_cpu_s(pid)
+        if etcd:
+            edges["etcd0"] = etcd_side(args)
         if args.py_spy:
             edges["spy"] = PySpy(pid, row.duration_s, args.py_spy_rate)
         time.sleep(max(0.0, t0 + row.duration_s - time.monotonic()))
         edges["cpu1"] = process_cpu_s(pid)
+        if etcd:
+            edges["etcd1"] = etcd_side(args)
 
     stats = pool.run(cfg, on_start)
     row.stats = stats
     row.master_cpu_s = edges["cpu1"] - edges["cpu0"]
+    if etcd:
+        row.etcd = {k: (edges["etcd1"][k] - v) / row.duration_s
+                    for k, v in edges["etcd0"].items() if k in edges["etcd1"]}
     if "spy" in edges:
         row.profile = edges["spy"].summary(timeout_s=30)
     row.drain_s = wait_idle(pid, timeout_s=args.drain_timeout)
@@ -733,6 +768,27 @@ def run_config(pool: ClientPool, master: MasterProcess, row: Row, mode: str, job
           f"epochs reached {stats.max_epoch + 1}, join {stats.open_s:.1f} s, "
           f"warm-up {stats.warmup_s:.1f} s{'' if stats.warm else ' (CUT: not warm)'}, "
           f"drain {row.drain_s:.1f} s)", file=sys.stderr, flush=True)
+    if row.etcd:
+        print(f"  {'':<11} etcd: {etcd_summary(row)}", file=sys.stderr, flush=True)
+
+
+def etcd_side(args: argparse.Namespace) -> dict[str, float]:
+    counters = etcd_counters(args.etcd)
+    if args.etcd_pid:
+        counters["cpu_s"] = process_cpu_s(args.etcd_pid)
+    return counters
+
+
+def etcd_summary(row: Row) -> str:
+    """txns/s, calls per txn and fsync time of an etcd row's window (from etcd's counters)."""
+    e = row.etcd or {}
+    txns = e.get("txns", 0.0)
+    calls = len(row.stats.latencies_ms) / row.duration_s if row.stats else 0.0
+    parts = [f"{txns:,.0f} txns/s", f"{calls / txns:.1f} calls per txn" if txns else "-",
+             f"WAL fsync {e['fsync_s'] / e['fsyncs'] * 1000:.1f} ms" if e.get("fsyncs") else "-"]
+    if "cpu_s" in e:
+        parts.append(f"etcd {e['cpu_s']:.2f} cores")
+    return ", ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -858,7 +914,9 @@ def run(args: argparse.Namespace) -> int:
             "epochs_reached": r.stats.max_epoch + 1 if r.stats else 0,
             "open_s": r.stats.open_s if r.stats else None, "drain_s": r.drain_s,
             "errors": r.stats.errors if r.stats else [],
-            "profile": r.profile} for r in rows],
+            "profile": r.profile,
+            "etcd_per_s": r.etcd, "etcd_summary": etcd_summary(r) if r.etcd else None}
+            for r in rows],
         "targets": verdict,
         "table_markdown": table,
         "master_log_tail": master_logs,
@@ -889,6 +947,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a running etcd for the etcd backend (e.g. `etcd --listen-client-urls "
                         "http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790`"
                         ", see docs/benchmarks.md)")
+    p.add_argument("--etcd-pid", type=int, default=0, metavar="PID",
+                   help="etcd's process id, to add its CPU to the etcd rows (etcd on this "
+                        "machine only; its txns/s are read from its /metrics either way)")
     p.add_argument("--partitions", type=int, nargs="+", default=[1000, 10_000, 100_000],
                    help="partition counts (default 1000 10000 100000); each gets a data set "
                         "of that many row groups")

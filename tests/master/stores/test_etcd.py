@@ -1,16 +1,22 @@
 """EtcdStateStore against a real etcd: layout, chunked snapshots, leadership and fencing."""
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import etcd3gw
 import pytest
 
-from trainfeed.errors import LeadershipError
+from trainfeed.errors import EtcdUnavailableError, LeadershipError, StateStoreError
+from trainfeed.master.journal import JournalWriter
 from trainfeed.master.stores import SavedJob, open_state_store
-from trainfeed.master.stores.etcd import CHUNK_BYTES, EtcdStateStore
+from trainfeed.master.stores.etcd import CHUNK_BYTES, ENTRY_BYTES, EtcdStateStore
 
 
 @pytest.fixture
@@ -211,3 +217,110 @@ def test_values_are_readable_json(prefix: str, state_url: str,
     assert raw.get(f"{prefix}/jobs/j/head") == [b'{"gen": 1, "chunks": 1, "journal_after": 0}']
     assert raw.get(f"{prefix}/jobs/j/snapshot/{1:020d}/000000") == [b'{"name":"caf\\u00e9"}']
     assert raw.get(f"{prefix}/jobs/j/journal/{1:020d}") == [b'[{"op":"lease"}]']
+
+
+class FailingOnce(EtcdStateStore):
+    """A real etcd store whose `fail_at`-th txn (counted from 1) fails once, as if etcd were
+    unreachable just then (the txns before it have landed), and whose commits wait for `gate`."""
+
+    fail_at = 0
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.txns = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
+        self.gate.wait(30)
+        super().append_batch(ops_by_job)
+
+    def _fenced(self, ops: list[dict[str, Any]]) -> None:
+        self.txns += 1
+        if self.txns == self.fail_at:
+            raise EtcdUnavailableError(f"cannot reach etcd for state {self.url}: test")
+        super()._fenced(ops)
+
+
+def many_jobs_batch(n: int, tag: str) -> dict[str, list[Any]]:
+    return {f"job{i:03d}": [["D", i, tag], ["L", tag, [i]]] for i in range(n)}
+
+
+def test_a_batch_of_more_jobs_than_a_txn_holds_is_split_and_every_op_lands(
+        state_url: str) -> None:
+    """etcd refuses a txn of more than --max-txn-ops (128) puts: 300 jobs' entries go in 3."""
+    batch = many_jobs_batch(300, "w")
+    with open_store(state_url) as store:
+        for job in batch:
+            store.save_snapshot(job, {"version": 1})
+        store.append_batch(batch)
+    with open_store(state_url, "master-b") as again:
+        assert {job: saved.journal for job, saved in again.load_jobs().items()} == batch
+
+
+def test_a_batch_above_etcds_request_limit_is_split_and_every_op_lands(
+        state_url: str) -> None:
+    """etcd refuses a request above 1.5 MiB: a tick's 3 MiB of one job's ops (a long etcd
+    outage queues that much) go in several entries and txns, in order."""
+    ops = [["P", i, 600, "reader-" + "x" * 40 + f"-{i:07d}"] for i in range(50_000)]
+    assert len(json.dumps(ops)) > 3 * ENTRY_BYTES
+    state_url = state_url.replace("ttl=2", "ttl=10")  # 5 s per request: 1 MiB txns, loaded
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"version": 1})
+        store.append_batch({"j": ops, "k": [["D", 1, "w"]]})
+        store.save_snapshot("k", {"version": 1})
+    with open_store(state_url, "master-b") as again:
+        saved = again.load_jobs()
+    assert saved["j"].journal == ops
+
+
+def test_a_batch_that_failed_part_way_is_retried_without_writing_ops_twice(
+        state_url: str) -> None:
+    """The journal writer retries a failed commit; the txns of it that had landed before the
+    failure are not written again (a lease or a DONE replayed twice corrupts the ledger), and
+    nothing acknowledged is lost, then or after a crash."""
+    first, second = many_jobs_batch(300, "a"), many_jobs_batch(300, "b")
+    store = FailingOnce(state_url)
+    store.acquire("master-a", wait_s=5)
+    for job in [*first, "hold"]:
+        store.save_snapshot(job, {"version": 1})
+    # The txns: "hold" (its commit keeps the writer busy while the 300 calls queue up), then
+    # the 300 calls' commit in 3 txns, the second of which fails.
+    store.fail_at = store.txns + 3
+
+    async def main() -> None:
+        writer = JournalWriter(store)
+        writer.start(asyncio.get_running_loop())
+        store.gate.clear()
+        hold = asyncio.ensure_future(writer.write("hold", [["D", 0, "h"]]))
+        await asyncio.sleep(0.2)
+        calls = [asyncio.ensure_future(writer.write(job, ops)) for job, ops in first.items()]
+        await asyncio.sleep(0.2)
+        store.gate.set()
+        await hold
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, StateStoreError) for r in results), results[:3]
+        # Acknowledged after the retry (the writer retries the failed entries first).
+        await asyncio.gather(*(writer.write(job, ops) for job, ops in second.items()))
+        writer.close()
+    asyncio.run(main())
+    store._lost.set()  # a crash: the leadership is not revoked, nothing more is written
+    store.close()
+    with open_store(state_url, "master-b") as again:
+        journals = {job: saved.journal for job, saved in again.load_jobs().items()}
+    assert journals.pop("hold") == [["D", 0, "h"]]
+    assert journals == {job: first[job] + second[job] for job in first}
+
+
+def test_a_connection_closed_under_the_store_is_opened_again(state_url: str) -> None:
+    """The store keeps one HTTP connection to etcd's gateway; one that died while idle (etcd
+    restarted, a proxy's idle timeout) costs a reconnect, not a failed commit."""
+    with open_store(state_url) as store:
+        store.save_snapshot("j", {"version": 1})
+        for i in range(3):
+            conn = store._client._conn if store._client is not None else None
+            assert conn is not None and conn.sock is not None
+            conn.sock.shutdown(socket.SHUT_RDWR)  # as a server closing it would
+            store.append("j", [["D", i, "w"]])
+    with open_store(state_url, "master-b") as again:
+        assert again.load_jobs()["j"].journal == [["D", i, "w"] for i in range(3)]

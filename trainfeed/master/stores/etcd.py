@@ -1,5 +1,6 @@
 """`etcd://host:port[/prefix][?ttl=S]`: the master's state in etcd, so that a standby master
-takes over when the leader dies (needs the `etcd` extra).
+takes over when the leader dies (no client package: JSON over HTTP to etcd's gateway, see
+`etcd_gateway`).
 
 Leadership follows Paddle's master design: the leader holds `<prefix>/leader` (value: its owner
 id) attached to an etcd lease that a background thread keeps alive. When the leader dies the
@@ -29,20 +30,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from trainfeed.errors import (
-    ConfigurationError,
-    EtcdUnavailableError,
-    LeadershipError,
-    TrainfeedError,
-)
+from trainfeed.errors import EtcdUnavailableError, LeadershipError, TrainfeedError
 from trainfeed.master.stores.base import SavedJob, wait_for_leadership
+from trainfeed.master.stores.etcd_gateway import EtcdGateway
 from trainfeed.redaction import redact_url
-
-if TYPE_CHECKING:
-    from etcd3gw.client import Etcd3Client
 
 __all__ = ["EtcdLocation", "EtcdStateStore", "EtcdUnavailableError"]
 
@@ -59,6 +53,10 @@ _SEQ_DIGITS = 20
 # etcd's default --max-txn-ops: one txn holds at most this many operations (the leadership
 # compares aside).
 MAX_TXN_OPS = 128
+# etcd's default --max-request-bytes is 1.5 MiB: a txn's values stay under 1 MiB (x 4/3 in
+# base64, plus keys and JSON), and one journal entry under CHUNK_BYTES.
+TXN_BYTES = 1 << 20
+ENTRY_BYTES = CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -106,22 +104,17 @@ class EtcdStateStore:
     """Job state and master leadership in etcd (see the module docstring for the layout).
 
     Called from one thread at a time, like every StateStore; the lease keeper runs on its own
-    thread with its own HTTP session. `close()` is idempotent and revokes the lease, so that a
+    thread with its own HTTP connection. `close()` is idempotent and revokes the lease, so that a
     standby takes over at once after a clean stop rather than `ttl` seconds later.
     """
 
     def __init__(self, url: str):
         self.url = url
         self.location = EtcdLocation.parse(url)
-        try:  # the client is an extra, imported only by a master that uses etcd
-            import etcd3gw  # noqa: F401
-        except ImportError:
-            raise ConfigurationError(f"state {url} needs the etcd client: "
-                                     f"pip install 'trainfeed[etcd]'") from None
         self._keys = _Keys(self.location.prefix)
         # Requests must not hang past the lease: a stuck call would outlive the leadership.
         self._timeout_s = max(1.0, self.location.ttl_s / 2)
-        self._client: Etcd3Client | None = self._new_client()
+        self._client: EtcdGateway | None = self._new_client()
         self._owner: str | None = None
         self._lease_id: int | None = None
         self._leader_revision = 0  # create_revision of our leader key: fences every write
@@ -129,45 +122,26 @@ class EtcdStateStore:
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self._last_seq: dict[str, int] = {}
+        # Ops of a batch that failed part-way which are durable all the same, per job.
+        self._landed: dict[str, list[Any]] = {}
         self._call("/maintenance/status", {})  # fail fast on a wrong address
 
     @classmethod
     def from_url(cls, url: str) -> EtcdStateStore:
         return cls(url)
 
-    def _new_client(self) -> Etcd3Client:
-        import requests
-        from etcd3gw.client import Etcd3Client
-
-        session = requests.Session()
-        # etcd is a cluster-internal service: an HTTP(S)_PROXY set for storage access must not
-        # sit between the master and its leadership lease.
-        session.trust_env = False
-        return Etcd3Client(self.location.host, self.location.port, api_path="/v3/",
-                           timeout=self._timeout_s, session=session)
+    def _new_client(self) -> EtcdGateway:
+        # http.client ignores HTTP(S)_PROXY: a proxy set for storage access never sits between
+        # the master and its leadership lease.
+        return EtcdGateway(self.location.host, self.location.port, self._timeout_s,
+                           redact_url(self.url))
 
     def _call(self, path: str, payload: dict[str, Any],
-              client: Etcd3Client | None = None) -> dict[str, Any]:
-        from etcd3gw.exceptions import (
-            ConnectionFailedError,
-            ConnectionTimeoutError,
-            Etcd3Exception,
-        )
-
+              client: EtcdGateway | None = None) -> dict[str, Any]:
         client = client or self._client
         if client is None:
             raise RuntimeError(f"state store {self.url} is closed")
-        try:
-            result: dict[str, Any] = client.post(client.get_url(path), json=payload)
-        except (ConnectionFailedError, ConnectionTimeoutError) as e:
-            raise EtcdUnavailableError(
-                f"cannot reach etcd for state {self.url} at {client.base_url} ({path}): "
-                f"{e.detail_text or type(e).__name__}; is etcd running and the address "
-                f"right?") from None
-        except Etcd3Exception as e:
-            raise TrainfeedError(f"etcd for state {self.url} refused {path}: "
-                                 f"{e.detail_text or e}") from None
-        return result
+        return client.post(path, payload)
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -248,7 +222,7 @@ class EtcdStateStore:
                     return
                 last_ok = time.monotonic()
         finally:
-            client.session.close()
+            client.close()
 
     def _revoke(self, lease_id: int) -> None:
         try:
@@ -323,30 +297,52 @@ class EtcdStateStore:
         return jobs
 
     def append(self, job: str, ops: Sequence[Any]) -> None:
-        if not ops:
-            return
-        text = json.dumps(list(ops), separators=(",", ":")).encode()
-        seq = self._seq(job) + 1
-        self._fenced([{"request_put": {"key": _b64(self._keys.journal_entry(job, seq)),
-                                       "value": _b64(text)}}])
-        self._last_seq[job] = seq
+        self.append_batch({job: ops})
 
     def append_batch(self, ops_by_job: Mapping[str, Sequence[Any]]) -> None:
-        """One txn: a journal entry per job (etcd's default limit is 128 ops per txn, so a
-        batch of more jobs than that goes in several, each job's entry whole)."""
-        puts: list[tuple[str, int, dict[str, Any]]] = []
+        """A journal entry per job, in one txn when it fits (the journal writer's group commit).
+
+        A batch above one txn's limits (MAX_TXN_OPS puts, TXN_BYTES of values: etcd refuses
+        larger requests) goes in several txns, in order, and a job's ops above ENTRY_BYTES in
+        several entries. If a later txn fails, the ops of the earlier ones are durable: they are
+        remembered, and when the journal writer retries the batch (its failed entries come
+        first, in order, so each job's ops start with them) they are not written twice.
+        """
+        landed, self._landed = self._landed, {}
+        entries: list[tuple[str, list[Any], bytes]] = []
         for job, ops in ops_by_job.items():
-            if not ops:
-                continue
-            text = json.dumps(list(ops), separators=(",", ":")).encode()
-            seq = self._seq(job) + 1
-            puts.append((job, seq, {"request_put": {
-                "key": _b64(self._keys.journal_entry(job, seq)), "value": _b64(text)}}))
-        for start in range(0, len(puts), MAX_TXN_OPS - 1):
-            chunk = puts[start:start + MAX_TXN_OPS - 1]
-            self._fenced([put for _, _, put in chunk])
-            for job, seq, _ in chunk:
-                self._last_seq[job] = seq
+            todo = list(ops)
+            done = landed.get(job, [])
+            if done and todo[:len(done)] == done:
+                todo = todo[len(done):]
+            elif done:
+                logger.warning("state %s: a retried batch of job %r does not start with the %d "
+                               "op(s) already written; writing all of it", self.url, job,
+                               len(done))
+                done = []
+            if done:
+                self._landed[job] = done  # still durable, whatever happens to the rest
+            entries.extend((job, part, text) for part, text in _entries(todo))
+        written: dict[str, list[Any]] = {}
+        try:
+            for txn in _txns(entries):
+                puts = []
+                seqs = dict.fromkeys((job for job, _, _ in txn), 0)
+                for job, _, text in txn:
+                    seqs[job] = seqs[job] or self._seq(job)
+                    seqs[job] += 1
+                    puts.append({"request_put": {
+                        "key": _b64(self._keys.journal_entry(job, seqs[job])),
+                        "value": _b64(text)}})
+                self._fenced(puts)
+                for job, part, _ in txn:
+                    written.setdefault(job, []).extend(part)
+                self._last_seq.update(seqs)
+        except BaseException:
+            for job, part in written.items():
+                self._landed[job] = self._landed.get(job, []) + part
+            raise
+        self._landed = {}
 
     def save_snapshot(self, job: str, snapshot: dict[str, Any]) -> None:
         keys = self._keys
@@ -419,7 +415,7 @@ class EtcdStateStore:
             self._revoke(self._lease_id)  # deletes the leader key: a standby takes over now
         self._lease_id = None
         self._owner = None
-        self._client.session.close()
+        self._client.close()
         self._client = None
 
     def __enter__(self) -> EtcdStateStore:
@@ -472,6 +468,42 @@ class _Keys:
 
     def chunk(self, job: str, gen: int, index: int) -> str:
         return f"{self.generation(job, gen)}{index:06d}"
+
+
+def _entries(ops: list[Any]) -> list[tuple[list[Any], bytes]]:
+    """`ops` as journal entries (the ops, their JSON) of at most ENTRY_BYTES each (an op above
+    that alone is an entry of its own): one entry in the common case, encoded once."""
+    if not ops:
+        return []
+    text = json.dumps(ops, separators=(",", ":")).encode()
+    if len(text) <= ENTRY_BYTES:
+        return [(ops, text)]
+    entries: list[tuple[list[Any], bytes]] = []
+    part: list[Any] = []
+    size = 2  # the brackets
+    for op in ops:
+        op_size = len(json.dumps(op, separators=(",", ":")).encode()) + 1
+        if part and size + op_size > ENTRY_BYTES:
+            entries.append((part, json.dumps(part, separators=(",", ":")).encode()))
+            part, size = [], 2
+        part.append(op)
+        size += op_size
+    entries.append((part, json.dumps(part, separators=(",", ":")).encode()))
+    return entries
+
+
+def _txns(entries: list[tuple[str, list[Any], bytes]]
+          ) -> list[list[tuple[str, list[Any], bytes]]]:
+    """`entries` in order, cut into txns of at most MAX_TXN_OPS - 1 puts and TXN_BYTES."""
+    txns: list[list[tuple[str, list[Any], bytes]]] = []
+    size = 0
+    for entry in entries:
+        if not txns or len(txns[-1]) >= MAX_TXN_OPS - 1 or size + len(entry[2]) > TXN_BYTES:
+            txns.append([])
+            size = 0
+        txns[-1].append(entry)
+        size += len(entry[2])
+    return txns
 
 
 def _b64(data: str | bytes) -> str:

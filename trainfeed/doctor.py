@@ -26,7 +26,7 @@ DISTRIBUTION = "trainfeed"
 # The packages whose versions decide speed or wire compatibility, core first, then the extras'.
 PACKAGES = ("numpy", "pyarrow", "grpcio", "protobuf", "fsspec", "pillow", "simplejpeg",
             "opencv-python-headless", "google-crc32c", "tqdm", "prometheus-client", "s3fs",
-            "etcd3gw", "psycopg", "tensorflow", "tensorflow-cpu", "keras", "torch", "torchdata",
+            "psycopg", "tensorflow", "tensorflow-cpu", "keras", "torch", "torchdata",
             "kubernetes", "scikit-learn")
 # Credentials read by libraries (s3fs, botocore), not by trainfeed: shown as set/unset only.
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -179,7 +179,7 @@ class WorkerSession:
                                "master's records of its progress left them, not where the "
                                "checkpoint says (its progress had not reached the master): "
                                "their records after that are delivered again", opened.resume_cut)
-            self.book = LeaseBook(opened.lease_timeout_s, time.monotonic())
+            self.book = LeaseBook(opened.lease_timeout_s, time.monotonic(), _clock_offset())
             self.job = opened.job
             self._opened = opened
             loops = [(self._report_loop, "reporter")]
@@ -487,6 +487,7 @@ class WorkerSession:
                 # Sleep until reports need sending alone or a heartbeat is due; every notify
                 # re-computes how long that is.
                 while not self._stopping:
+                    book.clock_offset = _clock_offset()  # (the wall clock may have stepped)
                     poll = None if self._watching else STEAL_POLL_S
                     due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll)
                     if due <= 0:
@@ -705,6 +706,12 @@ class WorkerSession:
             self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)
+
+
+def _clock_offset() -> float:
+    """The wall clock minus the monotonic one: progress goes on the wall clock's ticks, which
+    every reader shares (trainfeed.lease.book.PROGRESS_INTERVAL_S)."""
+    return time.time() - time.monotonic()
 
 
 def _lease(task: TaskRef) -> Lease:

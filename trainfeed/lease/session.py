@@ -5,9 +5,11 @@ marks, give-backs, progress, fencing, queued reports) is the book's (trainfeed.l
 the session owns what the book must not: the client, the lock, and two threads.
 
 - The reporter sends reports on its own only when the producer will not call soon (it is
-  long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
-  PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
-  the master, which keeps the leases of slow partitions alive.
+  long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress on the
+  wall clock's PROGRESS_INTERVAL_S ticks, which every reader shares (their messages reach the
+  master together, which costs it less than each alone); and a heartbeat at a third of the lease
+  timeout when no other call reached the master, which keeps the leases of slow partitions
+  alive.
 - The watcher (with a master of protocol version 2 or later) holds the session's Session stream
   open: what the master must tell this reader between its own calls (give-backs, revocations,
   epoch ends, group changes) comes pushed, so a reader holding leases it has not started makes

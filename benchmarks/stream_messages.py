@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What one Session stream message costs the master (issue 28): N reader sessions, each with its
 Session stream open, send a progress message a second; the master's CPU per message is measured
-with the messages spread over the second (each session at its own phase) and aligned (every
-session on the wall clock's whole seconds, as trainfeed.lease.book sends progress).
+with the messages spread over the second (each session at its own phase, as readers send
+progress) and aligned (every session on the wall clock's whole seconds): what a message costs
+alone, and together with many.
 
 Nothing but the wire protocol runs in the clients (no reads, no trainer): one thread per session
 sleeps until its next send, builds the message as the reader does

@@ -140,25 +140,6 @@ def test_progress_goes_at_least_every_progress_interval() -> None:
     assert (report.outcome, report.consumed, report.lease) == (Outcome.PROGRESS, 3, 11)
 
 
-@pytest.mark.parametrize("offset", [0.0, 1_795_000_000.37, -12.9])
-def test_progress_goes_on_the_shared_clock_s_ticks_never_older_than_the_interval(
-        offset: float) -> None:
-    # Readers that note progress at different times send it on the same tick of the wall clock
-    # (their books' clocks differ by their offsets), so that the master takes their messages in
-    # one wake-up (issue 28); none waits longer than PROGRESS_INTERVAL_S.
-    sent_at = set()
-    tick = (-offset) % PROGRESS_INTERVAL_S  # a tick of the wall clock, on the books' clock
-    for noted in (tick + x * PROGRESS_INTERVAL_S for x in (0.01, 0.05, 0.31, 0.62, 0.999)):
-        book = LeaseBook(T, now=0.0, clock_offset=offset)
-        book.granted([(0, 1, 11)])
-        assert book.note_progress((0, 1, 11), 3, now=noted)
-        due = noted + book.send_in(noted, fetching=True, heartbeat_s=HEARTBEAT)
-        assert noted <= due <= noted + PROGRESS_INTERVAL_S
-        sent_at.add(round(due + offset, 6))
-    assert len(sent_at) == 1, f"progress went at {sorted(sent_at)} on the wall clock"
-    assert next(iter(sent_at)) % PROGRESS_INTERVAL_S == pytest.approx(0.0, abs=1e-6)
-
-
 def test_a_synchronous_rank_keeps_its_quota_and_hands_the_rest_back_at_once() -> None:
     book = LeaseBook(T, now=0.0)
     book.begin_pass(quota=15)

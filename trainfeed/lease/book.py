@@ -47,13 +47,6 @@ COALESCE_S = 0.05
 # can): after a crash a re-leased partition repeats at most the records consumed in this long,
 # plus the batch that was in the trainer's hands.
 PROGRESS_INTERVAL_S = 1.0
-# Progress sent on its own goes on the ticks of one clock that every reader shares: the wall
-# clock's whole multiples of PROGRESS_INTERVAL_S (LeaseBook.clock_offset), at the first tick after
-# it was noted (so it is never older than PROGRESS_INTERVAL_S, as before). Readers' messages then
-# reach the master together, and it takes them in a few wake-ups instead of one each: a stream
-# message that arrives alone cost the master ~0.4 ms of CPU (three threads woken: gRPC's event
-# engine, its completion-queue poller, the event loop), one of 200 arriving together ~0.1 ms
-# (issue 28, docs/figures/mastercpu.md).
 # Lease depth follows consumption: a reader holds leases for about this many seconds of what its
 # trainer consumes (measured over the last LEASE_RATE_WINDOW partitions), at least MIN_LEASES,
 # so that it never sits on work another reader could start now.
@@ -125,14 +118,10 @@ class LeaseBook:
         lease_timeout_s: the master's lease timeout (OpenJobResponse.lease_timeout_s).
         now: the time the session opened (monotonic seconds; the leases are surely alive until
             a lease timeout after it).
-        clock_offset: the wall clock minus the book's clock (`now`'s), whose ticks progress
-            goes on (see PROGRESS_INTERVAL_S); None: progress goes PROGRESS_INTERVAL_S after
-            it was first noted, on no shared tick.
     """
 
-    def __init__(self, lease_timeout_s: float, now: float, clock_offset: float | None = None):
+    def __init__(self, lease_timeout_s: float, now: float):
         self.lease_timeout_s = lease_timeout_s
-        self.clock_offset = clock_offset  # (the shell may update it: the wall clock may step)
         # (epoch, partition) leased to this reader whose DONE/FAILED the master has not yet
         # confirmed, with the lease's token: sent with each call so that the master can drop
         # leases we never saw (and tell which of ours it took away).
@@ -452,23 +441,13 @@ class LeaseBook:
         rate = (len(times) - 1) / (times[-1] - times[0])
         return max(MIN_LEASES, min(window, math.ceil(rate * LEASE_HORIZON_S)))
 
-    def progress_due(self) -> float:
-        """When progress noted since it was last sent must go on its own: the first tick of the
-        shared clock at or after it was first noted (`oldest_progress`), at most
-        PROGRESS_INTERVAL_S later."""
-        if self.clock_offset is None:
-            return self.oldest_progress + PROGRESS_INTERVAL_S
-        wall = self.oldest_progress + self.clock_offset
-        return self.oldest_progress + (-wall) % PROGRESS_INTERVAL_S
-
     def send_in(self, now: float, fetching: bool, heartbeat_s: float,
                 poll_s: float | None = None) -> float:
         """Seconds until the reporter must send a Report on its own (≤ 0: now).
 
         Reports go when the producer will not carry them soon (it is not `fetching`, or the
-        oldest waited COALESCE_S); progress on the next tick (`progress_due`); a heartbeat when
-        no call reached the master for `heartbeat_s` (a third of the lease timeout: any call
-        renews).
+        oldest waited COALESCE_S); progress every PROGRESS_INTERVAL_S; a heartbeat when no call
+        reached the master for `heartbeat_s` (a third of the lease timeout: any call renews).
         `poll_s` (only when the Watch stream is down): a reader holding a lease its trainer has
         not begun calls that often, so that a give-back asked in an answer reaches it.
         """
@@ -481,7 +460,8 @@ class LeaseBook:
             return 0.0
         if self.begun_asked_at is not None:
             return 0.0
-        progress_in = self.progress_due() - now if self.dirty else interval
+        progress_in = (self.oldest_progress + PROGRESS_INTERVAL_S - now if self.dirty
+                       else interval)
         heartbeat_in = interval - (now - self.last_contact)
         report_in = self.oldest_report + COALESCE_S - now if self.reports else heartbeat_in
         return min(heartbeat_in, report_in, progress_in)

@@ -5,11 +5,9 @@ marks, give-backs, progress, fencing, queued reports) is the book's (trainfeed.l
 the session owns what the book must not: the client, the lock, and two threads.
 
 - The reporter sends reports on its own only when the producer will not call soon (it is
-  long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress on the
-  wall clock's PROGRESS_INTERVAL_S ticks, which every reader shares (their messages reach the
-  master together, which costs it less than each alone); and a heartbeat at a third of the lease
-  timeout when no other call reached the master, which keeps the leases of slow partitions
-  alive.
+  long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
+  PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
+  the master, which keeps the leases of slow partitions alive.
 - The watcher (with a master of protocol version 2 or later) holds the session's Session stream
   open: what the master must tell this reader between its own calls (give-backs, revocations,
   epoch ends, group changes) comes pushed, so a reader holding leases it has not started makes
@@ -181,7 +179,7 @@ class WorkerSession:
                                "master's records of its progress left them, not where the "
                                "checkpoint says (its progress had not reached the master): "
                                "their records after that are delivered again", opened.resume_cut)
-            self.book = LeaseBook(opened.lease_timeout_s, time.monotonic(), _clock_offset())
+            self.book = LeaseBook(opened.lease_timeout_s, time.monotonic())
             self.job = opened.job
             self._opened = opened
             loops = [(self._report_loop, "reporter")]
@@ -489,7 +487,6 @@ class WorkerSession:
                 # Sleep until reports need sending alone or a heartbeat is due; every notify
                 # re-computes how long that is.
                 while not self._stopping:
-                    book.clock_offset = _clock_offset()  # (the wall clock may have stepped)
                     poll = None if self._watching else STEAL_POLL_S
                     due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll)
                     if due <= 0:
@@ -708,12 +705,6 @@ class WorkerSession:
             self._hand_back()
         except Exception as e:  # the master may be gone for good; leases then expire
             logger.warning("could not hand tasks back on close: %s", e)
-
-
-def _clock_offset() -> float:
-    """The wall clock minus the monotonic one: progress goes on the wall clock's ticks, which
-    every reader shares (trainfeed.lease.book.PROGRESS_INTERVAL_S)."""
-    return time.time() - time.monotonic()
 
 
 def _lease(task: TaskRef) -> Lease:

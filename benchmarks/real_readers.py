@@ -48,7 +48,7 @@ JOB = "real-readers"
 
 # -- the readers (in the child processes) ----------------------------------------------------------
 def trainer(address: str, dataset: str, batch: int, rate: float, stop: threading.Event,
-            joined: threading.Semaphore, out: dict[str, Any]) -> None:
+            joined: threading.Semaphore, out: dict[str, Any], got: Counter[str]) -> None:
     """One reader and its trainer: passes of `batch`-record batches, a sleep of batch/rate per
     batch, until `stop`. Records the ids it got per epoch and the epochs whose pass ended."""
     from trainfeed import MasterSource, dist
@@ -62,9 +62,10 @@ def trainer(address: str, dataset: str, batch: int, rate: float, stop: threading
             batches = reader.column_batches(batch)
             ended = True
             try:
-                for got in batches:
-                    mine = got["_id"].tolist()
+                for batch_got in batches:
+                    mine = batch_got["_id"].tolist()
                     ids[int(reader.epoch or 0)].extend(mine)
+                    got[threading.current_thread().name] += len(mine)
                     if first:
                         first = False
                         joined.release()
@@ -88,14 +89,16 @@ def trainer(address: str, dataset: str, batch: int, rate: float, stop: threading
 def client_main(address: str, dataset: str, readers: int, batch: int, rate: float,
                 out_path: str, conn: multiprocessing.connection.Connection) -> None:
     """A reader process: `readers` trainer threads; says "joined" once each has its first batch,
-    stops them on "stop" (or SIGTERM), writes their ids to `out_path`, then says "done"."""
+    answers "count" with the records its trainers got so far, stops them on "stop" (or
+    SIGTERM), writes their ids to `out_path`, then says "done"."""
     stop = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it sends "stop"
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     joined = threading.Semaphore(0)
     outs: list[dict[str, Any]] = [{} for _ in range(readers)]
+    got: Counter[str] = Counter()  # records per trainer thread (each adds to its own key)
     threads = [threading.Thread(target=trainer, name=f"reader-{k}", daemon=True,
-                                args=(address, dataset, batch, rate, stop, joined, outs[k]))
+                                args=(address, dataset, batch, rate, stop, joined, outs[k], got))
                for k in range(readers)]
     for t in threads:
         t.start()
@@ -103,8 +106,12 @@ def client_main(address: str, dataset: str, readers: int, batch: int, rate: floa
         joined.acquire()
     conn.send("joined")
     while not stop.is_set():
-        if conn.poll(0.5) and conn.recv() == "stop":
-            stop.set()
+        if conn.poll(0.5):
+            word = conn.recv()
+            if word == "stop":
+                stop.set()
+            elif word == "count":
+                conn.send(sum(got.values()))
     for t in threads:
         t.join(60)
     stuck = sum(t.is_alive() for t in threads)
@@ -153,6 +160,13 @@ def _wait(pipes: list[multiprocessing.connection.Connection], word: str, timeout
             raise SystemExit(f"{what}: a reader process said something else than {word!r}")
 
 
+def records_got(pipes: list[multiprocessing.connection.Connection]) -> int:
+    """Records the trainers of every reader process got so far."""
+    for p in pipes:
+        p.send("count")
+    return sum(int(p.recv()) for p in pipes)
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from trainfeed.master.process import MasterProcess
 
@@ -188,9 +202,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             joined_s = time.monotonic() - started
             calls0, cpu0, t0 = rpc_counts(master.metrics_url), \
                 process_cpu_s(master.proc.pid), time.monotonic()
+            got0 = records_got(pipes)
             time.sleep(a.window)
             calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
                 process_cpu_s(master.proc.pid), time.monotonic()
+            got1 = records_got(pipes)
             for p in pipes:
                 p.send("stop")
             _wait(pipes, "done", 120, "the readers to stop")
@@ -216,12 +232,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
              for m in sorted(set(calls0) | set(calls1))}
     calls = {m: v for m, v in calls.items() if v > 0}
     reader_s = a.readers * wall
+    records_per_s = (got1 - got0) / wall
     return {
         "readers": a.readers, "processes": a.processes, "rate": a.rate, "batch": a.batch,
         "records": a.records, "partitions": a.partitions, "window_s": wall, "joined_s": joined_s,
         "master_cores": cpu / wall, "calls_per_s": calls,
         "calls_per_reader_s": sum(calls.values()) * wall / reader_s,
         "cpu_ms_per_reader_s": 1000 * cpu / reader_s,
+        # What the trainers got in the window: on a loaded machine they fall behind --rate, and
+        # the master's CPU per reader-second with them; per record it does not.
+        "records_per_s": records_per_s,
+        "cpu_ms_per_record": 1000 * cpu / max(1, got1 - got0),
+        "cpu_ms_per_reader_s_at_rate": 1000 * cpu / max(1, got1 - got0) * a.rate,
         "epochs": coverage(a.records, results),
         "errors": [r["error"] for res in results for r in res["readers"] if "error" in r],
         "stuck": sum(res["stuck"] for res in results),
@@ -274,6 +296,10 @@ def render(s: dict[str, Any]) -> str:
         f"| {'yes' if exactly_once(s) else 'NO'} |",
         "",
         "calls/s by method: " + ", ".join(f"{m} {v:.1f}" for m, v in s["calls_per_s"].items()),
+        f"trainers got {s['records_per_s']:.0f} records/s in the window (offered "
+        f"{s['readers'] * s['rate']:g}): master CPU {s['cpu_ms_per_record']:.3f} ms per record, "
+        f"{s['cpu_ms_per_reader_s_at_rate']:.3f} ms per reader-second at {s['rate']:g} "
+        f"records/s",
     ]
     for e in s["epochs"]:
         state = (f"complete, {e['missing']} missing" if e["complete"]

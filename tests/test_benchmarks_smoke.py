@@ -110,3 +110,22 @@ def test_real_readers_prints_its_table_and_every_epoch_exactly_once(tmp_path: Pa
     assert all(e["duplicated"] == 0 for e in written["epochs"])
     assert written["calls_per_s"].get("GetTasks", 0) > 0 and written["master_cores"] > 0
     assert not written["errors"] and not written["stuck"]
+
+
+# ~10 s: a master, 10 Session streams, 2 s per mode.
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_stream_messages_prints_the_cost_per_message_in_both_modes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/stream_messages.py"), "--sessions", "10",
+         "--window", "2", "--records", "200", "--partitions", "20",
+         "--storage", str(tmp_path / "storage")],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines()
+            if line.startswith(("| spread |", "| aligned |"))}
+    assert set(rows) == {"spread", "aligned"}, result.stdout
+    for row in rows.values():  # some messages arrived, and the master's CPU was measured
+        messages_per_s = float(row.split("|")[2])
+        assert messages_per_s > 0 and row.rstrip("| ").endswith("ms"), row

@@ -215,7 +215,14 @@ class Coordinator:
         return changed
 
     def _expire(self, job: Job, now: float) -> bool:
-        """Takes back `job`'s overdue leases, telling their watching holders; whether any."""
+        """Takes back `job`'s overdue leases, telling their watching holders; whether any.
+
+        A synchronous rank whose leases expired was not heard from for a lease timeout: its
+        group breaks at once, whichever path noticed the expiry (the lease timer, or another
+        rank's GetTasks), before any other rank can lease what it held. Else the rank could
+        call again before the timer's next check, stay in the group, and find its partitions
+        read by another rank: records its trainer had would be read twice, and the quotas
+        would no longer add up to the epoch (a rank short, or records nobody asks for)."""
         overdue = job.ledger.expire(now)
         if not overdue:
             return False
@@ -223,6 +230,8 @@ class Coordinator:
                        len(overdue), overdue[:10])
         # (an expiry keeps each partition's latest lease until it is leased again)
         self._tell_revoked(job, [(p, job.ledger.leases.get(p)) for p in overdue], "")
+        if admission.check_group(job, now, self.config.lease_timeout_s):
+            self._tell_group(job)
         self.on_change(job.name)
         return True
 
@@ -546,7 +555,9 @@ class Coordinator:
         ledger. On WAIT (and no synchronous group) it asks other readers to give back what the
         caller would finish sooner; watching holders are told at once."""
         worker = request.worker_id
-        self._expire(job, now)
+        if self._expire(job, now) and job.members is not None and job.members.message_for(
+                worker):  # the expiry broke the caller's group: it leases nothing more
+            return LeaseResult(LeaseStatus.WAIT, job.ledger.epoch), True
         result = job.ledger.lease(worker, epoch, request.max_tasks, now,
                                   self.config.lease_timeout_s, self.live_workers(job, now),
                                   max_records=request.max_records,
@@ -699,7 +710,8 @@ class Coordinator:
             if outcome is None:
                 raise InvalidArgument(f"report on partition {r.partition}: outcome {r.outcome} "
                                       f"is not DONE, FAILED, PROGRESS or RELEASED")
-            verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome)
+            verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome,
+                                              r.consumed)
             if verdict is Verdict.INVALID:
                 raise InvalidArgument(self.out_of_range(
                     job, f"report on partition {r.partition} of epoch {r.epoch}"))

@@ -1,0 +1,151 @@
+"""Synchronous quotas end to end at the pure level: the master's core (trainfeed.master
+coordinator and ledger) and each rank's real LeaseBook, with calls that arrive in any order
+(tests/master/sync_ranks.py).
+
+The rule under test (issue 28, "Sync"): every record the epoch keeps is read exactly once, every
+rank takes exactly its quota, and the epoch never keeps work that no rank's quota asks for; a rank
+silent for a lease timeout breaks the group loudly instead.
+"""
+from __future__ import annotations
+
+from master.sync_ranks import T, Rank, duplicates, sync_job
+
+from trainfeed.lease.book import Outcome
+
+
+def lease_until_cut(rank: Rank, now: float) -> None:
+    """The rank leases (calls arriving and answered at once) until its quota is covered."""
+    while rank.need > 0:
+        call = rank.get_tasks(now)
+        call.arrive(now)
+        call.answer(now)
+
+
+def run_to_end(ranks: list[Rank], now: float, epochs: int = 1) -> float:
+    """Every rank reads until it had its quota of `epochs` passes, calls served at once and in
+    order, one record at a time per rank; time moves 0.01 s a round (no lease expires)."""
+    for _ in range(10_000):
+        if all(r.epoch >= epochs for r in ranks):
+            return now
+        now += 0.01
+        for r in ranks:
+            if r.epoch >= epochs:
+                continue
+            if r.pass_over:
+                report = r.report(now)  # the pass's reports go before the next pass
+                report.arrive(now)
+                report.answer(now)
+                r.next_pass()
+                continue
+            if not r.queue and r.need > 0:
+                call = r.get_tasks(now)
+                call.arrive(now)
+                call.answer(now)
+            r.take(1, now)
+            if r.book.owes():
+                report = r.report(now)
+                report.arrive(now)
+                report.answer(now)
+    raise AssertionError(
+        f"the ranks never finished: epochs {[r.epoch for r in ranks]}, needs "
+        f"{[r.need for r in ranks]}, ledger epoch {ranks[0].job.ledger.epoch} "
+        f"{ranks[0].job.ledger.counts()}, todo {list(ranks[0].job.ledger.todo)}")
+
+
+def check_exactly_once(ranks: list[Rank], epoch: int) -> None:
+    assert not duplicates(ranks, epoch), duplicates(ranks, epoch)[:5]
+    for r in ranks:
+        assert len(r.had(epoch)) == r.quota, (r.rank, len(r.had(epoch)), r.quota)
+
+
+def test_ranks_in_step_read_every_kept_record_once() -> None:
+    """The baseline: calls answered at once and in order."""
+    core, job = sync_job()
+    ranks = [Rank(core, job, r, 0.0) for r in range(2)]
+    run_to_end(ranks, 0.0, epochs=2)
+    for epoch in range(2):
+        check_exactly_once(ranks, epoch)
+
+
+def test_a_cut_handed_back_on_another_call_than_the_next_epochs_first_is_not_lost() -> None:
+    """The hang of tests/integration/test_sync_groups.py under load: a rank's quota ends inside
+    a partition, whose rest it hands back (RELEASED, keeping its first records). The reporter
+    drained that report; before it reached the master, the rank's trainer finished the pass and
+    the next pass's GetTasks (epoch 1) arrived, listing what the rank holds: the cut partition
+    no longer among them. Before the fix the master took that lease for one whose answer was
+    lost and put the whole partition back in todo; the RELEASED that came next was a repeat and
+    changed nothing. The other rank then read the records this one had (duplicates), and the
+    records past them stayed in todo for nobody: epoch 0 never completed, and both ranks waited
+    for epoch 1 ("no reader holds a lease on its remaining partitions")."""
+    core, job = sync_job()
+    a, b = Rank(core, job, 0, 0.0), Rank(core, job, 1, 0.0)
+    lease_until_cut(a, 0.0)
+    cut = [r for r in a.book.reports if r.outcome is Outcome.RELEASED]
+    assert len(cut) == 1 and cut[0].consumed > 0, a.book.reports  # the quota ends inside it
+    released = a.report(0.1)  # the reporter drains the cut's RELEASED...
+    while a.take(100, 0.2):  # ...meanwhile the trainer has its quota
+        pass
+    assert a.pass_over
+    done = a.report(0.3)  # (the DONEs go on a call of their own)
+    done.arrive(0.3)
+    done.answer(0.3)
+    a.next_pass()
+    first = a.get_tasks(0.4)  # the next pass's first GetTasks arrives first
+    first.arrive(0.4)
+    first.answer(0.4)
+    released.arrive(0.5)  # and the RELEASED after it
+    released.answer(0.5)
+    now = run_to_end([b], 0.6)
+    epoch0 = job.ledger.epoch == 1 or job.ledger.complete
+    assert not duplicates([a, b], 0), duplicates([a, b], 0)[:5]
+    assert epoch0, (f"epoch 0 keeps {job.ledger.counts()} with todo {list(job.ledger.todo)} "
+                    f"that no rank asks for (needs {a.need}, {b.need})")
+    run_to_end([a, b], now, epochs=2)
+    for epoch in range(2):
+        check_exactly_once([a, b], epoch)
+
+
+def test_a_cut_handed_back_after_the_lease_expired_keeps_what_the_rank_had() -> None:
+    """A rank's RELEASED of its cut arrives after its lease expired (the rank was frozen past
+    the lease timeout) and before anyone leased the partition again: the records it kept still
+    count, as a late DONE or PROGRESS does, and the others are what the next holder gets."""
+    core, job = sync_job()
+    a = Rank(core, job, 0, 0.0)
+    lease_until_cut(a, 0.0)
+    (cut,) = [r for r in a.book.reports if r.outcome is Outcome.RELEASED]
+    released = a.report(0.1)
+    job.ledger.expire(0.1 + T + 1)  # (the ledger alone: the group's rules are another test's)
+    assert cut.partition in job.ledger.todo
+    released.arrive(0.1 + T + 1.5)
+    assert job.ledger.skip(cut.partition) == cut.consumed
+
+
+def test_a_rank_silent_for_a_lease_timeout_breaks_the_group_before_its_work_moves() -> None:
+    """Rank 0 is frozen past the lease timeout; rank 1's GetTasks is what finds its leases
+    expired (before the lease timer's next check). The group breaks then and there, naming
+    rank 0, and rank 1 leases nothing: before, rank 1 got rank 0's partitions while the group
+    still looked whole, and rank 0, calling again before the timer's check, stayed in it and
+    counted records its trainer had had as still to read (a rank short at the epoch's end)."""
+    core, job = sync_job()
+    a, b = Rank(core, job, 0, 0.0), Rank(core, job, 1, 0.0)
+    for r in (a, b):
+        call = r.get_tasks(0.0, max_tasks=1)
+        call.arrive(0.0)
+        call.answer(0.0)
+    (held,) = a.book.held
+    beat = b.report(2.0)  # rank 1 lives on
+    beat.arrive(2.0)
+    beat.answer(2.0)
+    late = b.get_tasks(T + 0.5)
+    late.arrive(T + 0.5)
+    late.answer(T + 0.5)
+    response = late.response
+    assert response is not None
+    assert "rank 0 (rank0)" in response.group_broken, response
+    assert not response.tasks and held[1] not in job.ledger.pending
+    assert b.broken and "rank 0" in b.broken
+    # Rank 0 calling again does not mend the group: it is told to stop too.
+    back = a.report(T + 0.6)
+    back.arrive(T + 0.6)
+    back.answer(T + 0.6)
+    assert a.broken and "rank 0" in a.broken

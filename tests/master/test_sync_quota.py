@@ -8,9 +8,13 @@ silent for a lease timeout breaks the group loudly instead.
 """
 from __future__ import annotations
 
-from master.sync_ranks import T, Rank, duplicates, sync_job
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from master.sync_ranks import T, Call, Rank, duplicates, sync_job
 
 from trainfeed.lease.book import Outcome
+from trainfeed.v1 import master_pb2 as pb
 
 
 def lease_until_cut(rank: Rank, now: float) -> None:
@@ -149,3 +153,113 @@ def test_a_rank_silent_for_a_lease_timeout_breaks_the_group_before_its_work_move
     back.arrive(T + 0.6)
     back.answer(T + 0.6)
     assert a.broken and "rank 0" in a.broken
+
+
+class SyncGroupMachine(RuleBasedStateMachine):
+    """Two ranks and the master's core, with every call arriving and every answer coming back
+    in any order Hypothesis picks, the lease timer running at any time, time moving, and
+    trainers taking records at any pace. Invariants: no record of an epoch is read twice and no
+    rank takes more than its quota; no epoch ends with a rank short of its quota. At the end,
+    unless a rank went silent long enough to break the group (which every rank is then told),
+    the calls in flight land, the ranks read on in step, and epochs 0 and 1 each gave every
+    rank exactly its quota, every kept record once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core, self.job = sync_job()
+        self.now = 0.0
+        self.ranks = [Rank(self.core, self.job, r, self.now) for r in range(2)]
+        self.flying: list[Call] = []  # made, not arrived
+        self.landed: list[Call] = []  # arrived, not answered
+
+    @property
+    def broken(self) -> bool:
+        return self.job.members is not None and self.job.members.broken is not None
+
+    @rule(dt=st.floats(0, 0.3))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @rule()
+    def lease_timer(self) -> None:
+        self.core.expire_leases(self.now)
+
+    @rule(r=st.integers(0, 1), max_tasks=st.integers(1, 8))
+    def get_tasks(self, r: int, max_tasks: int) -> None:
+        """The rank's producer asks for the rest of its quota (a pass over: the next pass's
+        first GetTasks)."""
+        rank = self.ranks[r]
+        if rank.broken or rank.getting is not None:
+            return
+        if rank.pass_over and rank.epoch < 2:
+            rank.next_pass()
+        if rank.need > 0:
+            self.flying.append(rank.get_tasks(self.now, max_tasks))
+
+    @rule(r=st.integers(0, 1))
+    def report(self, r: int) -> None:
+        if not self.ranks[r].broken:
+            self.flying.append(self.ranks[r].report(self.now))
+
+    @precondition(lambda self: self.flying)
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        call = self.flying.pop(data.draw(st.integers(0, len(self.flying) - 1)))
+        call.arrive(self.now)
+        self.landed.append(call)
+
+    @precondition(lambda self: self.landed)
+    @rule(data=st.data())
+    def answer(self, data: st.DataObject) -> None:
+        call = self.landed.pop(data.draw(st.integers(0, len(self.landed) - 1)))
+        call.answer(self.now)
+        self.check_shortfall(call)
+
+    @rule(r=st.integers(0, 1), n=st.integers(1, 40))
+    def take(self, r: int, n: int) -> None:
+        """The trainer takes `n` records (fewer if its queue has fewer)."""
+        rank = self.ranks[r]
+        while n > 0 and rank.queue and not rank.broken:
+            n -= rank.take(n, self.now)
+
+    def check_shortfall(self, call: Call) -> None:
+        response = call.response
+        if (isinstance(response, pb.GetTasksResponse) and not self.broken
+                and response.status == pb.GetTasksResponse.EPOCH_DONE):
+            request = call.request
+            assert isinstance(request, pb.GetTasksRequest)
+            assert request.max_records == 0 or call.rank.epoch != request.epoch, (
+                f"rank {call.rank.rank}: epoch {request.epoch} ended with "
+                f"{request.max_records} records of its quota unread")
+
+    @invariant()
+    def nothing_twice_and_nobody_over_quota(self) -> None:
+        for epoch in range(3):
+            assert not duplicates(self.ranks, epoch), duplicates(self.ranks, epoch)[:5]
+            for rank in self.ranks:
+                assert len(rank.had(epoch)) <= rank.quota, (rank.rank, epoch)
+
+    def teardown(self) -> None:
+        if self.broken:
+            for rank in self.ranks:  # every rank is told, on its next call
+                call = rank.report(self.now)
+                call.arrive(self.now)
+                call.answer(self.now)
+                assert rank.broken, rank.rank
+            return
+        # What is in flight lands (in an order the network allows: each call, then answers).
+        for call in self.flying:
+            call.arrive(self.now)
+            self.landed.append(call)
+        for call in self.landed:
+            call.answer(self.now)
+            self.check_shortfall(call)
+        for rank in self.ranks:
+            rank.getting = None  # (answered above)
+        run_to_end(self.ranks, self.now, epochs=2)
+        for epoch in range(2):
+            check_exactly_once(self.ranks, epoch)
+
+
+TestSyncGroup = SyncGroupMachine.TestCase
+TestSyncGroup.settings = settings(max_examples=200, stateful_step_count=100, deadline=None)

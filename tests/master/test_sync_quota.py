@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from master.sync_ranks import T, Call, Rank, duplicates, sync_job
+from master.sync_ranks import Call, Rank, T, duplicates, sync_job
 
 from trainfeed.lease.book import Outcome
 from trainfeed.v1 import master_pb2 as pb

@@ -14,6 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from master.sync_ranks import Call, Rank, T, duplicates, sync_job
 
 from trainfeed.lease.book import Outcome
+from trainfeed.master.ledger import Ledger, Verdict
+from trainfeed.master.ledger import Outcome as Reported
 from trainfeed.v1 import master_pb2 as pb
 
 
@@ -123,6 +125,29 @@ def test_a_cut_handed_back_after_the_lease_expired_keeps_what_the_rank_had() -> 
     released.arrive(0.1 + T + 1.5)
     assert job.ledger.skip(cut.partition) == cut.consumed
 
+
+
+def test_a_late_cut_counts_once_from_the_latest_holder_and_only_forward() -> None:
+    """The ledger's rule for a RELEASED whose lease is no longer pending: it counts (APPLY) only
+    from the partition's latest holder with its token, only while nobody leased it again, and
+    only if it moves the partition's progress forward."""
+    ledger = Ledger(3)
+    ledger.sizes = (10, 10, 10)
+    (p,) = ledger.lease("a", 0, 1, 0.0, T).partitions
+    token = ledger.token_of(p)
+    assert ledger.reconcile("a", []) == [p]  # a call that overtook the RELEASED
+    assert ledger.check_report("a", 0, p, token, Reported.RELEASED, 4) is Verdict.APPLY
+    assert ledger.report_released(0, p, 4, "a") and ledger.skip(p) == 4
+    assert p in ledger.todo and p not in ledger.pending
+    # Again (a retried call), or a smaller count: a repeat, nothing changes.
+    assert ledger.check_report("a", 0, p, token, Reported.RELEASED, 4) is Verdict.REPEAT
+    assert not ledger.report_released(0, p, 3, "a") and ledger.skip(p) == 4
+    assert ledger.check_report("b", 0, p, token, Reported.RELEASED, 6) is Verdict.REFUSE
+    assert not ledger.report_released(0, p, 6, "b")  # not b's lease: nothing
+    # Leased again: the old holder's count is refused, and changes nothing.
+    assert ledger.lease("b", 0, 1, 0.0, T).partitions == (p,)
+    assert ledger.check_report("a", 0, p, token, Reported.RELEASED, 6) is Verdict.REFUSE
+    assert not ledger.report_released(0, p, 6, "a") and ledger.skip(p) == 4
 
 def test_a_rank_silent_for_a_lease_timeout_breaks_the_group_before_its_work_moves() -> None:
     """Rank 0 is frozen past the lease timeout; rank 1's GetTasks is what finds its leases

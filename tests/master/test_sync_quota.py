@@ -8,6 +8,9 @@ silent for a lease timeout breaks the group loudly instead.
 """
 from __future__ import annotations
 
+import logging
+
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -288,3 +291,29 @@ class SyncGroupMachine(RuleBasedStateMachine):
 
 TestSyncGroup = SyncGroupMachine.TestCase
 TestSyncGroup.settings = settings(max_examples=200, stateful_step_count=100, deadline=None)
+
+
+def test_an_epoch_left_with_work_no_quota_asks_for_is_named_in_the_masters_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Should the quota accounting ever leave records in todo that no rank asks for again (here
+    made by hand: a rank's cut lease handed back as if its answer were lost, its RELEASED never
+    arriving), the master says so, once, when the last rank asks for the next epoch: the hang
+    names its cause instead of only "waiting"."""
+    core, job = sync_job()
+    a, b = Rank(core, job, 0, 0.0), Rank(core, job, 1, 0.0)
+    lease_until_cut(a, 0.0)
+    cut = a.report(0.1)  # drained, never sent
+    assert any(r.outcome is Outcome.RELEASED for r in cut.sent)
+    job.ledger.reconcile(a.worker, [])  # (the fault, by hand)
+    run_to_end([a, b], 0.2, epochs=1)
+    with caplog.at_level(logging.ERROR, logger="trainfeed.master.coordinator"):
+        for rank, now in ((a, 10.0), (b, 10.1), (a, 10.2)):
+            call = rank.get_tasks(now)
+            call.arrive(now)
+            call.answer(now)
+    stuck = [r.getMessage() for r in caplog.records if "no rank's quota asks for" in r.message]
+    assert len(stuck) == 1, stuck
+    todo = sorted(job.ledger.todo)
+    left = sum(job.ledger.remaining(p) for p in todo)
+    assert f"epoch 0 and asks for the next, but the epoch keeps {left} record(s)" in stuck[0]
+    assert f"partitions {todo}" in stuck[0]

@@ -129,6 +129,9 @@ class Coordinator:
         self.events: dict[tuple[str, str], list[pb.WatchEvent]] = {}
         self.on_change: Callable[[str], None] = lambda job: None
         self.on_event: Callable[[str, str], None] = lambda job, worker: None
+        # Synchronous job -> (its epoch, the ranks that asked for the next one while it was
+        # open, whether the stuck epoch was logged): see `_note_ahead`.
+        self._ahead: dict[str, tuple[int, set[int], bool]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self, saved_jobs: dict[str, SavedJob],
@@ -565,9 +568,39 @@ class Coordinator:
         changed = result.status is LeaseStatus.TASKS or bool(job.ledger.journal)
         if result.status is LeaseStatus.TASKS:
             job.stealing.leased(result.partitions)
+        if result.status is LeaseStatus.WAIT and epoch > result.epoch:
+            self._note_ahead(job, worker)
         if result.status is LeaseStatus.WAIT and result.epoch == epoch:
             self._ask_back(job, worker, now)
         return result, changed
+
+    def _note_ahead(self, job: Job, worker: str) -> None:
+        """A synchronous rank asks for the next epoch while the current one is open: it had
+        its whole quota of this one. Once every rank of the group has, with no lease out, what
+        is left in todo is work no rank's quota asks for, and the epoch can never end: a fault
+        of the quota accounting (the ranks' own logs say only that they wait). Logged once per
+        epoch as an error naming the records left, so that such a hang names its cause."""
+        members, ledger = job.members, job.ledger
+        rank = members.rank_of(worker) if members is not None else None
+        if members is None or rank is None:
+            return
+        epoch, ranks, logged = self._ahead.get(job.name, (ledger.epoch, set(), False))
+        if epoch != ledger.epoch:
+            epoch, ranks, logged = ledger.epoch, set(), False
+        ranks.add(rank)
+        stuck = (not logged and len(ranks) >= members.world_size and not ledger.pending
+                 and bool(ledger.todo))
+        self._ahead[job.name] = (epoch, ranks, logged or stuck)
+        if stuck:
+            left = sorted(ledger.todo)
+            logger.error(
+                "job %r: every rank of the synchronous group (world size %d) had its quota of "
+                "epoch %d and asks for the next, but the epoch keeps %d record(s) in todo that "
+                "no rank's quota asks for (partitions %s%s): it cannot end, and the ranks wait. "
+                "This is a fault of the master's quota accounting; restart the group from a "
+                "checkpoint (reader.state_dict()) and report it", job.name,
+                members.world_size, epoch, sum(ledger.remaining(p) for p in left), left[:10],
+                " …" if len(left) > 10 else "")
 
     def end_get_tasks(self, job: Job, request: pb.GetTasksRequest, held: Held,
                       revoked: list[pb.HeldTask], result: LeaseResult, epoch: int, now: float

@@ -10,6 +10,11 @@ Modes:
 - `spawn`: `torch.multiprocessing.spawn` of `--world` processes, each calling
   `init_process_group("gloo", rank=, world_size=)` with no WORLD_SIZE/RANK in the environment
   (issue 26's user), then reading as above into `--out` + its rank.
+
+`--late-releases S`: the reporter sends reports as soon as they are queued, and a Session message
+or Report call carrying a RELEASED report (a rank's quota cut inside a partition) is held, once
+drained, until the rank's next GetTasks was answered (at most S seconds), as a reporter thread
+starved of CPU between the two would be: the next pass's first GetTasks overtakes it.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -29,7 +35,57 @@ def write(path: str, line: dict[str, Any]) -> None:
         out.write(json.dumps(line) + "\n")
 
 
+def late_releases(max_s: float, epochs: int) -> None:
+    """Holds a Session message or Report call that carries a RELEASED report of an epoch but the
+    last (each report once) until a GetTasks was answered after it was drained, or `max_s`
+    passed. (Not in the last epoch, which no GetTasks follows: the rank would be silent as long,
+    its close waiting for the held report.)"""
+    from trainfeed.lease import book, client
+    from trainfeed.v1 import master_pb2 as pb
+
+    # The reporter sends what is queued at once, instead of leaving it COALESCE_S for the
+    # producer's next call to carry: it is the reporter that drains a cut's RELEASED.
+    book.COALESCE_S = 0.0  # type: ignore[misc]
+    answered = [0]  # GetTasks calls answered so far
+    held: set[tuple[int, int, int]] = set()
+    cond = threading.Condition()
+    send, report, get_tasks = (client.SessionStream.send, client.MasterClient.report,
+                               client.MasterClient.get_tasks)
+
+    def hold(reports: Any) -> None:
+        cuts = {(r.epoch, r.partition, r.lease) for r in reports
+                if r.outcome == pb.TaskReport.RELEASED and r.epoch < epochs - 1} - held
+        if cuts:
+            held.update(cuts)
+            with cond:
+                before = answered[0]
+                cond.wait_for(lambda: answered[0] > before, timeout=max_s)
+
+    def late_send(self: Any, message: Any) -> None:
+        hold(message.report.reports)
+        send(self, message)
+
+    def late_report(self: Any, job: str, worker: str, reports: Any = (), *rest: Any,
+                    **kw: Any) -> Any:
+        hold(reports)
+        return report(self, job, worker, reports, *rest, **kw)
+
+    def counted_get_tasks(self: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return get_tasks(self, *args, **kw)
+        finally:
+            with cond:
+                answered[0] += 1
+                cond.notify_all()
+
+    client.SessionStream.send = late_send  # type: ignore[method-assign]
+    client.MasterClient.report = late_report  # type: ignore[method-assign]
+    client.MasterClient.get_tasks = counted_get_tasks  # type: ignore[method-assign]
+
+
 def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
+    if args.late_releases:
+        late_releases(args.late_releases, args.epochs)
     reader = dist.reader(args.dataset,
                          pipeline=PipelineOptions(batch=BatchOptions(size=args.batch)),
                          sync=SyncOptions())
@@ -87,6 +143,7 @@ def main() -> int:
     parser.add_argument("--hang-before-reader", action="store_true")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--late-releases", type=float, default=0.0)
     args = parser.parse_args()
     if args.mode == "spawn":
         import torch.multiprocessing as mp

@@ -203,3 +203,71 @@ def test_mp_spawn_ranks_read_their_share_from_torch_distributed(
             seen.update(i for b in mine for i in b["ids"])
         assert max(seen.values()) == 1, seen.most_common(3)
         assert len(seen) == 2 * steps * batch
+
+
+def test_a_rank_whose_cut_is_reported_late_does_not_hang_the_epoch(
+        master: MasterProcess, tmp_path: Path) -> None:
+    """The hang this test file saw under load (test_mp_spawn...[master] waited until its
+    timeout, both ranks logging "waited 5 s for epoch 1 starts once epoch 0 is complete; no
+    reader holds a lease on its remaining partitions"). Each rank's quota ends inside a
+    partition, whose rest it hands back (RELEASED) from its reporter thread; here each such
+    report, once drained, is held until the rank's next GetTasks was answered (at most 1.5 s,
+    within the lease timeout), as a starved reporter thread would be: the next pass's first
+    GetTasks reaches the master first. Before the fix that call orphaned the cut lease (the
+    whole partition back in todo, the late RELEASED a repeat): records read twice, and epoch 0
+    never complete. Now: 2 epochs, every rank the same steps, every kept record once."""
+    outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    batch, epochs = 16, 2
+    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="late-cut",
+                                 WORLD_SIZE="2", RANK=str(r)),
+                  "--epochs", str(epochs), "--batch", str(batch), "--delay", "0.05",
+                  "--late-releases", "1.5")
+             for r, out in enumerate(outs)]
+    codes = finish(procs, timeout=60)
+    assert codes == [0, 0], [errors(out) for out in outs]
+    steps = RECORDS // (2 * batch)
+    for epoch in range(epochs):
+        seen: Counter[int] = Counter()
+        for out in outs:
+            mine = [line for line in lines(out) if line.get("epoch") == epoch]
+            assert len(mine) == steps and {len(b["ids"]) for b in mine} == {batch}, epoch
+            seen.update(i for b in mine for i in b["ids"])
+        assert max(seen.values()) == 1, seen.most_common(3)
+        assert len(seen) == 2 * steps * batch
+
+
+def test_a_rank_frozen_past_the_lease_timeout_breaks_the_group_for_both(
+        master: MasterProcess, tmp_path: Path) -> None:
+    """Rank 1 is SIGSTOPped after its first batch for the lease timeout plus 2 s, then
+    SIGCONTed (a process starved of CPU that long). Its leases expire: the group breaks then,
+    before rank 0 could lease what rank 1 held, and both ranks raise SyncGroupBrokenError
+    naming rank 1 (rank 1 at its first call after waking); no record was read twice, and
+    nothing hangs."""
+    outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="frozen",
+                                 WORLD_SIZE="2", RANK=str(r)),
+                  "--epochs", "3", "--batch", "16", "--delay", "0.05")
+             for r, out in enumerate(outs)]
+    try:
+        deadline = time.monotonic() + 60
+        while not lines(outs[1]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lines(outs[1]), "rank 1 got no batch"
+        procs[1].send_signal(signal.SIGSTOP)
+        time.sleep(LEASE_S + 2)
+        procs[1].send_signal(signal.SIGCONT)
+        codes = finish(procs, timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        finish(procs, timeout=1)
+    assert codes == [3, 3], [lines(out)[-1:] for out in outs]
+    for out in outs:
+        (error,) = errors(out)
+        assert error["error"] == "SyncGroupBrokenError", error
+        assert "rank 1 (rank1-" in error["message"] and "last heard from" in error["message"]
+    for epoch in range(3):
+        seen = Counter(i for out in outs for b in lines(out) if b.get("epoch") == epoch
+                       for i in b["ids"])
+        assert not seen or max(seen.values()) == 1, seen.most_common(3)

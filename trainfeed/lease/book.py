@@ -19,6 +19,9 @@ Rules the book keeps (each an invariant of its state machine test):
   restart must not make the lease look unstarted to a give-back, or its partition is delivered
   twice (tests/integration/test_give_back_after_done.py).
 - Every queued report names a lease the master granted this book.
+- A synchronous rank's cut (RELEASED, keeping its first records) is listed as held until the
+  master confirmed it, as a DONE is: a call that overtakes it must not orphan the lease
+  (tests/master/test_sync_quota.py).
 - Only an answer to the reader's own call renews its leases (`sure_until`); what the master
   pushes on the Watch stream (`told`) never does: the fencing rules do not depend on the stream.
 
@@ -131,6 +134,13 @@ class LeaseBook:
         # Leases this reader handed back on its own (a synchronous rank's partition cut at its
         # quota): their kept records are still delivered, but no DONE is sent.
         self.released: set[Lease] = set()
+        # Of those, the ones whose RELEASED the master has not confirmed: still listed as held
+        # with every call (`held_now`), as a DONE not yet confirmed is. A call that overtakes the
+        # RELEASED (the reporter drained it, then the next pass's GetTasks arrived first) must
+        # not look as if it forgot the lease: the master would hand the whole partition back
+        # and refuse the RELEASED's count, and the records this rank kept went to another rank
+        # while the rest stayed in todo for nobody (the epoch never ended).
+        self.releasing: dict[Key, int] = {}
         # Leases the master took away, and those handed back (given back, or cut to nothing):
         # their undelivered records are dropped.
         self.revoked: set[Lease] = set()
@@ -176,7 +186,7 @@ class LeaseBook:
     def held_now(self) -> tuple[list[Lease], set[Lease]]:
         """Every lease held, sorted, and those of them the trainer has begun (the master asks
         back only the others)."""
-        held = sorted((e, p, t) for (e, p), t in self.held.items())
+        held = sorted({(e, p, t) for (e, p), t in (*self.held.items(), *self.releasing.items())})
         return held, {lease for lease in held if lease in self.started}
 
     def unstarted_held(self) -> bool:
@@ -213,6 +223,7 @@ class LeaseBook:
         cut = dataclasses.replace(task, stop=task.skip + kept)
         self.held.pop(key, None)
         self.released.add(lease)
+        self.releasing[key] = task.lease
         if not kept:  # nothing of it for us: it is not delivered at all
             self.given.add(lease)
         self._queue(Report(task.epoch, task.partition, Outcome.RELEASED, task.lease,
@@ -389,8 +400,10 @@ class LeaseBook:
 
     def _confirmed(self, reports: Iterable[Report]) -> None:
         """The master took these reports: their tasks are no longer ours (a RELEASED one left
-        `held` when it was queued)."""
+        `held` when it was queued, and is no longer listed now)."""
         for r in reports:
+            if r.outcome is Outcome.RELEASED and self.releasing.get(r.key) == r.lease:
+                del self.releasing[r.key]
             if r.outcome is not Outcome.PROGRESS and self.held.get(r.key) == r.lease:
                 del self.held[r.key]
                 self.started.discard(r.names)
@@ -426,6 +439,7 @@ class LeaseBook:
     def left(self) -> None:
         """The session left the job (LeaveJob): the master took every lease back."""
         self.held.clear()
+        self.releasing.clear()
         self.started.clear()
         self.finishing.clear()
         self.progress.clear()

@@ -129,6 +129,9 @@ class Coordinator:
         self.events: dict[tuple[str, str], list[pb.WatchEvent]] = {}
         self.on_change: Callable[[str], None] = lambda job: None
         self.on_event: Callable[[str, str], None] = lambda job, worker: None
+        # Synchronous job -> (its epoch, the ranks that asked for the next one while it was
+        # open, whether the stuck epoch was logged): see `_note_ahead`.
+        self._ahead: dict[str, tuple[int, set[int], bool]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self, saved_jobs: dict[str, SavedJob],
@@ -215,7 +218,14 @@ class Coordinator:
         return changed
 
     def _expire(self, job: Job, now: float) -> bool:
-        """Takes back `job`'s overdue leases, telling their watching holders; whether any."""
+        """Takes back `job`'s overdue leases, telling their watching holders; whether any.
+
+        A synchronous rank whose leases expired was not heard from for a lease timeout: its
+        group breaks at once, whichever path noticed the expiry (the lease timer, or another
+        rank's GetTasks), before any other rank can lease what it held. Else the rank could
+        call again before the timer's next check, stay in the group, and find its partitions
+        read by another rank: records its trainer had would be read twice, and the quotas
+        would no longer add up to the epoch (a rank short, or records nobody asks for)."""
         overdue = job.ledger.expire(now)
         if not overdue:
             return False
@@ -223,6 +233,8 @@ class Coordinator:
                        len(overdue), overdue[:10])
         # (an expiry keeps each partition's latest lease until it is leased again)
         self._tell_revoked(job, [(p, job.ledger.leases.get(p)) for p in overdue], "")
+        if admission.check_group(job, now, self.config.lease_timeout_s):
+            self._tell_group(job)
         self.on_change(job.name)
         return True
 
@@ -546,7 +558,9 @@ class Coordinator:
         ledger. On WAIT (and no synchronous group) it asks other readers to give back what the
         caller would finish sooner; watching holders are told at once."""
         worker = request.worker_id
-        self._expire(job, now)
+        if self._expire(job, now) and job.members is not None and job.members.message_for(
+                worker):  # the expiry broke the caller's group: it leases nothing more
+            return LeaseResult(LeaseStatus.WAIT, job.ledger.epoch), True
         result = job.ledger.lease(worker, epoch, request.max_tasks, now,
                                   self.config.lease_timeout_s, self.live_workers(job, now),
                                   max_records=request.max_records,
@@ -554,9 +568,39 @@ class Coordinator:
         changed = result.status is LeaseStatus.TASKS or bool(job.ledger.journal)
         if result.status is LeaseStatus.TASKS:
             job.stealing.leased(result.partitions)
+        if result.status is LeaseStatus.WAIT and epoch > result.epoch:
+            self._note_ahead(job, worker)
         if result.status is LeaseStatus.WAIT and result.epoch == epoch:
             self._ask_back(job, worker, now)
         return result, changed
+
+    def _note_ahead(self, job: Job, worker: str) -> None:
+        """A synchronous rank asks for the next epoch while the current one is open: it had
+        its whole quota of this one. Once every rank of the group has, with no lease out, what
+        is left in todo is work no rank's quota asks for, and the epoch can never end: a fault
+        of the quota accounting (the ranks' own logs say only that they wait). Logged once per
+        epoch as an error naming the records left, so that such a hang names its cause."""
+        members, ledger = job.members, job.ledger
+        rank = members.rank_of(worker) if members is not None else None
+        if members is None or rank is None:
+            return
+        epoch, ranks, logged = self._ahead.get(job.name, (ledger.epoch, set(), False))
+        if epoch != ledger.epoch:
+            epoch, ranks, logged = ledger.epoch, set(), False
+        ranks.add(rank)
+        stuck = (not logged and len(ranks) >= members.world_size and not ledger.pending
+                 and bool(ledger.todo))
+        self._ahead[job.name] = (epoch, ranks, logged or stuck)
+        if stuck:
+            left = sorted(ledger.todo)
+            logger.error(
+                "job %r: every rank of the synchronous group (world size %d) had its quota of "
+                "epoch %d and asks for the next, but the epoch keeps %d record(s) in todo that "
+                "no rank's quota asks for (partitions %s%s): it cannot end, and the ranks wait. "
+                "This is a fault of the master's quota accounting; restart the group from a "
+                "checkpoint (reader.state_dict()) and report it", job.name,
+                members.world_size, epoch, sum(ledger.remaining(p) for p in left), left[:10],
+                " …" if len(left) > 10 else "")
 
     def end_get_tasks(self, job: Job, request: pb.GetTasksRequest, held: Held,
                       revoked: list[pb.HeldTask], result: LeaseResult, epoch: int, now: float
@@ -699,7 +743,8 @@ class Coordinator:
             if outcome is None:
                 raise InvalidArgument(f"report on partition {r.partition}: outcome {r.outcome} "
                                       f"is not DONE, FAILED, PROGRESS or RELEASED")
-            verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome)
+            verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome,
+                                              r.consumed)
             if verdict is Verdict.INVALID:
                 raise InvalidArgument(self.out_of_range(
                     job, f"report on partition {r.partition} of epoch {r.epoch}"))

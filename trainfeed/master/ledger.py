@@ -306,9 +306,22 @@ class Ledger:
     def report_released(self, epoch: int, partition: int, consumed: int, worker: str) -> bool:
         """`worker` hands back its pending lease of `partition`, `consumed` records of which its
         trainer has (or will have: a synchronous rank's kept part) had: the rest goes to the front
-        of todo. Returns whether anything changed."""
-        if epoch != self.epoch or self.pending.get(partition) != worker or not worker:
+        of todo. Returns whether anything changed.
+
+        A hand-back that comes after the lease went back to todo (it expired, or a call that
+        overtook this one did not list it) and before anyone leased the partition again still
+        counts its `consumed`, as a late PROGRESS does: a synchronous rank's cut delivers them
+        whatever the master did meanwhile, so they must not be read again, nor the rank's
+        quota left short (see `check_report`)."""
+        if epoch != self.epoch or not worker:
             return False
+        if self.pending.get(partition) != worker:
+            if (self.leases.get(partition, ("",))[0] != worker or partition in self.pending
+                    or not self._still_open(partition)
+                    or consumed <= self.progress.get(partition, 0)):
+                return False
+            self._apply(["P", partition, consumed, worker])
+            return True
         if consumed > self.progress.get(partition, 0):
             self._apply(["P", partition, consumed, worker])
         self._apply(["B", [partition]])
@@ -557,7 +570,7 @@ class Ledger:
         return lease[1] if lease is not None else 0
 
     def check_report(self, worker: str, epoch: int, partition: int, token: int,
-                     outcome: Outcome) -> Verdict:
+                     outcome: Outcome, consumed: int = 0) -> Verdict:
         """Whether a report of `worker` on (`epoch`, `partition`) with lease `token` may count.
 
         INVALID for a partition out of [0, num_partitions) or an epoch out of [0, current].
@@ -565,9 +578,11 @@ class Ledger:
         epoch, a partition never leased, leased to another, or leased again since (a stale
         token). From the latest holder: APPLY while it is pending; after an expiry or a
         hand-back that nobody followed with a new lease, DONE and PROGRESS still APPLY (nobody
-        else reads it, and it saves re-reading what the trainer had), FAILED is a REPEAT (it is
-        in todo already); on a done or failed partition any report is a REPEAT (a retried call).
-        Pure: changes nothing.
+        else reads it, and it saves re-reading what the trainer had), and so does a RELEASED
+        whose `consumed` goes past the partition's progress (a synchronous rank's cut, whose
+        kept records its trainer gets: see `report_released`); FAILED and any other RELEASED are
+        a REPEAT (it is in todo already); on a done or failed partition any report is a REPEAT
+        (a retried call). Pure: changes nothing.
         """
         if not 0 <= partition < self.num_partitions or not 0 <= epoch <= self.epoch:
             return Verdict.INVALID
@@ -576,8 +591,9 @@ class Ledger:
             return Verdict.REFUSE
         if self.pending.get(partition) == worker:
             return Verdict.APPLY
-        if (partition in self.done or partition in self.failed
-                or outcome in (Outcome.FAILED, Outcome.RELEASED)):
+        if partition in self.done or partition in self.failed or outcome is Outcome.FAILED:
+            return Verdict.REPEAT
+        if outcome is Outcome.RELEASED and consumed <= self.progress.get(partition, 0):
             return Verdict.REPEAT
         return Verdict.APPLY
 

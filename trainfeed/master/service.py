@@ -363,10 +363,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except CallError as e:
             await context.abort(status_code(e), e.message, trailing_metadata=e.trailer)
             return
-        old = self._watchers.get(key)
-        wake = self._watchers[key] = asyncio.Event()
-        if old is not None:
-            old.set()  # it sees it was replaced and ends
+        wake = self._replace_watcher(key)
         try:
             # The first event: the stream is open (the reader may stop polling), and the epoch.
             yield pb.WatchEvent(current_epoch=job.ledger.epoch)
@@ -378,9 +375,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 for event in self.core.take_events(key):
                     yield event
         finally:
-            if self._watchers.get(key) is wake:
-                del self._watchers[key]
-                self.core.unwatch(key)
+            self._drop_watcher(key, wake)
+
+    def _replace_watcher(self, key: tuple[str, str]) -> asyncio.Event:
+        """Registers a new stream of a reader session (Watch or Session) and returns the event
+        that wakes it. An older stream of the same session is woken: it sees it was replaced
+        and ends (a reconnecting reader never has two streams told the same thing)."""
+        old = self._watchers.get(key)
+        wake = self._watchers[key] = asyncio.Event()
+        if old is not None:
+            old.set()
+        return wake
+
+    def _drop_watcher(self, key: tuple[str, str], wake: asyncio.Event) -> None:
+        """Forgets a stream that ended, unless a newer one of the session replaced it."""
+        if self._watchers.get(key) is wake:
+            del self._watchers[key]
+            self.core.unwatch(key)
 
     async def Session(self, requests: AsyncIterator[pb.SessionMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEvent]:
@@ -398,10 +409,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except CallError as e:
             await context.abort(status_code(e), e.message, trailing_metadata=e.trailer)
             return
-        old = self._watchers.get(key)
-        wake = self._watchers[key] = asyncio.Event()
-        if old is not None:
-            old.set()  # it sees it was replaced and ends
+        wake = self._replace_watcher(key)
         answers: list[pb.WatchEvent] = []
         reading = asyncio.ensure_future(self._read_session(job, key[1], requests, answers, wake))
         try:
@@ -430,9 +438,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     return  # the reader closed its side
         finally:
             reading.cancel()
-            if self._watchers.get(key) is wake:
-                del self._watchers[key]
-                self.core.unwatch(key)
+            self._drop_watcher(key, wake)
 
     async def _read_session(self, job: Job, worker: str,
                             requests: AsyncIterator[pb.SessionMessage],

@@ -4,7 +4,9 @@ Benchmarks once ran a generator and baseline scripts from a reference folder tha
 repository on the developers' machines, and the docs told readers to look there; every figure
 must be reproducible from the clone. What counts as "outside" is read from the machine the test
 runs on: the folders beside the repository (by `../NAME` or by absolute path) and the
-repository's own absolute path (a clone's location baked into a file).
+repository's own absolute path (a clone's location baked into a file), and any absolute path into
+a virtual environment (`/…/.venv-ci/bin`: a developer's checkout, which CI's clone elsewhere
+would not see as its own path).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def outside_pattern(root: Path) -> re.Pattern[str]:
     """Mentions of the folders beside `root`, and of `root`'s own absolute path."""
     parent = root.parent
     siblings = sorted(p.name for p in parent.iterdir() if p.is_dir() and p != root)
-    alternatives = [re.escape(str(root)) + r"\b"]
+    alternatives = [re.escape(str(root)) + r"\b", r"(?<![\w.$})])/(?:[\w.+-]+/)+\.venv[\w-]*/"]
     if siblings:
         names = "|".join(re.escape(name) for name in siblings)
         alternatives.append(rf"(?:\.\./|{re.escape(str(parent))}/)(?:{names})\b")
@@ -54,5 +56,8 @@ def test_the_check_catches_a_sibling_folder_and_the_clones_own_path(tmp_path: Pa
     assert outside.search("python ../refs/make_dataset.py")
     assert outside.search(f'GENERATOR = "{tmp_path}/refs/make_dataset.py"')
     assert outside.search(f"cd {tmp_path}/repo && run")
+    venv = ".venv" + "-ci"  # spelt apart: this file is itself checked
+    assert outside.search(f"export PATH=/home/dev/trainfeed/{venv}/bin:$PATH")
+    assert not outside.search("export PATH=$PWD/.venv-ci/bin:$PATH")
     assert not outside.search("python benchmarks/make_dataset.py --out DIR")
     assert not outside.search("see [deploy/k8s](../deploy/k8s)")

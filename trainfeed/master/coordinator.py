@@ -210,9 +210,9 @@ class Coordinator:
         self.alive(now)
         changed = []
         for job in self.jobs.values():
-            if self._expire(job, now):
+            if self._expire(job, now):  # (it checked the group too)
                 changed.append(job)
-            if admission.check_group(job, now, self.config.lease_timeout_s):
+            elif admission.check_group(job, now, self.config.lease_timeout_s):
                 self._tell_group(job)
                 self.on_change(job.name)
         return changed

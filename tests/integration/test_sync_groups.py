@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from integration.services import free_port
 from optional import require
+from test_chaos import wait_for
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -104,10 +105,7 @@ def test_a_killed_rank_breaks_the_group_loudly_within_the_lease_timeout(
                   "--gloo", "--epochs", "5", "--delay", "0.05")
              for r, out in enumerate(outs)]
     try:
-        deadline = time.monotonic() + 60
-        while not lines(outs[2]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert lines(outs[2]), "rank 2 got no batch"
+        wait_for(lambda: lines(outs[2]), "rank 2's first batch")
         procs[2].send_signal(signal.SIGKILL)
         killed = time.time()
         codes = finish(procs[:2], timeout=60)
@@ -249,10 +247,7 @@ def test_a_rank_frozen_past_the_lease_timeout_breaks_the_group_for_both(
                   "--epochs", "3", "--batch", "16", "--delay", "0.05")
              for r, out in enumerate(outs)]
     try:
-        deadline = time.monotonic() + 60
-        while not lines(outs[1]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert lines(outs[1]), "rank 1 got no batch"
+        wait_for(lambda: lines(outs[1]), "rank 1's first batch")
         procs[1].send_signal(signal.SIGSTOP)
         time.sleep(LEASE_S + 2)
         procs[1].send_signal(signal.SIGCONT)

@@ -333,12 +333,19 @@ class ShardEncoder:
 
 def _locate_group(view: memoryview, start: int, out: np.ndarray) -> bool:
     """Fills in the offsets (in the shard: `view` starts at `start`) of one row group's binary
-    values, column chunk after column chunk; False if one is not there."""
+    values, column chunk after column chunk; False if one is not there.
+
+    A place is taken when the bytes there have the value's length and checksum: its CRC-32C
+    where google-crc32c runs compiled (~3 µs per 83 KB photo, its bytes copied out first: ~2 µs),
+    else its CRC-32 (~20 µs). Both were computed from the value itself by `ShardEncoder.add`;
+    checking the CRC-32 here as well took 0.07 CPU-s of a 3,000-photo upload's 1.4."""
     cursor = 0
+    column, check = ((CRC32C_COLUMN, _crc32c_of) if out.shape[2] > CRC32C_COLUMN
+                     else (CRC32_COLUMN, zlib.crc32))
     for k in range(out.shape[1]):
         for row in range(out.shape[0]):
-            size, crc = int(out[row, k, 1]), int(out[row, k, 2])
-            at = _place(view, cursor, size, crc)
+            size, crc = int(out[row, k, 1]), int(out[row, k, column])
+            at = _place(view, cursor, size, crc, check)
             if at < 0:
                 return False
             out[row, k, 0] = start + at + 4
@@ -346,14 +353,21 @@ def _locate_group(view: memoryview, start: int, out: np.ndarray) -> bool:
     return True
 
 
-def _place(view: memoryview, cursor: int, size: int, crc: int) -> int:
-    """Where a value of `size` bytes and CRC-32 `crc` sits, with its 4-byte length before it,
-    at or after `cursor` in `view`; -1 if nowhere. Looks at `cursor` first, then near it."""
+def _crc32c_of(value: memoryview) -> int:
+    """The CRC-32C of a view (google-crc32c takes bytes only)."""
+    return cast(int, google_crc32c.value(value.tobytes()))
+
+
+def _place(view: memoryview, cursor: int, size: int, crc: int,
+           check: Callable[[memoryview], int] = zlib.crc32) -> int:
+    """Where a value of `size` bytes whose checksum (`check`: CRC-32 by default) is `crc`
+    sits, with its 4-byte length before it, at or after `cursor` in `view`; -1 if nowhere.
+    Looks at `cursor` first, then near it."""
     head = size.to_bytes(4, "little")
 
     def holds(at: int) -> bool:
         return (at + 4 + size <= len(view) and view[at:at + 4].tobytes() == head
-                and zlib.crc32(view[at + 4:at + 4 + size]) == crc)
+                and check(view[at + 4:at + 4 + size]) == crc)
 
     if holds(cursor):
         return cursor

@@ -36,9 +36,21 @@ COMMAND_MODULES: dict[str, str] = {
 }
 
 
+# Commands whose process uses numpy only to move bytes, never for linear algebra: numpy's
+# OpenBLAS starts a thread per core at import, which spins ~0.1 CPU-s before it sleeps (issue 30
+# §2: 7 % of a 3,000-photo upload's CPU). They ask OpenBLAS for one thread, unless the caller
+# chose otherwise ($OPENBLAS_NUM_THREADS set) or numpy is already loaded (main called in-process).
+ONE_BLAS_THREAD_COMMANDS = frozenset({"upload", "upload-slice", "upload-commit"})
+
+
+def command_named(argv: Sequence[str] | None) -> str | None:
+    """The subcommand `argv` names, if any (its first word that is one)."""
+    return next((a for a in argv or () if a in COMMAND_MODULES), None)
+
+
 def command_modules(argv: Sequence[str] | None = None) -> list[Any]:
     """The modules registering the command named in `argv` (all of them when none is)."""
-    named = next((a for a in argv or () if a in COMMAND_MODULES), None)
+    named = command_named(argv)
     names = [COMMAND_MODULES[named]] if named is not None else list(
         dict.fromkeys(COMMAND_MODULES.values()))
     return [importlib.import_module(f"trainfeed.cli.{name}") for name in names]
@@ -75,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     credentials of any URL it was given (arguments, environment) masked (cli.redacting).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if command_named(argv) in ONE_BLAS_THREAD_COMMANDS and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with redacted_output([*argv, *os.environ.values()]):
         return _main(argv)
 

@@ -26,15 +26,6 @@ from trainfeed.formats.arrays import int64_array, string_array
 from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
 from trainfeed.storage import Storage
 
-# 256 rows gives ~80 row groups for 20k small images (≥ 16 partitions for each of 4 workers) while
-# one row group of 64x64 JPEGs (~650 KB) is still one large sequential read.
-DEFAULT_ROW_GROUP_ROWS = 256
-# Caps a row group of large files (full-size photos): reading one must not take ages or memory.
-DEFAULT_ROW_GROUP_BYTES = 8 << 20
-# Shards are the unit of upload resume and of checksumming; 64 MiB keeps both cheap.
-DEFAULT_SHARD_BYTES = 64 << 20
-DEFAULT_SHARD_ROW_GROUPS = 64
-
 _ARROW_TYPES = {"binary": pa.binary(), "string": pa.string()}
 
 

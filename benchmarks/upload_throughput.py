@@ -15,6 +15,12 @@ disk:
 - `cli-start`: `trainfeed upload --help`: the interpreter and the CLI's imports, the fixed cost
   every upload pays whatever its data (so that a ratio on few files can be read).
 
+Every trainfeed method runs the trainfeed of the checkout this script is in (its folder first on
+PYTHONPATH, and the working directory). `--compare PATH` also runs each trainfeed method with
+the checkout at PATH (another branch, `git archive main | tar -x -C PATH`), reported as
+`METHOD@NAME` (NAME: PATH's folder name), right after the same method of this one, in every
+pass: the two trees meet the same load.
+
 Reported per method, medians over `--passes`: seconds, images/s, MB/s of input, the ratio to
 `cp` of the same pass (wall), the CPU seconds of the method's processes (children's rusage),
 their ratio to `cp`'s CPU seconds in the same pass, CPU milliseconds per image, images per
@@ -23,6 +29,7 @@ per core of the machine. The machine's load average before each run is recorded.
 
     python benchmarks/upload_throughput.py --images 3000 --passes 3
     python benchmarks/upload_throughput.py --methods cp upload --images 10000
+    python benchmarks/upload_throughput.py --methods cp upload --compare /tmp/main-tree
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ from typing import Any
 from make_imagenet_like import ensure_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)  # the checkout whose trainfeed the methods run
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench", "upload")
 METHODS: dict[str, list[str] | None] = {
     "cp": None,
@@ -75,15 +83,24 @@ def warm(folder: str) -> int:
     return total
 
 
-def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
-    out = os.path.join(scratch, f"out-{method}")
+def tree_env(tree: str) -> dict[str, str]:
+    """The environment that makes `python -m trainfeed...` import the trainfeed of `tree`."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": tree + (os.pathsep + path if path else "")}
+
+
+def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
+            label: str | None = None) -> dict[str, Any]:
+    label = label or method
+    out = os.path.join(scratch, f"out-{label.replace('@', '-')}")
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(["sync"], check=True)
     source_bytes = warm(os.path.dirname(list_path))
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True)
+    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True,
+                         cwd=tree, env=tree_env(tree))
     synced = time.perf_counter()
     subprocess.run(["sync"], check=True)
     seconds = time.perf_counter() - started
@@ -94,8 +111,8 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
                  for n in names)
     shutil.rmtree(out, ignore_errors=True)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"method": method, "seconds": seconds, "sync_seconds": started + seconds - synced,
-            "cpu_seconds": cpu, "load_before": load,
+    return {"method": label, "tree": tree, "seconds": seconds,
+            "sync_seconds": started + seconds - synced, "cpu_seconds": cpu, "load_before": load,
             "source_bytes": source_bytes, "stored_bytes": stored}
 
 
@@ -151,7 +168,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", default=DEFAULT_ROOT,
                    help="folder for the photos and the copies (default: %(default)s)")
     p.add_argument("--json", help="write the rows and summary here")
+    p.add_argument("--compare", metavar="PATH",
+                   help="also run each trainfeed method with the checkout at PATH, interleaved "
+                        "(reported as METHOD@NAME)")
     return p.parse_args(argv)
+
+
+def runs(methods: Sequence[str], compare: str | None) -> list[tuple[str, str, str]]:
+    """(method, checkout, label) of one pass, in order: each trainfeed method of this checkout
+    followed by the same of `compare`'s (`cp` is the same program for both: once)."""
+    out = []
+    for method in methods:
+        out.append((method, REPO, method))
+        if compare is not None and method != "cp":
+            tree = os.path.abspath(compare)
+            out.append((method, tree, f"{method}@{os.path.basename(tree.rstrip(os.sep))}"))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,11 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         for number in range(args.passes):
-            for method in args.methods:
-                row = run_one(method, list_path, scratch)
+            for method, tree, label in runs(args.methods, args.compare):
+                row = run_one(method, list_path, scratch, tree, label)
                 row["pass"] = number
                 rows.append(row)
-                print(f"pass {number} {method}: {row['seconds']:.2f} s "
+                print(f"pass {number} {label}: {row['seconds']:.2f} s "
                       f"(sync {row['sync_seconds']:.2f} s) "
                       f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
                       file=sys.stderr, flush=True)

@@ -12,7 +12,6 @@ import hashlib
 import io
 import itertools
 import os
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast, overload
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.formats.arrays import int64_array, string_array
+from trainfeed.formats.crc import crc32
 from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
 from trainfeed.storage import Storage
 
@@ -160,7 +160,7 @@ def payload_index(data: bytes, schema: pa.Schema,
                 else:
                     cursor = at + len(needle)
                 out[first_row + row, k, :CRC32C_COLUMN] = (at + 4, len(value),
-                                                            zlib.crc32(value))
+                                                            crc32(value))
                 if CRC32C_COMPILED:
                     out[first_row + row, k, CRC32C_COLUMN] = google_crc32c.value(value)
         first_row += len(group)
@@ -255,7 +255,7 @@ class ShardEncoder:
             sizes, crc32s, crc32cs = [], [], []
             for value in _crc32c_ready(group.columns[column - 1]):
                 sizes.append(len(value))
-                crc32s.append(zlib.crc32(value))
+                crc32s.append(crc32(value))
                 if CRC32C_COMPILED:
                     crc32cs.append(google_crc32c.value(value))
             out[:, k, 1], out[:, k, CRC32_COLUMN] = sizes, crc32s
@@ -331,7 +331,7 @@ def _locate_group(view: memoryview, start: int, out: np.ndarray) -> bool:
     checking the CRC-32 here as well took 0.07 CPU-s of a 3,000-photo upload's 1.4."""
     cursor = 0
     column, check = ((CRC32C_COLUMN, _crc32c_of) if out.shape[2] > CRC32C_COLUMN
-                     else (CRC32_COLUMN, zlib.crc32))
+                     else (CRC32_COLUMN, crc32))
     for k in range(out.shape[1]):
         for row in range(out.shape[0]):
             size, crc = int(out[row, k, 1]), int(out[row, k, column])
@@ -357,11 +357,11 @@ def _crc32c_ready(values: Sequence[bytes] | PackedValues) -> Iterator[bytes]:
         return
     data = np.frombuffer(values.data, dtype=np.uint8)
     for a, b in itertools.pairwise(values.offsets.tolist()):
-        yield cast(bytes, data[a:b])  # bytes-like, as zlib and google-crc32c read it
+        yield cast(bytes, data[a:b])  # bytes-like, as crc32 and google-crc32c read it
 
 
 def _place(view: memoryview, cursor: int, size: int, crc: int,
-           check: Callable[[memoryview], int] = zlib.crc32) -> int:
+           check: Callable[[memoryview], int] = crc32) -> int:
     """Where a value of `size` bytes whose checksum (`check`: CRC-32 by default) is `crc`
     sits, with its 4-byte length before it, at or after `cursor` in `view`; -1 if nowhere.
     Looks at `cursor` first, then near it."""

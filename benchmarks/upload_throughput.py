@@ -18,8 +18,8 @@ disk:
 Every trainfeed method runs the trainfeed of the checkout this script is in (its folder first on
 PYTHONPATH, and the working directory). `--compare PATH` also runs each trainfeed method with
 the checkout at PATH (another branch, `git archive main | tar -x -C PATH`), reported as
-`METHOD@NAME` (NAME: PATH's folder name), right after the same method of this one, in every
-pass: the two trees meet the same load.
+`METHOD@NAME` (NAME: PATH's folder name), next to the same method of this one in every pass
+(after it in even passes, before it in odd ones): the two trees meet the same load.
 
 Reported per method, medians over `--passes`: seconds, images/s, MB/s of input, the ratio to
 `cp` of the same pass (wall), the CPU seconds of the method's processes (children's rusage),
@@ -174,15 +174,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def runs(methods: Sequence[str], compare: str | None) -> list[tuple[str, str, str]]:
-    """(method, checkout, label) of one pass, in order: each trainfeed method of this checkout
-    followed by the same of `compare`'s (`cp` is the same program for both: once)."""
+def runs(methods: Sequence[str], compare: str | None,
+         number: int = 0) -> list[tuple[str, str, str]]:
+    """(method, checkout, label) of pass `number`, in order: each trainfeed method of this
+    checkout and the same of `compare`'s, which goes first in odd passes (a run right after
+    `cp` met the page cache `cp` left: neither tree always does). `cp` is the same program for
+    both: once."""
     out = []
     for method in methods:
-        out.append((method, REPO, method))
+        pair = [(method, REPO, method)]
         if compare is not None and method != "cp":
             tree = os.path.abspath(compare)
-            out.append((method, tree, f"{method}@{os.path.basename(tree.rstrip(os.sep))}"))
+            pair.append((method, tree, f"{method}@{os.path.basename(tree.rstrip(os.sep))}"))
+        out.extend(reversed(pair) if number % 2 else pair)
     return out
 
 
@@ -194,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         for number in range(args.passes):
-            for method, tree, label in runs(args.methods, args.compare):
+            for method, tree, label in runs(args.methods, args.compare, number):
                 row = run_one(method, list_path, scratch, tree, label)
                 row["pass"] = number
                 rows.append(row)

@@ -1,6 +1,6 @@
 """benchmarks/upload_throughput.py --compare PATH runs each trainfeed method with a second
-checkout too, right after this one's in every pass (issue 30 §2: main and a branch measured
-under the same load), and each with its own tree's trainfeed."""
+checkout too, next to this one's in every pass, the other first in odd passes (issue 30 §2:
+main and a branch measured under the same load), and each with its own tree's trainfeed."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,8 @@ def test_compare_runs_the_other_checkouts_upload_interleaved(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr[-3000:]
     written = json.loads((tmp_path / "out.json").read_text())
     order = [(r["pass"], r["method"]) for r in written["rows"]]
-    assert order == [(p, m) for p in (0, 1) for m in ("cp", "upload", "upload@other-tree")]
+    assert order == [(0, "cp"), (0, "upload"), (0, "upload@other-tree"),
+                     (1, "cp"), (1, "upload@other-tree"), (1, "upload")]
     trees = {r["method"]: r["tree"] for r in written["rows"]}
     assert trees["upload"] == str(ROOT) and trees["upload@other-tree"] == str(other)
     summary = {s["method"]: s for s in written["summary"]}

@@ -180,7 +180,7 @@ def runs(methods: Sequence[str], compare: str | None,
     checkout and the same of `compare`'s, which goes first in odd passes (a run right after
     `cp` met the page cache `cp` left: neither tree always does). `cp` is the same program for
     both: once."""
-    out = []
+    out: list[tuple[str, str, str]] = []
     for method in methods:
         pair = [(method, REPO, method)]
         if compare is not None and method != "cp":

@@ -217,9 +217,13 @@ class ShardEncoder:
     Not thread-safe: one encoder per shard being written.
     """
 
-    def __init__(self, schema: pa.Schema, path: str | None = None):
+    def __init__(self, schema: pa.Schema, path: str | None = None,
+                 scratch: Callable[[int], bytearray] | None = None):
+        """`scratch(size)`: a buffer of at least `size` bytes, free while `finish` runs, to read
+        the shard back into (default: a new one); a packer reuses one from shard to shard."""
         self.schema = schema
         self.path = path
+        self._scratch = scratch or bytearray
         self._memory = io.BytesIO() if path is None else None
         self._sink: pa.NativeFile | io.BytesIO = (self._memory if self._memory is not None
                                                   else pa.OSFile(path, "wb"))
@@ -282,7 +286,7 @@ class ShardEncoder:
             with open(self.path, "rb", buffering=0) as f:
                 self.size = os.fstat(f.fileno()).st_size
                 spans = [b - a for a, b in zip([0, *bounds], [*bounds, self.size])]
-                buffer = memoryview(bytearray(max(spans, default=0)))
+                buffer = memoryview(self._scratch(max(spans, default=0)))
 
                 def region(a: int, b: int) -> memoryview:
                     view = buffer[:b - a]

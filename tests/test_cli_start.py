@@ -6,6 +6,7 @@ spun ~0.1 CPU-s at numpy's import: 7 % of a 3,000-photo upload's CPU), unless th
 $OPENBLAS_NUM_THREADS. Each check runs in a fresh interpreter, where imports are not yet paid."""
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -84,3 +85,37 @@ def test_the_callers_openblas_threads_are_kept(tmp_path: Path) -> None:
     out = run_python(UPLOAD, str(listing), str(tmp_path / "storage"),
                      env={**os.environ, "OPENBLAS_NUM_THREADS": "3"})
     assert out[:2] == ["0", "3"]
+
+
+HELP = """
+import contextlib, io, sys
+from trainfeed.cli.main import COMMAND_HELP, main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        assert e.code == 0, e.code
+text = " ".join(out.getvalue().split())
+missing = [name for name, line in COMMAND_HELP.items()
+           if f"{name} {' '.join(line.split())}" not in text]
+print(*[m for m in sys.modules if m.endswith("_cmd") or m in ("numpy", "pyarrow")], "|", *missing)
+"""
+
+
+def test_trainfeed_help_lists_every_command_without_importing_their_modules() -> None:
+    """`trainfeed --help` imported every command's module to list them (0.69 CPU-s)."""
+    assert run_python(HELP, env={**os.environ, "COLUMNS": "400"}) == ["|"]
+
+
+def test_the_listed_help_is_what_each_command_registers() -> None:
+    """COMMAND_HELP (what `trainfeed --help` lists) cannot drift from the commands' own help."""
+    from trainfeed.cli.main import COMMAND_HELP, COMMAND_MODULES, build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert isinstance(sub, argparse._SubParsersAction)
+    registered = {action.dest: action.help for action in sub._choices_actions}
+    assert list(COMMAND_HELP) == list(COMMAND_MODULES)
+    assert COMMAND_HELP == registered
+    listed = next(a for a in build_parser(listing=True)._actions if a.dest == "command")
+    assert isinstance(listed, argparse._SubParsersAction)
+    assert {a.dest: a.help for a in listed._choices_actions} == registered

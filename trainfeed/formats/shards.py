@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from trainfeed.formats.arrays import int64_array, string_array
 from trainfeed.formats.crc import crc32
 from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
+from trainfeed.formats.writeback import start_writeback
 from trainfeed.storage import Storage
 
 _ARROW_TYPES = {"binary": pa.binary(), "string": pa.string()}
@@ -253,6 +254,9 @@ class ShardEncoder:
                for i, col in enumerate(group.columns)], schema=self.schema)
         self._writer.write_table(table, row_group_size=len(group))
         del table
+        if self._memory is None:  # a file: its disk writes start now (formats.writeback)
+            start_writeback(cast(pa.NativeFile, self._sink).fileno(), start,
+                            self._sink.tell() - start)
         self._groups.append(group.info())
         out = np.zeros((len(group), len(self._binary), self._columns), dtype=np.int64)
         for k, column in enumerate(self._binary):

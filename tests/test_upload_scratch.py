@@ -60,7 +60,9 @@ def test_shards_packed_one_after_another_reuse_the_buffers_and_equal_fresh_ones(
 def test_a_buffer_grows_when_a_larger_one_is_asked_and_threads_have_their_own() -> None:
     scratch = Scratch()
     small = scratch.buffer(1, 10)
-    assert scratch.buffer(1, 8) is small and len(scratch.buffer(1, 100)) == 100
+    assert scratch.buffer(1, 8) is small and len(scratch.buffer(1, 100)) == 112
+    grown = scratch.buffer(1, 101)
+    assert scratch.buffer(1, 112) is grown  # the eighth more: no new pages for a little more
     seen: list[list[bytearray]] = []
     thread = threading.Thread(target=lambda: seen.append(list(scratch.buffers)))
     thread.start()

@@ -15,14 +15,24 @@ disk:
 - `cli-start`: `trainfeed upload --help`: the interpreter and the CLI's imports, the fixed cost
   every upload pays whatever its data (so that a ratio on few files can be read).
 
+Every trainfeed method runs the trainfeed of the checkout this script is in (its folder first on
+PYTHONPATH, and the working directory). `--compare PATH` also runs each trainfeed method with
+the checkout at PATH (another branch, `git archive main | tar -x -C PATH`), reported as
+`METHOD@NAME` (NAME: PATH's folder name), next to the same method of this one in every pass
+(after it in even passes, before it in odd ones): the two trees meet the same load.
+
 Reported per method, medians over `--passes`: seconds, images/s, MB/s of input, the ratio to
 `cp` of the same pass (wall), the CPU seconds of the method's processes (children's rusage),
 their ratio to `cp`'s CPU seconds in the same pass, CPU milliseconds per image, images per
 CPU-second (what a core does: the figure that load on a shared machine moves least) and images/s
-per core of the machine. The machine's load average before each run is recorded.
+per core of the machine; and user-space CPU milliseconds per image (`user ms/image`: the kernel's
+share of the CPU, copying pages into the page cache, moved 5x between passes of the same `cp` on
+a shared virtual machine, user space far less). The machine's load average before each run is
+recorded.
 
     python benchmarks/upload_throughput.py --images 3000 --passes 3
     python benchmarks/upload_throughput.py --methods cp upload --images 10000
+    python benchmarks/upload_throughput.py --methods cp upload --compare /tmp/main-tree
 """
 from __future__ import annotations
 
@@ -43,6 +53,7 @@ from typing import Any
 from make_imagenet_like import ensure_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)  # the checkout whose trainfeed the methods run
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench", "upload")
 METHODS: dict[str, list[str] | None] = {
     "cp": None,
@@ -75,15 +86,24 @@ def warm(folder: str) -> int:
     return total
 
 
-def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
-    out = os.path.join(scratch, f"out-{method}")
+def tree_env(tree: str) -> dict[str, str]:
+    """The environment that makes `python -m trainfeed...` import the trainfeed of `tree`."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": tree + (os.pathsep + path if path else "")}
+
+
+def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
+            label: str | None = None) -> dict[str, Any]:
+    label = label or method
+    out = os.path.join(scratch, f"out-{label.replace('@', '-')}")
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(["sync"], check=True)
     source_bytes = warm(os.path.dirname(list_path))
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True)
+    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True,
+                         cwd=tree, env=tree_env(tree))
     synced = time.perf_counter()
     subprocess.run(["sync"], check=True)
     seconds = time.perf_counter() - started
@@ -93,9 +113,11 @@ def run_one(method: str, list_path: str, scratch: str) -> dict[str, Any]:
     stored = sum(os.path.getsize(os.path.join(p, n)) for p, _, names in os.walk(out)
                  for n in names)
     shutil.rmtree(out, ignore_errors=True)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"method": method, "seconds": seconds, "sync_seconds": started + seconds - synced,
-            "cpu_seconds": cpu, "load_before": load,
+    user = after.ru_utime - before.ru_utime
+    cpu = user + (after.ru_stime - before.ru_stime)
+    return {"method": label, "tree": tree, "seconds": seconds,
+            "sync_seconds": started + seconds - synced, "cpu_seconds": cpu,
+            "user_seconds": user, "load_before": load,
             "source_bytes": source_bytes, "stored_bytes": stored}
 
 
@@ -118,10 +140,13 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
             "vs_cp": round(statistics.median(ratios), 2) if ratios else None,
             "sync_seconds": round(statistics.median(r["sync_seconds"] for r in mine), 2),
             "cpu_seconds": round(cpu, 2),
+            "user_seconds": round(statistics.median(r["user_seconds"] for r in mine), 2),
             "cpu_vs_cp": round(statistics.median(cpu_ratios), 2) if cpu_ratios else None,
             "cpu_ms_per_image": round(cpu / images * 1000, 3),
             "images_per_cpu_s": round(images / cpu) if cpu else None,
             "images_per_s_per_core": round(images / seconds / cores),
+            "user_ms_per_image": round(statistics.median(r["user_seconds"] for r in mine)
+                                       / images * 1000, 3),
             "stored_mb": round(statistics.median(r["stored_bytes"] for r in mine) / 1e6, 1),
             "load_before": round(statistics.median(r["load_before"] for r in mine), 2)})
     return out
@@ -130,8 +155,8 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
 def render(summary: Sequence[dict[str, Any]]) -> str:
     head = ("| method | s | images/s | MB/s in | × cp+sync | sync s | CPU s | CPU × cp | "
             "CPU ms/image | "
-            "images/CPU-s | images/s/core | stored MB | load |")
-    lines = [head, "|---|" + "---:|" * 12]
+            "images/CPU-s | images/s/core | user ms/image | stored MB | load |")
+    lines = [head, "|---|" + "---:|" * 13]
     for s in summary:
         lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
                      f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
@@ -139,7 +164,8 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
                      f"{s['cpu_seconds']} | "
                      f"{s['cpu_vs_cp'] if s['cpu_vs_cp'] is not None else ''} | "
                      f"{s['cpu_ms_per_image']} | {s['images_per_cpu_s']} | "
-                     f"{s['images_per_s_per_core']} | {s['stored_mb']} | {s['load_before']} |")
+                     f"{s['images_per_s_per_core']} | {s['user_ms_per_image']} | "
+                     f"{s['stored_mb']} | {s['load_before']} |")
     return "\n".join(lines)
 
 
@@ -151,7 +177,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", default=DEFAULT_ROOT,
                    help="folder for the photos and the copies (default: %(default)s)")
     p.add_argument("--json", help="write the rows and summary here")
+    p.add_argument("--compare", metavar="PATH",
+                   help="also run each trainfeed method with the checkout at PATH, interleaved "
+                        "(reported as METHOD@NAME)")
     return p.parse_args(argv)
+
+
+def runs(methods: Sequence[str], compare: str | None,
+         number: int = 0) -> list[tuple[str, str, str]]:
+    """(method, checkout, label) of pass `number`, in order: each trainfeed method of this
+    checkout and the same of `compare`'s, which goes first in odd passes (a run right after
+    `cp` met the page cache `cp` left: neither tree always does). `cp` is the same program for
+    both: once."""
+    out: list[tuple[str, str, str]] = []
+    for method in methods:
+        pair = [(method, REPO, method)]
+        if compare is not None and method != "cp":
+            tree = os.path.abspath(compare)
+            pair.append((method, tree, f"{method}@{os.path.basename(tree.rstrip(os.sep))}"))
+        out.extend(reversed(pair) if number % 2 else pair)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,11 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         for number in range(args.passes):
-            for method in args.methods:
-                row = run_one(method, list_path, scratch)
+            for method, tree, label in runs(args.methods, args.compare, number):
+                row = run_one(method, list_path, scratch, tree, label)
                 row["pass"] = number
                 rows.append(row)
-                print(f"pass {number} {method}: {row['seconds']:.2f} s "
+                print(f"pass {number} {label}: {row['seconds']:.2f} s "
                       f"(sync {row['sync_seconds']:.2f} s) "
                       f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
                       file=sys.stderr, flush=True)

@@ -36,16 +36,56 @@ COMMAND_MODULES: dict[str, str] = {
 }
 
 
+# Each command's line in `trainfeed --help`, in the same order: the list is printed without
+# importing any command's module (0.69 -> 0.06 CPU-s). The modules register the same text
+# (tests/test_cli_start.py compares them).
+COMMAND_HELP: dict[str, str] = {
+    "upload": "pack a .list file into a dataset",
+    "master": "run the master (hands out partitions over gRPC)",
+    "health": "check that a master serves (exit 0 if SERVING): for exec probes",
+    "ls": "list the published datasets",
+    "info": "show one dataset's manifest",
+    "publish-builtin": "publish preset datasets under public/",
+    "demo": "make, upload and read a small image dataset with a master and 2 readers",
+    "preprocess": "pack arrays into mini-batch buffers (MADlib training_preprocessor_dl)",
+    "sql": "publish a SQL query as a dataset (PostgreSQL or SQLite)",
+    "submit": "run a training job on Kubernetes (master + GPU workers)",
+    "scale": "change the number of worker pods of a job",
+    "status": "a job's progress (from its master) and pods (from Kubernetes); uploads in "
+              "progress (--uploads)",
+    "delete": "delete a job's objects from Kubernetes",
+    "submit-upload": "upload a .list as a Kubernetes Indexed Job of packers",
+    "upload-slice": "pack one slice of an upload (an index of submit-upload's Job)",
+    "upload-commit": "publish an upload packed as slices, once every slice is done",
+    "doctor": "show versions, decoders, extras and settings (paste into bug reports)",
+    "token": "print a token that opens one job only",
+}
+
+# Commands whose process uses numpy only to move bytes, never for linear algebra: numpy's
+# OpenBLAS starts a thread per core at import, which spins ~0.1 CPU-s before it sleeps (issue 30
+# §2: 7 % of a 3,000-photo upload's CPU). They ask OpenBLAS for one thread, unless the caller
+# chose otherwise ($OPENBLAS_NUM_THREADS set) or numpy is already loaded (main called in-process).
+ONE_BLAS_THREAD_COMMANDS = frozenset({"upload", "upload-slice", "upload-commit"})
+
+
+def command_named(argv: Sequence[str] | None) -> str | None:
+    """The subcommand `argv` names, if any (its first word that is one)."""
+    return next((a for a in argv or () if a in COMMAND_MODULES), None)
+
+
 def command_modules(argv: Sequence[str] | None = None) -> list[Any]:
     """The modules registering the command named in `argv` (all of them when none is)."""
-    named = next((a for a in argv or () if a in COMMAND_MODULES), None)
+    named = command_named(argv)
     names = [COMMAND_MODULES[named]] if named is not None else list(
         dict.fromkeys(COMMAND_MODULES.values()))
     return [importlib.import_module(f"trainfeed.cli.{name}") for name in names]
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; given the arguments, with only the subcommand they name."""
+def build_parser(argv: Sequence[str] | None = None,
+                 listing: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser; given the arguments, with only the subcommand they name. `listing`:
+    every command by name and line of help only (COMMAND_HELP), none of their modules
+    imported: enough for arguments that name no command (`--help`, `--version`, a typo)."""
     parser = argparse.ArgumentParser(
         prog="trainfeed",
         description="Feed deep-learning training from shared storage: upload datasets, run the "
@@ -57,6 +97,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                              f"level, logger, message and exception, for log collectors "
                              f"(default ${LOG_FORMAT_ENV}, else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if listing:
+        for name, text in COMMAND_HELP.items():
+            sub.add_parser(name, help=text)
+        return parser
     for module in command_modules(argv):
         module.register(sub)
     return parser
@@ -75,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     credentials of any URL it was given (arguments, environment) masked (cli.redacting).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if command_named(argv) in ONE_BLAS_THREAD_COMMANDS and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with redacted_output([*argv, *os.environ.values()]):
         return _main(argv)
 
@@ -99,7 +145,7 @@ def _stdout_gone() -> bool:
 
 
 def _main(argv: Sequence[str]) -> int:
-    parser = build_parser(argv)
+    parser = build_parser(argv, listing=command_named(argv) is None)
     args = parser.parse_args(argv)
     if args.log_format is None:
         try:

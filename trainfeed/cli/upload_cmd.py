@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 from trainfeed.cli.common import add_storage_options, storage_from
-from trainfeed.formats.shards import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
+from trainfeed.formats.layout import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
 from trainfeed.ingest.options import DEFAULT_RESIZE_QUALITY
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.upload import (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,21 +108,49 @@ def outside_paths(entries: tuple[ListEntry, ...], base_dir: str) -> list[tuple[i
     put beside it (`../../etc/passwd` once reached a reader)."""
     root = os.path.realpath(base_dir)
     inside = root if root.endswith(os.sep) else root + os.sep
+    parts = [os.path.split(e.columns[0]) for e in entries]
+    listed = Counter(folder for folder, _ in parts)
     folders: dict[str, str] = {}  # each folder resolved once: realpath costs an lstat per part
+    # Each folder's symlinks, from one scan of it (None: checked path by path, `_symlinks_in`).
+    links: dict[str, frozenset[str] | None] = {}
 
-    def resolved(path: str) -> str:
-        folder, name = os.path.split(path)
-        if name in ("", ".", "..") or os.path.islink(path):
+    def resolved(path: str, folder: str, name: str) -> str:
+        if name in ("", ".", ".."):
+            return os.path.realpath(path)
+        if folder not in links:
+            links[folder] = _symlinks_in(folder, listed[folder])
+        known = links[folder]
+        if (name in known) if known is not None else os.path.islink(path):
             return os.path.realpath(path)
         if folder not in folders:
             folders[folder] = os.path.realpath(folder)
         return os.path.join(folders[folder], name)
 
-    def outside(path: str) -> bool:
-        real = resolved(path)
+    def outside(path: str, folder: str, name: str) -> bool:
+        real = resolved(path, folder, name)
         return real != root and not real.startswith(inside)
 
-    return [(e.line, e.columns[0]) for e in entries if outside(e.columns[0])]
+    return [(e.line, e.columns[0]) for e, (folder, name) in zip(entries, parts)
+            if outside(e.columns[0], folder, name)]
+
+
+def _symlinks_in(folder: str, listed: int) -> frozenset[str] | None:
+    """The names of the symbolic links in `folder`, from one scan of it (the file types come
+    with the names: no lstat per file, 0.07 CPU-s of 10,000 photos' upload), or None when it
+    cannot be scanned or holds far more entries than the `listed` paths the list names in it
+    (then each of those is checked alone: a few files of a huge folder cost no scan of it)."""
+    limit = 4 * listed + 64
+    names = []
+    try:
+        with os.scandir(folder or os.curdir) as found:
+            for count, entry in enumerate(found):
+                if count >= limit:
+                    return None
+                if entry.is_symlink():
+                    names.append(entry.name)
+    except OSError:
+        return None
+    return frozenset(names)
 
 
 def parse_list(path: str, kind: Kind | None = None,

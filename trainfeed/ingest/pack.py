@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -57,6 +58,37 @@ class PackTask:
         return f"{self.data_dir}/shard-{self.plan.index:05d}.parquet"
 
 
+class Scratch(threading.local):
+    """The two buffers a packing thread reads row groups into (trainfeed.ingest.pack.read_groups)
+    and reads a finished shard back into (ShardEncoder.finish, into the first), kept from shard
+    to shard: a fresh bytearray per shard is fresh pages, each faulted in and zeroed by the
+    kernel (65,000 page faults, most of them, in an upload of 10,000 photos; issue 30 §2).
+    Per thread, so that uploads run by two threads of one process never share one. They hold
+    what the largest row group needs until `release` (trainfeed.ingest.pool.Packers does, in
+    the caller's process; a packing process ends instead)."""
+
+    def __init__(self) -> None:
+        self.buffers = [bytearray(), bytearray()]
+
+    def buffer(self, index: int, size: int) -> bytearray:
+        """Buffer `index` (0 or 1), of at least `size` bytes; its content is left over. One
+        that must grow gets an eighth more than asked: row groups' sizes vary a little around
+        `row_group_bytes`, and each growth is new pages again (6,000 faults per growth by 1 MiB
+        at 8 MiB buffers)."""
+        if len(self.buffers[index]) < size:
+            self.buffers[index] = bytearray()  # the old one freed before the new one is made
+            self.buffers[index] = bytearray(size + size // GROWTH_SHARE)
+        return self.buffers[index]
+
+    def release(self) -> None:
+        self.buffers = [bytearray(), bytearray()]
+
+
+SCRATCH = Scratch()
+# A growing buffer gets 1/GROWTH_SHARE more than asked (Scratch.buffer).
+GROWTH_SHARE = 8
+
+
 def field_specs(kind: str, field_names: tuple[str, ...]) -> tuple[FieldSpec, ...]:
     """The schema fields of a list: file bytes are binary, every other column a string."""
     return tuple(FieldSpec(name, "binary" if kind == "file" and i == 0 else "string")
@@ -84,10 +116,17 @@ def pack_shard(task: PackTask) -> ShardProgress:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     temporary = f"{target}.tmp-{uuid.uuid4().hex}"
     try:
-        return _pack(task, shard_format.ShardEncoder(schema, temporary), groups)
+        return _pack(task, shard_format.ShardEncoder(schema, temporary, _read_back_buffer),
+                     groups)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+def _read_back_buffer(size: int) -> bytearray:
+    """Where a finished shard is read back (ShardEncoder.finish): the first of the row groups'
+    buffers, free once every group is encoded."""
+    return SCRATCH.buffer(0, size)
 
 
 def _pack(task: PackTask, encoder: shard_format.ShardEncoder,
@@ -133,7 +172,7 @@ def read_groups(task: PackTask) -> Iterator[RowGroupBuffer]:
     largest = max((sum(file_sizes[a:b]) for a, b in itertools.pairwise(bounds)), default=0)
     threads = task.options.read_threads
     # Two buffers: the group handed to the encoder, and the next one being read.
-    buffers = [bytearray(largest), bytearray(largest)]
+    buffers = [SCRATCH.buffer(0, largest), SCRATCH.buffer(1, largest)]
 
     def start(k: int) -> tuple[PackedValues, list[Future[None]]]:
         a, b = bounds[k], bounds[k + 1]

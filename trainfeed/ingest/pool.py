@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from trainfeed.ingest.pack import PackTask, pack_shard
+from trainfeed.ingest.pack import SCRATCH, PackTask, pack_shard
 from trainfeed.ingest.progress import ShardProgress
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class Packers:
         for future in self._pending:
             future.cancel()
         self._pending.clear()
+        SCRATCH.release()  # the buffers of shards packed in this process (trainfeed.ingest.pack)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -43,6 +43,7 @@ import grpc
 import pyarrow as pa
 
 from trainfeed.errors import (
+    CallCancelled,
     MasterUnavailableError,
     SupersededError,
     SyncGroupBrokenError,
@@ -51,7 +52,13 @@ from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import shutdown
 from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
-from trainfeed.lease.client import MasterClient, SessionStream, session_message
+from trainfeed.lease.client import (
+    CALL_TIMEOUT_S,
+    MasterClient,
+    SessionStream,
+    session_message,
+    tasks_request,
+)
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -156,6 +163,11 @@ class WorkerSession:
         self._session_rpc = True  # False once the master answered Session with UNIMPLEMENTED
         # Session messages sent and waiting for their answer: seq -> (progress sent, when).
         self._pending: dict[int, tuple[list[Report], float]] = {}
+        # The carrier's master answers GetTasks asked on the stream (its first event said so).
+        self._grants = False
+        # GetTasks asked on the Session stream: seq -> its answer once it came (None before).
+        self._granting: dict[int, pb.WatchEvent | None] = {}
+        self.grants_on_stream = 0  # GetTasks answered on the stream (for tests and benchmarks)
         self._seq = 0
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
@@ -369,12 +381,18 @@ class WorkerSession:
             reports = book.drain()
             held, begun = book.held_now()
         started = time.monotonic()
+        request = tasks_request(epoch, max_tasks, wait_ms, [to_message(r) for r in reports],
+                                held, max_records, begun, self.sync, self._stats_now())
+        given_up = self._given_up(abandoned) if wait_ms > 0 else None
         try:
-            response = self.client.get_tasks(
-                self.job, self.worker, epoch, max_tasks, wait_ms,
-                [to_message(r) for r in reports], held=held, max_records=max_records,
-                started=begun, sync=self.sync, stats=self._stats_now(),
-                abandoned=self._given_up(abandoned) if wait_ms > 0 else None)
+            with self._cond:
+                carrier = self._carrier if self._grants else None
+            response = None
+            if carrier is not None:
+                response = self._grant_on(carrier, request, given_up)
+                self.grants_on_stream += response is not None
+            if response is None:
+                response = self.client.call_get_tasks(self.job, self.worker, request, given_up)
         except BaseException:
             with self._cond:  # keep them for the next try
                 book.unsent(reports)
@@ -382,6 +400,47 @@ class WorkerSession:
         self._answered(reports, answer_of(response), started, leases(response.tasks))
         self.check()
         return response
+
+    def _grant_on(self, carrier: SessionStream, request: pb.GetTasksRequest,
+                  given_up: Callable[[], bool] | None) -> pb.GetTasksResponse | None:
+        """`request` asked on the Session stream (grants on the stream: one message each way
+        instead of a unary call); the master answers it as the GetTasks call, once durable.
+        Returns None when the answer does not come (the stream broke, or not within the call's
+        deadline: the stream is then cancelled, to be reopened) or the master refused it: the
+        caller makes the call instead (a refusal is handled there, as ever; reports the master
+        may already have applied are REPEATs to it). Raises CallCancelled once `given_up()`."""
+        with self._cond:
+            self._seq += 1
+            seq = self._seq
+            self._granting[seq] = None
+        carrier.send(pb.SessionMessage(seq=seq, get_tasks=request))
+        deadline = time.monotonic() + CALL_TIMEOUT_S + request.wait_ms / 1000
+        stopped = False
+        with self._cond:
+            while (self._granting.get(seq) is None and self._carrier is carrier
+                   and time.monotonic() < deadline):
+                if given_up is not None and given_up():
+                    stopped = True
+                    break
+                self._cond.wait(min(0.1, max(0.001, deadline - time.monotonic())))
+            event = self._granting.pop(seq, None)
+            timed_out = event is None and not stopped and self._carrier is carrier
+        if stopped:
+            # (A grant it makes later goes unheard: the pass's LeaveJob hands it back, as a
+            # cancelled GetTasks call's.)
+            raise CallCancelled("the GetTasks asked on the Session stream was given up")
+        if timed_out:
+            logger.warning("the master did not answer a GetTasks asked on the Session stream "
+                           "within %g s; making the call instead and reopening the stream",
+                           CALL_TIMEOUT_S + request.wait_ms / 1000)
+            carrier.cancel()
+        if event is None:
+            return None
+        if event.grant_refused:
+            logger.debug("the master refused a GetTasks asked on the Session stream (%s); "
+                         "making the call", event.grant_refused)
+            return None
+        return event.grant
 
     def _given_up(self, abandoned: Callable[[], bool] | None) -> Callable[[], bool]:
         """Whether a long-poll in flight is no longer wanted: `abandoned()`, or this session
@@ -563,6 +622,11 @@ class WorkerSession:
     def _answer(self, event: pb.WatchEvent) -> None:
         """The master's answer to a Session message of ours: applied as the answer to a call
         (it renews `sure_until`); progress it refused is dropped like a revoked lease."""
+        with self._cond:
+            if event.answers in self._granting:
+                self._granting[event.answers] = event  # (the asker applies it)
+                self._cond.notify_all()
+                return
         answer = event_answer(event)
         answer = dataclasses.replace(answer, revoked=answer.revoked + leases(event.refused))
         with self._cond:  # (re-entrant: the waiting sender sees the answer applied)
@@ -633,6 +697,8 @@ class WorkerSession:
                 with self._cond:
                     if carrier is not None and self._carrier is None:
                         self._carrier = carrier  # (the first event: the master took it)
+                        self._grants = event.grants
+                        self._cond.notify_all()
                 self._set_watching(True)
                 self.apply(event)
         finally:
@@ -642,6 +708,7 @@ class WorkerSession:
                 self._stream = None
                 if carrier is not None and self._carrier is carrier:
                     self._carrier = None
+                    self._grants = False
                     # What it carried unanswered may be lost: sent again, by call or stream
                     # (a sender waiting for an answer requeues its reports itself).
                     self._book().resend_progress()

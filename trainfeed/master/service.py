@@ -306,8 +306,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_answers
     async def GetTasks(self, request: pb.GetTasksRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
+        return await self._grant(self.core.job(request.job, self._scope(context)), request)
+
+    async def _grant(self, job: Job, request: pb.GetTasksRequest) -> pb.GetTasksResponse:
+        """A GetTasks, asked by a call or on a Session stream (`get_tasks`): checks, applies
+        its reports, leases (long-polling up to `wait_ms`), and returns once durable."""
         core = self.core
-        job = core.job(request.job, self._scope(context))
         held, revoked, changed, stopped = core.begin_get_tasks(job, request, time.time())
         if stopped is not None:
             if changed:
@@ -411,9 +415,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return
         wake = self._replace_watcher(key)
         answers: list[pb.WatchEvent] = []
-        reading = asyncio.ensure_future(self._read_session(job, key[1], requests, answers, wake))
+        reading = asyncio.ensure_future(self._read_session(
+            job, opening.open, requests, answers, wake))
         try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch)
+            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
             while True:
                 await wake.wait()
                 wake.clear()
@@ -440,13 +445,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             reading.cancel()
             self._drop_watcher(key, wake)
 
-    async def _read_session(self, job: Job, worker: str,
+    async def _read_session(self, job: Job, opening: pb.WatchRequest,
                             requests: AsyncIterator[pb.SessionMessage],
                             answers: list[pb.WatchEvent], wake: asyncio.Event) -> None:
         """Takes a Session stream's messages as they come; queues the answers for the writer
-        (Session) and wakes it. Ends when the reader closes its side, or raises a refusal."""
+        (Session) and wakes it. Ends when the reader closes its side, or raises a refusal.
+        A `get_tasks` message is a GetTasks of the stream's session, answered on the stream
+        (each in a task of its own, so that a long-poll holds up none of the later messages;
+        they end with the stream)."""
+        worker = opening.worker_id
+        granting: set[asyncio.Task[None]] = set()
         try:
             async for message in requests:
+                if message.HasField("get_tasks"):
+                    task = asyncio.ensure_future(
+                        self._grant_on_stream(job, opening, message, answers, wake))
+                    granting.add(task)
+                    task.add_done_callback(granting.discard)
+                    continue
                 answer, changed = self.core.session_message(job, worker, message, time.time())
                 if changed:
                     if answer is None:
@@ -457,4 +473,28 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     answers.append(answer)
                     wake.set()
         finally:
+            for task in granting:
+                task.cancel()
             wake.set()
+
+    async def _grant_on_stream(self, job: Job, opening: pb.WatchRequest,
+                               message: pb.SessionMessage, answers: list[pb.WatchEvent],
+                               wake: asyncio.Event) -> None:
+        """Answers a Session message's `get_tasks` as the GetTasks call it stands for (the
+        stream's session; the same checks, fencing and durability), or, refused, with
+        `grant_refused`: the reader then makes the call, and handles its refusal as ever."""
+        request = pb.GetTasksRequest()
+        request.CopyFrom(message.get_tasks)
+        request.job, request.worker_id = job.name, opening.worker_id
+        request.session_secret = opening.session_secret
+        try:
+            grant = await self._grant(job, request)
+            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
+                                  grant=grant)
+        except _REFUSALS as e:
+            self.flush()  # (as a refused call: what it changed is made durable, not waited for)
+            why = e.message if isinstance(e, CallError) else str(e)
+            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
+                                  grant_refused=f"{status_code(e).name}: {why}")
+        answers.append(event)
+        wake.set()

@@ -418,7 +418,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         reading = asyncio.ensure_future(self._read_session(
             job, opening.open, requests, answers, wake))
         try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
+            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True, progress_of=True)
             while True:
                 await wake.wait()
                 wake.clear()
@@ -462,6 +462,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         self._grant_on_stream(job, opening, message, answers, wake))
                     granting.add(task)
                     task.add_done_callback(granting.discard)
+                    continue
+                if message.progress_of:
+                    if self.core.progress_of(job, message.progress_of, time.time()):
+                        self._submit_soon(job)
                     continue
                 answer, changed = self.core.session_message(job, worker, message, time.time())
                 if changed:

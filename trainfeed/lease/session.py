@@ -177,6 +177,7 @@ class WorkerSession:
         # GetTasks asked on the Session stream: seq -> its answer once it came (None before).
         self._granting: dict[int, pb.WatchEvent | None] = {}
         self.grants_on_stream = 0  # GetTasks answered on the stream (for tests and benchmarks)
+        self.stream_messages = 0  # messages sent on its own Session stream (the same)
         # This process's progress pump, while the carrier's master takes `progress_of`.
         self._pump: ProgressPump | None = None
         self._seq = 0
@@ -427,6 +428,7 @@ class WorkerSession:
             seq = self._seq
             self._granting[seq] = None
         carrier.send(pb.SessionMessage(seq=seq, get_tasks=request))
+        self.stream_messages += 1
         deadline = time.monotonic() + CALL_TIMEOUT_S + request.wait_ms / 1000
         stopped = False
         with self._cond:
@@ -622,6 +624,7 @@ class WorkerSession:
             if pump.put(entry, self._progress_lost):
                 return True
         carrier.send(message)
+        self.stream_messages += 1
         if not answered:
             return True
         deadline = now + ANSWER_TIMEOUT_S

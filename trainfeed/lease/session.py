@@ -22,6 +22,13 @@ the session owns what the book must not: the client, the lock, and two threads.
   and to polling every STEAL_POLL_S while unstarted leases are held, and the stream is reopened
   with backoff. Fencing never depends on the stream: only an answer to the reader's own call or
   message renews its view of its leases.
+- Grants on the stream: with a master that offers it (the stream's first event says `grants`),
+  the producer's GetTasks (long-polls included) goes as a message of the Session stream and is
+  answered there, fenced and durable as the call; one the master refuses, or whose answer does not
+  come (a broken stream, or not within the call's deadline), is made as a GetTasks call. A
+  partition then costs two stream messages instead of a unary call (issue 28).
+- Progress that needs no answer goes through this process's progress pump (trainfeed.lease.pump)
+  when the master takes `progress_of`: one message per tick for every session of the job here.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.

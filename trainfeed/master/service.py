@@ -14,7 +14,10 @@ waits (up to the caller's `wait_ms`) for a change (a report, an expiry, a leave)
 readers spin. Watch (issue 28) streams to a reader session what it must be told between its own
 calls (give-backs, revocations, the end of an epoch, a broken group, being superseded); Session
 is Watch plus the reader's heartbeats and progress as messages on the same call (unary calls cost
-the master about 0.7-1.5 ms each, a stream message a fraction of that).
+the master about 0.7-1.5 ms each, a stream message a fraction of that); a reader also asks for its
+leases on it (`get_tasks`, answered through the very path of a GetTasks call, long-polls included,
+once durable), and a process's progress pump sends its sessions' progress on one stream
+(`progress_of`, each entry checked against its session's secret).
 
 Trust: a report counts only from the partition's current lease holder with the lease's fencing
 token (Ledger.check_report). A call carrying any other report is refused whole with

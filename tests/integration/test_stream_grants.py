@@ -64,7 +64,8 @@ def session_of(reader: Any) -> WorkerSession:
 
 
 @pytest.fixture
-def master(tmp_path: Path) -> Iterator[MasterProcess]:
+def master4(tmp_path: Path) -> Iterator[MasterProcess]:
+    """A master with its defaults over 64 records in 16 partitions of 4."""
     source = make_image_list(tmp_path / "source", RECORDS)
     storage = str(tmp_path / "storage")
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=4), progress=False)
@@ -78,28 +79,28 @@ def read_epochs(reader: Any, epochs: int, got: Counter[tuple[int, int]],
     for _ in range(epochs):
         for batch in reader.column_batches(4):
             for record in batch["_id"].tolist():
-                got[(int(reader.epoch), int(record))] += 1
+                got[(int(reader.epoch or 0), int(record))] += 1
             between()
 
 
-def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master: MasterProcess) -> None:
-    reader = dist.reader("flowers", source=MasterSource(master.address, "grants",
+def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master4: MasterProcess) -> None:
+    reader = dist.reader("flowers", source=MasterSource(master4.address, "grants",
                                                         prefetch_partitions=2))
     got: Counter[tuple[int, int]] = Counter()
     try:
         batches = iter(reader.column_batches(4))
         first = next(batches)
-        epoch = int(reader.epoch)
+        epoch = int(reader.epoch or 0)
         for record in first["_id"].tolist():
             got[(epoch, int(record))] += 1
         session = session_of(reader)
         wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
-        before = calls(master)
+        before = calls(master4)
         for batch in batches:  # the rest of the first pass, tail long-poll included
             for record in batch["_id"].tolist():
                 got[(epoch, int(record))] += 1
         read_epochs(reader, 2, got)  # two more whole passes
-        after = calls(master)
+        after = calls(master4)
     finally:
         reader.close()
     assert after.get("GetTasks", 0) == before.get("GetTasks", 0), \
@@ -114,10 +115,10 @@ def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master: MasterProc
 
 
 def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
-        master: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+        master4: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.05)
     monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.2)
-    reader = dist.reader("flowers", source=MasterSource(master.address, "breaking",
+    reader = dist.reader("flowers", source=MasterSource(master4.address, "breaking",
                                                         prefetch_partitions=2))
     got: Counter[tuple[int, int]] = Counter()
     stop = threading.Event()
@@ -133,12 +134,12 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
     try:
         batches = iter(reader.column_batches(4))
         first = next(batches)
-        epoch = int(reader.epoch)
+        epoch = int(reader.epoch or 0)
         for record in first["_id"].tolist():
             got[(epoch, int(record))] += 1
         session = session_of(reader)
         wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
-        before = calls(master).get("GetTasks", 0)
+        before = calls(master4).get("GetTasks", 0)
         thread = threading.Thread(target=breaker, daemon=True)
         thread.start()
         for batch in batches:
@@ -148,7 +149,7 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
         read_epochs(reader, 2, got, between=lambda: time.sleep(0.02))
         stop.set()
         thread.join(5)
-        made = calls(master).get("GetTasks", 0) - before
+        made = calls(master4).get("GetTasks", 0) - before
     finally:
         stop.set()
         reader.close()
@@ -185,8 +186,8 @@ def grant_answer(events: queue.Queue[pb.WatchEvent | grpc.RpcError], seq: int) -
             return event
 
 
-def test_a_grant_on_the_stream_is_fenced_as_a_call(master: MasterProcess) -> None:
-    with MasterClient(master.address, give_up_s=10) as client:
+def test_a_grant_on_the_stream_is_fenced_as_a_call(master4: MasterProcess) -> None:
+    with MasterClient(master4.address, give_up_s=10) as client:
         worker = client.open_job("wire", "flowers", seed=0).worker_id
         other = client.open_job("wire", "flowers", seed=0).worker_id
         call = client.session("wire", worker)
@@ -194,7 +195,7 @@ def test_a_grant_on_the_stream_is_fenced_as_a_call(master: MasterProcess) -> Non
         try:
             opened = events.get(timeout=10)
             assert isinstance(opened, pb.WatchEvent) and opened.grants, opened
-            before = calls(master).get("GetTasks", 0)
+            before = calls(master4).get("GetTasks", 0)
             call.send(pb.SessionMessage(seq=1, get_tasks=tasks_request(
                 0, 2, 0, [], [], 0, (), None, None)))
             grant = grant_answer(events, 1)
@@ -223,17 +224,17 @@ def test_a_grant_on_the_stream_is_fenced_as_a_call(master: MasterProcess) -> Non
             assert not client.report("wire", other, [], [(0, theirs.partition, theirs.lease)]
                                      ).revoked
             # Grants on the stream made no GetTasks call (the other session's one aside).
-            assert calls(master).get("GetTasks", 0) == before + 1
+            assert calls(master4).get("GetTasks", 0) == before + 1
         finally:
             call.cancel()
 
 
 def test_a_progress_pump_message_counts_for_each_session_with_its_secret(
-        master: MasterProcess) -> None:
+        master4: MasterProcess) -> None:
     """Progress of two sessions rides a third's stream as one `progress_of` message: each
     counts as that session's own (a partition handed back resumes after it), and an entry
     without the right secret counts for nobody."""
-    with MasterClient(master.address, give_up_s=10) as client:
+    with MasterClient(master4.address, give_up_s=10) as client:
         a, b, carrier_worker, d = (client.open_job("pump", "flowers", seed=0).worker_id
                                    for _ in range(4))
         [task_a] = client.get_tasks("pump", a, 0, 1, 0).tasks

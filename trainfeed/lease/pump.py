@@ -26,10 +26,14 @@ from typing import Protocol
 
 from trainfeed.v1 import master_pb2 as pb
 
-__all__ = ["PUMP_S", "ProgressPump", "messages_sent", "pump_for"]
+__all__ = ["ENABLED", "PUMP_S", "ProgressPump", "messages_sent", "pump_for"]
 
 # How long the pump gathers entries after the first one came before it sends them.
 PUMP_S = 0.1
+# Off by default: in a real fleet each reader is its own process (one rank, one pod), and a pump
+# has one session to carry; its gain in benchmarks/real_readers.py (100 readers per process)
+# measured the harness. A process running several readers of one job may switch it on.
+ENABLED = False
 
 
 class Carrier(Protocol):

@@ -57,6 +57,7 @@ from trainfeed.errors import (
 )
 from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease import pump as pumps
 from trainfeed.lease import shutdown
 from trainfeed.lease.book import (
     PROGRESS_INTERVAL_S,
@@ -738,7 +739,7 @@ class WorkerSession:
                     if carrier is not None and self._carrier is None:
                         self._carrier = carrier  # (the first event: the master took it)
                         self._grants = event.grants
-                        if event.progress_of:
+                        if event.progress_of and pumps.ENABLED:
                             self._pump = pump_for(self.client.address, self.job)
                             self._pump.attach(self.worker, carrier)
                         self._cond.notify_all()

@@ -479,7 +479,8 @@ class LeaseBook:
         """Seconds until the reporter must send a Report on its own (≤ 0: now).
 
         Reports go when the producer will not carry them soon (it is not `fetching`, or the
-        oldest waited COALESCE_S); progress every PROGRESS_INTERVAL_S; a heartbeat when no call
+        oldest waited COALESCE_S); progress every PROGRESS_INTERVAL_S once some partition has
+        PROGRESS_MIN_RECORDS records the master was not sent; a heartbeat when no call
         reached the master for `heartbeat_s` (a third of the lease timeout: any call renews).
         `poll_s` (only when the Watch stream is down): a reader holding a lease its trainer has
         not begun calls that often, so that a give-back asked in an answer reaches it.

@@ -6,7 +6,8 @@ the session owns what the book must not: the client, the lock, and two threads.
 
 - The reporter sends reports on its own only when the producer will not call soon (it is
   long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
-  PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
+  PROGRESS_INTERVAL_S once a partition has PROGRESS_MIN_RECORDS unreported records (fewer ride
+  what goes anyway); and a heartbeat at a third of the lease timeout when no other call reached
   the master, which keeps the leases of slow partitions alive.
 - The watcher (with a master of protocol version 2 or later) holds the session's Session stream
   open: what the master must tell this reader between its own calls (give-backs, revocations,
@@ -27,8 +28,9 @@ the session owns what the book must not: the client, the lock, and two threads.
   answered there, fenced and durable as the call; one the master refuses, or whose answer does not
   come (a broken stream, or not within the call's deadline), is made as a GetTasks call. A
   partition then costs two stream messages instead of a unary call (issue 28).
-- Progress that needs no answer goes through this process's progress pump (trainfeed.lease.pump)
-  when the master takes `progress_of`: one message per tick for every session of the job here.
+- With the progress pump switched on (trainfeed.lease.pump.ENABLED, off by default) and a master
+  that takes `progress_of`, progress that needs no answer goes through this process's pump: one
+  message per tick for every session of the job here.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.

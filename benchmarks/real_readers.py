@@ -48,7 +48,8 @@ JOB = "real-readers"
 
 # -- the readers (in the child processes) ----------------------------------------------------------
 def trainer(address: str, dataset: str, batch: int, rate: float, stop: threading.Event,
-            joined: threading.Semaphore, out: dict[str, Any], got: Counter[str]) -> None:
+            joined: threading.Semaphore, out: dict[str, Any], got: Counter[str],
+            readers: list[Any]) -> None:
     """One reader and its trainer: passes of `batch`-record batches, a sleep of batch/rate per
     batch, until `stop`. Records the ids it got per epoch and the epochs whose pass ended."""
     from trainfeed import MasterSource, dist
@@ -57,6 +58,7 @@ def trainer(address: str, dataset: str, batch: int, rate: float, stop: threading
     finished: list[int] = []
     first = True
     reader = dist.reader(dataset, source=MasterSource(address, JOB))
+    readers.append(reader)
     try:
         while not stop.is_set():
             batches = reader.column_batches(batch)
@@ -97,8 +99,10 @@ def client_main(address: str, dataset: str, readers: int, batch: int, rate: floa
     joined = threading.Semaphore(0)
     outs: list[dict[str, Any]] = [{} for _ in range(readers)]
     got: Counter[str] = Counter()  # records per trainer thread (each adds to its own key)
+    made: list[Any] = []  # the readers, for their Session message counts
     threads = [threading.Thread(target=trainer, name=f"reader-{k}", daemon=True,
-                                args=(address, dataset, batch, rate, stop, joined, outs[k], got))
+                                args=(address, dataset, batch, rate, stop, joined, outs[k], got,
+                                      made))
                for k in range(readers)]
     for t in threads:
         t.start()
@@ -111,13 +115,25 @@ def client_main(address: str, dataset: str, readers: int, batch: int, rate: floa
             if word == "stop":
                 stop.set()
             elif word == "count":
-                conn.send(sum(got.values()))
+                conn.send((sum(got.values()), stream_messages(made)))
     for t in threads:
         t.join(60)
     stuck = sum(t.is_alive() for t in threads)
     with open(out_path, "w") as f:
         json.dump({"readers": outs, "stuck": stuck}, f)
     conn.send("done")
+
+
+def stream_messages(readers: list[Any]) -> dict[str, int]:
+    """Session stream messages this process's readers sent so far: their GetTasks asked on the
+    stream, all their own messages, and the progress pump's (none from a tree without them)."""
+    from trainfeed.lease import pump
+
+    sessions = [getattr(getattr(r, "_backend", None) or getattr(r, "backend", None),
+                        "session", None) for r in list(readers)]
+    return {"grants": sum(getattr(s, "grants_on_stream", 0) for s in sessions),
+            "own": sum(getattr(s, "stream_messages", 0) for s in sessions),
+            "pump": getattr(pump, "messages_sent", lambda: 0)()}
 
 
 # -- the data set and the master -------------------------------------------------------------------
@@ -160,11 +176,18 @@ def _wait(pipes: list[multiprocessing.connection.Connection], word: str, timeout
             raise SystemExit(f"{what}: a reader process said something else than {word!r}")
 
 
-def records_got(pipes: list[multiprocessing.connection.Connection]) -> int:
-    """Records the trainers of every reader process got so far."""
+def records_got(pipes: list[multiprocessing.connection.Connection]
+                ) -> tuple[int, Counter[str]]:
+    """Records the trainers of every reader process got so far, and the Session messages
+    their readers sent (see stream_messages)."""
     for p in pipes:
         p.send("count")
-    return sum(int(p.recv()) for p in pipes)
+    records, messages = 0, Counter[str]()
+    for p in pipes:
+        got, sent = p.recv()
+        records += int(got)
+        messages.update(sent)
+    return records, messages
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -202,11 +225,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             joined_s = time.monotonic() - started
             calls0, cpu0, t0 = rpc_counts(master.metrics_url), \
                 process_cpu_s(master.proc.pid), time.monotonic()
-            got0 = records_got(pipes)
+            got0, sent0 = records_got(pipes)
             time.sleep(a.window)
             calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
                 process_cpu_s(master.proc.pid), time.monotonic()
-            got1 = records_got(pipes)
+            got1, sent1 = records_got(pipes)
             for p in pipes:
                 p.send("stop")
             _wait(pipes, "done", 120, "the readers to stop")
@@ -238,6 +261,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "records": a.records, "partitions": a.partitions, "window_s": wall, "joined_s": joined_s,
         "master_cores": cpu / wall, "calls_per_s": calls,
         "calls_per_reader_s": sum(calls.values()) * wall / reader_s,
+        # Messages the readers sent on their Session streams (not calls): GetTasks asked on the
+        # stream, all of their own messages (those grants included), the progress pumps'.
+        "stream_messages_per_s": {k: (sent1[k] - sent0[k]) / wall for k in sorted(sent1)},
         "cpu_ms_per_reader_s": 1000 * cpu / reader_s,
         # What the trainers got in the window: on a loaded machine they fall behind --rate, and
         # the master's CPU per reader-second with them; per record it does not.
@@ -296,6 +322,8 @@ def render(s: dict[str, Any]) -> str:
         f"| {'yes' if exactly_once(s) else 'NO'} |",
         "",
         "calls/s by method: " + ", ".join(f"{m} {v:.1f}" for m, v in s["calls_per_s"].items()),
+        "Session messages/s the readers sent (not calls): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in s.get("stream_messages_per_s", {}).items()),
         f"trainers got {s['records_per_s']:.0f} records/s in the window (offered "
         f"{s['readers'] * s['rate']:g}): master CPU {s['cpu_ms_per_record']:.3f} ms per record, "
         f"{s['cpu_ms_per_reader_s_at_rate']:.3f} ms per reader-second at {s['rate']:g} "

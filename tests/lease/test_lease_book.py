@@ -4,6 +4,8 @@ or pushed on the Watch stream), synchronous cuts and calls that fail, checking i
 after every step."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import (
     COALESCE_S,
     PROGRESS_INTERVAL_S,
+    PROGRESS_MIN_RECORDS,
     Answer,
     Lease,
     LeaseBook,
@@ -129,15 +132,41 @@ def test_reports_wait_for_the_producer_to_carry_them_at_most_the_coalescing_wind
     assert book.send_in(1.0, fetching=False, heartbeat_s=HEARTBEAT) <= 0
 
 
-def test_progress_goes_at_least_every_progress_interval() -> None:
+def test_progress_goes_at_least_every_progress_interval_once_enough_records_went() -> None:
+    """Progress goes on its own PROGRESS_INTERVAL_S after it was noted, once a partition has
+    PROGRESS_MIN_RECORDS records the master was not sent (fewer wait for its DONE, a call, or
+    a flush): a crash repeats at most a second of records or PROGRESS_MIN_RECORDS - 1."""
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])
     assert book.note_progress((0, 1, 11), 3, now=1.0)
     assert not book.note_progress((0, 1, 11), 2, now=1.1)  # not news
-    due = book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT)
-    assert due == pytest.approx(PROGRESS_INTERVAL_S)
+    # (Not due: only the heartbeat, HEARTBEAT after the book's start.)
+    assert book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(HEARTBEAT - 1)
+    assert not book.note_progress((0, 1, 11), PROGRESS_MIN_RECORDS, now=1.5)
+    due = book.send_in(1.5, fetching=True, heartbeat_s=HEARTBEAT)
+    assert due == pytest.approx(PROGRESS_INTERVAL_S - 0.5)  # (from the first noted)
     [report] = book.drain()
-    assert (report.outcome, report.consumed, report.lease) == (Outcome.PROGRESS, 3, 11)
+    assert (report.outcome, report.consumed, report.lease) == (
+        Outcome.PROGRESS, PROGRESS_MIN_RECORDS, 11)
+    # Counted from what was sent: a few more wait, PROGRESS_MIN_RECORDS more go.
+    assert book.note_progress((0, 1, 11), PROGRESS_MIN_RECORDS + 4, now=3.0)
+    assert book.send_in(3.0, fetching=True, heartbeat_s=HEARTBEAT) > PROGRESS_INTERVAL_S
+    book.note_progress((0, 1, 11), 2 * PROGRESS_MIN_RECORDS, now=3.2)
+    assert book.send_in(3.2, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(
+        PROGRESS_INTERVAL_S - 0.2)
+    # A flush or a call takes it all the same (drain), due or not.
+    assert [r.consumed for r in book.drain()] == [2 * PROGRESS_MIN_RECORDS]
+
+
+def test_a_resumed_partition_counts_its_progress_from_its_skip() -> None:
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.keep(task((0, 1, 11), records=100), now=0.0)  # skip 0 ...
+    resumed = dataclasses.replace(task((0, 2, 12), records=100), skip=50)
+    book.granted([(0, 2, 12)])
+    book.keep(resumed, now=0.0)
+    book.note_progress((0, 2, 12), 53, now=1.0)  # 3 records past its skip: not due
+    assert book.send_in(1.0, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(HEARTBEAT - 1)
 
 
 def test_a_synchronous_rank_keeps_its_quota_and_hands_the_rest_back_at_once() -> None:

@@ -50,6 +50,13 @@ COALESCE_S = 0.05
 # can): after a crash a re-leased partition repeats at most the records consumed in this long,
 # plus the batch that was in the trainer's hands.
 PROGRESS_INTERVAL_S = 1.0
+# ... once at least this many records of a partition went unreported (else they wait for its
+# DONE, a call, or a checkpoint's flush): a crash repeats at most the records of the last
+# PROGRESS_INTERVAL_S or PROGRESS_MIN_RECORDS - 1, whichever is more, plus the batch in the
+# trainer's hands. For a reader slower than PROGRESS_MIN_RECORDS records/s that bound is
+# records, not a second: its lone progress messages were most of the master's CPU per record
+# (issue 28: 200 readers at 2.5 records/s sent ~170 a second for 10-record partitions).
+PROGRESS_MIN_RECORDS = 16
 # Lease depth follows consumption: a reader holds leases for about this many seconds of what its
 # trainer consumes (measured over the last LEASE_RATE_WINDOW partitions), at least MIN_LEASES,
 # so that it never sits on work another reader could start now.
@@ -152,6 +159,8 @@ class LeaseBook:
         self.oldest_report = 0.0  # when the oldest unsent report was queued
         # Records handed to the trainer per held partition, and which changed since sent.
         self.progress: dict[Key, int] = {}
+        # Per held partition: the progress the master was last sent (its skip at first).
+        self.reported: dict[Key, int] = {}
         self.dirty: set[Key] = set()
         self.oldest_progress = 0.0
         self.outstanding = 0  # partitions handed to the consumer and not yet acknowledged
@@ -212,6 +221,7 @@ class LeaseBook:
         """A synchronous pass keeps of a new task only what its quota still needs: the rest goes
         back at once (a RELEASED report at the count it keeps), so that another rank can lease
         it without waiting for this one's trainer. Returns the task as it is delivered."""
+        self.reported[(task.epoch, task.partition)] = task.skip
         if self.need is None:
             return task
         key, lease = (task.epoch, task.partition), (task.epoch, task.partition, task.lease)
@@ -285,6 +295,7 @@ class LeaseBook:
         # Else the lease stays started until the master confirms the DONE (`_confirmed`).
         if not lost:
             self.progress.pop(key, None)
+            self.reported.pop(key, None)
             self.dirty.discard(key)
             self.finished_at.append(now)
         self.outstanding -= 1
@@ -309,10 +320,7 @@ class LeaseBook:
     def drain(self) -> list[Report]:
         """Takes every queued report, plus the progress that changed since it was last sent."""
         reports, self.reports = self.reports, []
-        reports.extend(Report(*key, Outcome.PROGRESS, self.held.get(key, 0),
-                              consumed=self.progress[key])
-                       for key in sorted(self.dirty))
-        self.dirty.clear()
+        reports.extend(self.drain_progress())
         return reports
 
     def drain_progress(self) -> list[Report]:
@@ -320,13 +328,22 @@ class LeaseBook:
         Session message carries progress only)."""
         reports = [Report(*key, Outcome.PROGRESS, self.held.get(key, 0),
                           consumed=self.progress[key]) for key in sorted(self.dirty)]
+        self.reported.update((key, self.progress[key]) for key in self.dirty)
         self.dirty.clear()
         return reports
+
+    def _progress_due(self) -> bool:
+        """Whether progress must go on its own once PROGRESS_INTERVAL_S old: some partition
+        has PROGRESS_MIN_RECORDS records or more the master was not sent."""
+        return any(self.progress[key] - self.reported.get(key, 0) >= PROGRESS_MIN_RECORDS
+                   for key in self.dirty)
 
     def resend_progress(self) -> None:
         """A stream carrying progress nobody acknowledged broke: what it carried may be lost,
         so every held partition's progress goes again (the master keeps the largest count)."""
         self.dirty.update(key for key in self.progress if key in self.held)
+        for key in self.dirty:  # (what the master has of it is not known: due from the start)
+            self.reported.pop(key, None)
 
     def needs_answer(self, now: float, heartbeat_s: float) -> bool:
         """Whether the next message must be answered: a heartbeat is due (only an answer renews
@@ -443,6 +460,7 @@ class LeaseBook:
         self.started.clear()
         self.finishing.clear()
         self.progress.clear()
+        self.reported.clear()
         self.dirty.clear()
 
     # -- timing -------------------------------------------------------------------------------
@@ -456,14 +474,18 @@ class LeaseBook:
         return max(MIN_LEASES, min(window, math.ceil(rate * LEASE_HORIZON_S)))
 
     def send_in(self, now: float, fetching: bool, heartbeat_s: float,
-                poll_s: float | None = None) -> float:
+                poll_s: float | None = None,
+                progress_s: float = PROGRESS_INTERVAL_S) -> float:
         """Seconds until the reporter must send a Report on its own (≤ 0: now).
 
         Reports go when the producer will not carry them soon (it is not `fetching`, or the
-        oldest waited COALESCE_S); progress every PROGRESS_INTERVAL_S; a heartbeat when no call
+        oldest waited COALESCE_S); progress every PROGRESS_INTERVAL_S once some partition has
+        PROGRESS_MIN_RECORDS records the master was not sent; a heartbeat when no call
         reached the master for `heartbeat_s` (a third of the lease timeout: any call renews).
         `poll_s` (only when the Watch stream is down): a reader holding a lease its trainer has
         not begun calls that often, so that a give-back asked in an answer reaches it.
+        `progress_s`: how long after it was noted progress goes (less than
+        PROGRESS_INTERVAL_S when what carries it takes a while to send: the progress pump).
         """
         interval = heartbeat_s
         polling = poll_s is not None and poll_s < heartbeat_s and self.unstarted_held()
@@ -474,7 +496,7 @@ class LeaseBook:
             return 0.0
         if self.begun_asked_at is not None:
             return 0.0
-        progress_in = (self.oldest_progress + PROGRESS_INTERVAL_S - now if self.dirty
+        progress_in = (self.oldest_progress + progress_s - now if self._progress_due()
                        else interval)
         heartbeat_in = interval - (now - self.last_contact)
         report_in = self.oldest_report + COALESCE_S - now if self.reports else heartbeat_in

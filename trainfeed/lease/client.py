@@ -309,15 +309,19 @@ class MasterClient:
         `stats`: the reader's figures since its last summary (issue 29), riding on the call.
         `abandoned`: checked every CANCEL_CHECK_S while the call is in flight; once true, the
         call is cancelled and CallCancelled raised (a long-poll need not run its course)."""
+        request = tasks_request(epoch, max_tasks, wait_ms, reports, held, max_records, started,
+                                sync, stats)
+        return self.call_get_tasks(job, worker, request, abandoned)
+
+    def call_get_tasks(self, job: str, worker: str, request: pb.GetTasksRequest,
+                       abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
+        """`request` (see `tasks_request`) as a GetTasks call of `worker`'s session."""
         method: Callable[..., pb.GetTasksResponse] = self._stub.GetTasks
         if abandoned is not None:
             method = _cancellable(self._stub.GetTasks, abandoned)
-        return self._fenced(method, pb.GetTasksRequest(
-            job=job, worker_id=worker, session_secret=self.secret(job, worker), epoch=epoch,
-            max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
-            reconcile=held is not None, max_records=max_records,
-            held=_held_tasks(held or (), started), sync=sync, stats=stats),
-            CALL_TIMEOUT_S + wait_ms / 1000)
+        request.job, request.worker_id = job, worker
+        request.session_secret = self.secret(job, worker)
+        return self._fenced(method, request, CALL_TIMEOUT_S + request.wait_ms / 1000)
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
                held: Iterable[tuple[int, int, int]] = (),
@@ -484,6 +488,18 @@ def session_message(seq: int, reports: Iterable[pb.TaskReport],
     """A heartbeat or progress message of a Session stream (`seq` > 0: to be answered)."""
     return pb.SessionMessage(seq=seq, report=pb.ReportRequest(
         reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats))
+
+
+def tasks_request(epoch: int, max_tasks: int, wait_ms: int, reports: Iterable[pb.TaskReport],
+                  held: Iterable[tuple[int, int, int]] | None, max_records: int,
+                  started: Collection[tuple[int, int, int]], sync: pb.SyncGroup | None,
+                  stats: pb.ReaderStats | None) -> pb.GetTasksRequest:
+    """A GetTasks request without its session (job, worker id, secret): the arguments mean
+    what they mean for `MasterClient.get_tasks`. Sent as a call or as a Session message."""
+    return pb.GetTasksRequest(
+        epoch=epoch, max_tasks=max_tasks, wait_ms=wait_ms, reports=list(reports),
+        reconcile=held is not None, max_records=max_records,
+        held=_held_tasks(held or (), started), sync=sync, stats=stats)
 
 
 def _held_tasks(held: Iterable[tuple[int, int, int]],

@@ -6,7 +6,8 @@ the session owns what the book must not: the client, the lock, and two threads.
 
 - The reporter sends reports on its own only when the producer will not call soon (it is
   long-polling at the epoch's tail, or no pass runs), so that the epoch can end; progress every
-  PROGRESS_INTERVAL_S; and a heartbeat at a third of the lease timeout when no other call reached
+  PROGRESS_INTERVAL_S once a partition has PROGRESS_MIN_RECORDS unreported records (fewer ride
+  what goes anyway); and a heartbeat at a third of the lease timeout when no other call reached
   the master, which keeps the leases of slow partitions alive.
 - The watcher (with a master of protocol version 2 or later) holds the session's Session stream
   open: what the master must tell this reader between its own calls (give-backs, revocations,
@@ -22,6 +23,14 @@ the session owns what the book must not: the client, the lock, and two threads.
   and to polling every STEAL_POLL_S while unstarted leases are held, and the stream is reopened
   with backoff. Fencing never depends on the stream: only an answer to the reader's own call or
   message renews its view of its leases.
+- Grants on the stream: with a master that offers it (the stream's first event says `grants`),
+  the producer's GetTasks (long-polls included) goes as a message of the Session stream and is
+  answered there, fenced and durable as the call; one the master refuses, or whose answer does not
+  come (a broken stream, or not within the call's deadline), is made as a GetTasks call. A
+  partition then costs two stream messages instead of a unary call (issue 28).
+- With the progress pump switched on (trainfeed.lease.pump.ENABLED, off by default) and a master
+  that takes `progress_of`, progress that needs no answer goes through this process's pump: one
+  message per tick for every session of the job here.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.
@@ -43,15 +52,32 @@ import grpc
 import pyarrow as pa
 
 from trainfeed.errors import (
+    CallCancelled,
     MasterUnavailableError,
     SupersededError,
     SyncGroupBrokenError,
 )
 from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease import pump as pumps
 from trainfeed.lease import shutdown
-from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
-from trainfeed.lease.client import MasterClient, SessionStream, session_message
+from trainfeed.lease.book import (
+    PROGRESS_INTERVAL_S,
+    Answer,
+    Applied,
+    Lease,
+    LeaseBook,
+    Outcome,
+    Report,
+)
+from trainfeed.lease.client import (
+    CALL_TIMEOUT_S,
+    MasterClient,
+    SessionStream,
+    session_message,
+    tasks_request,
+)
+from trainfeed.lease.pump import PUMP_S, ProgressPump, pump_for
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -156,6 +182,14 @@ class WorkerSession:
         self._session_rpc = True  # False once the master answered Session with UNIMPLEMENTED
         # Session messages sent and waiting for their answer: seq -> (progress sent, when).
         self._pending: dict[int, tuple[list[Report], float]] = {}
+        # The carrier's master answers GetTasks asked on the stream (its first event said so).
+        self._grants = False
+        # GetTasks asked on the Session stream: seq -> its answer once it came (None before).
+        self._granting: dict[int, pb.WatchEvent | None] = {}
+        self.grants_on_stream = 0  # GetTasks answered on the stream (for tests and benchmarks)
+        self.stream_messages = 0  # messages sent on its own Session stream (the same)
+        # This process's progress pump, while the carrier's master takes `progress_of`.
+        self._pump: ProgressPump | None = None
         self._seq = 0
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
@@ -316,6 +350,8 @@ class WorkerSession:
             return
         with self._cond:
             self.book.note_positions(epoch, positions or {})
+            if self._pump is not None:  # (what it holds may not have gone yet)
+                self.book.resend_progress()
             if not self.book.owes():
                 return
         try:
@@ -369,12 +405,18 @@ class WorkerSession:
             reports = book.drain()
             held, begun = book.held_now()
         started = time.monotonic()
+        request = tasks_request(epoch, max_tasks, wait_ms, [to_message(r) for r in reports],
+                                held, max_records, begun, self.sync, self._stats_now())
+        given_up = self._given_up(abandoned) if wait_ms > 0 else None
         try:
-            response = self.client.get_tasks(
-                self.job, self.worker, epoch, max_tasks, wait_ms,
-                [to_message(r) for r in reports], held=held, max_records=max_records,
-                started=begun, sync=self.sync, stats=self._stats_now(),
-                abandoned=self._given_up(abandoned) if wait_ms > 0 else None)
+            with self._cond:
+                carrier = self._carrier if self._grants else None
+            response = None
+            if carrier is not None:
+                response = self._grant_on(carrier, request, given_up)
+                self.grants_on_stream += response is not None
+            if response is None:
+                response = self.client.call_get_tasks(self.job, self.worker, request, given_up)
         except BaseException:
             with self._cond:  # keep them for the next try
                 book.unsent(reports)
@@ -382,6 +424,48 @@ class WorkerSession:
         self._answered(reports, answer_of(response), started, leases(response.tasks))
         self.check()
         return response
+
+    def _grant_on(self, carrier: SessionStream, request: pb.GetTasksRequest,
+                  given_up: Callable[[], bool] | None) -> pb.GetTasksResponse | None:
+        """`request` asked on the Session stream (grants on the stream: one message each way
+        instead of a unary call); the master answers it as the GetTasks call, once durable.
+        Returns None when the answer does not come (the stream broke, or not within the call's
+        deadline: the stream is then cancelled, to be reopened) or the master refused it: the
+        caller makes the call instead (a refusal is handled there, as ever; reports the master
+        may already have applied are REPEATs to it). Raises CallCancelled once `given_up()`."""
+        with self._cond:
+            self._seq += 1
+            seq = self._seq
+            self._granting[seq] = None
+        carrier.send(pb.SessionMessage(seq=seq, get_tasks=request))
+        self.stream_messages += 1
+        deadline = time.monotonic() + CALL_TIMEOUT_S + request.wait_ms / 1000
+        stopped = False
+        with self._cond:
+            while (self._granting.get(seq) is None and self._carrier is carrier
+                   and time.monotonic() < deadline):
+                if given_up is not None and given_up():
+                    stopped = True
+                    break
+                self._cond.wait(min(0.1, max(0.001, deadline - time.monotonic())))
+            event = self._granting.pop(seq, None)
+            timed_out = event is None and not stopped and self._carrier is carrier
+        if stopped:
+            # (A grant it makes later goes unheard: the pass's LeaveJob hands it back, as a
+            # cancelled GetTasks call's.)
+            raise CallCancelled("the GetTasks asked on the Session stream was given up")
+        if timed_out:
+            logger.warning("the master did not answer a GetTasks asked on the Session stream "
+                           "within %g s; making the call instead and reopening the stream",
+                           CALL_TIMEOUT_S + request.wait_ms / 1000)
+            carrier.cancel()
+        if event is None:
+            return None
+        if event.grant_refused:
+            logger.debug("the master refused a GetTasks asked on the Session stream (%s); "
+                         "making the call", event.grant_refused)
+            return None
+        return event.grant
 
     def _given_up(self, abandoned: Callable[[], bool] | None) -> Callable[[], bool]:
         """Whether a long-poll in flight is no longer wanted: `abandoned()`, or this session
@@ -488,7 +572,10 @@ class WorkerSession:
                 # re-computes how long that is.
                 while not self._stopping:
                     poll = None if self._watching else STEAL_POLL_S
-                    due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll)
+                    # (Progress the pump carries is sent PUMP_S later: handed over that early.)
+                    progress_s = PROGRESS_INTERVAL_S - (PUMP_S if self._pump else 0.0)
+                    due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll,
+                                       progress_s)
                     if due <= 0:
                         break
                     self._cond.wait(max(0.001, due))
@@ -537,8 +624,17 @@ class WorkerSession:
                 self._seq += 1
                 seq = self._seq
                 self._pending[seq] = (reports, now)
-        carrier.send(session_message(seq, [to_message(r) for r in reports], held, begun,
-                                     self.sync, self._stats_now()))
+            pump = self._pump
+        message = session_message(seq, [to_message(r) for r in reports], held, begun,
+                                  self.sync, self._stats_now())
+        if not answered and pump is not None:
+            entry = message.report
+            entry.worker_id = self.worker
+            entry.session_secret = self.client.secret(self.job, self.worker)
+            if pump.put(entry, self._progress_lost):
+                return True
+        carrier.send(message)
+        self.stream_messages += 1
         if not answered:
             return True
         deadline = now + ANSWER_TIMEOUT_S
@@ -560,9 +656,20 @@ class WorkerSession:
             carrier.cancel()
         return False
 
+    def _progress_lost(self) -> None:
+        """Progress of ours rode a stream that broke (the pump's): it goes again."""
+        with self._cond:
+            self._book().resend_progress()
+            self._cond.notify_all()
+
     def _answer(self, event: pb.WatchEvent) -> None:
         """The master's answer to a Session message of ours: applied as the answer to a call
         (it renews `sure_until`); progress it refused is dropped like a revoked lease."""
+        with self._cond:
+            if event.answers in self._granting:
+                self._granting[event.answers] = event  # (the asker applies it)
+                self._cond.notify_all()
+                return
         answer = event_answer(event)
         answer = dataclasses.replace(answer, revoked=answer.revoked + leases(event.refused))
         with self._cond:  # (re-entrant: the waiting sender sees the answer applied)
@@ -633,15 +740,26 @@ class WorkerSession:
                 with self._cond:
                     if carrier is not None and self._carrier is None:
                         self._carrier = carrier  # (the first event: the master took it)
+                        self._grants = event.grants
+                        if event.progress_of and pumps.ENABLED:
+                            self._pump = pump_for(self.client.address, self.job)
+                            self._pump.attach(self.worker, carrier)
+                        self._cond.notify_all()
                 self._set_watching(True)
                 self.apply(event)
         finally:
             if carrier is not None:
                 carrier.cancel()  # (ends the thread gRPC feeds the call's messages from)
             with self._cond:
+                pump = self._pump if self._carrier is carrier else None
+            if pump is not None and carrier is not None:
+                pump.detach(self.worker, carrier)  # (outside _cond: riders take theirs)
+            with self._cond:
                 self._stream = None
                 if carrier is not None and self._carrier is carrier:
                     self._carrier = None
+                    self._grants = False
+                    self._pump = None
                     # What it carried unanswered may be lost: sent again, by call or stream
                     # (a sender waiting for an answer requeues its reports itself).
                     self._book().resend_progress()
@@ -679,6 +797,8 @@ class WorkerSession:
             logger.warning("could not hand tasks back after an abandoned pass: %s", e)
 
     def _hand_back(self) -> None:
+        with self._cond:  # (progress handed to the pump may not have gone yet)
+            self._book().resend_progress()
         self.send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
         with self._cond:

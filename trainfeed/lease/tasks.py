@@ -1,11 +1,12 @@
 """One pass's tasks, leased from the master: what the reader's producer loop reads when a master
 feeds it (trainfeed.reader.producer.TaskSource; the local plan is the other source).
 
-Each call of `next_tasks` makes at most one GetTasks call, asking for as many tasks as the
-prefetch window has room for and the trainer's pace warrants (the lease depth), and carrying the
-finished-task reports: in the steady state a partition costs a fraction of one round trip. At the
-epoch's tail it has the consumer hand over its partial batch, waits for its acknowledgements and
-long-polls; a synchronous rank stops once it has leased its quota.
+Each call of `next_tasks` makes at most one GetTasks (a call, or asked on the session's Session
+stream: WorkerSession.get_tasks), asking for as many tasks as the prefetch window has room for
+and the trainer's pace warrants (the lease depth), and carrying the finished-task reports: in the
+steady state a partition costs a fraction of one round trip. At the epoch's tail it has the
+consumer hand over its partial batch, waits for its acknowledgements and long-polls; a
+synchronous rank stops once it has leased its quota.
 """
 from __future__ import annotations
 

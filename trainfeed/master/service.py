@@ -14,7 +14,10 @@ waits (up to the caller's `wait_ms`) for a change (a report, an expiry, a leave)
 readers spin. Watch (issue 28) streams to a reader session what it must be told between its own
 calls (give-backs, revocations, the end of an epoch, a broken group, being superseded); Session
 is Watch plus the reader's heartbeats and progress as messages on the same call (unary calls cost
-the master about 0.7-1.5 ms each, a stream message a fraction of that).
+the master about 0.7-1.5 ms each, a stream message a fraction of that); a reader also asks for its
+leases on it (`get_tasks`, answered through the very path of a GetTasks call, long-polls included,
+once durable), and a process's progress pump sends its sessions' progress on one stream
+(`progress_of`, each entry checked against its session's secret).
 
 Trust: a report counts only from the partition's current lease holder with the lease's fencing
 token (Ledger.check_report). A call carrying any other report is refused whole with
@@ -306,8 +309,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_answers
     async def GetTasks(self, request: pb.GetTasksRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
+        return await self._grant(self.core.job(request.job, self._scope(context)), request)
+
+    async def _grant(self, job: Job, request: pb.GetTasksRequest) -> pb.GetTasksResponse:
+        """A GetTasks, asked by a call or on a Session stream (`get_tasks`): checks, applies
+        its reports, leases (long-polling up to `wait_ms`), and returns once durable."""
         core = self.core
-        job = core.job(request.job, self._scope(context))
         held, revoked, changed, stopped = core.begin_get_tasks(job, request, time.time())
         if stopped is not None:
             if changed:
@@ -411,9 +418,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return
         wake = self._replace_watcher(key)
         answers: list[pb.WatchEvent] = []
-        reading = asyncio.ensure_future(self._read_session(job, key[1], requests, answers, wake))
+        reading = asyncio.ensure_future(self._read_session(
+            job, opening.open, requests, answers, wake))
         try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch)
+            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True, progress_of=True)
             while True:
                 await wake.wait()
                 wake.clear()
@@ -440,13 +448,28 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             reading.cancel()
             self._drop_watcher(key, wake)
 
-    async def _read_session(self, job: Job, worker: str,
+    async def _read_session(self, job: Job, opening: pb.WatchRequest,
                             requests: AsyncIterator[pb.SessionMessage],
                             answers: list[pb.WatchEvent], wake: asyncio.Event) -> None:
         """Takes a Session stream's messages as they come; queues the answers for the writer
-        (Session) and wakes it. Ends when the reader closes its side, or raises a refusal."""
+        (Session) and wakes it. Ends when the reader closes its side, or raises a refusal.
+        A `get_tasks` message is a GetTasks of the stream's session, answered on the stream
+        (each in a task of its own, so that a long-poll holds up none of the later messages;
+        they end with the stream)."""
+        worker = opening.worker_id
+        granting: set[asyncio.Task[None]] = set()
         try:
             async for message in requests:
+                if message.HasField("get_tasks"):
+                    task = asyncio.ensure_future(
+                        self._grant_on_stream(job, opening, message, answers, wake))
+                    granting.add(task)
+                    task.add_done_callback(granting.discard)
+                    continue
+                if message.progress_of:
+                    if self.core.progress_of(job, message.progress_of, time.time()):
+                        self._submit_soon(job)
+                    continue
                 answer, changed = self.core.session_message(job, worker, message, time.time())
                 if changed:
                     if answer is None:
@@ -457,4 +480,28 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     answers.append(answer)
                     wake.set()
         finally:
+            for task in granting:
+                task.cancel()
             wake.set()
+
+    async def _grant_on_stream(self, job: Job, opening: pb.WatchRequest,
+                               message: pb.SessionMessage, answers: list[pb.WatchEvent],
+                               wake: asyncio.Event) -> None:
+        """Answers a Session message's `get_tasks` as the GetTasks call it stands for (the
+        stream's session; the same checks, fencing and durability), or, refused, with
+        `grant_refused`: the reader then makes the call, and handles its refusal as ever."""
+        request = pb.GetTasksRequest()
+        request.CopyFrom(message.get_tasks)
+        request.job, request.worker_id = job.name, opening.worker_id
+        request.session_secret = opening.session_secret
+        try:
+            grant = await self._grant(job, request)
+            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
+                                  grant=grant)
+        except _REFUSALS as e:
+            self.flush()  # (as a refused call: what it changed is made durable, not waited for)
+            why = e.message if isinstance(e, CallError) else str(e)
+            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
+                                  grant_refused=f"{status_code(e).name}: {why}")
+        answers.append(event)
+        wake.set()

@@ -1,0 +1,269 @@
+"""Grants on the Session stream (issue 28): a reader asks for its leases as `get_tasks` messages of
+its Session stream, and the master answers each as the GetTasks call it stands for (same checks,
+fencing and durability), so that a partition costs stream messages instead of a unary call.
+
+- With the stream up, a reader's passes make no GetTasks calls (the master's own call metrics),
+  long-polls at the epoch's tail included, and deliver every record exactly once.
+- A stream that keeps breaking (cancelled every few hundred ms, grants in flight with it) falls
+  back to GetTasks calls and still delivers every record exactly once.
+- A progress pump's message (`progress_of`: other sessions' progress on one stream) counts for
+  each session it names with its secret, and for nobody without it.
+- Over the wire: a `get_tasks` message is answered with a grant whose leases are the session's
+  (a unary Report with its token is taken); one carrying a report on a stale token is refused
+  (`grant_refused`, FAILED_PRECONDITION) and changes nothing, as a refused call would.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sample_data import make_image_list
+
+from trainfeed import MasterSource, dist
+from trainfeed.lease import pump as pump_module
+from trainfeed.lease import session as session_module
+from trainfeed.lease.client import MasterClient, tasks_request
+from trainfeed.lease.session import WorkerSession
+from trainfeed.master.process import MasterProcess
+from trainfeed.upload import UploadOptions, upload
+from trainfeed.v1 import master_pb2 as pb
+
+RECORDS = 64  # 16 partitions of 4
+pytestmark = pytest.mark.integration
+
+
+def calls(master: MasterProcess) -> dict[str, float]:
+    """Calls the master answered so far, by method (its trainfeed_rpc_duration_seconds)."""
+    assert master.metrics_url is not None
+    with urllib.request.urlopen(master.metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {s.labels["method"].rsplit("/", 1)[-1]: s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "trainfeed_rpc_duration_seconds_count"}
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+
+
+def session_of(reader: Any) -> WorkerSession:
+    backend = getattr(reader, "_backend", None) or reader.backend
+    return backend.session  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def master4(tmp_path: Path) -> Iterator[MasterProcess]:
+    """A master with its defaults over 64 records in 16 partitions of 4."""
+    source = make_image_list(tmp_path / "source", RECORDS)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, UploadOptions(row_group_rows=4), progress=False)
+    with MasterProcess(storage) as master:
+        yield master
+
+
+def read_epochs(reader: Any, epochs: int, got: Counter[tuple[int, int]],
+                between: Callable[[], None] = lambda: None) -> None:
+    """`epochs` whole passes of batches of 4, counting (epoch, id) in `got`."""
+    for _ in range(epochs):
+        for batch in reader.column_batches(4):
+            for record in batch["_id"].tolist():
+                got[(int(reader.epoch or 0), int(record))] += 1
+            between()
+
+
+def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master4: MasterProcess) -> None:
+    reader = dist.reader("flowers", source=MasterSource(master4.address, "grants",
+                                                        prefetch_partitions=2))
+    got: Counter[tuple[int, int]] = Counter()
+    try:
+        batches = iter(reader.column_batches(4))
+        first = next(batches)
+        epoch = int(reader.epoch or 0)
+        for record in first["_id"].tolist():
+            got[(epoch, int(record))] += 1
+        session = session_of(reader)
+        wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+        before = calls(master4)
+        for batch in batches:  # the rest of the first pass, tail long-poll included
+            for record in batch["_id"].tolist():
+                got[(epoch, int(record))] += 1
+        read_epochs(reader, 2, got)  # two more whole passes
+        after = calls(master4)
+    finally:
+        reader.close()
+    assert after.get("GetTasks", 0) == before.get("GetTasks", 0), \
+        f"{after.get('GetTasks', 0) - before.get('GetTasks', 0):.0f} GetTasks calls"
+    assert after.get("Report", 0) == before.get("Report", 0)
+    assert session.grants_on_stream >= 3 * RECORDS // 4 // 2  # (up to 2 partitions a grant)
+    epochs = sorted({e for e, _ in got})
+    assert len(epochs) == 3, epochs
+    for e in epochs:
+        ids = Counter(r for (ep, r), n in got.items() if ep == e for _ in range(n))
+        assert sorted(ids) == list(range(RECORDS)) and set(ids.values()) == {1}, (e, ids)
+
+
+def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
+        master4: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.05)
+    monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.2)
+    reader = dist.reader("flowers", source=MasterSource(master4.address, "breaking",
+                                                        prefetch_partitions=2))
+    got: Counter[tuple[int, int]] = Counter()
+    stop = threading.Event()
+    breaks = [0]
+
+    def breaker() -> None:  # cancels the reader's Session stream every 0.15-0.3 s
+        while not stop.wait(0.15 + 0.15 * (breaks[0] % 2)):
+            carrier = session._carrier
+            if carrier is not None:
+                carrier.cancel()
+                breaks[0] += 1
+
+    try:
+        batches = iter(reader.column_batches(4))
+        first = next(batches)
+        epoch = int(reader.epoch or 0)
+        for record in first["_id"].tolist():
+            got[(epoch, int(record))] += 1
+        session = session_of(reader)
+        wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+        before = calls(master4).get("GetTasks", 0)
+        thread = threading.Thread(target=breaker, daemon=True)
+        thread.start()
+        for batch in batches:
+            for record in batch["_id"].tolist():
+                got[(epoch, int(record))] += 1
+            time.sleep(0.02)
+        read_epochs(reader, 2, got, between=lambda: time.sleep(0.02))
+        stop.set()
+        thread.join(5)
+        made = calls(master4).get("GetTasks", 0) - before
+    finally:
+        stop.set()
+        reader.close()
+    assert breaks[0] >= 3, breaks
+    assert made >= 1, "no GetTasks call while the stream was down"
+    assert session.grants_on_stream >= 1
+    epochs = sorted({e for e, _ in got})
+    assert len(epochs) == 3, epochs
+    for e in epochs:
+        ids = Counter(r for (ep, r), n in got.items() if ep == e for _ in range(n))
+        assert sorted(ids) == list(range(RECORDS)) and set(ids.values()) == {1}, (e, ids)
+
+
+# -- over the wire -------------------------------------------------------------------------------
+def read_events(call: Any) -> queue.Queue[pb.WatchEvent | grpc.RpcError]:
+    """A Session stream's events (or its error) on a queue, read by a thread."""
+    events: queue.Queue[pb.WatchEvent | grpc.RpcError] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for event in call:
+                events.put(event)
+        except grpc.RpcError as e:
+            events.put(e)
+    threading.Thread(target=read, daemon=True).start()
+    return events
+
+
+def grant_answer(events: queue.Queue[pb.WatchEvent | grpc.RpcError], seq: int) -> pb.WatchEvent:
+    while True:
+        event = events.get(timeout=10)
+        assert isinstance(event, pb.WatchEvent), event
+        if event.answers == seq:
+            return event
+
+
+def test_a_grant_on_the_stream_is_fenced_as_a_call(master4: MasterProcess) -> None:
+    with MasterClient(master4.address, give_up_s=10) as client:
+        worker = client.open_job("wire", "flowers", seed=0).worker_id
+        other = client.open_job("wire", "flowers", seed=0).worker_id
+        call = client.session("wire", worker)
+        events = read_events(call)
+        try:
+            opened = events.get(timeout=10)
+            assert isinstance(opened, pb.WatchEvent) and opened.grants, opened
+            before = calls(master4).get("GetTasks", 0)
+            call.send(pb.SessionMessage(seq=1, get_tasks=tasks_request(
+                0, 2, 0, [], [], 0, (), None, None)))
+            grant = grant_answer(events, 1)
+            assert not grant.grant_refused, grant.grant_refused
+            assert grant.grant.status == pb.GetTasksResponse.TASKS
+            mine = list(grant.grant.tasks)
+            assert len(mine) == 2 and all(t.lease for t in mine)
+            # The leases are the session's: a Report call with their tokens is taken.
+            held = [(t.epoch, t.partition, t.lease) for t in mine]
+            reported = client.report("wire", worker, [pb.TaskReport(
+                epoch=0, partition=mine[0].partition, lease=mine[0].lease,
+                outcome=pb.TaskReport.DONE)], held)
+            assert not reported.revoked, reported
+            # Another session's grant is not this one's: its token on this stream is refused.
+            [theirs] = client.get_tasks("wire", other, 0, 1, 0).tasks
+            done_before = client.job_status("wire").done
+            call.send(pb.SessionMessage(seq=2, get_tasks=tasks_request(
+                0, 1, 0, [pb.TaskReport(epoch=0, partition=theirs.partition, lease=theirs.lease,
+                                        outcome=pb.TaskReport.DONE)],
+                held[1:], 0, (), None, None)))
+            refused = grant_answer(events, 2)
+            assert refused.grant_refused.startswith("FAILED_PRECONDITION"), refused
+            assert not refused.grant.tasks
+            # ... and changed nothing: the partition is not done, the other still holds it.
+            assert client.job_status("wire").done == done_before
+            assert not client.report("wire", other, [], [(0, theirs.partition, theirs.lease)]
+                                     ).revoked
+            # Grants on the stream made no GetTasks call (the other session's one aside).
+            assert calls(master4).get("GetTasks", 0) == before + 1
+        finally:
+            call.cancel()
+
+
+def test_a_progress_pump_message_counts_for_each_session_with_its_secret(
+        master4: MasterProcess) -> None:
+    """Progress of two sessions rides a third's stream as one `progress_of` message: each
+    counts as that session's own (a partition handed back resumes after it), and an entry
+    without the right secret counts for nobody."""
+    with MasterClient(master4.address, give_up_s=10) as client:
+        a, b, carrier_worker, d = (client.open_job("pump", "flowers", seed=0).worker_id
+                                   for _ in range(4))
+        [task_a] = client.get_tasks("pump", a, 0, 1, 0).tasks
+        [task_b] = client.get_tasks("pump", b, 0, 1, 0).tasks
+        call = client.session("pump", carrier_worker)
+        events = read_events(call)
+        try:
+            opened = events.get(timeout=10)
+            assert isinstance(opened, pb.WatchEvent) and opened.progress_of, opened
+            pump = pump_module.ProgressPump("pump")
+            pump.attach(carrier_worker, call)
+
+            def progress(worker: str, task: pb.Task, consumed: int,
+                         secret: str | None = None) -> pb.ReportRequest:
+                return pb.ReportRequest(
+                    worker_id=worker, session_secret=secret or client.secret("pump", worker),
+                    reports=[pb.TaskReport(epoch=0, partition=task.partition, lease=task.lease,
+                                           outcome=pb.TaskReport.PROGRESS, consumed=consumed)],
+                    held=[pb.HeldTask(epoch=0, partition=task.partition, lease=task.lease)])
+            assert pump.put(progress(a, task_a, 3), lambda: None)
+            assert pump.put(progress(b, task_b, 2), lambda: None)
+            assert pump.put(progress(b, task_b, 4, secret="0" * 32), lambda: None)
+            wait_until(lambda: pump.messages == 1, 5, "the pump sent its message")
+            time.sleep(0.5)  # (the master takes it)
+            # Both leave: their partitions go back to todo where their progress left them.
+            client.leave_job("pump", a)
+            client.leave_job("pump", b)
+            skips = {t.partition: t.skip_records
+                     for t in client.get_tasks("pump", d, 0, 16, 0).tasks}
+        finally:
+            call.cancel()
+    assert skips[task_a.partition] == 3 and skips[task_b.partition] == 2, skips

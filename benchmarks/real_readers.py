@@ -126,14 +126,11 @@ def client_main(address: str, dataset: str, readers: int, batch: int, rate: floa
 
 def stream_messages(readers: list[Any]) -> dict[str, int]:
     """Session stream messages this process's readers sent so far: their GetTasks asked on the
-    stream, all their own messages, and the progress pump's (none from a tree without them)."""
-    from trainfeed.lease import pump
-
+    stream, and all their own messages (none from a tree without them)."""
     sessions = [getattr(getattr(r, "_backend", None) or getattr(r, "backend", None),
                         "session", None) for r in list(readers)]
     return {"grants": sum(getattr(s, "grants_on_stream", 0) for s in sessions),
-            "own": sum(getattr(s, "stream_messages", 0) for s in sessions),
-            "pump": getattr(pump, "messages_sent", lambda: 0)()}
+            "own": sum(getattr(s, "stream_messages", 0) for s in sessions)}
 
 
 # -- the data set and the master -------------------------------------------------------------------
@@ -262,7 +259,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "master_cores": cpu / wall, "calls_per_s": calls,
         "calls_per_reader_s": sum(calls.values()) * wall / reader_s,
         # Messages the readers sent on their Session streams (not calls): GetTasks asked on the
-        # stream, all of their own messages (those grants included), the progress pumps'.
+        # stream, and all of their own messages (those grants included).
         "stream_messages_per_s": {k: (sent1[k] - sent0[k]) / wall for k in sorted(sent1)},
         "cpu_ms_per_reader_s": 1000 * cpu / reader_s,
         # What the trainers got in the window: on a loaded machine they fall behind --rate, and

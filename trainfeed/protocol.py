@@ -12,10 +12,10 @@ Session rpc (Watch plus the reader's heartbeats and reports as stream messages, 
 added without a new version, since both sides of a mixed pair still work: a reader meets a master
 without Session with UNIMPLEMENTED and uses Watch and Report calls, and a master serves readers
 that never open one as before. Bumping would have refused every such pair at OpenJob.
-Still 2: grants on the Session stream (`get_tasks` messages answered with WatchEvent.grant) and
-the progress pump (`progress_of`), issue 28, are offered by the master in its Session stream's
-first event (`grants`, `progress_of`): a reader uses them only when offered, a master that offers
-them still answers GetTasks calls and plain messages, and no existing field changed meaning.
+Still 2: grants on the Session stream (`get_tasks` messages answered with WatchEvent.grant,
+issue 28) are offered by the master in its Session stream's first event (`grants`): a reader uses
+them only when offered, a master that offers them still answers GetTasks calls and plain
+messages, and no existing field changed meaning.
 """
 from __future__ import annotations
 

@@ -6,8 +6,6 @@ fencing and durability), so that a partition costs stream messages instead of a 
   long-polls at the epoch's tail included, and deliver every record exactly once.
 - A stream that keeps breaking (cancelled every few hundred ms, grants in flight with it) falls
   back to GetTasks calls and still delivers every record exactly once.
-- A progress pump's message (`progress_of`: other sessions' progress on one stream) counts for
-  each session it names with its secret, and for nobody without it.
 - Over the wire: a `get_tasks` message is answered with a grant whose leases are the session's
   (a unary Report with its token is taken); one carrying a report on a stale token is refused
   (`grant_refused`, FAILED_PRECONDITION) and changes nothing, as a refused call would.
@@ -29,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sample_data import make_image_list
 
 from trainfeed import MasterSource, dist
-from trainfeed.lease import pump as pump_module
 from trainfeed.lease import session as session_module
 from trainfeed.lease.client import MasterClient, tasks_request
 from trainfeed.lease.session import WorkerSession
@@ -227,43 +224,3 @@ def test_a_grant_on_the_stream_is_fenced_as_a_call(master4: MasterProcess) -> No
             assert calls(master4).get("GetTasks", 0) == before + 1
         finally:
             call.cancel()
-
-
-def test_a_progress_pump_message_counts_for_each_session_with_its_secret(
-        master4: MasterProcess) -> None:
-    """Progress of two sessions rides a third's stream as one `progress_of` message: each
-    counts as that session's own (a partition handed back resumes after it), and an entry
-    without the right secret counts for nobody."""
-    with MasterClient(master4.address, give_up_s=10) as client:
-        a, b, carrier_worker, d = (client.open_job("pump", "flowers", seed=0).worker_id
-                                   for _ in range(4))
-        [task_a] = client.get_tasks("pump", a, 0, 1, 0).tasks
-        [task_b] = client.get_tasks("pump", b, 0, 1, 0).tasks
-        call = client.session("pump", carrier_worker)
-        events = read_events(call)
-        try:
-            opened = events.get(timeout=10)
-            assert isinstance(opened, pb.WatchEvent) and opened.progress_of, opened
-            pump = pump_module.ProgressPump("pump")
-            pump.attach(carrier_worker, call)
-
-            def progress(worker: str, task: pb.Task, consumed: int,
-                         secret: str | None = None) -> pb.ReportRequest:
-                return pb.ReportRequest(
-                    worker_id=worker, session_secret=secret or client.secret("pump", worker),
-                    reports=[pb.TaskReport(epoch=0, partition=task.partition, lease=task.lease,
-                                           outcome=pb.TaskReport.PROGRESS, consumed=consumed)],
-                    held=[pb.HeldTask(epoch=0, partition=task.partition, lease=task.lease)])
-            assert pump.put(progress(a, task_a, 3), lambda: None)
-            assert pump.put(progress(b, task_b, 2), lambda: None)
-            assert pump.put(progress(b, task_b, 4, secret="0" * 32), lambda: None)
-            wait_until(lambda: pump.messages == 1, 5, "the pump sent its message")
-            time.sleep(0.5)  # (the master takes it)
-            # Both leave: their partitions go back to todo where their progress left them.
-            client.leave_job("pump", a)
-            client.leave_job("pump", b)
-            skips = {t.partition: t.skip_records
-                     for t in client.get_tasks("pump", d, 0, 16, 0).tasks}
-        finally:
-            call.cancel()
-    assert skips[task_a.partition] == 3 and skips[task_b.partition] == 2, skips

@@ -474,8 +474,7 @@ class LeaseBook:
         return max(MIN_LEASES, min(window, math.ceil(rate * LEASE_HORIZON_S)))
 
     def send_in(self, now: float, fetching: bool, heartbeat_s: float,
-                poll_s: float | None = None,
-                progress_s: float = PROGRESS_INTERVAL_S) -> float:
+                poll_s: float | None = None) -> float:
         """Seconds until the reporter must send a Report on its own (≤ 0: now).
 
         Reports go when the producer will not carry them soon (it is not `fetching`, or the
@@ -484,8 +483,6 @@ class LeaseBook:
         reached the master for `heartbeat_s` (a third of the lease timeout: any call renews).
         `poll_s` (only when the Watch stream is down): a reader holding a lease its trainer has
         not begun calls that often, so that a give-back asked in an answer reaches it.
-        `progress_s`: how long after it was noted progress goes (less than
-        PROGRESS_INTERVAL_S when what carries it takes a while to send: the progress pump).
         """
         interval = heartbeat_s
         polling = poll_s is not None and poll_s < heartbeat_s and self.unstarted_held()
@@ -496,7 +493,7 @@ class LeaseBook:
             return 0.0
         if self.begun_asked_at is not None:
             return 0.0
-        progress_in = (self.oldest_progress + progress_s - now if self._progress_due()
+        progress_in = (self.oldest_progress + PROGRESS_INTERVAL_S - now if self._progress_due()
                        else interval)
         heartbeat_in = interval - (now - self.last_contact)
         report_in = self.oldest_report + COALESCE_S - now if self.reports else heartbeat_in

@@ -28,9 +28,6 @@ the session owns what the book must not: the client, the lock, and two threads.
   answered there, fenced and durable as the call; one the master refuses, or whose answer does not
   come (a broken stream, or not within the call's deadline), is made as a GetTasks call. A
   partition then costs two stream messages instead of a unary call (issue 28).
-- With the progress pump switched on (trainfeed.lease.pump.ENABLED, off by default) and a master
-  that takes `progress_of`, progress that needs no answer goes through this process's pump: one
-  message per tick for every session of the job here.
 
 Nothing connects before `open()` (or the first pass, which opens): building a session makes no
 call, starts no thread and registers no SIGTERM hook.
@@ -59,17 +56,8 @@ from trainfeed.errors import (
 )
 from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
-from trainfeed.lease import pump as pumps
 from trainfeed.lease import shutdown
-from trainfeed.lease.book import (
-    PROGRESS_INTERVAL_S,
-    Answer,
-    Applied,
-    Lease,
-    LeaseBook,
-    Outcome,
-    Report,
-)
+from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
 from trainfeed.lease.client import (
     CALL_TIMEOUT_S,
     MasterClient,
@@ -77,7 +65,6 @@ from trainfeed.lease.client import (
     session_message,
     tasks_request,
 )
-from trainfeed.lease.pump import PUMP_S, ProgressPump, pump_for
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -188,8 +175,6 @@ class WorkerSession:
         self._granting: dict[int, pb.WatchEvent | None] = {}
         self.grants_on_stream = 0  # GetTasks answered on the stream (for tests and benchmarks)
         self.stream_messages = 0  # messages sent on its own Session stream (the same)
-        # This process's progress pump, while the carrier's master takes `progress_of`.
-        self._pump: ProgressPump | None = None
         self._seq = 0
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
@@ -350,8 +335,6 @@ class WorkerSession:
             return
         with self._cond:
             self.book.note_positions(epoch, positions or {})
-            if self._pump is not None:  # (what it holds may not have gone yet)
-                self.book.resend_progress()
             if not self.book.owes():
                 return
         try:
@@ -572,10 +555,7 @@ class WorkerSession:
                 # re-computes how long that is.
                 while not self._stopping:
                     poll = None if self._watching else STEAL_POLL_S
-                    # (Progress the pump carries is sent PUMP_S later: handed over that early.)
-                    progress_s = PROGRESS_INTERVAL_S - (PUMP_S if self._pump else 0.0)
-                    due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll,
-                                       progress_s)
+                    due = book.send_in(time.monotonic(), self._fetching, heartbeat, poll)
                     if due <= 0:
                         break
                     self._cond.wait(max(0.001, due))
@@ -624,16 +604,8 @@ class WorkerSession:
                 self._seq += 1
                 seq = self._seq
                 self._pending[seq] = (reports, now)
-            pump = self._pump
-        message = session_message(seq, [to_message(r) for r in reports], held, begun,
-                                  self.sync, self._stats_now())
-        if not answered and pump is not None:
-            entry = message.report
-            entry.worker_id = self.worker
-            entry.session_secret = self.client.secret(self.job, self.worker)
-            if pump.put(entry, self._progress_lost):
-                return True
-        carrier.send(message)
+        carrier.send(session_message(seq, [to_message(r) for r in reports], held, begun,
+                                     self.sync, self._stats_now()))
         self.stream_messages += 1
         if not answered:
             return True
@@ -655,12 +627,6 @@ class WorkerSession:
                            ANSWER_TIMEOUT_S)
             carrier.cancel()
         return False
-
-    def _progress_lost(self) -> None:
-        """Progress of ours rode a stream that broke (the pump's): it goes again."""
-        with self._cond:
-            self._book().resend_progress()
-            self._cond.notify_all()
 
     def _answer(self, event: pb.WatchEvent) -> None:
         """The master's answer to a Session message of ours: applied as the answer to a call
@@ -741,9 +707,6 @@ class WorkerSession:
                     if carrier is not None and self._carrier is None:
                         self._carrier = carrier  # (the first event: the master took it)
                         self._grants = event.grants
-                        if event.progress_of and pumps.ENABLED:
-                            self._pump = pump_for(self.client.address, self.job)
-                            self._pump.attach(self.worker, carrier)
                         self._cond.notify_all()
                 self._set_watching(True)
                 self.apply(event)
@@ -751,15 +714,10 @@ class WorkerSession:
             if carrier is not None:
                 carrier.cancel()  # (ends the thread gRPC feeds the call's messages from)
             with self._cond:
-                pump = self._pump if self._carrier is carrier else None
-            if pump is not None and carrier is not None:
-                pump.detach(self.worker, carrier)  # (outside _cond: riders take theirs)
-            with self._cond:
                 self._stream = None
                 if carrier is not None and self._carrier is carrier:
                     self._carrier = None
                     self._grants = False
-                    self._pump = None
                     # What it carried unanswered may be lost: sent again, by call or stream
                     # (a sender waiting for an answer requeues its reports itself).
                     self._book().resend_progress()
@@ -797,8 +755,6 @@ class WorkerSession:
             logger.warning("could not hand tasks back after an abandoned pass: %s", e)
 
     def _hand_back(self) -> None:
-        with self._cond:  # (progress handed to the pump may not have gone yet)
-            self._book().resend_progress()
         self.send()
         released = self.client.leave_job(self.job, self.worker).released_tasks
         with self._cond:

@@ -705,25 +705,6 @@ class Coordinator:
             refused=[pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
                      for r in refused]), changed
 
-    def progress_of(self, job: Job, entries: Iterable[pb.ReportRequest], now: float) -> bool:
-        """A progress pump's message (SessionMessage.progress_of): each entry is an unanswered
-        progress message of the session it names, taken as if it came on that session's own
-        stream (session_message). An entry without its session's secret, or of another job,
-        is skipped (logged): it speaks for no session. Returns whether the ledger changed."""
-        changed = False
-        for entry in entries:
-            try:
-                if entry.job and entry.job != job.name:
-                    raise PermissionDenied(f"an entry of job {clip(entry.job)!r}")
-                self.session(job, entry.worker_id, entry.session_secret)  # (logs a refusal)
-            except PermissionDenied as e:
-                logger.debug("job %r: progress of %s skipped: %s", job.name,
-                             clip(entry.worker_id), e.message)
-                continue
-            changed |= self.session_message(job, entry.worker_id,
-                                            pb.SessionMessage(report=entry), now)[1]
-        return changed
-
     def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
               ) -> tuple[pb.LeaveJobResponse, bool]:
         self.session(job, request.worker_id, request.session_secret)

@@ -16,8 +16,7 @@ calls (give-backs, revocations, the end of an epoch, a broken group, being super
 is Watch plus the reader's heartbeats and progress as messages on the same call (unary calls cost
 the master about 0.7-1.5 ms each, a stream message a fraction of that); a reader also asks for its
 leases on it (`get_tasks`, answered through the very path of a GetTasks call, long-polls included,
-once durable), and a process's progress pump sends its sessions' progress on one stream
-(`progress_of`, each entry checked against its session's secret).
+once durable).
 
 Trust: a report counts only from the partition's current lease holder with the lease's fencing
 token (Ledger.check_report). A call carrying any other report is refused whole with
@@ -421,7 +420,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         reading = asyncio.ensure_future(self._read_session(
             job, opening.open, requests, answers, wake))
         try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True, progress_of=True)
+            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
             while True:
                 await wake.wait()
                 wake.clear()
@@ -465,10 +464,6 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         self._grant_on_stream(job, opening, message, answers, wake))
                     granting.add(task)
                     task.add_done_callback(granting.discard)
-                    continue
-                if message.progress_of:
-                    if self.core.progress_of(job, message.progress_of, time.time()):
-                        self._submit_soon(job)
                     continue
                 answer, changed = self.core.session_message(job, worker, message, time.time())
                 if changed:

@@ -389,7 +389,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused", "progress_of")
+    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
@@ -402,7 +402,6 @@ class WatchEvent(_message.Message):
     GRANT_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     GRANT_REFUSED_FIELD_NUMBER: _ClassVar[int]
-    PROGRESS_OF_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
@@ -415,22 +414,19 @@ class WatchEvent(_message.Message):
     grant: GetTasksResponse
     grants: bool
     grant_refused: str
-    progress_of: bool
-    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ..., progress_of: _Optional[bool] = ...) -> None: ...
+    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ...) -> None: ...
 
 class SessionMessage(_message.Message):
-    __slots__ = ("open", "report", "seq", "get_tasks", "progress_of")
+    __slots__ = ("open", "report", "seq", "get_tasks")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     GET_TASKS_FIELD_NUMBER: _ClassVar[int]
-    PROGRESS_OF_FIELD_NUMBER: _ClassVar[int]
     open: WatchRequest
     report: ReportRequest
     seq: int
     get_tasks: GetTasksRequest
-    progress_of: _containers.RepeatedCompositeFieldContainer[ReportRequest]
-    def __init__(self, open: _Optional[_Union[WatchRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., seq: _Optional[int] = ..., get_tasks: _Optional[_Union[GetTasksRequest, _Mapping]] = ..., progress_of: _Optional[_Iterable[_Union[ReportRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, open: _Optional[_Union[WatchRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., seq: _Optional[int] = ..., get_tasks: _Optional[_Union[GetTasksRequest, _Mapping]] = ...) -> None: ...
 
 class ReaderStats(_message.Message):
     __slots__ = ("wall_s", "input_wait_s", "batches", "records", "bytes_read", "read_s", "records_decoded", "decode_s", "decode_failures")

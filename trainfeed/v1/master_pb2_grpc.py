@@ -129,9 +129,8 @@ class MasterServicer:
         a WatchEvent whose `answers` is that seq, once the message's changes are durable (so a DONE
         may ride a message with a seq, as on a Report call). A master without this rpc answers
         UNIMPLEMENTED; the reader then uses Watch and unary Reports. A master whose first event says
-        `grants` also answers GetTasks asked on the stream (`get_tasks`), and one that says
-        `progress_of` takes the progress of other sessions of the sender's process (a progress
-        pump) on it: a partition then costs stream messages, not a unary call.
+        `grants` also answers GetTasks asked on the stream (`get_tasks`): a partition then costs
+        stream messages, not a unary call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -31,6 +31,7 @@ from trainfeed.lease import session as session_module
 from trainfeed.lease.client import MasterClient, tasks_request
 from trainfeed.lease.session import WorkerSession
 from trainfeed.master.process import MasterProcess
+from trainfeed.master.service import MAX_GRANTS_IN_FLIGHT
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 
@@ -224,3 +225,37 @@ def test_a_grant_on_the_stream_is_fenced_as_a_call(master4: MasterProcess) -> No
             assert calls(master4).get("GetTasks", 0) == before + 1
         finally:
             call.cancel()
+
+
+def test_a_stream_asking_more_grants_than_the_bound_is_refused_at_once(
+        master4: MasterProcess) -> None:
+    """A session flooding its stream with long-polling `get_tasks` messages gets a task on the
+    master for at most MAX_GRANTS_IN_FLIGHT of them; the rest are refused at once
+    (RESOURCE_EXHAUSTED, which a reader answers by making the call), not held open each."""
+    flood = MAX_GRANTS_IN_FLIGHT + 4
+    with MasterClient(master4.address, give_up_s=10) as client:
+        worker = client.open_job("flood", "flowers", seed=0).worker_id
+        mine = client.get_tasks("flood", worker, 0, 16, 0).tasks  # every partition: polls wait
+        held = [(t.epoch, t.partition, t.lease) for t in mine]
+        assert len(held) == 16
+        call = client.session("flood", worker)
+        events = read_events(call)
+        try:
+            opened = events.get(timeout=10)
+            assert isinstance(opened, pb.WatchEvent) and opened.grants, opened
+            for seq in range(1, flood + 1):
+                call.send(pb.SessionMessage(seq=seq, get_tasks=tasks_request(
+                    0, 1, 4000, [], held, 0, (), None, None)))
+            answered: list[pb.WatchEvent] = []
+            while len(answered) < flood:
+                event = events.get(timeout=20)
+                assert isinstance(event, pb.WatchEvent), event
+                if event.answers:
+                    answered.append(event)
+        finally:
+            call.cancel()
+    # The messages past the bound were answered first, refused; the long-polls after them.
+    refused, polled = answered[:4], answered[4:]
+    assert {e.answers for e in refused} == set(range(MAX_GRANTS_IN_FLIGHT + 1, flood + 1))
+    assert all(e.grant_refused.startswith("RESOURCE_EXHAUSTED") for e in refused), refused
+    assert all(not e.grant_refused and not e.grant.tasks for e in polled), polled

@@ -85,6 +85,11 @@ MAX_WAIT_MS = 5000
 # ~20 hand-overs a second, not 200. A master killed meanwhile loses at most this much progress,
 # which a reader re-delivers (the contract: progress at most PROGRESS_INTERVAL_S old).
 PROGRESS_JOURNAL_S = 0.05
+# GetTasks asked on one Session stream and not yet answered (`get_tasks` messages, each a task of
+# its own while it long-polls). A reader asks one at a time (its producer); past this bound a
+# stream flooding the master with long-polls gets `grant_refused` (RESOURCE_EXHAUSTED) at once
+# instead of a task each: the bound a unary call gets from HTTP/2's concurrent-stream limit.
+MAX_GRANTS_IN_FLIGHT = 8
 # The one table of refusals -> status codes (looked up along the exception's class hierarchy).
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -460,6 +465,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         try:
             async for message in requests:
                 if message.HasField("get_tasks"):
+                    if len(granting) >= MAX_GRANTS_IN_FLIGHT:
+                        answers.append(pb.WatchEvent(
+                            current_epoch=job.ledger.epoch, answers=message.seq,
+                            grant_refused=f"RESOURCE_EXHAUSTED: {len(granting)} GetTasks asked "
+                                          f"on this stream are still unanswered (at most "
+                                          f"{MAX_GRANTS_IN_FLIGHT}); make this one as a call"))
+                        wake.set()
+                        continue
                     task = asyncio.ensure_future(
                         self._grant_on_stream(job, opening, message, answers, wake))
                     granting.add(task)

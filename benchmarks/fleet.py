@@ -226,6 +226,9 @@ class SimReader:
             self.worker = opened.worker_id
             if watcher is not None:
                 watcher.watch(self)
+                with self.cond:  # its stream up (its first event) before the fleet starts:
+                    # a reader whose stream is not up yet asks by call, as the real one
+                    self.cond.wait_for(lambda: self.stream_up, timeout=5)
             self.opened.set()
             self.go.wait()
             start = time.monotonic()

@@ -5,18 +5,25 @@ readers, spread as threads over `--processes` client processes so that 1,000 fit
 machine. Each reader speaks the real wire protocol through trainfeed.lease.client.MasterClient
 (OpenJob, GetTasks with reports and held leases, LeaveJob) and, by default, holds a Session
 stream: what the master pushes (give-backs, revocations, epoch ends) comes on it, and its
-heartbeats go on it as messages (answered), not as Report calls. `--poll`: no stream, Report as
-heartbeat and every STEAL_POLL_S while it holds unstarted leases (readers before push).
+heartbeats go on it as messages (answered), not as Report calls. When the master's first event
+on the stream says `grants`, it asks for its leases on the stream too, as trainfeed's reader
+does (the same GetTasksRequest as a `get_tasks` message, answered by WatchEvent.grant; the
+GetTasks call instead when refused, unanswered, or the stream broke). `--calls`: GetTasks calls
+only (readers before grants on the stream). `--poll`: no stream, Report as heartbeat and every
+STEAL_POLL_S while it holds unstarted leases (readers before push).
 What a reader "reads" is time: it consumes a partition's records at its own rate (records/s),
 so the load on the master is the protocol's and nothing else's. Readers come in kinds: `slow`
 and `fast` (a share of them, at a factor of the base rate) and `dying` (they stop dead, without
 LeaveJob, part way through the first epoch: their leases expire and go to others).
 
 It reports, over the run:
-- master CPU (cores, from /proc of the master's pid) and master CPU per reader-second;
+- master CPU (cores, from /proc of the master's pid), per reader-second and per partition read;
 - calls/s by method (the master's own metrics, trainfeed_rpc_duration_seconds_count) and calls
   per reader-second;
-- grant latency p50/p99 (GetTasks calls made with work in hand, wait_ms=0, that got tasks);
+- Session messages/s sent by the readers (heartbeats, reports, GetTasks asked on the stream),
+  and how many grants came on the stream, were refused there, or went unanswered;
+- grant latency p50/p99 (GetTasks asked with work in hand, wait_ms=0, that got tasks: on the
+  stream, from the message sent to its answer received, or as a call);
 - per-reader starvation: time with nothing to read while its epoch still had work (waits that
   ended with tasks; the wait at an epoch's tail that ends with EPOCH_DONE is counted apart);
 - stealing traffic: give-backs received, partitions released;
@@ -61,7 +68,7 @@ from stop_cleanly import exit_cleanly_on_signals
 import trainfeed
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo, write_manifest
-from trainfeed.lease.client import MasterClient, session_message
+from trainfeed.lease.client import CALL_TIMEOUT_S, MasterClient, session_message, tasks_request
 from trainfeed.master.process import MasterProcess
 from trainfeed.planning.order import epoch_order
 from trainfeed.storage import open_storage
@@ -99,6 +106,7 @@ class FleetOptions:
     depth: int = 2
     lease_timeout_s: float = 30.0
     watch: bool = True
+    grants: bool = True  # ask for leases on the Session stream when the master offers it
     sync: bool = False
     batch: int = 4
     seed: int = 0
@@ -140,8 +148,13 @@ class ReaderStats:
     released: int = 0
     revoked: int = 0
     events: int = 0
-    stream_messages: int = 0  # heartbeats and reports sent on the Session stream
-    answers: int = 0  # the master's answers to them
+    stream_messages: int = 0  # heartbeats, reports and GetTasks sent on the Session stream
+    answers: int = 0  # the master's answers to them (grants apart)
+    sent_at: list[float] = field(default_factory=list)  # when each message went (monotonic)
+    grants_on_stream: int = 0  # GetTasks answered on the stream
+    grants_refused: int = 0  # refused there (then made as a call)
+    grants_unanswered: int = 0  # no answer (timed out or the stream broke: then a call)
+    grant_calls: int = 0  # GetTasks calls made (`calls` does not survive asdict: a Counter)
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     records: dict[int, int] = field(default_factory=dict)  # epoch -> records consumed
@@ -189,6 +202,9 @@ class SimReader:
         self.cond = threading.Condition()
         self.inbox: list[pb.WatchEvent] = []
         self.stream: Any = None  # its Session stream (a SessionStream)
+        self.stream_up = False  # its first event came and it has not ended since
+        self.offered = False  # that first event said `grants`
+        self.granting: dict[int, pb.WatchEvent | None] = {}  # get_tasks seq -> its answer
         self.seq = 0
         # When (after the start) a dying reader dies: within its first epoch's share.
         self.dies_after = (random.Random(index).uniform(0.2, 0.8)
@@ -210,6 +226,9 @@ class SimReader:
             self.worker = opened.worker_id
             if watcher is not None:
                 watcher.watch(self)
+                with self.cond:  # its stream up (its first event) before the fleet starts:
+                    # a reader whose stream is not up yet asks by call, as the real one
+                    self.cond.wait_for(lambda: self.stream_up, timeout=5)
             self.opened.set()
             self.go.wait()
             start = time.monotonic()
@@ -387,24 +406,69 @@ class SimReader:
         return self.current is not None and self.current.key in keys
 
     def deliver(self, event: pb.WatchEvent) -> None:
-        """From the watcher's thread: an event of this reader's stream."""
+        """From the watcher's thread: an event of this reader's stream (the answer to a
+        GetTasks asked on it goes to its asker)."""
         with self.cond:
-            self.inbox.append(event)
-            self.cond.notify()
+            if event.answers in self.granting:
+                self.granting[event.answers] = event
+            else:
+                if not event.answers and not self.stream_up:
+                    self.stream_up, self.offered = True, event.grants
+                self.inbox.append(event)
+            self.cond.notify_all()
+
+    def stream_ended(self) -> None:
+        """From the watcher's thread: the stream is gone; grants go as calls from now on."""
+        with self.cond:
+            self.offered = False
+            self.cond.notify_all()
 
     # -- calls --------------------------------------------------------------------------------
     def _get_tasks(self, epoch: int, want: int, wait_ms: int, reports: list[pb.TaskReport],
                    held: list[_Lease], current: _Lease | None, quota: int | None
                    ) -> pb.GetTasksResponse:
         started = time.monotonic()
-        answer: pb.GetTasksResponse = self._call(
-            "GetTasks", self.client.get_tasks, JOB, self.worker, epoch, want, wait_ms,
-            reports=reports, held=[x.key for x in held],
-            started=[current.key] if current else [],
-            max_records=max(1, quota) if quota is not None else 0, sync=self.sync)
+        request = tasks_request(epoch, want, wait_ms, reports, [x.key for x in held],
+                                max(1, quota) if quota is not None else 0,
+                                [current.key] if current else [], self.sync, None)
+        answer = None
+        with self.cond:
+            on_stream = self.cfg.grants and self.stream is not None and self.offered
+        if on_stream:
+            answer = self._grant_on_stream(request)
+        if answer is None:  # (a fresh copy: the one sent may still be queued for the stream)
+            call = pb.GetTasksRequest()
+            call.CopyFrom(request)
+            answer = self._call("GetTasks", self.client.call_get_tasks, JOB, self.worker, call)
+            self.stats.grant_calls += 1
         if wait_ms == 0 and answer.tasks:
             self.stats.grant_ms.append((time.monotonic() - started) * 1000)
         return answer
+
+    def _grant_on_stream(self, request: pb.GetTasksRequest) -> pb.GetTasksResponse | None:
+        """`request` as a `get_tasks` message, waiting for its answer as the call would (its
+        deadline); None, to make the call instead, when refused or unanswered (as
+        WorkerSession._grant_on; a late answer is dropped, the call's reports are REPEATs)."""
+        with self.cond:
+            self.seq += 1
+            seq = self.seq
+            self.granting[seq] = None
+        self.stats.stream_messages += 1
+        self.stats.sent_at.append(time.monotonic())
+        self.stream.send(pb.SessionMessage(seq=seq, get_tasks=request))
+        deadline = time.monotonic() + CALL_TIMEOUT_S + request.wait_ms / 1000
+        with self.cond:
+            while self.granting[seq] is None and self.offered and time.monotonic() < deadline:
+                self.cond.wait(max(0.001, deadline - time.monotonic()))
+            event = self.granting.pop(seq)
+        if event is None:
+            self.stats.grants_unanswered += 1
+            return None
+        if event.grant_refused:
+            self.stats.grants_refused += 1
+            return None
+        self.stats.grants_on_stream += 1
+        return event.grant
 
     def _report(self, reports: list[pb.TaskReport], held: list[_Lease],
                 current: _Lease | None) -> pb.ReportResponse:
@@ -416,9 +480,12 @@ class SimReader:
               current: _Lease | None) -> None:
         """A Session message (a heartbeat, with any reports): answered once durable; the answer
         comes as an event."""
-        self.seq += 1
+        with self.cond:
+            self.seq += 1
+            seq = self.seq
         self.stats.stream_messages += 1
-        self.stream.send(session_message(self.seq, reports, [x.key for x in held],
+        self.stats.sent_at.append(time.monotonic())
+        self.stream.send(session_message(seq, reports, [x.key for x in held],
                                          [current.key] if current else [], self.sync, None))
 
     def _call(self, name: str, method: Any, *args: Any, **kw: Any) -> Any:
@@ -468,6 +535,8 @@ class Watcher:
                 if e.code() != grpc.StatusCode.CANCELLED:
                     reader.stats.errors.append(f"reader {reader.index}: Session: "
                                                f"{e.code().name}: {e.details()}")
+            finally:
+                reader.stream_ended()
         threading.Thread(target=read, daemon=True).start()
 
 
@@ -571,7 +640,9 @@ def run(cfg: FleetOptions, storage: str, state: str) -> dict[str, Any]:
         for proc in procs:
             proc.join(30)
     read = sum(1 for r in results for t in r["done_at"] if t0 <= t <= t1)
-    summary = summarize(cfg, results, t1 - t0, cpu1 - cpu0, calls0, calls1, state, read)
+    messages = sum(1 for r in results for t in r["sent_at"] if t0 <= t <= t1)
+    summary = summarize(cfg, results, t1 - t0, cpu1 - cpu0, calls0, calls1, state, read,
+                        messages)
     # What the master warned of (a stall, expiries, refusals), by kind: the first words.
     summary["master_warnings"] = dict(Counter(
         " ".join(line.split()[3:9]) for line in master.log
@@ -635,7 +706,7 @@ def expected_records(cfg: FleetOptions, epoch: int) -> dict[int, int]:
 
 def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu: float,
               calls0: dict[str, float], calls1: dict[str, float], state: str,
-              read: int) -> dict[str, Any]:
+              read: int, messages: int) -> dict[str, Any]:
     calls = {m: calls1.get(m, 0) - calls0.get(m, 0) for m in calls1}
     # A session's OpenJob and LeaveJob are once per session, not per second: not counted.
     total_calls = sum(n for m, n in calls.items() if m not in ("OpenJob", "LeaveJob"))
@@ -648,6 +719,14 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
         "calls_per_s": {m: round(n / wall, 1) for m, n in sorted(calls.items())},
         "calls_per_reader_s": round(total_calls / (wall * cfg.readers), 3),
         "partitions_per_s": round(read / wall, 1),  # partitions read inside the window
+        "master_cpu_ms_per_partition": round(1000 * cpu / read, 3) if read else None,
+        # Session messages the readers sent inside the window (each answered but progress).
+        "messages_per_s": round(messages / wall, 1),
+        "messages_per_reader_s": round(messages / (wall * cfg.readers), 3),
+        "grants": {"on_stream": sum(r["grants_on_stream"] for r in results),
+                   "refused": sum(r["grants_refused"] for r in results),
+                   "unanswered": sum(r["grants_unanswered"] for r in results),
+                   "calls": sum(r["grant_calls"] for r in results)},
         "grant_ms": {"p50": round(percentile(grants, 0.5), 2),
                      "p99": round(percentile(grants, 0.99), 2), "n": len(grants)},
         "starved_s": {"max": round(max(starved, default=0), 3),
@@ -694,17 +773,22 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"trainfeed of {summary.get('trainfeed', '?')}",
              f"fleet: {o['readers']} readers ({summary['kinds']}) in {o['processes']} processes, "
              f"{o['partitions']} partitions × {o['records']} records, {summary['state']} state, "
-             f"{'watch' if o['watch'] else 'poll'}{', sync' if o['sync'] else ''}; "
+             f"{'watch' if o['watch'] else 'poll'}"
+             f"{', grants on the stream' if o['watch'] and o['grants'] else ', GetTasks calls'}"
+             f"{', sync' if o['sync'] else ''}; "
              f"{summary['wall_s']} s, load {summary['loadavg'][0]:.1f}",
-             "| master cores | CPU ms per reader-s | calls per reader-s | partitions/s | "
-             "grant p50 / p99 ms | max starved s | give-backs | released |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|",
-             f"| {summary['master_cores']} | {summary['master_cpu_ms_per_reader_s']} | "
-             f"{summary['calls_per_reader_s']} | {summary['partitions_per_s']} | "
+             "| master cores | CPU ms per partition | CPU ms per reader-s | partitions/s | "
+             "calls per reader-s | messages/s | grant p50 / p99 ms | max starved s | "
+             "give-backs | released |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             f"| {summary['master_cores']} | {summary['master_cpu_ms_per_partition']} | "
+             f"{summary['master_cpu_ms_per_reader_s']} | {summary['partitions_per_s']} | "
+             f"{summary['calls_per_reader_s']} | {summary['messages_per_s']} | "
              f"{summary['grant_ms']['p50']} / {summary['grant_ms']['p99']} | "
              f"{summary['starved_s']['max']} | {summary['stealing']['give_backs']} | "
              f"{summary['stealing']['released']} |",
              f"calls/s by method: {summary['calls_per_s']}",
+             f"grants (whole run): {summary['grants']}",
              f"Session streams (whole run): {summary['watch_events']} events pushed, "
              f"{summary['stream_messages']} messages sent, {summary['stream_answers']} "
              f"answers"]
@@ -736,6 +820,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window-after", type=float, default=0.0,
                    help="measure from this many seconds after the start")
     p.add_argument("--poll", action="store_true", help="no Watch streams: poll as old readers")
+    p.add_argument("--calls", action="store_true",
+                   help="GetTasks as calls only, not asked on the Session stream")
     p.add_argument("--sync", action="store_true", help="one synchronous group of all readers")
     p.add_argument("--state", default="memory://", help="the master's state store URL")
     p.add_argument("--storage", default=f"{DEFAULT_ROOT}/fleet-storage")
@@ -751,8 +837,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        slow_factor=a.slow_factor, fast_share=a.fast_share,
                        fast_factor=a.fast_factor, dying_share=a.dying_share, epochs=a.epochs,
                        duration_s=a.duration, window_after_s=a.window_after, depth=a.depth,
-                       lease_timeout_s=a.lease_timeout_s,
-                       watch=not a.poll, sync=a.sync, batch=a.batch, seed=a.seed)
+                       lease_timeout_s=a.lease_timeout_s, watch=not a.poll, grants=not a.calls,
+                       sync=a.sync, batch=a.batch, seed=a.seed)
     storage, out = os.path.abspath(a.storage), os.path.abspath(a.json)
     summary = run(cfg, storage, a.state)
     summary["trainfeed"] = os.path.dirname(os.path.dirname(trainfeed.__file__))

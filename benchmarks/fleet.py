@@ -173,6 +173,9 @@ class _Lease:
     lease: int
     skip: int
     end: int  # records of the partition this reader delivers: [skip, end)
+    # A synchronous rank's cut: the rest went back with a RELEASED at `end` (as LeaseBook.cut),
+    # so the kept part ends with no DONE (the master refuses one: the lease is no longer held).
+    cut: bool = False
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -273,8 +276,9 @@ class SimReader:
                 self._consumed(epoch, current, current.skip, current.end)
                 self.stats.finished[epoch] = now
                 self.stats.done_at.append(now)
-                reports.append(pb.TaskReport(epoch=epoch, partition=current.partition,
-                                             outcome=pb.TaskReport.DONE, lease=current.lease))
+                if not current.cut:
+                    reports.append(pb.TaskReport(epoch=epoch, partition=current.partition,
+                                                 outcome=pb.TaskReport.DONE, lease=current.lease))
                 current = None
             if current is None and ahead:
                 current, began = ahead.popleft(), now
@@ -345,7 +349,7 @@ class SimReader:
         end = task.stop_records or task.num_records
         lease = _Lease(task.epoch, task.partition, task.lease, task.skip_records, end)
         if quota is not None and end - lease.skip > quota:  # a rank keeps its quota's part
-            lease.end = lease.skip + max(0, quota)
+            lease.end, lease.cut = lease.skip + max(0, quota), True
             self._call("Report", self.client.report, JOB, self.worker, reports=[pb.TaskReport(
                 epoch=task.epoch, partition=task.partition, outcome=pb.TaskReport.RELEASED,
                 lease=task.lease, consumed=lease.end)], sync=self.sync)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,13 +22,12 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sample_data import make_image_list
+from test_push_watch import calls, session_of, wait_until
 
 from trainfeed import MasterSource, dist
 from trainfeed.lease import session as session_module
 from trainfeed.lease.client import MasterClient, tasks_request
-from trainfeed.lease.session import WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.master.service import MAX_GRANTS_IN_FLIGHT
 from trainfeed.upload import UploadOptions, upload
@@ -37,28 +35,6 @@ from trainfeed.v1 import master_pb2 as pb
 
 RECORDS = 64  # 16 partitions of 4
 pytestmark = pytest.mark.integration
-
-
-def calls(master: MasterProcess) -> dict[str, float]:
-    """Calls the master answered so far, by method (its trainfeed_rpc_duration_seconds)."""
-    assert master.metrics_url is not None
-    with urllib.request.urlopen(master.metrics_url, timeout=10) as reply:
-        text = reply.read().decode()
-    return {s.labels["method"].rsplit("/", 1)[-1]: s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name == "trainfeed_rpc_duration_seconds_count"}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
-
-
-def session_of(reader: Any) -> WorkerSession:
-    backend = getattr(reader, "_backend", None) or reader.backend
-    return backend.session  # type: ignore[no-any-return]
 
 
 @pytest.fixture

@@ -6,16 +6,15 @@ stream's mere liveness renews nothing)."""
 from __future__ import annotations
 
 import queue
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sample_data import make_image_list
+from test_push_watch import calls
+from test_stream_grants import read_events
 
 from trainfeed.lease.client import MasterClient, session_message
 from trainfeed.master.process import MasterProcess
@@ -38,30 +37,11 @@ def master(tmp_path: Path) -> MasterProcess:
         yield m
 
 
-def calls(master: MasterProcess) -> dict[str, float]:
-    """Calls the master answered so far, by method (its trainfeed_rpc_duration_seconds)."""
-    assert master.metrics_url is not None
-    with urllib.request.urlopen(master.metrics_url, timeout=10) as reply:
-        text = reply.read().decode()
-    return {s.labels["method"].rsplit("/", 1)[-1]: s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name == "trainfeed_rpc_duration_seconds_count"}
-
-
 def stream(stub: master_pb2_grpc.MasterStub, request: pb.WatchRequest
            ) -> tuple[queue.Queue[pb.WatchEvent | grpc.RpcError], grpc.Future]:
     """The stream's events (or its error) on a queue, read by a thread."""
-    events: queue.Queue[pb.WatchEvent | grpc.RpcError] = queue.Queue()
     call = stub.Watch(request, timeout=30)
-
-    def read() -> None:
-        try:
-            for event in call:
-                events.put(event)
-        except grpc.RpcError as e:
-            events.put(e)
-    threading.Thread(target=read, daemon=True).start()
-    return events, call
+    return read_events(call), call
 
 
 def test_a_watching_session_is_told_of_expired_leases_and_the_epoch_end(
@@ -128,17 +108,8 @@ def test_a_reader_of_another_protocol_version_is_refused_naming_both(
 def session_stream(client: MasterClient, worker: str
                    ) -> tuple[queue.Queue[pb.WatchEvent | grpc.RpcError], Any]:
     """The session's Session stream (client.session), its events on a queue read by a thread."""
-    events: queue.Queue[pb.WatchEvent | grpc.RpcError] = queue.Queue()
     call = client.session("train", worker)
-
-    def read() -> None:
-        try:
-            for event in call:
-                events.put(event)
-        except grpc.RpcError as e:
-            events.put(e)
-    threading.Thread(target=read, daemon=True).start()
-    return events, call
+    return read_events(call), call
 
 
 def heartbeat(seq: int, held: list[pb.Task], consumed: int = 0) -> pb.SessionMessage:

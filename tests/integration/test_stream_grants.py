@@ -28,6 +28,7 @@ from test_push_watch import calls, session_of, wait_until
 from trainfeed import MasterSource, dist
 from trainfeed.lease import session as session_module
 from trainfeed.lease.client import MasterClient, tasks_request
+from trainfeed.lease.session import WorkerSession
 from trainfeed.master.process import MasterProcess
 from trainfeed.master.service import MAX_GRANTS_IN_FLIGHT
 from trainfeed.upload import UploadOptions, upload
@@ -57,18 +58,35 @@ def read_epochs(reader: Any, epochs: int, got: Counter[tuple[int, int]],
             between()
 
 
+def first_batch(reader: Any, got: Counter[tuple[int, int]]
+                ) -> tuple[Iterator[Any], int, WorkerSession]:
+    """Starts a pass of batches of 4: its first batch counted in `got`, once the master said it
+    grants on the stream. Returns the pass's other batches, its epoch and the reader's session."""
+    batches = iter(reader.column_batches(4))
+    first = next(batches)
+    epoch = int(reader.epoch or 0)
+    for record in first["_id"].tolist():
+        got[(epoch, int(record))] += 1
+    session = session_of(reader)
+    wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+    return batches, epoch, session
+
+
+def assert_exactly_once(got: Counter[tuple[int, int]], epochs: int) -> None:
+    """Every record of each of `epochs` epochs delivered once."""
+    seen = sorted({e for e, _ in got})
+    assert len(seen) == epochs, seen
+    for e in seen:
+        ids = Counter(r for (ep, r), n in got.items() if ep == e for _ in range(n))
+        assert sorted(ids) == list(range(RECORDS)) and set(ids.values()) == {1}, (e, ids)
+
+
 def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master4: MasterProcess) -> None:
     reader = dist.reader("flowers", source=MasterSource(master4.address, "grants",
                                                         prefetch_partitions=2))
     got: Counter[tuple[int, int]] = Counter()
     try:
-        batches = iter(reader.column_batches(4))
-        first = next(batches)
-        epoch = int(reader.epoch or 0)
-        for record in first["_id"].tolist():
-            got[(epoch, int(record))] += 1
-        session = session_of(reader)
-        wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+        batches, epoch, session = first_batch(reader, got)
         before = calls(master4)
         for batch in batches:  # the rest of the first pass, tail long-poll included
             for record in batch["_id"].tolist():
@@ -81,11 +99,7 @@ def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master4: MasterPro
         f"{after.get('GetTasks', 0) - before.get('GetTasks', 0):.0f} GetTasks calls"
     assert after.get("Report", 0) == before.get("Report", 0)
     assert session.grants_on_stream >= 3 * RECORDS // 4 // 2  # (up to 2 partitions a grant)
-    epochs = sorted({e for e, _ in got})
-    assert len(epochs) == 3, epochs
-    for e in epochs:
-        ids = Counter(r for (ep, r), n in got.items() if ep == e for _ in range(n))
-        assert sorted(ids) == list(range(RECORDS)) and set(ids.values()) == {1}, (e, ids)
+    assert_exactly_once(got, 3)
 
 
 def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
@@ -106,13 +120,7 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
                 breaks[0] += 1
 
     try:
-        batches = iter(reader.column_batches(4))
-        first = next(batches)
-        epoch = int(reader.epoch or 0)
-        for record in first["_id"].tolist():
-            got[(epoch, int(record))] += 1
-        session = session_of(reader)
-        wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+        batches, epoch, session = first_batch(reader, got)
         before = calls(master4).get("GetTasks", 0)
         thread = threading.Thread(target=breaker, daemon=True)
         thread.start()
@@ -130,11 +138,7 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
     assert breaks[0] >= 3, breaks
     assert made >= 1, "no GetTasks call while the stream was down"
     assert session.grants_on_stream >= 1
-    epochs = sorted({e for e, _ in got})
-    assert len(epochs) == 3, epochs
-    for e in epochs:
-        ids = Counter(r for (ep, r), n in got.items() if ep == e for _ in range(n))
-        assert sorted(ids) == list(range(RECORDS)) and set(ids.values()) == {1}, (e, ids)
+    assert_exactly_once(got, 3)
 
 
 # -- over the wire -------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ that table and says what is wrong with it, so that tests/security/test_door_tabl
 door the code serves has no row, a row names a test that does not exist, or a row leaves a
 column empty; and so that its checks can be shown failing on a table made up for the purpose.
 
-A row's door cell names its doors as code spans (`trainfeed.v1.Master/OpenJob`,
-`SessionMessage.report`, `/status.json`): every code span in it is a door the row covers. Its
+A row's door cell names the doors it covers as code spans (`trainfeed.v1.Master/OpenJob`,
+`SessionMessage.report`, `/status.json`): that is how a door the code serves is found in it. Its
 test cell lists pytest node ids (`tests/x.py::test_y`, a parametrized id's base name, or
 `tests/x.py::TestCase::runTest`), separated by `<br>` or commas, or `TODO` where no test shows
 the door yet.

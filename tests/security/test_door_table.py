@@ -108,3 +108,10 @@ def test_the_checker_names_what_is_missing_or_wrong(tmp_path: Path) -> None:
         assert expected in found, found
     assert "test_every_door_has_a_test" not in found  # a test that exists is not named
     assert todo_rows(rows) == ["line 9: `/status`"]
+
+
+@pytest.mark.parametrize("door", ["trainfeed.v1.Master/Session", "grpc.health.v1.Health/Watch",
+                                  "SessionMessage.get_tasks", "/login"])
+def test_dropping_a_row_of_the_real_table_is_caught(door: str) -> None:
+    kept = [row for row in read_rows() if door not in row.keys]
+    assert missing_doors(kept, required_doors()) == [door]

@@ -26,7 +26,6 @@ from urllib.parse import parse_qs
 
 from trainfeed.security import JOB_TOKEN_PREFIX, job_token
 
-# Every path the HTTP server answers (tests/security: each one has a row in docs/security.md).
 PATHS = ("/", "/status", "/status/", "/status.json", "/login", "/logout", "/metrics")
 
 # How often the page reloads itself: the sparklines step every 10 s, the readers call faster.

@@ -26,6 +26,8 @@ from urllib.parse import parse_qs
 
 from trainfeed.security import JOB_TOKEN_PREFIX, job_token
 
+PATHS = ("/", "/status", "/status/", "/status.json", "/login", "/logout", "/metrics")
+
 # How often the page reloads itself: the sparklines step every 10 s, the readers call faster.
 REFRESH_S = 5
 # A login lasts this long (seconds); a bounded number of sessions are kept (oldest dropped).

@@ -5,7 +5,8 @@ Modes:
   `--gloo` a gloo process group from MASTER_ADDR/MASTER_PORT). It reads `--epochs` passes of
   `dist.reader(DATASET, sync=True)` and appends a JSON line per batch to `--out`
   ({"rank", "epoch", "ids"}), flushed at once; `--hang-before-reader` makes it a rank that never
-  arrives (it sleeps instead of reading). On an exception it appends {"error": type, "message",
+  arrives (it sleeps instead of reading); `--no-close` exits without closing the reader (the
+  README's train.py). On an exception it appends {"error": type, "message",
   "t": wall clock} and exits 3.
 - `spawn`: `torch.multiprocessing.spawn` of `--world` processes, each calling
   `init_process_group("gloo", rank=, world_size=)` with no WORLD_SIZE/RANK in the environment
@@ -96,7 +97,8 @@ def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
                             "t": time.time()})
                 time.sleep(args.delay)
     finally:
-        reader.close()
+        if not args.no_close:
+            reader.close()
 
 
 def rank_main(args: argparse.Namespace) -> int:
@@ -141,6 +143,9 @@ def main() -> int:
     parser.add_argument("--gloo", action="store_true")
     parser.add_argument("--per-rank", action="store_true", help="--out + RANK")
     parser.add_argument("--hang-before-reader", action="store_true")
+    # Exits without closing its reader, as the README's train.py does: the master hears no
+    # LeaveJob, only silence after the last epoch.
+    parser.add_argument("--no-close", action="store_true")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--late-releases", type=float, default=0.0)

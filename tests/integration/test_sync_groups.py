@@ -11,6 +11,9 @@ that count every record id they get.
 - torch.multiprocessing.spawn + init_process_group(rank=, world_size=), no WORLD_SIZE/RANK: each
   rank reads its share, locally and through the master (before: locally every record twice per
   epoch; through the master both ranks joined as "world size 1" and hung).
+- Issue 38: ranks that read their epochs and exit without closing their readers (the README's
+  train.py) leave a group that is finished, not broken (before: an ERROR "is broken … killed or
+  stopped?" a lease timeout later, and the job shown broken on the page).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import pytest
 from integration.services import free_port
 from optional import require
 from test_chaos import wait_for
+from test_status_json import status_of
 
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -266,3 +270,27 @@ def test_a_rank_frozen_past_the_lease_timeout_breaks_the_group_for_both(
         seen = Counter(i for out in outs for b in lines(out) if b.get("epoch") == epoch
                        for i in b["ids"])
         assert not seen or max(seen.values()) == 1, seen.most_common(3)
+
+
+def test_ranks_that_finish_their_epochs_and_exit_leave_a_finished_group_not_a_broken_one(
+        master: MasterProcess, tmp_path: Path) -> None:
+    """2 ranks read 2 epochs each and exit without closing their readers. Three lease timeouts
+    later the master has logged no broken group, and /status.json says the group finished."""
+    outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="done",
+                                 WORLD_SIZE="2", RANK=str(r), LOCAL_RANK=str(r)),
+                  "--epochs", "2", "--no-close")
+             for r, out in enumerate(outs)]
+    assert finish(procs) == [0, 0], [lines(out)[-1:] for out in outs]
+    ids = Counter(i for out in outs for line in lines(out) for i in line["ids"])
+    assert len(ids) == RECORDS and set(ids.values()) == {2}  # each record once an epoch
+
+    def group() -> dict[str, Any]:
+        return status_of(master, "done")["sync_group"]
+
+    wait_for(lambda: group().get("finished") or group()["broken"],
+             "the group to be said finished (or broken)")
+    time.sleep(LEASE_S)  # another lease timeout: nothing turns it into a broken group
+    assert group()["broken"] is None, group()
+    assert "finished" in group()["finished"]
+    assert not [line for line in master.log if "is broken" in line], master.log[-20:]

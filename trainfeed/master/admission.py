@@ -178,14 +178,22 @@ def on_call(job: Job, worker: str, sync: pb.SyncGroup | None, now: float) -> str
 
 def check_group(job: Job, now: float, lease_timeout_s: float, waiting: bool = False) -> bool:
     """Breaks the job's group if a rank is missing (`waiting`: a rank waits for records, so a
-    rank that left counts too); returns whether it broke now (wake the long-polls)."""
+    rank that left counts too); returns whether it broke now (wake the long-polls). Ranks
+    quiet between epochs (the ledger's epoch complete or untouched) with nobody waiting finish
+    the group instead of breaking it (SyncMembers.check)."""
     members = job.members
     if members is None:
         return False
-    why = members.check(now, lease_timeout_s, waiting)
+    ledger = job.ledger
+    between = ledger.untouched or ledger.complete
+    was_finished = members.finished
+    why = members.check(now, lease_timeout_s, waiting, between_epochs=between)
     if why is not None:
         logger.error("job %r: %s", job.name, why)
         return True
+    if members.finished is not None and was_finished is None:
+        logger.info("job %r (epoch %d %s): %s", job.name, ledger.epoch,
+                    "complete" if ledger.complete else "not begun", members.finished)
     return False
 
 

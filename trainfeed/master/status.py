@@ -105,7 +105,8 @@ def _sync_group(job: Job, now: float) -> dict[str, Any] | None:
     return {"world_size": world, "batch_size": batch,
             "ranks": ({str(r): m.worker for r, m in sorted(members.ranks.items())}
                       if members else {}),
-            "broken": members.broken if members else None}
+            "broken": members.broken if members else None,
+            "finished": members.finished if members and not members.broken else None}
 
 
 def _failed(job: Job) -> list[dict[str, Any]]:

@@ -12,6 +12,10 @@ for ever, silently (issue 25). So the master keeps, per synchronous job, rank ->
   within a lease timeout of the group's first rank, or left (closed its reader) more than a lease
   timeout ago while another rank waits for records. Every remaining member is then told, on its
   next call, which rank(s) broke the group (`message_for`), and raises SyncGroupBrokenError.
+- a group whose ranks all went quiet or left *between epochs* (the current epoch complete or not
+  yet begun, no rank waiting for records) is **finished**, not broken (issue 38): that is how a
+  training script that ran its epochs and exited looks to the master. Broken means a rank stopped
+  inside an epoch, or a rank waits for records that a missing rank's share holds back.
 
 Pure, like the ledger: time is an argument, no clock, socket or thread. Not saved with the job:
 a restarted master learns the members again from the `sync` field every call carries, and gives
@@ -73,6 +77,9 @@ class SyncMembers:
     told: dict[str, str] = field(default_factory=dict)
     # Nobody counts as missing before this (after a master restart or stall).
     not_before: float = 0.0
+    # Why the group counts as finished (every rank quiet or gone between epochs; None while
+    # some rank is alive). Cleared when a rank is claimed again.
+    finished: str | None = None
 
     def rank_of(self, worker: str) -> int | None:
         return next((r for r, m in self.ranks.items() if m.worker == worker), None)
@@ -98,6 +105,7 @@ class SyncMembers:
                    f"from for {quiet:.0f} s")
             self.tell(holder.worker, why)
         self.ranks[rank] = Member(worker, name, now)
+        self.finished = None
         self.left.pop(rank, None)
         self.told.pop(worker, None)
         return ClaimResult(Verdict.TAKE)
@@ -151,9 +159,18 @@ class SyncMembers:
                            f"group's first rank)")
         return out
 
-    def check(self, now: float, lease_timeout_s: float, waiting: bool = False) -> str | None:
-        """Breaks the group if a rank is missing (see `missing`); returns why, once."""
+    def check(self, now: float, lease_timeout_s: float, waiting: bool = False,
+              between_epochs: bool = False) -> str | None:
+        """Breaks the group if a rank is missing (see `missing`); returns why, once.
+
+        With `between_epochs` (the job's current epoch is complete or untouched) and no rank
+        `waiting`, ranks that went quiet or left did not stop inside an epoch: while every rank
+        is quiet or gone the group is `finished` instead (see `finish_if_all_quiet`), and a
+        missing rank breaks it only once another rank waits for records."""
         if self.broken is not None:
+            return None
+        if between_epochs and not waiting:
+            self.finish_if_all_quiet(now, lease_timeout_s)
             return None
         gone = self.missing(now, lease_timeout_s, waiting)
         if not gone:
@@ -164,6 +181,18 @@ class SyncMembers:
                        "here rather than wait; restart the whole group (from a checkpoint: "
                        "reader.state_dict())")
         return self.broken
+
+    def finish_if_all_quiet(self, now: float, lease_timeout_s: float) -> None:
+        """Marks the group finished when no rank was heard from for a lease timeout (or every
+        rank left): the ranks ran their epochs and exited, which is no fault."""
+        if self.finished is not None or now < self.not_before:
+            return
+        if any(now - m.seen <= lease_timeout_s for m in self.ranks.values()):
+            return
+        if not self.ranks and not self.left:
+            return
+        self.finished = (f"the synchronous group of world size {self.world_size} finished: "
+                         f"every rank went quiet or closed its reader between epochs")
 
     def message_for(self, worker: str) -> str:
         """Why `worker` must stop ("" if it may go on): its group broke, or its rank was taken."""

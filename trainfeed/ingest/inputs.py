@@ -17,6 +17,10 @@ from trainfeed.ingest.plan import Layout
 
 logger = logging.getLogger(__name__)
 
+# The folder of every upload's shards in its dataset's folder (a reserved name segment,
+# trainfeed.names.RESERVED_SEGMENTS): data/<fingerprint>/.
+DATA_DIR = "data"
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -32,7 +36,7 @@ class Inputs:
     @property
     def data_dir(self) -> str:
         """The folder of this upload's shards, in the dataset's folder."""
-        return f"data/{self.fingerprint[:16]}"
+        return f"{DATA_DIR}/{self.fingerprint[:16]}"
 
 
 def layout_of(options: UploadOptions) -> Layout:

@@ -52,7 +52,7 @@ def check_new_dataset_name(name: str) -> str:
         raise InvalidNameError(
             f"invalid dataset name {name!r}: {tail!r} is a folder or file inside every "
             f"dataset's folder ({', '.join(sorted(RESERVED_SEGMENTS))}), so {name!r} would lie "
-            f"among the own files of dataset {head!r}; choose another name")
+            f"inside dataset {head!r}, among its own files; choose another name")
     return name
 
 

@@ -18,7 +18,7 @@ from sample_data import make_image_list
 from test_upload_concurrent import cli_upload
 
 from trainfeed import LocalSource, dist
-from trainfeed.errors import InvalidNameError
+from trainfeed.errors import HardLinkedFilesError, InvalidNameError, OutsidePathsError
 from trainfeed.formats.manifest import (
     MANIFEST_NAME,
     VERSIONS_DIR,
@@ -53,7 +53,8 @@ def test_every_entry_of_a_dataset_folder_is_a_reserved_segment() -> None:
                                   "flowers/manifest.json", "public/Data", "ns/VERSIONS"])
 def test_a_new_dataset_may_not_be_named_after_a_dataset_folders_entry(name: str) -> None:
     head = name.split("/")[0]
-    with pytest.raises(InvalidNameError, match=f"would lie among the own files of dataset '{head}'"):
+    with pytest.raises(InvalidNameError,
+                       match=f"would lie inside dataset '{head}', among its own files"):
         check_new_dataset_name(name)
     assert validate_dataset_name(name) == name  # one published before the rule stays readable
 
@@ -150,3 +151,38 @@ def test_the_publish_lock_is_no_dataset(tmp_path: Path) -> None:
     upload(str(listing), "flowers", storage, progress=False)
     assert (Path(storage) / PUBLISH_LOCK).exists()
     assert list_datasets(open_storage(storage)) == ["flowers"]
+
+
+# -- hard links: a file whose other names may lie outside the list's folder ---------------------
+def test_a_hard_linked_file_is_refused_naming_it_and_its_line(tmp_path: Path) -> None:
+    """A hard link to a file outside the list's folder was packed (symlinks, `..` and absolute
+    paths were refused). Where a link's other names are cannot be known: every regular file
+    with more than one name is refused, unless --allow-hard-links (or --allow-outside)."""
+    listing = make_image_list(tmp_path / "src", 4)
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(b"not for the dataset")
+    os.link(secret, listing.parent / "inside.jpg")
+    listing.write_text(listing.read_text() + "inside.jpg\tcat\n")
+    storage = tmp_path / "storage"
+    run = cli_upload(listing, str(storage), "flowers")
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 2 and "Traceback" not in err, err
+    assert "1 file(s) named in" in err and "have more than one name (hard links)" in err
+    assert f"{listing}:5: {listing.parent / 'inside.jpg'} (2 names)" in err
+    assert "--allow-hard-links" in err
+    assert not (storage / "flowers").exists()
+    with pytest.raises(HardLinkedFilesError) as caught:  # an OutsidePathsError too
+        upload(str(listing), "flowers", str(storage), progress=False)
+    assert isinstance(caught.value, OutsidePathsError) and caught.value.outside == [
+        (5, str(listing.parent / "inside.jpg"))]
+    for options in (UploadOptions(allow_hard_links=True), UploadOptions(allow_outside=True)):
+        result = upload(str(listing), "flowers", str(storage), options, progress=False)
+        assert result.num_records == 5
+
+
+def test_allow_hard_links_reaches_a_cluster_uploads_packers() -> None:
+    from trainfeed.cli.main import build_parser
+    from trainfeed.cli.upload_cmd import options_from, upload_arguments
+    args = build_parser().parse_args(["upload", "x.list", "--dataset", "d",
+                                      "--allow-hard-links"])
+    assert options_from(args).allow_hard_links and "--allow-hard-links" in upload_arguments(args)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+from peak_rss import run_measured
 from sample_data import make_image_list
 from test_upload_concurrent import cli_upload
 
@@ -186,3 +188,55 @@ def test_allow_hard_links_reaches_a_cluster_uploads_packers() -> None:
     args = build_parser().parse_args(["upload", "x.list", "--dataset", "d",
                                       "--allow-hard-links"])
     assert options_from(args).allow_hard_links and "--allow-hard-links" in upload_arguments(args)
+
+
+# -- one large record: the memory an upload takes for it ------------------------------------------
+BIG_RECORD = 128 << 20
+# Peak RSS above an upload of a tiny file, per byte of the record (docs/usage.md, "Large
+# records"): its read buffer (1x, plus at most 4 MiB) and Parquet's writer (2x: its values
+# encoder and its page, both copies of the value). Measured 3.1x; f44c545 took 5.3x (a second
+# read buffer made and zeroed for nothing, an eighth more on each, and a copy of the whole
+# value when locating it in the shard).
+RECORD_PEAK_RATIO = 3.5
+
+
+def upload_peak_mib(folder: Path, size: int) -> float:
+    """The peak RSS of `trainfeed upload` (one process) of a list of one random file of
+    `size` bytes, in MiB."""
+    (folder / "data").mkdir(parents=True)
+    with open(folder / "data" / "big.bin", "wb") as f:
+        for _ in range(0, size, 1 << 20):
+            f.write(os.urandom(min(1 << 20, size)))
+    (folder / "big.list").write_text("data/big.bin\tx\n")
+    run = run_measured([sys.executable, "-m", "trainfeed.cli.main", "upload",
+                        str(folder / "big.list"), "--dataset", "big", "--storage",
+                        str(folder / "storage"), "--no-progress", "--processes", "1",
+                        "--max-record-bytes", str(1 << 30)])
+    assert run.returncode == 0, run.stderr
+    return run.peak_mb
+
+
+@pytest.mark.slow
+def test_a_large_record_takes_about_three_times_its_size(tmp_path: Path) -> None:
+    base = upload_peak_mib(tmp_path / "small", 1 << 10)
+    big = upload_peak_mib(tmp_path / "big", BIG_RECORD)
+    assert big - base <= RECORD_PEAK_RATIO * (BIG_RECORD >> 20), (base, big)
+
+
+@pytest.mark.parametrize("at", [0, 7, (64 << 10) - 2, (64 << 10) + 5, (1 << 20) + (64 << 10) - 1,
+                                3 << 20])
+def test_a_value_is_found_wherever_it_lies_without_copying_it_whole(at: int) -> None:
+    """`_place` searches its 4-byte length in copies of 1 MiB (a window spanning the value
+    copied all of it); a length that straddles two copies, and a decoy length before the value
+    (right length, wrong bytes), are handled."""
+    from zlib import crc32
+
+    from trainfeed.formats.shards import _place
+    value = os.urandom(300_000)
+    head = len(value).to_bytes(4, "little")
+    decoy = head + bytes(len(value))
+    room = bytearray(os.urandom(at + len(decoy) + 4 + len(value) + 100))
+    room[0:len(decoy)] = decoy if at >= len(decoy) else room[0:len(decoy)]
+    room[at:at + 4 + len(value)] = head + value
+    assert _place(memoryview(room), 0, len(value), crc32(value)) == at
+    assert _place(memoryview(room), 0, len(value), crc32(value) ^ 1) == -1

@@ -96,7 +96,10 @@ def add_upload_options(p: argparse.ArgumentParser) -> None:
                         "named with its list line (--allow-outside allows them too)")
     p.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                    metavar="N", help=f"refuse files larger than this (default "
-                                     f"{DEFAULT_MAX_RECORD_BYTES:,} bytes)")
+                                     f"{DEFAULT_MAX_RECORD_BYTES:,} bytes). Each packing "
+                                     f"process holds about 3.1x its largest record (a read "
+                                     f"buffer and two copies in Parquet's writer): ~3.3 GB for "
+                                     f"a 1 GiB file (docs/usage.md, Large records)")
     p.add_argument("--rows-per-group", type=rows_per_group, default=DEFAULT_ROW_GROUP_ROWS,
                    metavar="N",
                    help=f"records per Parquet row group (default {DEFAULT_ROW_GROUP_ROWS}; a "

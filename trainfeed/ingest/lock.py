@@ -116,10 +116,11 @@ _PUBLISHING = threading.Lock()
 class PublishLock:
     """The whole storage's publish lock: held from the last check of an upload's name to its
     manifest written. Each upload's own lock (`UploadLock`) is its dataset folder's, so `flowers`
-    and `flowers/more` lock different files; both passed the check of nested names at their
-    start, and the first to publish made the other's name unsafe. In 8 rounds of such a pair,
-    2 printed "published" and left no manifest, 4 died with a FileNotFoundError. Under this lock
-    the second to publish sees the first's manifest, and fails naming it.
+    and `flowers/more` lock different files: both pass the check of nested names at their
+    start, and the first to publish makes the other's name unsafe (with `flowers/data`, before
+    it was reserved, 2 of 8 such pairs printed "published" and left no manifest, and 4 died
+    with a FileNotFoundError). Under this lock the second to publish sees the first's manifest,
+    and fails naming it (trainfeed.ingest.run._check_still_free).
 
     Publishing takes milliseconds (two small atomic writes), so a waiter blocks; the lock is
     the process's and ends with it. The file is never removed (a remover would race a waiter

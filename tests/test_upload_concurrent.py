@@ -41,9 +41,9 @@ print(result.num_records)
 """
 
 
-def cli_upload(listing: Path, storage: str) -> subprocess.Popen[str]:
+def cli_upload(listing: Path, storage: str, dataset: str = "flowers") -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "trainfeed.cli.main", "upload", str(listing),
-                             "--dataset", "flowers", "--storage", storage, "--overwrite",
+                             "--dataset", dataset, "--storage", storage, "--overwrite",
                              "--no-progress", "--rows-per-group", "16"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

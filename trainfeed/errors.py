@@ -58,6 +58,23 @@ class OutsidePathsError(ListFileError):
             + _listed(list_path, [f"{line}: {path}" for line, path in outside]))
 
 
+class HardLinkedFilesError(OutsidePathsError):
+    """Files named by a list have other names (hard links), which may lie outside its folder:
+    a link's other names cannot be found, so they are refused as a file outside would be."""
+
+    def __init__(self, list_path: str, linked: list[tuple[int, str, int]]):
+        self.list_path = list_path
+        self.outside = [(line, path) for line, path, _ in linked]
+        ListFileError.__init__(
+            self,
+            f"{len(linked)} file(s) named in {list_path} have more than one name (hard links), "
+            f"so their content may come from outside its folder, where a link cannot be "
+            f"followed to; nothing was published (use --allow-hard-links if they are meant to "
+            f"be packed):\n"
+            + _listed(list_path, [f"{line}: {path} ({names} names)"
+                                  for line, path, names in linked]))
+
+
 class OversizeRecordsError(ListFileError):
     """Files larger than the upload's per-record limit; all are listed."""
 

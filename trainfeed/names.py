@@ -13,6 +13,14 @@ _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # One optional namespace: "public/digits". Deeper nesting has no use and widens the attack surface.
 _MAX_SEGMENTS = 2
 PUBLIC_NAMESPACE = "public"
+# What a dataset's folder holds besides nested datasets (trainfeed.formats.manifest's layout):
+# `manifest.json`, `versions/<n>.json`, `data/<fingerprint>/` (shards, progress records,
+# `sources.parquet`, `_slices/`) and `transformers/<name>.json` (trainfeed.reader.transforms);
+# `.upload.lock` starts with a dot and is no name anyway. A new dataset's second segment may not
+# be one of them (compared case-blind, for case-insensitive filesystems): `flowers/data` lay in
+# dataset `flowers`' data folder, and `flowers`' next upload deleted its manifest as stale data.
+# tests/test_names.py checks each internal name is here.
+RESERVED_SEGMENTS = frozenset({"data", "manifest.json", "transformers", "versions"})
 
 
 def validate_dataset_name(name: str) -> str:
@@ -27,6 +35,24 @@ def validate_dataset_name(name: str) -> str:
         raise InvalidNameError(
             f"invalid dataset name {name!r}: use letters, digits, '.', '_' and '-', starting with "
             f"a letter or digit, optionally under one namespace such as 'public/NAME'")
+    return name
+
+
+def check_new_dataset_name(name: str) -> str:
+    """Returns `name` if a new dataset may be written under it, else raises InvalidNameError.
+
+    Stricter than `validate_dataset_name` (which readers use, so that a dataset published before
+    the rule stays readable): a namespaced name's dataset segment may not be one of a dataset
+    folder's own entries (`RESERVED_SEGMENTS`), whatever the storage holds now. That rule needs no
+    lock, so it holds on object stores too; whether the namespace is itself a dataset is checked
+    against storage (trainfeed.formats.manifest.check_name_is_free)."""
+    validate_dataset_name(name)
+    head, _, tail = name.partition("/")
+    if tail and tail.lower() in RESERVED_SEGMENTS:
+        raise InvalidNameError(
+            f"invalid dataset name {name!r}: {tail!r} is a folder or file inside every "
+            f"dataset's folder ({', '.join(sorted(RESERVED_SEGMENTS))}), so {name!r} would lie "
+            f"inside dataset {head!r}, among its own files; choose another name")
     return name
 
 

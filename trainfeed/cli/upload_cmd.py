@@ -90,9 +90,16 @@ def add_upload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-outside", action="store_true",
                    help="pack files outside the list's folder (absolute paths, '..', symlinks "
                         "pointing out); refused by default")
+    p.add_argument("--allow-hard-links", action="store_true",
+                   help="pack files that have more than one name (hard links), whose other "
+                        "names may lie outside the list's folder; refused by default, each "
+                        "named with its list line (--allow-outside allows them too)")
     p.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                    metavar="N", help=f"refuse files larger than this (default "
-                                     f"{DEFAULT_MAX_RECORD_BYTES:,} bytes)")
+                                     f"{DEFAULT_MAX_RECORD_BYTES:,} bytes). Each packing "
+                                     f"process holds about 3.1x its largest record (a read "
+                                     f"buffer and two copies in Parquet's writer): ~3.3 GB for "
+                                     f"a 1 GiB file (docs/usage.md, Large records)")
     p.add_argument("--rows-per-group", type=rows_per_group, default=DEFAULT_ROW_GROUP_ROWS,
                    metavar="N",
                    help=f"records per Parquet row group (default {DEFAULT_ROW_GROUP_ROWS}; a "
@@ -127,7 +134,8 @@ def options_from(args: argparse.Namespace) -> UploadOptions:
         kind=args.kind, columns=tuple(args.columns.split(",")) if args.columns else None,
         skip_missing=args.skip_missing, overwrite=args.overwrite,
         check_images=args.check_images, comments=not args.no_comments,
-        allow_outside=args.allow_outside, max_record_bytes=args.max_record_bytes,
+        allow_outside=args.allow_outside, allow_hard_links=args.allow_hard_links,
+        max_record_bytes=args.max_record_bytes,
         row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts,
         processes=args.processes, max_side=args.max_side, quality=args.quality)
 
@@ -142,6 +150,7 @@ def upload_arguments(args: argparse.Namespace) -> list[str]:
            *(["--max-side", str(args.max_side)] if args.max_side else [])]
     flags = {"--skip-missing": args.skip_missing, "--check-images": args.check_images,
              "--no-comments": args.no_comments, "--allow-outside": args.allow_outside,
+             "--allow-hard-links": args.allow_hard_links,
              "--jpeg-restarts": args.jpeg_restarts, "--overwrite": args.overwrite}
     return out + [flag for flag, on in flags.items() if on]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
 from trainfeed.formats.labels import STRING_ORDER, sorted_labels
-from trainfeed.names import validate_dataset_name
+from trainfeed.names import check_new_dataset_name, validate_dataset_name
 from trainfeed.storage import Storage
 
 MANIFEST_NAME = "manifest.json"
@@ -264,8 +264,13 @@ def check_name_is_free(storage: Storage, name: str) -> None:
     """Refuses a dataset name that would nest inside another dataset's folder, or hold one.
 
     `dup/data` once landed inside dataset `dup` (its data folder) and was deleted when `dup` was
-    re-uploaded. A name's first segment is either a dataset or a namespace, never both.
+    re-uploaded. A name's first segment is either a dataset or a namespace, never both, and a
+    dataset segment is never one of a dataset folder's own entries (`data`, `versions`, ...:
+    trainfeed.names.check_new_dataset_name). Uploads run it again under the storage's publish
+    lock as they publish (trainfeed.ingest.lock.PublishLock): two nested names uploaded at once
+    cannot both pass.
     """
+    check_new_dataset_name(name)
     head, _, tail = name.partition("/")
     if tail and storage.exists(f"{head}/{MANIFEST_NAME}"):
         raise InvalidNameError(f"dataset name {name!r} would lie inside dataset {head!r}'s "
@@ -274,7 +279,8 @@ def check_name_is_free(storage: Storage, name: str) -> None:
         nested = [n for n in list_datasets(storage) if n.startswith(f"{name}/")]
         if nested:
             raise InvalidNameError(f"{name!r} is a namespace holding dataset(s) "
-                                   f"{', '.join(nested[:5])}; choose another dataset name")
+                                   f"{', '.join(map(repr, nested[:5]))}; choose another "
+                                   f"dataset name")
 
 
 def write_manifest(storage: Storage, manifest: Manifest) -> None:

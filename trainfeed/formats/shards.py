@@ -372,24 +372,29 @@ def _place(view: memoryview, cursor: int, size: int, crc: int,
            check: Callable[[memoryview], int] = crc32) -> int:
     """Where a value of `size` bytes whose checksum (`check`: CRC-32 by default) is `crc`
     sits, with its 4-byte length before it, at or after `cursor` in `view`; -1 if nowhere.
-    Looks at `cursor` first, then near it."""
+    Looks at `cursor` first, then near it, then further: the first place in the view's order.
+
+    Lengths are searched for in copies of `_SEARCH_BYTES` at a time, never of the value: a
+    window that spanned the value copied all of it (a 128 MiB record took 128 MiB more)."""
     head = size.to_bytes(4, "little")
+    last = len(view) - 4 - size  # the last place where the value would fit
 
     def holds(at: int) -> bool:
-        return (at + 4 + size <= len(view) and view[at:at + 4].tobytes() == head
+        return (at <= last and view[at:at + 4].tobytes() == head
                 and check(view[at + 4:at + 4 + size]) == crc)
 
     if holds(cursor):
         return cursor
-    for limit in (cursor + _NEAR_BYTES + 4 + size, len(view)):
-        window = view[cursor:limit].tobytes()
+    lo, step = cursor, _NEAR_BYTES
+    while lo <= last:
+        hi = min(lo + step, last + 1)  # places lo..hi-1, and the 3 bytes after the last
+        window = view[lo:hi + 3].tobytes()
         at = window.find(head)
-        while at >= 0:
-            if holds(cursor + at):
-                return cursor + at
+        while 0 <= at < hi - lo:
+            if holds(lo + at):
+                return lo + at
             at = window.find(head, at + 1)
-        if limit >= len(view):
-            break
+        lo, step = hi, _SEARCH_BYTES
     return -1
 
 
@@ -412,6 +417,8 @@ def _binary_array(values: Sequence[bytes] | PackedValues) -> pa.Array:
 # How far past where a value would follow the previous one `_place` looks first: a page header
 # (no statistics on binary columns) or the record ids' chunk before a group's first value.
 _NEAR_BYTES = 64 << 10
+# How much of a row group `_place` copies at a time to search past that.
+_SEARCH_BYTES = 1 << 20
 
 
 def payload_index_bytes(index: np.ndarray) -> bytes:

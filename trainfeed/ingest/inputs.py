@@ -10,12 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from stat import S_ISREG
 
-from trainfeed.errors import MissingFilesError, OutsidePathsError, OversizeRecordsError
+from trainfeed.errors import (
+    HardLinkedFilesError,
+    MissingFilesError,
+    OutsidePathsError,
+    OversizeRecordsError,
+)
 from trainfeed.formats.listfile import ListEntry, ParsedList, outside_paths, parse_list
 from trainfeed.ingest.options import UploadOptions
 from trainfeed.ingest.plan import Layout
 
 logger = logging.getLogger(__name__)
+
+# The folder of every upload's shards in its dataset's folder (a reserved name segment,
+# trainfeed.names.RESERVED_SEGMENTS): data/<fingerprint>/.
+DATA_DIR = "data"
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,7 @@ class Inputs:
     @property
     def data_dir(self) -> str:
         """The folder of this upload's shards, in the dataset's folder."""
-        return f"data/{self.fingerprint[:16]}"
+        return f"{DATA_DIR}/{self.fingerprint[:16]}"
 
 
 def layout_of(options: UploadOptions) -> Layout:
@@ -45,7 +54,8 @@ def read_inputs(list_path: str, options: UploadOptions) -> Inputs:
 
     Raises:
         ListFileError: a malformed line; MissingFilesError listing every missing file;
-            OutsidePathsError; OversizeRecordsError. Nothing is written then.
+            OutsidePathsError; HardLinkedFilesError; OversizeRecordsError. Nothing is written
+            then.
     """
     parsed = parse_list(list_path, options.kind, options.columns, comments=options.comments)
     with open(list_path, "rb") as f:
@@ -55,6 +65,8 @@ def read_inputs(list_path: str, options: UploadOptions) -> Inputs:
     skipped: tuple[str, ...] = ()
     if parsed.kind == "file":
         stats = _stat_files(entries, options.read_threads, options.fingerprint_mtimes)
+        _check_links(parsed, entries, stats, options)
+        stats = [s[:2] if s is not None else None for s in stats]  # the fingerprint's
         entries, stats, skipped = _drop_missing(parsed, entries, stats, options)
         _check_files(parsed, entries, stats, options)
     sizes = tuple(_record_size(e, s, parsed.kind == "file")
@@ -84,6 +96,23 @@ def _drop_missing(parsed: ParsedList, entries: tuple[ListEntry, ...], stats: lis
         f"{parsed.path}:{line}: {path}" for line, path in missing)
 
 
+def _check_links(parsed: ParsedList, entries: tuple[ListEntry, ...], stats: list,
+                 options: UploadOptions) -> None:
+    """Refuses regular files with more than one name (hard links), unless allowed: unlike a
+    symlink, a hard link does not say where its other names are, so a file linked from outside
+    the list's folder cannot be told from one linked inside, and `outside_paths` cannot see it.
+
+    Raises:
+        HardLinkedFilesError: naming each file, its list line and its number of names.
+    """
+    if options.allow_hard_links or options.allow_outside:
+        return
+    linked = [(e.line, e.columns[0], s[2]) for e, s in zip(entries, stats)
+              if s is not None and s[2] > 1]
+    if linked:
+        raise HardLinkedFilesError(parsed.path, linked)
+
+
 def _check_files(parsed: ParsedList, entries: tuple[ListEntry, ...], stats: list,
                  options: UploadOptions) -> None:
     if not options.allow_outside:
@@ -96,25 +125,28 @@ def _check_files(parsed: ParsedList, entries: tuple[ListEntry, ...], stats: list
         raise OversizeRecordsError(parsed.path, options.max_record_bytes, big)
 
 
+_Stat = tuple[int, "int | str", int]
+
+
 def _stat_files(entries: tuple[ListEntry, ...], threads: int,
-                 with_mtimes: bool) -> list[tuple[int, int | str] | None]:
-    """(size, mtime_ns or content hash) of each entry's file, or None where it is missing (or
-    not a regular file). One stat per file, in runs per thread: a future per file cost more
-    than its stat (0.1 CPU-s of 3,000 files)."""
-    def stat(entry: ListEntry) -> tuple[int, int | str] | None:
+                 with_mtimes: bool) -> list[_Stat | None]:
+    """(size, mtime_ns or content hash, number of names) of each entry's file, or None where it
+    is missing (or not a regular file). One stat per file, in runs per thread: a future per
+    file cost more than its stat (0.1 CPU-s of 3,000 files)."""
+    def stat(entry: ListEntry) -> _Stat | None:
         path = entry.columns[0]
         try:
             st = os.stat(path)
             if not S_ISREG(st.st_mode):
                 return None
             if with_mtimes:
-                return st.st_size, st.st_mtime_ns
+                return st.st_size, st.st_mtime_ns, st.st_nlink
             with open(path, "rb") as f:
-                return st.st_size, hashlib.sha256(f.read()).hexdigest()
+                return st.st_size, hashlib.sha256(f.read()).hexdigest(), st.st_nlink
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def run(part: tuple[ListEntry, ...]) -> list[tuple[int, int | str] | None]:
+    def run(part: tuple[ListEntry, ...]) -> list[_Stat | None]:
         return [stat(entry) for entry in part]
 
     step = max(256, -(-len(entries) // threads))

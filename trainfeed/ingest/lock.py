@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 
 from trainfeed.errors import ConcurrentUploadError
 from trainfeed.formats.manifest import MANIFEST_NAME
+from trainfeed.ingest.board import BOARD_DIR
 from trainfeed.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -102,3 +104,58 @@ def published_fingerprint(folder: Storage) -> str | None:
         return json.loads(folder.read_bytes(MANIFEST_NAME)).get("fingerprint")
     except FileNotFoundError:
         return None
+
+
+# The storage-wide lock every upload holds while it publishes (local and mounted storage), in
+# the uploads board's folder (which no dataset name can be: names start with a letter or digit).
+PUBLISH_LOCK = f"{BOARD_DIR}/.publish.lock"
+# POSIX locks are the process's: uploads in threads of one process exclude each other here.
+_PUBLISHING = threading.Lock()
+
+
+class PublishLock:
+    """The whole storage's publish lock: held from the last check of an upload's name to its
+    manifest written. Each upload's own lock (`UploadLock`) is its dataset folder's, so `flowers`
+    and `flowers/more` lock different files: both pass the check of nested names at their
+    start, and the first to publish makes the other's name unsafe (with `flowers/data`, before
+    it was reserved, 2 of 8 such pairs printed "published" and left no manifest, and 4 died
+    with a FileNotFoundError). Under this lock the second to publish sees the first's manifest,
+    and fails naming it (trainfeed.ingest.run._check_still_free).
+
+    Publishing takes milliseconds (two small atomic writes), so a waiter blocks; the lock is
+    the process's and ends with it. The file is never removed (a remover would race a waiter
+    onto another inode). Object stores have no lock: there the static rule on names
+    (trainfeed.names.check_new_dataset_name) still keeps every name out of another dataset's
+    own files, and only the nested-name check can race."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+        self.fd: int | None = None
+
+    def __enter__(self) -> PublishLock:
+        _PUBLISHING.acquire()
+        if not self.storage.is_local:
+            return self
+        path = os.path.join(self.storage.root, PUBLISH_LOCK)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except BaseException:
+            _PUBLISHING.release()
+            raise
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            os.close(fd)
+            logger.debug("cannot lock %s (%s): publishing without it", path, e)
+            return self  # a filesystem without locks
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.fd is not None:
+                os.close(self.fd)  # closing the descriptor releases its lock
+                self.fd = None
+        finally:
+            _PUBLISHING.release()

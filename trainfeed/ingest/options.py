@@ -57,6 +57,10 @@ class UploadOptions:
     comments: bool = True
     # Pack files outside the list's folder (absolute paths, '..', symlinks out): off by default.
     allow_outside: bool = False
+    # Pack files with more than one name (hard links: st_nlink > 1). Off by default: a link's
+    # other names cannot be found, and may lie outside the list's folder, which `allow_outside`
+    # guards. `allow_outside` allows them too.
+    allow_hard_links: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     # Rewrite JPEGs losslessly with restart markers (file lists), so that training crops decode
     # their window alone: 1.35x the training images/s on ImageNet-like photos (docs/imagenet.md).

@@ -72,12 +72,13 @@ class Scratch(threading.local):
 
     def buffer(self, index: int, size: int) -> bytearray:
         """Buffer `index` (0 or 1), of at least `size` bytes; its content is left over. One
-        that must grow gets an eighth more than asked: row groups' sizes vary a little around
+        that must grow gets an eighth more than asked (at most GROWTH_CAP): row groups' sizes
+        vary a little around
         `row_group_bytes`, and each growth is new pages again (6,000 faults per growth by 1 MiB
         at 8 MiB buffers)."""
         if len(self.buffers[index]) < size:
             self.buffers[index] = bytearray()  # the old one freed before the new one is made
-            self.buffers[index] = bytearray(size + size // GROWTH_SHARE)
+            self.buffers[index] = bytearray(size + min(size // GROWTH_SHARE, GROWTH_CAP))
         return self.buffers[index]
 
     def release(self) -> None:
@@ -87,6 +88,9 @@ class Scratch(threading.local):
 SCRATCH = Scratch()
 # A growing buffer gets 1/GROWTH_SHARE more than asked (Scratch.buffer).
 GROWTH_SHARE = 8
+# ... and at most this much more: the margin is for row groups of about `row_group_bytes`
+# (1 MiB at 8 MiB), not for a group of one large record (128 MiB more for a 1 GiB file).
+GROWTH_CAP = 4 << 20
 
 
 def field_specs(kind: str, field_names: tuple[str, ...]) -> tuple[FieldSpec, ...]:
@@ -171,14 +175,17 @@ def read_groups(task: PackTask) -> Iterator[RowGroupBuffer]:
     bounds = [0, *itertools.accumulate(counts)]
     largest = max((sum(file_sizes[a:b]) for a, b in itertools.pairwise(bounds)), default=0)
     threads = task.options.read_threads
-    # Two buffers: the group handed to the encoder, and the next one being read.
-    buffers = [SCRATCH.buffer(0, largest), SCRATCH.buffer(1, largest)]
 
     def start(k: int) -> tuple[PackedValues, list[Future[None]]]:
         a, b = bounds[k], bounds[k + 1]
         offsets = np.zeros(b - a + 1, dtype=np.int64)
         np.cumsum(file_sizes[a:b], out=offsets[1:])
-        values = PackedValues(memoryview(buffers[k % 2])[:int(offsets[-1])], offsets)
+        # Two buffers: the group handed to the encoder, and the next one being read. The second
+        # is made when a second group is read, not before: a bytearray's pages are all touched
+        # (zeroed) when it is made, and a shard of one large record (a 1 GiB file) never needs
+        # it (it held 1.125x the record for nothing).
+        buffer = SCRATCH.buffer(k % 2, largest)
+        values = PackedValues(memoryview(buffer)[:int(offsets[-1])], offsets)
         # Runs of files per thread: a task per file cost more than reading a cached 80 KB file.
         step = -(-(b - a) // threads)
         return values, [pool.submit(_read_run, task, a, values, i, min(i + step, b - a))

@@ -8,6 +8,7 @@ shards go to their own folder, and the new manifest lists the old shards, unchan
 new ones (trainfeed.formats.manifest, "Versions")."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,8 +28,9 @@ from trainfeed.formats.manifest import (
     version_path,
 )
 from trainfeed.formats.sources import write_sources
-from trainfeed.ingest.inputs import Inputs
+from trainfeed.ingest.inputs import DATA_DIR, Inputs
 from trainfeed.ingest.progress import ShardProgress
+from trainfeed.names import RESERVED_SEGMENTS
 from trainfeed.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -214,12 +216,24 @@ def remove_temporary_files(folder: Storage) -> None:
     """Deletes the temporary files of an upload that was killed while writing one (an atomic
     write is a temporary sibling renamed over its target; a kill between the two leaves it).
     Uploads of one dataset are not meant to run concurrently (the second would replace the
-    first), so any temporary file here is garbage."""
+    first), so any temporary file here is garbage. Only the dataset's own files are looked at
+    (its top level and its reserved folders, trainfeed.names.RESERVED_SEGMENTS), never the
+    folder of a dataset nested in its namespace: that one's upload may be writing them."""
     if not folder.is_local or not os.path.isdir(folder.root):
         return
-    for parent, _, files in os.walk(folder.root):
-        for name in files:
-            if ".tmp-" in name:
+    with os.scandir(folder.root) as entries:
+        top = [e for e in entries]
+    for entry in top:
+        if entry.is_dir(follow_symlinks=False) and entry.name in RESERVED_SEGMENTS:
+            for parent, _, files in os.walk(entry.path):
+                _remove_temporary(parent, files)
+    _remove_temporary(folder.root, [e.name for e in top if e.is_file(follow_symlinks=False)])
+
+
+def _remove_temporary(parent: str, files: Sequence[str]) -> None:
+    for name in files:
+        if ".tmp-" in name:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(parent, name))
 
 
@@ -234,7 +248,7 @@ def remove_stale_data(folder: Storage, keep: str) -> None:
         return
     _remove_stale_versions(folder)
     try:
-        found = folder.fs.ls(folder.path("data"), detail=False)
+        found = folder.fs.ls(folder.path(DATA_DIR), detail=False)
     except FileNotFoundError:
         return
     kept = {keep.rsplit("/", 1)[-1]} | {

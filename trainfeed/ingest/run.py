@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from trainfeed.errors import DatasetExistsError, DatasetNotFoundError
+from trainfeed.errors import DatasetExistsError, DatasetNotFoundError, InvalidNameError
 from trainfeed.formats.manifest import (
     Manifest,
     check_name_is_free,
@@ -30,7 +30,13 @@ from trainfeed.formats.manifest import (
 from trainfeed.ingest import board
 from trainfeed.ingest.check import check_images
 from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
-from trainfeed.ingest.lock import LOCK_NAME, UploadLock, check_not_replaced, published_fingerprint
+from trainfeed.ingest.lock import (
+    LOCK_NAME,
+    PublishLock,
+    UploadLock,
+    check_not_replaced,
+    published_fingerprint,
+)
 from trainfeed.ingest.options import (
     DECODE_MEMORY_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
@@ -54,6 +60,7 @@ from trainfeed.ingest.publish import (
     remove_temporary_files,
 )
 from trainfeed.ingest.transform import describe, make_transform
+from trainfeed.names import check_new_dataset_name
 from trainfeed.storage import Storage, open_storage
 
 __all__ = ["DECODE_MEMORY_BYTES", "DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PROCESSES",
@@ -85,7 +92,7 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
     started = time.monotonic()
     options = options or UploadOptions()
     store = storage if isinstance(storage, Storage) else open_storage(storage)
-    folder = dataset_storage(store, dataset)
+    folder = dataset_storage(store, check_new_dataset_name(dataset))  # before any folder
     inputs = read_inputs(list_path, options)
     with UploadLock(folder, dataset):
         previous = published_fingerprint(folder)
@@ -114,16 +121,37 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
         manifest = build_manifest(
             dataset, inputs, field_specs(inputs.parsed.kind, inputs.parsed.field_names), shards,
             folder, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), describe(options), base)
-        check_not_replaced(folder, dataset, previous)
-        if base is not None:
-            keep_version(folder, base)
-        write_manifest(store, manifest)
+        with PublishLock(store):
+            _check_still_free(store, folder, dataset, inputs)
+            check_not_replaced(folder, dataset, previous)
+            if base is not None:
+                keep_version(folder, base)
+            write_manifest(store, manifest)
         remove_stale_data(folder, keep=inputs.data_dir)
         board.publish(store, dataset, inputs.fingerprint, manifest.num_records,
                       len(manifest.shards), manifest.num_bytes, None)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), inputs.skipped, False, resumed,
                         time.monotonic() - started, manifest.dataset_version)
+
+
+def _check_still_free(store: Storage, folder: Storage, dataset: str, inputs: Inputs) -> None:
+    """The check of nested names again, at the moment of publishing (under the storage's
+    publish lock): another upload may have published a dataset that holds `dataset`, or that
+    `dataset` would hold, since this one started. Then this one publishes nothing and removes
+    the shards it packed (they could never be published under this name).
+
+    Raises:
+        InvalidNameError: naming both datasets.
+    """
+    try:
+        check_name_is_free(store, dataset)
+    except InvalidNameError as e:
+        with contextlib.suppress(FileNotFoundError):
+            folder.fs.rm(folder.path(inputs.data_dir), recursive=True)
+        raise InvalidNameError(
+            f"{e}. That dataset was published by another upload while this one ran: this upload "
+            f"of {dataset!r} published nothing") from None
 
 
 def _published_version(folder: Storage) -> int:

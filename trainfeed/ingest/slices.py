@@ -35,7 +35,7 @@ from trainfeed.formats.manifest import (
 )
 from trainfeed.ingest import board
 from trainfeed.ingest.inputs import Inputs, layout_of, read_inputs
-from trainfeed.ingest.lock import published_fingerprint
+from trainfeed.ingest.lock import PublishLock, published_fingerprint
 from trainfeed.ingest.options import UploadOptions
 from trainfeed.ingest.pack import field_specs, pack_tasks
 from trainfeed.ingest.plan import ShardPlan, plan_shards, slice_of
@@ -158,8 +158,9 @@ def commit(job: SliceJob, inputs: Inputs | None = None,
     manifest = build_manifest(job.dataset, inputs,
                               field_specs(inputs.parsed.kind, inputs.parsed.field_names),
                               shards, folder, job.created_at, describe(job.options))
-    check_name_is_free(job.storage, job.dataset)
-    write_manifest(job.storage, manifest)
+    with PublishLock(job.storage):  # nested names published meanwhile: see PublishLock
+        check_name_is_free(job.storage, job.dataset)
+        write_manifest(job.storage, manifest)
     remove_stale_data(folder, keep=inputs.data_dir)
     board.publish(job.storage, job.dataset, inputs.fingerprint, manifest.num_records,
                   len(manifest.shards), manifest.num_bytes, job.workers)

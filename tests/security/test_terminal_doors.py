@@ -59,8 +59,11 @@ def cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str
     env["KUBECONFIG"] = "/nonexistent-kubeconfig"
     if token is not None:
         env["TRAINFEED_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "trainfeed.cli.main", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-m", "trainfeed.cli.main", *args],
+                          capture_output=True, timeout=120, env=env)
+    # Decoded by hand: text=True would turn a raw "\r" into "\n" and hide it.
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(),
+                                       done.stderr.decode())
 
 
 @pytest.mark.integration

@@ -7,12 +7,14 @@ master's log show them as `\\x1b`, `\\r`, `\\u202e` (trainfeed.terminal_text.vis
 """
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import unicodedata
 from pathlib import Path
@@ -23,6 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trainfeed.cli import log_format, status_uploads, status_watch
+from trainfeed.cli.main import main
 from trainfeed.ingest.board import record_path
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.process import MasterProcess
@@ -147,6 +150,58 @@ def test_a_manifests_text_reaches_info_and_ls_only_escaped(storage: str) -> None
     assert listed.stdout.count("\t") == 5  # the columns' own tabs, and only those
     for out in (info.stdout.replace("\t", " "), listed.stdout.replace("\t", " ")):
         assert not steering(out), sorted(steering(out))
+
+
+def test_every_text_of_a_status_snapshot_is_escaped_in_the_watch_view() -> None:
+    """A master (or whatever answers at --status-url) chooses every string of /status.json:
+    job and dataset, readers' names and flags, refusals, a broken sync group."""
+    job = {"job": f"j{HOSTILE}", "dataset": f"d{HOSTILE}", "num_records": 20, "epoch": 0,
+           "done": 0, "failed": 1, "num_partitions": 2, "progress": 0.5, "todo": 1,
+           "pending": 0, "records_per_s": 0.0, "sparkline": [], "input_bound": 0.0,
+           "workers_alive": 1, "reports_refused": 1,
+           "readers": [{"worker": f"w{HOSTILE}", "records_per_s": 1.0, "input_bound": 0.5,
+                        "leases_held": 1, "last_contact_s": 2.0, "flags": [HOSTILE]}],
+           "sync_group": {"world_size": 2, "batch_size": 8, "broken": HOSTILE},
+           "failed_partitions": [{"epoch": 0, "partition": 1, "reason": HOSTILE}],
+           "refusals": [{"count": 1, "worker": f"w{HOSTILE}", "why": HOSTILE}]}
+    lines = status_watch.render({"jobs": [job]}, f"j{HOSTILE}")
+    text = "\n".join(lines)
+    # job and dataset, the broken group, reader and flags, the lost partition, refusal and why
+    assert len(lines) == 10 and text.count(SHOWN) == 8, lines
+    assert not any("\n" in line for line in lines)
+    assert not steering(text)
+    missing = status_watch.render({"jobs": [job]}, "other")  # names the jobs it has
+    assert SHOWN in missing[0] and not steering(missing[0], lines=False)
+
+
+class HostileStatusServer(http.server.BaseHTTPRequestHandler):
+    """Answers every request with an HTTP error whose reason phrase is hostile."""
+
+    def do_GET(self) -> None:
+        self.send_response(500, "\x1b]0;pwned\x07\x1b[2J all good \x9b31m\x7f")  # latin-1
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_error_text_from_the_status_url_is_shown_escaped(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The reason phrase of whatever answers at --status-url reaches `trainfeed status`'s
+    error line (main's), escaped."""
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileStatusServer) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/status.json"
+            assert main(["status", "j", "--master", "127.0.0.1:1", "--watch", "--status-url",
+                         url, "--count", "1"]) == 2
+        finally:
+            server.shutdown()
+            thread.join(10)
+    err = capsys.readouterr().err
+    assert f"{url}: HTTP 500 " in err and "\\x1b]0;pwned\\x07\\x1b[2J" in err, err
+    assert not steering(err), sorted(steering(err))
 
 
 def log_record(message: str, *args: object) -> logging.LogRecord:

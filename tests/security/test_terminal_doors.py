@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from board_records import record
+from cluster.apiserver import FakeApiServer
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -202,6 +203,30 @@ def test_an_error_text_from_the_status_url_is_shown_escaped(
     err = capsys.readouterr().err
     assert f"{url}: HTTP 500 " in err and "\\x1b]0;pwned\\x07\\x1b[2J" in err, err
     assert not steering(err), sorted(steering(err))
+
+
+def test_a_pods_problem_from_the_cluster_is_shown_escaped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod's waiting message is a registry's or a kubelet's text: `trainfeed status` prints it
+    as a problem line (stdout, one line) and in its error (stderr), escaped."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with FakeApiServer() as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path, namespace="ml")))
+        kube.add("pods", "ml", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "evil-workers-0-abcde", "labels": {
+                "trainfeed.io/job": "evil", "app.kubernetes.io/component": "workers"}},
+            "spec": {"containers": [{"name": "worker", "image": "reg/img:1"}]},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "worker", "image": "reg/img:1", "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                         "message": f"denied{HOSTILE}"}}}]}})
+        assert main(["status", "evil"]) == 2
+    captured = capsys.readouterr()
+    assert f"(ImagePullBackOff: denied{SHOWN})" in captured.out, captured.out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rall good" in captured.err, captured.err
+    assert not steering(captured.out) and not steering(captured.err)
 
 
 def log_record(message: str, *args: object) -> logging.LogRecord:

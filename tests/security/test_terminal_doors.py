@@ -71,6 +71,7 @@ def cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_failed_reason_reaches_status_watch_and_the_log_only_escaped(storage: str) -> None:
     """A job-token holder reports a partition FAILED with a hostile reason; the operator's
     `trainfeed status`, one frame of `--watch` (pipe and terminal) and the master's log show
@@ -205,6 +206,7 @@ def test_an_error_text_from_the_status_url_is_shown_escaped(
     assert not steering(err), sorted(steering(err))
 
 
+@pytest.mark.slow
 def test_a_pods_problem_from_the_cluster_is_shown_escaped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

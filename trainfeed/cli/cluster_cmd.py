@@ -1,7 +1,9 @@
 """`trainfeed submit`, `scale`, `status` and `delete`: a job on Kubernetes.
 
 See docs/cluster.md. The objects are built by trainfeed.cluster.objects and sent by
-trainfeed.cluster.jobs; this module only parses flags and prints.
+trainfeed.cluster.jobs; this module only parses flags and prints. What it prints from the master
+(a FAILED reason is any job-token holder's), the cluster (events, a container's termination
+message) or a storage's uploads board goes through `say` / trainfeed.terminal_text.visible.
 """
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ import sys
 from typing import Any
 
 from trainfeed.cli import status_uploads, status_watch
-from trainfeed.cli.common import add_storage_options, storage_from, whole_number_or_none
+from trainfeed.cli.common import (
+    add_storage_options,
+    say,
+    storage_from,
+    whole_number_or_none,
+)
 from trainfeed.cli.redacting import unredacted
 from trainfeed.cluster import diagnose, progress
 from trainfeed.cluster.jobs import Cluster
@@ -248,7 +255,7 @@ def run_submit(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, namespace=namespace)
     with Cluster(api, namespace) as cluster:
         created = cluster.create(spec.name, job_objects(spec, token))
-    print(f"submitted job {spec.name!r} to namespace {namespace!r}: {', '.join(created)}")
+    say(f"submitted job {spec.name!r} to namespace {namespace!r}: {', '.join(created)}")
     print(f"progress: {_port_forward_hint(spec.name, namespace)} &\n"
           f"          trainfeed status {spec.name} -n {namespace} --master localhost:{GRPC_PORT}")
     return 0
@@ -270,7 +277,7 @@ def run_delete(args: argparse.Namespace) -> int:
     namespace = args.namespace or current_namespace(args.context)
     with Cluster(api, namespace) as cluster:
         deleted = cluster.delete(args.job)
-    print(f"deleted job {args.job!r} from namespace {namespace!r}: {', '.join(deleted)}")
+    say(f"deleted job {args.job!r} from namespace {namespace!r}: {', '.join(deleted)}")
     return 0
 
 
@@ -304,10 +311,10 @@ def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
         counts = by_component.get(component)
         shown = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) \
             if counts else "no pods"
-        print(f"{component + ' pods':<11} {shown}")
+        say(f"{component + ' pods':<11} {shown}")
     found = diagnose.problems(pods, cluster.events(job))
     for problem in found:
-        print(f"problem     {problem}")
+        say(f"problem     {problem}")
     return found
 
 
@@ -333,7 +340,7 @@ def _uploads(args: argparse.Namespace) -> int:
     if args.watch:
         return status_watch.watch(lambda: {"uploads": get()}, None, args.interval, sys.stdout,
                                   sys.stdout.isatty(), args.count)
-    for line in status_uploads.render(get()):
+    for line in status_uploads.render(get()):  # made visible there
         print(line)
     return 0
 
@@ -373,7 +380,7 @@ def run_status(args: argparse.Namespace) -> int:
                                                       args.interval)
             for line in progress.render(second.status, progress.partition_rate(first, second),
                                         progress.record_rate(first, second)):
-                print(line)
+                say(line)  # the master's failed reasons are any job-token holder's text
     finally:
         if cluster is not None:
             cluster.close()

@@ -1,10 +1,13 @@
-"""Options shared by several subcommands."""
+"""Options and output shared by several subcommands."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from typing import TextIO
 
 from trainfeed.storage import STORAGE_ENV, Storage, open_storage
+from trainfeed.terminal_text import visible
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
@@ -34,3 +37,16 @@ def whole_number_or_none(expected: str) -> Callable[[str], int | None]:
             raise argparse.ArgumentTypeError(
                 f"expected {expected} or 'none', got {text!r}") from None
     return parse
+
+
+def say(line: str, file: TextIO | None = None) -> None:
+    """Prints `line`, which holds text from a master, a storage, a manifest or the cluster,
+    with every control character in it shown visibly (trainfeed.terminal_text): such text
+    must not move the cursor, retitle the terminal or start a fake line."""
+    print(visible(line), file=file or sys.stdout)
+
+
+def say_cells(*cells: object, file: TextIO | None = None) -> None:
+    """Prints `cells` separated by tabs (a table for `cut` and people), each made visible
+    alone, so that only the separators are tabs."""
+    print("\t".join(visible(str(cell)) for cell in cells), file=file or sys.stdout)

@@ -5,6 +5,7 @@ import argparse
 import json
 
 from trainfeed.doctor import render, report
+from trainfeed.terminal_text import visible
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,5 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     info = report()
-    print(json.dumps(info, indent=2) if args.json else render(info))
+    # Settings come from the environment: shown visibly (JSON escapes them itself).
+    print(json.dumps(info, indent=2) if args.json else visible(render(info), multiline=True))
     return 0

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trainfeed import settings
 from trainfeed.lease.client import MASTER_ENV
 from trainfeed.security import TLS_CA_ENV, TLS_SERVER_NAME_ENV, ClientSecurity
+from trainfeed.terminal_text import visible
 
 # Where a probe inside the master's own pod finds it (`trainfeed master`'s default port).
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -48,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
                                timeout=args.timeout)
         except grpc.RpcError as e:
             code, details = e.code(), e.details()  # type: ignore[attr-defined]
-            print(f"trainfeed health: master {address}: {code.name}: {details}"
-                  + (" (a TLS master? set $TRAINFEED_TLS_CA)" if not security.tls
-                     and code is grpc.StatusCode.UNAVAILABLE else ""), file=sys.stderr)
+            # The details are the server's text: shown visibly (terminal_text).
+            print(visible(f"trainfeed health: master {address}: {code.name}: {details}"
+                          + (" (a TLS master? set $TRAINFEED_TLS_CA)" if not security.tls
+                             and code is grpc.StatusCode.UNAVAILABLE else "")), file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     if reply.status != health_pb2.HealthCheckResponse.SERVING:

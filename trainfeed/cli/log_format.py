@@ -5,14 +5,22 @@ A JSON line holds `time` (UTC, ISO 8601 with milliseconds), `level`, `logger` an
 (arguments already substituted), plus `exception` (the formatted traceback) when one is logged
 and `stack` for `stack_info=True`. Each line is a complete object, so a multi-line traceback
 never splits into several log entries, which text logs do in Kubernetes' log pipeline.
+
+Both formats show control characters visibly (trainfeed.terminal_text): a FAILED reason or a
+worker's text quoted in a message must not move the cursor, retitle the terminal or start a
+fake line. A text record's message is one line (`\\n` shown as such); its traceback keeps its
+lines. A JSON line escapes what `json.dumps` leaves raw (DEL, the C1 controls, bidi and other
+format characters) as `\\u` escapes of JSON itself, so a collector decodes the same message.
 """
 from __future__ import annotations
 
 import json
 import logging
 from datetime import datetime, timezone
+from typing import Any
 
 from trainfeed import settings
+from trainfeed.terminal_text import visible
 
 LOG_FORMAT_ENV = settings.LOG_FORMAT.name
 LOG_FORMATS = ("text", "json")
@@ -36,7 +44,38 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json_visible(json.dumps(entry, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT with untrusted text made visible: the message on one line, the traceback
+    and stack with their line breaks but no other control character."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei), multiline=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return visible(super().formatStack(stack_info), multiline=True)
+
+
+def json_visible(line: str) -> str:
+    """A line of JSON (`ensure_ascii=False`) with every non-printable character left in it
+    written as a JSON `\\uXXXX` escape (a surrogate pair beyond U+FFFF): still the same JSON
+    value, with nothing in it a terminal obeys. Printable non-ASCII text stays as it is."""
+    if line.isprintable():
+        return line
+    return "".join(char if char.isprintable() else _json_escape(char) for char in line)
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def default_log_format() -> str:
@@ -56,5 +95,5 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
                          f"{list(LOG_FORMATS)}")
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json"
-                         else logging.Formatter(TEXT_FORMAT))
+                         else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])

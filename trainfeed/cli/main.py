@@ -20,6 +20,7 @@ from trainfeed.cli.log_format import (
 )
 from trainfeed.cli.redacting import redacted_output
 from trainfeed.errors import TrainfeedError
+from trainfeed.terminal_text import visible
 
 logger = logging.getLogger("trainfeed.cli")
 # Each subcommand's module, in `--help` order. Only the module of the command being run is
@@ -167,7 +168,9 @@ def _main(argv: Sequence[str]) -> int:
         if json_logs:  # a log collector gets the reason as one entry, like every other line
             logger.error("trainfeed %s: error: %s", args.command, e)
         else:
-            print(f"trainfeed {args.command}: error: {e}", file=sys.stderr)
+            # An error may quote a master's, a storage's or a manifest's text: shown visibly.
+            print(visible(f"trainfeed {args.command}: error: {e}", multiline=True),
+                  file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -178,11 +181,11 @@ def _main(argv: Sequence[str]) -> int:
 
 def _report_unexpected(command: str, json_logs: bool) -> None:
     """The traceback of the exception being handled, printed here rather than by Python at
-    exit so that it passes the redaction."""
+    exit so that it passes the redaction (and, shown visibly, any text its message quotes)."""
     if json_logs:
         logger.exception("trainfeed %s failed", command)  # the traceback as one entry
     else:
-        traceback.print_exc()
+        sys.stderr.write(visible(traceback.format_exc(), multiline=True))
 
 
 if __name__ == "__main__":

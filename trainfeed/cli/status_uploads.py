@@ -1,7 +1,11 @@
 """`trainfeed status --uploads`: the uploads of a storage in progress (and those published in
 the last hour), read from its uploads board (trainfeed.ingest.board); the same lines as the
 uploads section of `trainfeed status JOB --watch`, which has them from the master's
-/status.json."""
+/status.json.
+
+A board record is a JSON file any writer of the storage can drop: every line shown passes
+trainfeed.terminal_text.visible, so none of its fields reaches the terminal as control
+characters."""
 from __future__ import annotations
 
 import time
@@ -11,6 +15,7 @@ from typing import Any
 from trainfeed.ingest.board import FAILED, PUBLISHED, STALE, Board
 from trainfeed.ingest.board_summary import summarize
 from trainfeed.storage import Storage
+from trainfeed.terminal_text import visible
 
 # Slices listed per upload in the terminal (problems first; the page lists up to 50).
 MAX_SLICES_SHOWN = 10
@@ -24,7 +29,12 @@ def _duration(seconds: float) -> str:
 
 
 def upload_lines(upload: dict[str, Any]) -> list[str]:
-    """The lines of one upload of `trainfeed.ingest.board.summarize`."""
+    """The lines of one upload of `trainfeed.ingest.board.summarize`, each one line of
+    printable text whatever the board's records hold (terminal_text.visible)."""
+    return [visible(line) for line in _lines(upload)]
+
+
+def _lines(upload: dict[str, Any]) -> list[str]:
     u = upload
     slices = (f"{u['slices']} slice{'s' if u['slices'] != 1 else ''}" if u["mode"] == "slices"
               else "local")

@@ -6,6 +6,10 @@ screenful per refresh; when stdout is not a terminal (a pipe, a log) it prints e
 plain lines, prefixed by the time, with no control characters. Ctrl-C ends it (exit 0).
 
 No extra dependency: the view is a few aligned lines, which ANSI's two sequences redraw well.
+
+The snapshot's text is not ours to trust (a FAILED reason is any job-token holder's, a reader's
+name its own, an upload's fields any storage writer's): every line shown passes
+trainfeed.terminal_text.visible, so REDRAW is the only control sequence this view writes.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any, TextIO
 
 from trainfeed.cli import status_uploads
 from trainfeed.errors import AuthenticationError, MasterUnavailableError
+from trainfeed.terminal_text import visible
 
 # Cursor to the top-left corner, then clear to the end of the screen.
 REDRAW = "\x1b[H\x1b[J"
@@ -56,11 +61,12 @@ def spark(points: list[float]) -> str:
 
 def render(data: dict[str, Any], job: str | None) -> list[str]:
     """The lines shown for `job` in a status snapshot (trainfeed.master.status), then the
-    uploads the snapshot has (the master's storage's); only those when `job` is None."""
+    uploads the snapshot has (the master's storage's); only those when `job` is None. Each
+    line is one line of printable text, whatever the snapshot holds (terminal_text.visible)."""
     if job is None:
         return status_uploads.render(data.get("uploads", []))
     uploads = [line for u in data.get("uploads", ()) for line in status_uploads.upload_lines(u)]
-    return _job_lines(data, job) + uploads
+    return [visible(line) for line in _job_lines(data, job)] + uploads
 
 
 def _job_lines(data: dict[str, Any], job: str) -> list[str]:

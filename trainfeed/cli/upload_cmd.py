@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 
-from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.cli.common import add_storage_options, say, storage_from
 from trainfeed.formats.layout import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
 from trainfeed.ingest.options import DEFAULT_RESIZE_QUALITY
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
               f"({result.num_records} records at {result.url}); nothing to do")
         return 0
     for line in result.skipped:
-        print(f"skipped (missing): {line}")
+        say(f"skipped (missing): {line}")  # a line of the list, shown visibly
     resumed = f", resumed after {result.resumed_shards} shard(s)" if result.resumed_shards else ""
     print(f"published {result.dataset!r}: {result.num_records} records, "
           f"{result.num_bytes / 1e6:.1f} MB in {result.num_shards} shard(s) at {result.url} "

@@ -163,7 +163,7 @@ def outcome(storage: str, read: Callable[[], object]) -> BaseException | None:
     def run() -> None:
         try:
             read()
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+        except BaseException as e:  # handed to the test thread
             raised.append(e)
     thread = threading.Thread(target=run, daemon=True, name="reader-doors")
     thread.start()
@@ -342,7 +342,7 @@ def test_an_absurd_master_fed_state_is_a_checkpoint_error_naming_the_field(
         first = dist.reader(NAME, source=MasterSource(master.address, job="train"))
         saved = saved_state(first)
         first.close()
-        for case, edit, match in ABSURD:
+        for _case, edit, match in ABSURD:
             reader = dist.reader(NAME, source=MasterSource(master.address, job="train"))
             try:
                 with pytest.raises(CheckpointError, match=match):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,13 +20,17 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from trainfeed import settings
-from trainfeed.errors import StorageAccessError
+from trainfeed.errors import CorruptDatasetError, StorageAccessError
 from trainfeed.redaction import redact_url, scrub
 
 # A network filesystem's FUSE client (GlusterFS) can refuse an open() that races the rename
 # replacing the file (ESTALE); the file itself is whole, so a short retry is the remedy.
 STALE_RETRIES = 5
 STALE_PAUSE_S = 0.02
+# What a file that is not a regular one is, for the error that refuses it unopened.
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (opening it would wait for a writer)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 # The embedded default: a folder in the working directory, so a laptop needs no setup at all.
 DEFAULT_STORAGE = settings.STORAGE.default
@@ -84,12 +89,67 @@ class Storage:
     def exists(self, *parts: str) -> bool:
         return bool(self.fs.exists(self.path(*parts)))
 
+    @cached_property
+    def real_root(self) -> str:
+        """The root with every symbolic link resolved (local storage)."""
+        return os.path.realpath(self.root)
+
+    def local_file(self, *parts: str) -> str:
+        """The real path of file `parts` of a local (or mounted) storage, checked to be safe
+        to open: inside the root once symbolic links are resolved, and a regular file.
+
+        Symbolic links are resolved and confined rather than refused: trainfeed writes none,
+        but an operator may link a file within the folder, or the folder itself elsewhere (its
+        real path is then the root). One that leads out of the root is refused, as a `..` in a
+        manifest is. FIFOs, devices, sockets and directories are refused unopened: opening a
+        FIFO waits for a writer that never comes, and a device gives endless or harmful bytes.
+
+        Raises:
+            FileNotFoundError: no such file.
+            CorruptDatasetError: naming the file, outside the root or not a regular file.
+        """
+        shown = f"{redact_url(self.url)}/{'/'.join(p.strip('/') for p in parts if p)}"
+        real = os.path.realpath(self.path(*parts))
+        if os.path.commonpath([real, self.real_root]) != self.real_root:
+            raise CorruptDatasetError(
+                f"{shown} leads out of {redact_url(self.url)} (a symbolic link to {real!r}): "
+                f"refused unopened; a dataset's files lie inside its folder")
+        check_regular(os.stat(real).st_mode, shown)
+        return real
+
     def read_bytes(self, *parts: str) -> bytes:
-        """The whole file. Raises FileNotFoundError, or StorageAccessError naming the URL."""
+        """The whole file. Raises FileNotFoundError, StorageAccessError naming the URL, or
+        CorruptDatasetError for a local file that is not a regular one inside the root
+        (`local_file`)."""
+        if self.is_local:
+            return self._read_local(*parts)
         path = self.path(*parts)
         for attempt in range(STALE_RETRIES + 1):
             try:
                 return bytes(self.fs.cat_file(path))
+            except PermissionError as e:
+                raise access_error(self.url, e) from e
+            except OSError as e:
+                if e.errno != errno.ESTALE or attempt == STALE_RETRIES:
+                    raise
+                time.sleep(STALE_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    def _read_local(self, *parts: str) -> bytes:
+        """`read_bytes` of a local file: checked (`local_file`), then opened without waiting
+        and checked again on the open file, so that a FIFO put in its place between the two
+        is refused as well, not waited on."""
+        shown = f"{redact_url(self.url)}/{'/'.join(p.strip('/') for p in parts if p)}"
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                fd = os.open(self.local_file(*parts), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    check_regular(os.fstat(fd).st_mode, shown)
+                    os.set_blocking(fd, True)
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        return f.read()
+                finally:
+                    os.close(fd)
             except PermissionError as e:
                 raise access_error(self.url, e) from e
             except OSError as e:
@@ -122,6 +182,16 @@ class Storage:
 
     def options_json(self) -> str:
         return json.dumps(self.options, sort_keys=True)
+
+
+def check_regular(mode: int, shown: str) -> None:
+    """Raises CorruptDatasetError naming `shown` unless `mode` (os.stat's) is a regular
+    file's."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((what for test, what in _FILE_KINDS if test(mode)), "not a regular file")
+    raise CorruptDatasetError(f"{shown} is {kind}, not a regular file: refused unopened; a "
+                              f"dataset's files are regular files written by `trainfeed upload`")
 
 
 def access_error(url: str, cause: BaseException) -> StorageAccessError:

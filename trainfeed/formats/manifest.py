@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError, InvalidNameError
+from trainfeed.formats.confine import path_problem
 from trainfeed.formats.labels import STRING_ORDER, sorted_labels
 from trainfeed.names import check_new_dataset_name, validate_dataset_name
 from trainfeed.storage import Storage
@@ -148,7 +149,36 @@ class Manifest:
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptDatasetError(f"{where}: unreadable manifest: {e}") from e
         manifest.check()
+        manifest.check_paths(where)
         return manifest
+
+    @property
+    def named_paths(self) -> list[tuple[str, object]]:
+        """Every file path this manifest names, with what names it (for errors): the files a
+        reader or the master opens because the manifest said so."""
+        named: list[tuple[str, object]] = []
+        for i, s in enumerate(self.shards):
+            named.append((f"shards[{i}].path", s.path))
+            if s.payload_index is not None:
+                named.append((f"shards[{i}].payload_index", s.payload_index))
+        if self.sources is not None:
+            named.append(("sources", self.sources))
+        named += [(f"versions[{i}].sources", v.sources) for i, v in enumerate(self.versions)
+                  if v.sources is not None]
+        return named
+
+    def check_paths(self, where: str = "manifest") -> None:
+        """Raises CorruptDatasetError, naming the dataset, the manifest (`where`) and the
+        path, unless every path it names lies inside the dataset's folder
+        (trainfeed.formats.confine): checked at load, before any of them is opened."""
+        for key, path in self.named_paths:
+            problem = path_problem(path)
+            if problem is not None:
+                shown = repr(path)[:200] if isinstance(path, str) else repr(path)[:80]
+                raise CorruptDatasetError(
+                    f"dataset {self.name!r}: {where}: {key} is {shown}: {problem}; a manifest "
+                    f"names files inside its dataset's folder only (was it edited by hand? "
+                    f"upload the dataset again)")
 
     def check(self) -> None:
         """Raises CorruptDatasetError if the counts do not add up, or the label order is

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
+from trainfeed.formats.confine import path_problem
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
 from trainfeed.formats.shards import (
     CRC32_COLUMN,
@@ -49,7 +50,7 @@ from trainfeed.formats.shards import (
 from trainfeed.io.array_pool import ArrayPool
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.planning.partitions import SQL_SHARD
-from trainfeed.storage import Storage, access_error
+from trainfeed.storage import Storage, access_error, check_regular
 
 # Shards stay open between partitions (their footers parsed once); a handful covers the shards a
 # worker moves between in one epoch without holding many file handles.
@@ -118,15 +119,16 @@ class PartitionReader:
         if shard in self._open:
             self._open.move_to_end(shard)
             return self._open[shard][0]
-        path = self.dataset.path(shard)
+        self._check_name(shard)
         try:
             if self.dataset.is_local:
                 # pyarrow's own file reader: no Python in the read path, the GIL stays free.
+                # Its real path, checked to be a regular file inside the dataset's folder.
                 handle = None
-                parquet = pq.ParquetFile(path, memory_map=False, pre_buffer=False,
-                                         page_checksum_verification=True)
+                parquet = pq.ParquetFile(self.dataset.local_file(shard), memory_map=False,
+                                         pre_buffer=False, page_checksum_verification=True)
             else:
-                handle = self.dataset.fs.open(path, "rb")
+                handle = self.dataset.fs.open(self.dataset.path(shard), "rb")
                 parquet = pq.ParquetFile(handle, pre_buffer=False,
                                          page_checksum_verification=True)
         except PermissionError as e:
@@ -143,6 +145,15 @@ class PartitionReader:
             _, (old, old_handle) = self._open.popitem(last=False)
             self._close_one(old, old_handle)
         return parquet
+
+    def _check_name(self, shard: str) -> None:
+        """Refuses a shard path that could lead out of the dataset's folder before it is
+        opened: a manifest's paths are checked at load (trainfeed.formats.manifest), and a
+        master-fed reader gets its shard paths from the master, which this checks again."""
+        problem = path_problem(shard)
+        if problem is not None:
+            raise CorruptDatasetError(f"shard {str(repr(shard))[:200]} of {self.dataset.url}: "
+                                      f"{problem}; refused unopened")
 
     def read(self, shard: str, row_group_start: int, row_group_stop: int,
              num_records: int, row_start: int = 0) -> pa.Table:
@@ -312,22 +323,24 @@ class PartitionReader:
                 f"outside the shard's {file_size} bytes")
 
     def _file_size(self, shard: str) -> int:
-        path = self.dataset.path(shard)
-        return os.path.getsize(path) if self.dataset.is_local else int(self.dataset.fs.size(path))
+        if self.dataset.is_local:
+            return os.path.getsize(self.dataset.local_file(shard))
+        return int(self.dataset.fs.size(self.dataset.path(shard)))
 
     def _fetch(self, shard: str, ranges: np.ndarray,
                ids: np.ndarray) -> pa.Array | pa.ChunkedArray:
         """The byte ranges (offset, length[, checksums]) of one shard, in order, each checked
         against its checksum when the index has one (`ids` name the records in errors)."""
-        path = self.dataset.path(shard)
         self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
         if self.dataset.is_local:
+            path = self.dataset.local_file(shard)
             chunks = [self._read_local(shard, path, part, ids[at:at + len(part)])
                       for at, part in _parts_under(ranges, MAX_CHUNK_BYTES)]
             return chunks[0] if len(chunks) == 1 else pa.chunked_array(chunks, pa.binary())
         starts = [int(at) for at, _ in ranges[:, :2]]
         ends = [int(at + n) for at, n in ranges[:, :2]]
-        values = self.dataset.fs.cat_ranges([path] * len(starts), starts, ends)
+        values = self.dataset.fs.cat_ranges([self.dataset.path(shard)] * len(starts), starts,
+                                            ends)
         checksum = _checksum_of(ranges.shape[1])
         if checksum is not None:
             column, crc = checksum
@@ -348,8 +361,11 @@ class PartitionReader:
         gap = memoryview(bytearray(COALESCE_GAP))
         at_list = ranges[:, 0].tolist()
         bounds = offsets.tolist()
-        fd = os.open(path, os.O_RDONLY)
+        # Never waits on a FIFO put in the checked file's place since (`Storage.local_file`).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
+            check_regular(os.fstat(fd).st_mode, f"shard {shard} of {self.dataset.url}")
+            os.set_blocking(fd, True)
             i = 0
             while i < len(at_list):
                 # One run: values in file order, each within COALESCE_GAP of the last.

@@ -34,6 +34,23 @@ RETIRED_VERSIONS = {
 MODES = ("local", "distributed")
 # Keys every saved state has (the others came later: a state without them gets their default).
 REQUIRED_KEYS = ("version", "mode", "dataset", "epoch", "finished", "done", "positions")
+# Upper bounds (exclusive) of a saved state's numbers: far above any real run, and inside the
+# wire's fields (trainfeed/v1/master.proto), so that an edited state is a CheckpointError
+# naming the key, not a protobuf "Value out of range" or an epoch counter a billion passes on.
+# Epochs: 2^26 (67 million) is a pass a second, without a break, for two years; a pass costs
+# more than that (it starts threads, and master-fed a round trip), so no real run gets near it,
+# while 10^9, an edit's typical number, is refused (ResumePosition.epoch is an int64).
+MAX_EPOCH = 2**26
+# Partition indices and counts: ResumePosition.done and the positions' keys are uint32; a plan
+# of 2^31 partitions would be a manifest of 2^31 row groups (and a master ledger of as many).
+MAX_PARTITIONS = 2**31
+# Records handed of one partition, or in one epoch: 2^48 is 281 trillion, 10^5 times the
+# largest datasets read (positions are uint64 on the wire; over-sampling may repeat records).
+MAX_RECORDS = 2**48
+# Seeds: OpenJobRequest.seed is a uint64.
+MAX_SEED = 2**64
+# Dataset versions: the wire's dataset_version is a uint32; a version a day for 5.9 million years.
+MAX_VERSION = 2**31
 
 
 @dataclass
@@ -118,14 +135,15 @@ class ReaderPosition:
         if saved_mode != mode:
             raise CheckpointError(f"reader state was saved by a {saved_mode} reader; this one "
                                   f"is {mode} (TRAIN_LOCAL must match between save and restore)")
-        position = cls(mode=mode, dataset=dataset, epoch=_count(state, "epoch", -1),
+        position = cls(mode=mode, dataset=dataset, epoch=_count(state, "epoch", MAX_EPOCH, -1),
                        done=_partitions(state), positions=_positions(state),
                        finished=_flag(state, "finished"), job=_text(state, "job"),
-                       worker=_text(state, "worker"), seed=_count(state, "seed"),
-                       order=_text(state, "order"), delivered=_count(state, "delivered"),
-                       partitions=_count(state, "partitions"),
+                       worker=_text(state, "worker"), seed=_count(state, "seed", MAX_SEED),
+                       order=_text(state, "order"),
+                       delivered=_count(state, "delivered", MAX_RECORDS),
+                       partitions=_count(state, "partitions", MAX_PARTITIONS),
                        credential=_text(state, "credential"),
-                       dataset_version=_count(state, "dataset_version"))
+                       dataset_version=_count(state, "dataset_version", MAX_VERSION))
         return position
 
     def check_version(self, opened: int) -> None:
@@ -189,21 +207,30 @@ def _bad(key: str, value: Any, rule: str) -> CheckpointError:
                            f"expected {rule}; restore the state the reader saved, unchanged")
 
 
-def _int(key: str, value: Any, minimum: int) -> int:
-    """An int (numpy's too, not a bool or a float) ≥ `minimum`."""
+def _int(key: str, value: Any, minimum: int, limit: int) -> int:
+    """An int (numpy's too, not a bool or a float) in [minimum, limit)."""
+    rule = f"an int ≥ {minimum}"
     if isinstance(value, bool):
-        raise _bad(key, value, f"an int ≥ {minimum}")
+        raise _bad(key, value, rule)
     try:
         number = operator.index(value)
     except TypeError:
-        raise _bad(key, value, f"an int ≥ {minimum}") from None
+        raise _bad(key, value, rule) from None
     if number < minimum:
-        raise _bad(key, value, f"an int ≥ {minimum}")
+        raise _bad(key, value, rule)
+    if number >= limit:
+        raise _bad(key, value, f"an int in [{minimum}, {_power(limit)}) (no real run reaches "
+                               f"{_power(limit)})")
     return number
 
 
-def _count(state: dict[str, Any], key: str, minimum: int = 0) -> int:
-    return _int(repr(key), state.get(key, 0), minimum)
+def _power(limit: int) -> str:
+    """2^31 rather than 2147483648, for a bound that is a power of two."""
+    return f"2^{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
+
+
+def _count(state: dict[str, Any], key: str, limit: int, minimum: int = 0) -> int:
+    return _int(repr(key), state.get(key, 0), minimum, limit)
 
 
 def _text(state: dict[str, Any], key: str) -> str:
@@ -224,7 +251,7 @@ def _partitions(state: dict[str, Any]) -> set[int]:
     done = state["done"]
     if not isinstance(done, list | tuple):
         raise _bad("'done'", done, "a list of partition indices")
-    return {_int(f"'done'[{i}]", p, 0) for i, p in enumerate(done)}
+    return {_int(f"'done'[{i}]", p, 0, MAX_PARTITIONS) for i, p in enumerate(done)}
 
 
 def _positions(state: dict[str, Any]) -> dict[int, int]:
@@ -239,8 +266,8 @@ def _positions(state: dict[str, Any]) -> dict[int, int]:
         pairs.append((f"'positions'[{i}]", *pair))
     positions: dict[int, int] = {}
     for where, p, n in pairs:
-        partition = _int(f"the partition of {where}", p, 0)
+        partition = _int(f"the partition of {where}", p, 0, MAX_PARTITIONS)
         if partition in positions:
             raise _bad(where, p, "each partition once")
-        positions[partition] = _int(f"the records of {where}", n, 0)
+        positions[partition] = _int(f"the records of {where}", n, 0, MAX_RECORDS)
     return positions

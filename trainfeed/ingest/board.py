@@ -33,6 +33,7 @@ from typing import Any
 
 from trainfeed.ingest.plan import ShardPlan
 from trainfeed.redaction import redact_text
+from trainfeed.errors import CorruptDatasetError
 from trainfeed.storage import Storage, access_error
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,13 @@ HEARTBEAT_S = 10.0
 STALE_S = 60.0
 # How long the end of a packer waits for a record being written (a storage that hangs).
 JOIN_S = 5.0
+# A packer's record is well under 2 KiB; anything larger on the board was not written by one
+# (any storage writer can drop files there) and is left unread: the master's page reads the
+# board, and must not load a file of any size because it lies under _uploads/.
+MAX_RECORD_BYTES = 64 * 1024
+# The records read in one look at the board: the uploads of a storage are tens, each of up to a
+# few hundred slices. Past this many, the rest are ignored (and said so in the log, once a look).
+MAX_RECORDS = 10_000
 
 # A record's states; a running record older than STALE_S is shown stale.
 RUNNING, DONE, FAILED, STALE, PUBLISHED = "running", "done", "failed", "stale", "published"
@@ -315,11 +323,15 @@ def _read_all(storage: Storage, paths: Iterable[str]) -> dict[str, dict[str, Any
                 blobs[rel] = storage.read_bytes(rel)
             except FileNotFoundError:
                 continue  # removed since the listing: the next look has it
+            except CorruptDatasetError as e:  # a FIFO, a device, a link out: never a packer's
+                logger.warning("uploads board: %s; ignored", e)
     else:
         got = storage.fs.cat([storage.path(rel) for rel in rels], on_error="omit")
         blobs = {rel: got[storage.path(rel)] for rel in rels if storage.path(rel) in got}
     out = {}
     for rel, blob in blobs.items():
+        if len(blob) > MAX_RECORD_BYTES:  # grew after the listing said it was small
+            continue
         try:
             raw = json.loads(blob)
         except ValueError:
@@ -337,9 +349,10 @@ class Board:
     def __init__(self, storage: Storage):
         self.storage = storage
         self._cache: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._said: set[str] = set()  # notes of files left unread, logged once each
 
     def records(self) -> list[dict[str, Any]]:
-        found = _find(self.storage, BOARD_DIR)
+        found = _bounded(_find(self.storage, BOARD_DIR), self._said)
         changed = [rel for rel, info in found.items()
                    if rel not in self._cache or self._cache[rel][0] != _version_of(info)]
         fresh = _read_all(self.storage, changed)
@@ -347,6 +360,27 @@ class Board:
                        else self._cache[rel] for rel in found
                        if rel in fresh or rel in self._cache}
         return [record for _, record in self._cache.values()]
+
+
+def _bounded(found: dict[str, dict[str, Any]], said: set[str]) -> dict[str, dict[str, Any]]:
+    """The listing's entries the board reads: files of at most MAX_RECORD_BYTES (a listing
+    without sizes is read, and the size checked on the bytes), the first MAX_RECORDS by path.
+    What is left out is logged once per distinct note (`said` keeps them): the page looks
+    every few seconds."""
+    small = {rel: info for rel, info in found.items()
+             if int(info.get("size") or 0) <= MAX_RECORD_BYTES}
+    notes = []
+    if len(small) < len(found):
+        notes.append(f"{len(found) - len(small)} file(s) over {MAX_RECORD_BYTES} bytes ignored "
+                     f"(a packer's record is under 2 KiB), e.g. {min(set(found) - set(small))!r}")
+    if len(small) > MAX_RECORDS:
+        notes.append(f"{len(small)} records, only the first {MAX_RECORDS} read")
+        small = {rel: small[rel] for rel in sorted(small)[:MAX_RECORDS]}
+    for note in notes:
+        if note not in said and len(said) < MAX_RECORDS:
+            said.add(note)
+            logger.warning("uploads board: %s", note)
+    return small
 
 
 def _version_of(info: dict[str, Any]) -> Any:

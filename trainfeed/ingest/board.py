@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from trainfeed.errors import CorruptDatasetError
 from trainfeed.ingest.plan import ShardPlan
 from trainfeed.redaction import redact_text
-from trainfeed.errors import CorruptDatasetError
 from trainfeed.storage import Storage, access_error
 
 logger = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ from optional import require
 from test_chaos import wait_for
 from test_status_json import status_of
 
+from trainfeed.cli import status_watch
 from trainfeed.master.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
@@ -293,4 +294,6 @@ def test_ranks_that_finish_their_epochs_and_exit_leave_a_finished_group_not_a_br
     time.sleep(LEASE_S)  # another lease timeout: nothing turns it into a broken group
     assert group()["broken"] is None, group()
     assert "finished" in group()["finished"]
+    shown = status_watch.render({"jobs": [status_of(master, "done")]}, "done")
+    assert any("sync group" in line and "finished" in line for line in shown), shown
     assert not [line for line in master.log if "is broken" in line], master.log[-20:]

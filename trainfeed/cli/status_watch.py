@@ -86,9 +86,11 @@ def _job_lines(data: dict[str, Any], job: str) -> list[str]:
     ]
     group = j.get("sync_group")
     if group:
+        state = (f" · BROKEN: {group['broken']}" if group["broken"] else
+                 " · finished (every rank quiet or gone between epochs)"
+                 if group.get("finished") else "")
         lines.append(f"sync group  world size {group['world_size']}, batch size "
-                     f"{group['batch_size']}" + (f" · BROKEN: {group['broken']}"
-                                                 if group["broken"] else ""))
+                     f"{group['batch_size']}{state}")
     readers = j["readers"]
     if readers:
         width = max(len(r["worker"]) for r in readers[:MAX_READERS_SHOWN])

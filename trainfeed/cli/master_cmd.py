@@ -9,6 +9,7 @@ from trainfeed.cli.common import add_storage_options, storage_from, whole_number
 from trainfeed.errors import ConfigurationError
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
 from trainfeed.master.server import (
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_METRICS_PORT,
     MIN_MESSAGE_BYTES,
@@ -90,6 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help=f"largest request (and answer) accepted; a larger request is "
                                f"refused with RESOURCE_EXHAUSTED before it is parsed (default "
                                f"{DEFAULT_MAX_MESSAGE_BYTES}, at least {MIN_MESSAGE_BYTES})")
+    security.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                          metavar="N",
+                          help=f"gRPC connections held at once (one per reader process); one "
+                               f"more is closed as soon as it is accepted (default "
+                               f"{DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--metrics-port", type=_metrics_port, default=DEFAULT_METRICS_PORT,
                    metavar="PORT|none",
                    help=f"serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
@@ -126,7 +132,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     return ServerOptions(host=args.host, port=args.port, token=token, tls=tls,
                          max_message_bytes=args.max_message_bytes,
-                         metrics_port=args.metrics_port)
+                         metrics_port=args.metrics_port, max_connections=args.max_connections)
 
 
 def _state_store(url: str | None) -> StateStore:

@@ -6,11 +6,13 @@ The coordinator (trainfeed.master.coordinator) decides with these; the gRPC shel
 """
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfeed.errors import ConfigurationError
 from trainfeed.formats.manifest import Manifest
 from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, Ledger
 from trainfeed.master.sessions import DEFAULT_MAX_SESSIONS, SessionKeys
@@ -25,6 +27,12 @@ JOB_STATE_VERSION = 1
 # A reader heartbeats every third of this; 30 s rides out a GC pause or a slow storage read while
 # a dead worker's tasks still move on within half a minute.
 DEFAULT_LEASE_TIMEOUT_S = 30.0
+# A reader heartbeats every third of the lease timeout but never more often than every 50 ms
+# (trainfeed.lease.session), so below 0.5 s a lease could not outlive one slow round trip.
+MIN_LEASE_TIMEOUT_S = 0.5
+# A dead reader's partitions wait this long before another reader gets them: past a day no epoch
+# waits that long in earnest, and the timer's arithmetic stays far from overflow.
+MAX_LEASE_TIMEOUT_S = 86_400.0
 # A job is snapshotted once its journal holds this many ops per partition (and at least
 # MIN_OPS_PER_SNAPSHOT): replay stays short and a snapshot costs O(1) per call amortized.
 OPS_PER_PARTITION_PER_SNAPSHOT = 2
@@ -79,14 +87,19 @@ class MasterConfig:
     max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1:
-            raise ValueError(f"max sessions per job must be ≥ 1, got {self.max_sessions}")
-        if self.lease_timeout_s <= 0:
-            raise ValueError(f"lease timeout must be > 0 s, got {self.lease_timeout_s}")
-        if self.max_failures < 1:
-            raise ValueError(f"max failures must be ≥ 1, got {self.max_failures}")
-        if self.target_partitions < 1:
-            raise ValueError(f"target partitions must be ≥ 1, got {self.target_partitions}")
+        lease = self.lease_timeout_s
+        # `not a <= x <= b` (not `x < a or x > b`): NaN compares false, so it fails here too.
+        if not (isinstance(lease, int | float) and not isinstance(lease, bool)
+                and math.isfinite(lease) and MIN_LEASE_TIMEOUT_S <= lease <= MAX_LEASE_TIMEOUT_S):
+            raise ConfigurationError(
+                f"--lease-timeout (lease_timeout_s) must be a number of seconds in "
+                f"{MIN_LEASE_TIMEOUT_S:g}..{MAX_LEASE_TIMEOUT_S:g}, got {lease!r}")
+        for flag, name, value in (("--max-sessions", "max_sessions", self.max_sessions),
+                                  ("--max-failures", "max_failures", self.max_failures),
+                                  ("--partitions", "target_partitions", self.target_partitions)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigurationError(f"{flag} ({name}) must be a whole number ≥ 1, got "
+                                         f"{value!r}")
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,23 @@ reader_stats) with the GetTasks and Report calls they make anyway; the servicer 
   status page's sparklines;
 - refused reports (who, what, why, when), the last MAX_REFUSALS per job.
 
+A summary a reader cannot have measured (a time that is NaN, infinite, negative or beyond
+MAX_SECONDS, a count beyond MAX_COUNT) is dropped whole, never summed: one such number would
+poison the job's totals, and so the page and the Prometheus counters, for the master's life.
+`dropped` counts them; the first is logged, naming the field and the value.
+
 A reader silent for FORGET_S is dropped (its figures stay in the job's totals). Not thread-safe:
 the servicer's event loop is its only writer and reader (scrapes and the status page hop to it).
 """
 from __future__ import annotations
 
-import math
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 from trainfeed.v1 import master_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 # The window of a reader's current rate and input-bound share: a few of its summaries (a reader
 # calls at least every lease_timeout/3, 10 s by default, and several times a second when busy).
@@ -37,6 +44,29 @@ SLOW_FLAG = 0.5
 MAX_REFUSALS = 20
 # The figures summed (the fields of pb.ReaderStats, in its order).
 FIELDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields)
+# The time fields (doubles); the others are counts (uint64).
+SECONDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields
+                if f.type == f.TYPE_DOUBLE)
+# A summary covers the time since the reader's previous call (a third of the lease timeout at
+# most, a day at most: trainfeed.master.jobs.MAX_LEASE_TIMEOUT_S); read and decode times add up
+# the threads that did the work. 30 days is beyond any honest summary.
+MAX_SECONDS = 30 * 86_400.0
+# Counts are summed as floats: past 2**53 they are no longer exact, and no reader reads that much
+# between two calls.
+MAX_COUNT = 1 << 53
+
+
+def problem(stats: pb.ReaderStats) -> str | None:
+    """None if every figure of `stats` is one a reader can have measured, else which is not
+    (the first: its field, its value and the rule)."""
+    for name in FIELDS:
+        value = getattr(stats, name)
+        if name in SECONDS:
+            if not 0 <= value <= MAX_SECONDS:  # NaN compares false: refused too
+                return f"{name}={value!r} is not a time in 0..{MAX_SECONDS:g} s"
+        elif value > MAX_COUNT:
+            return f"{name}={value} is over {MAX_COUNT}"
+    return None
 
 
 def _add(total: dict[str, float], values: tuple[float, ...]) -> None:
@@ -116,11 +146,20 @@ class ReaderBoard:
         self._readers: dict[str, dict[str, ReaderTrack]] = {}
         self._totals: dict[str, dict[str, float]] = {}
         self._refusals: dict[str, deque[Refusal]] = {}
+        self.dropped = 0  # summaries with a figure no reader can have measured
 
     def record(self, job: str, worker: str, stats: pb.ReaderStats, now: float) -> None:
         """Adds one summary of `worker` (an empty or timeless one, from a reader that sends
-        none or whose trainer has not asked for data yet, is ignored)."""
-        if not stats.wall_s > 0 or not math.isfinite(stats.wall_s):
+        none or whose trainer has not asked for data yet, is ignored; one with a figure no
+        reader can have measured is dropped whole and counted in `dropped`)."""
+        bad = problem(stats)
+        if bad is not None:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning("dropped a reader summary of job %s from %r: %s (further ones "
+                               "are counted, not logged)", job, worker[:120], bad)
+            return
+        if stats.wall_s == 0:
             return
         readers = self._readers.setdefault(job, {})
         track = readers.get(worker)

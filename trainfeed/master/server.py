@@ -1,5 +1,5 @@
-"""Running the master: the gRPC server (with its token check, TLS and size limits), the health
-service, the metrics endpoint and the lease timer."""
+"""Running the master: the gRPC server (with its token check, TLS, size and connection limits), the
+health service, the metrics endpoint and the lease timer."""
 from __future__ import annotations
 
 import asyncio
@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from trainfeed.errors import ConfigurationError, LeadershipError
 from trainfeed.master import status
 from trainfeed.master.auth import TokenInterceptor
+from trainfeed.master.health import BoundedHealthServicer
 from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
 from trainfeed.master.service import MasterConfig, MasterServicer
 from trainfeed.master.status_page import Access, StatusApp
@@ -33,6 +34,40 @@ SERVICE_NAME = "trainfeed.v1.Master"
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 # Below this a legitimate OpenJob answer (a dataset with very many fields) might not fit.
 MIN_MESSAGE_BYTES = 64 << 10
+# Connections the gRPC server holds at once; one more is closed as soon as it is accepted. A
+# reader process holds one (its MasterClient's channel): 4,096 is --max-sessions' default, e.g.
+# 512 trainers with 8 loader processes each. An idle connection costs the master ~16 KB (400 of
+# them: +6 MB, measured), so the cap bounds what connections alone can take to ~64 MB.
+DEFAULT_MAX_CONNECTIONS = 4096
+# gRPC's channel arguments are C ints.
+GRPC_INT_MAX = (1 << 31) - 1
+# Concurrent streams (calls) per connection. RFC 9113 §6.5.2 advises no fewer than 100; a reader
+# uses 2 or 3 (its Session stream, a Watch, one call), and a client past the cap waits for a slot
+# rather than failing. Bounds what one connection holds to 128 calls of ~20 KB.
+MAX_STREAMS_PER_CONNECTION = 128
+# Calls in progress on the whole server, past which a call is answered RESOURCE_EXHAUSTED (which
+# readers retry). A call with no token, or one whose request never comes, still holds a slot
+# until it ends, so this is the bound on what held calls take: 4,096 readers × 3 calls plus room,
+# at ~20 KB a held stream (2,000 health watches: +41 MB, measured) at most ~330 MB.
+MAX_CALLS_IN_PROGRESS = 16_384
+# A connection with no call for this long is closed (HTTP/2 GOAWAY); its client reconnects on its
+# next call. A reading reader calls at least every lease_timeout/3 (10 s by default) or holds its
+# Session stream, so only idle or abandoned connections reach 5 minutes.
+MAX_CONNECTION_IDLE_MS = 5 * 60_000
+# From accepting a connection to its HTTP/2 settings, TLS included: gRPC's default is 120 s, which
+# lets a client that sends nothing hold a connection that long. A real handshake takes ms.
+HANDSHAKE_TIMEOUT_MS = 20_000
+# The master pings a connection with calls in progress every 60 s and closes it if no answer
+# comes within 20 s, so a vanished reader's streams end within ~80 s, not at TCP's ~15 minutes.
+KEEPALIVE_MS = 60_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+# Pings a client may send: one per 30 s without data (readers send none; gRPC's own default is
+# 5 minutes, too strict for clients that keep their connection alive); a client that pings more
+# often is told GOAWAY after MAX_PING_STRIKES (gRPC's default), and none without a call.
+MIN_CLIENT_PING_INTERVAL_MS = 30_000
+MAX_PING_STRIKES = 2
+# Not set: a maximum connection age. Readers hold their Session stream for the life of their
+# job; an age would cut it, and a client cut off simply reconnects, so an age bounds nothing.
 # The port Prometheus' own examples give their first exporter.
 DEFAULT_METRICS_PORT = 9090
 # A scrape waits this long for the event loop to read the jobs' figures.
@@ -54,6 +89,7 @@ class ServerOptions:
     tls: ServerTLS | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
@@ -62,6 +98,9 @@ class ServerOptions:
         if self.max_message_bytes < MIN_MESSAGE_BYTES:
             raise ConfigurationError(f"max message bytes must be ≥ {MIN_MESSAGE_BYTES}, got "
                                      f"{self.max_message_bytes}")
+        if not 1 <= self.max_connections <= GRPC_INT_MAX:
+            raise ConfigurationError(f"--max-connections must be in 1..{GRPC_INT_MAX}, got "
+                                     f"{self.max_connections}")
         if self.token is not None:
             check_token(self.token, "the master's token")
 
@@ -105,7 +144,7 @@ async def serve(config: MasterConfig, store: StateStore,
     registry = CollectorRegistry(auto_describe=False)
     server = _grpc_server(options, _interceptors(options, auth, servicer, registry))
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BoundedHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     running = _Running(servicer, server, health_servicer)
     try:
@@ -151,13 +190,28 @@ def _interceptors(options: ServerOptions, auth: TokenInterceptor | None,
     return interceptors
 
 
-def _grpc_server(options: ServerOptions,
-                 interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
-    return grpc.aio.server(interceptors=interceptors, options=[
+def grpc_options(options: ServerOptions) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: size, connection, stream and ping limits."""
+    return [
         ("grpc.max_receive_message_length", options.max_message_bytes),
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.so_reuseport", 0),
-    ])
+        ("grpc.max_allowed_incoming_connections", options.max_connections),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+        ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+    ]
+
+
+def _grpc_server(options: ServerOptions,
+                 interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=interceptors, options=grpc_options(options),
+                           maximum_concurrent_rpcs=MAX_CALLS_IN_PROGRESS)
 
 
 def _listen(server: grpc.aio.Server, address: str,
@@ -175,7 +229,7 @@ class _Running:
     an order that lets nothing wait on what already stopped."""
 
     def __init__(self, servicer: MasterServicer, server: grpc.aio.Server,
-                 health_servicer: health.aio.HealthServicer):
+                 health_servicer: BoundedHealthServicer):
         self.servicer, self.server, self.health = servicer, server, health_servicer
         self.metrics: MetricsServer | None = None
         self.tasks: list[asyncio.Task[None]] = []

@@ -226,9 +226,12 @@ class StatusApp:
         if problem is not None:
             return _respond(start, problem, f"{problem}: the login form is a body of 0 to "
                             f"{MAX_FORM_BYTES} bytes with its Content-Length\n".encode(),
-                            "text/plain; charset=utf-8", [("Connection", "close")])
-        form = parse_qs(environ["wsgi.input"].read(length).decode("utf-8", "replace"),
-                        max_num_fields=8)
+                            "text/plain; charset=utf-8")
+        try:
+            form = parse_qs(environ["wsgi.input"].read(length).decode("utf-8", "replace"),
+                            max_num_fields=8)
+        except ValueError:  # more fields than the form has
+            form = {}
         sid = self.access.login(form.get("token", [""])[0].strip())
         if sid is None:
             return _respond(start, "401 Unauthorized",

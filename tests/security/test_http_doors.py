@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from board_records import record
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from integration.test_borrowed_identities import exactly_once, honest_pass
 from prometheus_client import CollectorRegistry
@@ -268,7 +268,8 @@ QUERY = st.one_of(TEXT.map(urllib.parse.quote), st.sampled_from(
     ["refresh=%C2%B2", "refresh=" + "9" * 5000, "refresh=-1", "refresh=0", "a=" * 200]))
 HEADER_VALUE = st.one_of(st.text(st.characters(min_codepoint=32, max_codepoint=126),
                                  max_size=60), st.sampled_from(
-    ["-1", "Bearer ", f"Bearer {TOKEN}x", "trainfeed_status=x; a=\"", "0" * 300]))
+    ["-1", "Bearer ", f"Bearer {TOKEN}", f"Bearer {TOKEN}x", "trainfeed_status=x; a=\"",
+     "0" * 300]))
 HEADERS = st.dictionaries(st.sampled_from(
     ["Authorization", "Cookie", "Content-Type", "X-Forwarded-For", "Expect", "Accept",
      "Content-Length"]), HEADER_VALUE, max_size=4)
@@ -290,6 +291,12 @@ def app_server() -> Any:
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@example(method="GET", path="/status", query="refresh=%C2%B2",
+         headers={"Authorization": f"Bearer {TOKEN}"}, body=b"", coding=None)
+@example(method="GET", path="/status", query="refresh=" + "9" * 5000,
+         headers={"Authorization": f"Bearer {TOKEN}"}, body=b"", coding=None)
+@example(method="POST", path="/login", query="", headers={"Content-Length": "-1"},
+         body=b"token=x", coding=None)
 @given(method=METHODS, path=st.one_of(st.sampled_from(PATHS), TEXT.map(
     lambda t: "/" + urllib.parse.quote(t))), query=QUERY, headers=HEADERS,
     body=st.one_of(st.binary(max_size=MAX_FORM_BYTES), st.sampled_from(

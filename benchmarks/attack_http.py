@@ -85,7 +85,8 @@ def attack(master: MasterProcess, name: str, seconds: float) -> dict[str, object
     until = time.monotonic() + seconds
     attacker = threading.Thread(target=ATTACKS[name], args=(port, until), daemon=True)
     attacker.start()
-    reader = threading.Thread(target=read_epoch, args=(master.address, name, got), daemon=True)
+    job = name.replace(" ", "-")  # a valid job name
+    reader = threading.Thread(target=read_epoch, args=(master.address, job, got), daemon=True)
     reader.start()
     scrapes = 0
     while time.monotonic() < until or attacker.is_alive():

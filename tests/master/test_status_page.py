@@ -6,11 +6,24 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from board_records import record
 
-from trainfeed.master.status_page import COOKIE, Access, StatusApp, render
+from trainfeed.ingest.board_summary import summarize
+from trainfeed.master.status_page import (
+    COOKIE,
+    MAX_FORM_BYTES,
+    MAX_REFRESH_S,
+    MAX_SESSIONS_PER_JOB,
+    REFRESH_S,
+    Access,
+    StatusApp,
+    refresh_of,
+    render,
+)
 from trainfeed.security import job_token
 
 TOKEN = "status-unit-token-0123456789abcdef"
@@ -102,3 +115,74 @@ def test_everything_shown_is_escaped() -> None:
     page = render(snapshot(None))
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "<b>ds</b>" not in page and "&lt;b&gt;ds&lt;/b&gt;" in page
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("refresh=7", 7), ("refresh=0", 0), ("refresh=99999", MAX_REFRESH_S), ("", REFRESH_S),
+    ("refresh=%C2%B2", REFRESH_S), ("refresh=" + "9" * 5000, REFRESH_S),
+    ("refresh=-1", REFRESH_S), ("refresh=+3", REFRESH_S), ("refresh=%D9%A3", REFRESH_S),
+    ("&".join(["a=1"] * 100), REFRESH_S)])
+def test_refresh_takes_ascii_digits_clamped_to_an_hour(query: str, expected: int) -> None:
+    """f44c545 checked str.isdigit and then int() failed: 500 for `²` and 5,000 digits."""
+    assert refresh_of(query) == expected
+    status, _, page = Client(token=None).call(f"/status?{query}")
+    assert status.startswith("200")
+    assert (f'content="{expected}"' in page) if expected else "http-equiv" not in page
+
+
+@pytest.mark.parametrize("length, status", [
+    (None, "411"), ("-1", "400"), ("x", "400"), ("²", "400"), (str(MAX_FORM_BYTES + 1), "413"),
+    ("9" * 50, "413")])
+def test_a_login_form_without_a_small_length_is_refused_unread(length: str | None,
+                                                               status: str) -> None:
+    app = StatusApp(snapshot, Access(TOKEN), fallback)
+    environ = {"PATH_INFO": "/login", "REQUEST_METHOD": "POST", "wsgi.input": Unreadable(),
+               **({"CONTENT_LENGTH": length} if length is not None else {})}
+    got: dict[str, str] = {}
+    app(environ, lambda s, h: got.setdefault("status", s))
+    assert got["status"].startswith(status)
+
+
+class Unreadable(io.RawIOBase):
+    def read(self, size: int | None = -1) -> bytes:
+        raise AssertionError(f"the body was read ({size})")
+
+
+def test_a_form_of_many_fields_is_not_an_error() -> None:
+    status, _, _ = Client().call("/login", "POST", "token=x" + "&" * 100)
+    assert status.startswith("401")
+
+
+def test_a_job_token_logging_in_without_end_drops_only_its_own_sessions() -> None:
+    access = Access(TOKEN)
+    operator = access.login(TOKEN)
+    other = access.login(job_token(TOKEN, "quiet"))
+    noisy = [access.login(job_token(TOKEN, "noisy")) for _ in range(1000)]
+
+    def scope(sid: str | None) -> str | None:
+        return access.scope_of_request({"HTTP_COOKIE": f"{COOKIE}={sid}"})
+    assert scope(operator) == "" and scope(other) == "quiet"
+    assert [scope(s) for s in noisy[-MAX_SESSIONS_PER_JOB:]] == ["noisy"] * MAX_SESSIONS_PER_JOB
+    assert scope(noisy[-MAX_SESSIONS_PER_JOB - 1]) is None
+    operators = [access.login(TOKEN) for _ in range(1000)]
+    assert scope(other) == "quiet" and scope(operators[-1]) == ""
+
+
+def test_a_board_record_renders_as_text_not_markup() -> None:
+    """f44c545 wrote a record's slice index raw into an attribute and a cell."""
+    evil = '"><meta http-equiv="refresh" content="0;url=https://evil.example">'
+    hostile = {**record(0), "index": evil, "host": evil, "reason": evil, "dataset": evil}
+    data = {**snapshot(None), "uploads": summarize([hostile], now=1005.0), "uploads_error": evil}
+
+    class Tags(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.found: list[tuple[str, list[tuple[str, str | None]]]] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.found.append((tag, attrs))
+    tags = Tags()
+    tags.feed(render(data, refresh_s=0))
+    assert not any(tag == "meta" and ("http-equiv", "refresh") in attrs
+                   for tag, attrs in tags.found)
+    assert not any("evil" in name for _, attrs in tags.found for name, _ in attrs)

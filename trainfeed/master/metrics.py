@@ -43,17 +43,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
+import waitress.server
+import waitress.wasyncore
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
 from trainfeed.master.jobs import JobStats
 from trainfeed.master.reader_stats import FIELDS
+from trainfeed.master.status_page import MAX_FORM_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -240,49 +241,91 @@ class RpcLatencyInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=handler.response_serializer)
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a hung client never holds the master's exit
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes every few seconds would flood the master's log."""
+# The HTTP server's bounds (issue 35): it faces anyone who can reach the port, before any token
+# is checked, so what one client can hold is capped here, in the server (waitress), not by care in
+# the app. Worst case held: MAX_CONNECTIONS x (MAX_HEADER_BYTES + MAX_BODY_BYTES + a read
+# buffer of 8 KiB + one answer): about 2 MB, whatever the clients send.
+# The largest request body read (the status page's login form; every other path takes none):
+# a longer announced length gets 413 before a byte of the body is read, a negative or non-digit
+# one 400.
+MAX_BODY_BYTES = MAX_FORM_BYTES
+# The request line and headers together (a bearer token and a session cookie need well under
+# 1 KiB; nginx's default is 8 KiB per line): past this, 431 and the connection closed.
+MAX_HEADER_BYTES = 16 * 1024
+# A connection that sends nothing (no request, or a request's body that stops coming) for this
+# long is closed; Prometheus scrapes every 15 s by default and opens a new connection if needed.
+IDLE_TIMEOUT_S = 10
+# How often idle connections are looked for: they are closed between IDLE_TIMEOUT_S and
+# IDLE_TIMEOUT_S + IDLE_CHECK_S after their last byte.
+IDLE_CHECK_S = 2
+# Open connections at most (Prometheus, a few browsers and `status --watch` use a handful);
+# past it the server stops accepting and new ones wait in the kernel's listen queue (no thread
+# and no buffer each) until one closes.
+MAX_CONNECTIONS = 64
+# Connections waiting in the kernel's queue past MAX_CONNECTIONS (the kernel refuses more).
+LISTEN_BACKLOG = 128
+# Threads that run the app (one request each; a page render hops to the master's loop). Reading
+# and writing sockets is done by one more thread for every connection together.
+THREADS = 4
 
 
 class MetricsServer:
-    """The HTTP endpoint of one registry (`/metrics`, any path), on a daemon thread; with
-    `wrap`, the app it returns around the exporter's (the status page: trainfeed.master.
-    status_page). Context manager; `close()` is idempotent and joins the thread."""
+    """The HTTP endpoint of one registry (`/metrics`, any path), served by waitress on daemon
+    threads with the bounds above; with `wrap`, the app it returns around the exporter's (the
+    status page: trainfeed.master.status_page). Context manager; `close()` is idempotent and
+    joins the threads."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
                  wrap: Callable[[WsgiApp], WsgiApp] | None = None):
         app = make_wsgi_app(registry)
         try:
-            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                        flags=socket.AI_PASSIVE)[0][0]
-            server = type("Server", (_ThreadingServer,), {"address_family": family})
-            self._httpd: WSGIServer | None = make_server(
-                host, port, wrap(app) if wrap else app, server, handler_class=_QuietHandler)
-            self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                            name="trainfeed-metrics")
-            self._thread.start()
+            sock = _listening_socket(host, port)
         except OSError as e:
             raise ConfigurationError(f"--metrics-port {port}: cannot listen on {host}:{port} "
                                      f"({e.strerror or e}); pick another port, 0 for a free "
                                      f"one, or 'none' to export no metrics") from None
-        self.port: int = self._httpd.server_port
+        self.port: int = sock.getsockname()[1]
+        self._server: Any = waitress.server.create_server(
+            wrap(app) if wrap else app, sockets=[sock], threads=THREADS,
+            max_request_body_size=MAX_BODY_BYTES, max_request_header_size=MAX_HEADER_BYTES,
+            channel_timeout=IDLE_TIMEOUT_S, cleanup_interval=IDLE_CHECK_S,
+            connection_limit=MAX_CONNECTIONS, backlog=LISTEN_BACKLOG, ident="trainfeed",
+            expose_tracebacks=False, clear_untrusted_proxy_headers=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._server.run, daemon=True, name="trainfeed-metrics")
+        self._thread.start()
         self._lock = threading.Lock()
 
     def close(self) -> None:
         with self._lock:
-            httpd, self._httpd = self._httpd, None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-            self._thread.join(5)
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        server = self._server
+        # The socket loop closes its own sockets (waitress's dispatchers are not thread-safe),
+        # then ends as its map is empty; the app threads are joined after.
+        server.trigger.pull_trigger(lambda: waitress.wasyncore.close_all(server._map))
+        thread.join(5)
+        server.task_dispatcher.shutdown(timeout=5)
 
     def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (IPv4 or IPv6, as `host` resolves), not yet listening:
+    bound here so that a busy port is a ConfigurationError, with its first address only (so
+    port 0 gives one port)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -2,7 +2,8 @@
 
 Server-rendered HTML from `trainfeed.master.status.snapshot`: no JavaScript at all (the page
 refreshes itself with a meta refresh every REFRESH_S; `?refresh=0` stops it), inline SVG
-sparklines, one column that reflows on a phone. Everything shown is escaped.
+sparklines, one column that reflows on a phone. Every value shown is escaped, by one function
+(`html`: MarkupSafe's escaping formatter), never by care at each place.
 
 Access: behind the master's token, like its gRPC API. A request carries `Authorization: Bearer
 <token>` (the master's token: every job; a job token: that job only), or the cookie of a session
@@ -14,8 +15,8 @@ its API to anyone. `/metrics` stays open (Prometheus scrapes it; it names no sec
 from __future__ import annotations
 
 import hmac
-import html
 import json
+import re
 import secrets
 import threading
 import time
@@ -24,18 +25,33 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
+from markupsafe import Markup
+
 from trainfeed.security import JOB_TOKEN_PREFIX, job_token
 
 PATHS = ("/", "/status", "/status/", "/status.json", "/login", "/logout", "/metrics")
 
 # How often the page reloads itself: the sparklines step every 10 s, the readers call faster.
 REFRESH_S = 5
-# A login lasts this long (seconds); a bounded number of sessions are kept (oldest dropped).
+# `?refresh=N` is taken as ASCII digits only, clamped to this (an hour); anything else is REFRESH_S.
+MAX_REFRESH_S = 3600
+# A login lasts this long (seconds).
 SESSION_S = 12 * 3600
-MAX_SESSIONS = 1000
+# Sessions kept per job token's scope, each scope dropping only its own oldest: a job token
+# logging in without end cannot log out anyone but its own job's earlier sessions.
+MAX_SESSIONS_PER_JOB = 32
+# Sessions of every job's scope together (only the master's token can mint job tokens, so only
+# its holder can reach this); past it the oldest job session goes.
+MAX_JOB_SESSIONS = 1000
+# Sessions of the master's token (the operators), a pool of their own no job token touches.
+MAX_OPERATOR_SESSIONS = 64
 COOKIE = "trainfeed_status"
-# The largest login form body read.
+# The largest login form body read (a token is under 200 bytes); trainfeed.master.metrics makes
+# it the HTTP server's body limit for every path.
 MAX_FORM_BYTES = 4096
+# Every path the app answers itself; anything else goes to the Prometheus exporter (`/metrics`).
+PAGE_PATHS = ("/", "/status", "/status/")
+PATHS: tuple[str, ...] = (*PAGE_PATHS, "/status.json", "/login", "/logout", "/metrics")
 # Every scope: the master's token (or no token at all).
 ALL_JOBS = ""
 
@@ -54,7 +70,7 @@ class Access:
     def __init__(self, token: str | None, clock: Callable[[], float] = time.time):
         self._token = token
         self._clock = clock
-        self._sessions: dict[str, tuple[str, float]] = {}  # id -> (scope, expiry)
+        self._sessions = _Sessions()
         self._lock = threading.Lock()
 
     @property
@@ -82,12 +98,7 @@ class Access:
             return None
         sid = secrets.token_urlsafe(32)
         with self._lock:
-            now = self._clock()
-            for old in [s for s, (_, until) in self._sessions.items() if until < now]:
-                del self._sessions[old]
-            while len(self._sessions) >= MAX_SESSIONS:
-                del self._sessions[next(iter(self._sessions))]
-            self._sessions[sid] = (scope, now + SESSION_S)
+            self._sessions.add(sid, scope, self._clock())
         return sid
 
     def scope_of_request(self, environ: dict[str, Any]) -> str | None:
@@ -107,10 +118,55 @@ class Access:
         if morsel is None:
             return None
         with self._lock:
-            found = self._sessions.get(morsel.value)
-        if found is None or found[1] < self._clock():
+            return self._sessions.scope(morsel.value, self._clock())
+
+
+class _Sessions:
+    """Login sessions, in pools with their own caps: the operators' (ALL_JOBS) and each job's,
+    so that a pool that is full drops its own oldest session, never another pool's. Not
+    thread-safe (Access holds its lock)."""
+
+    def __init__(self) -> None:
+        self._scopes: dict[str, dict[str, float]] = {}  # scope -> id -> expiry, oldest first
+        self._scope_of: dict[str, str] = {}  # id -> scope
+        self._job_sessions = 0
+
+    def add(self, sid: str, scope: str, now: float) -> None:
+        self._expire(now)
+        pool = self._scopes.setdefault(scope, {})
+        cap = MAX_OPERATOR_SESSIONS if scope == ALL_JOBS else MAX_SESSIONS_PER_JOB
+        while len(pool) >= cap:
+            self._drop(next(iter(pool)))
+        while scope != ALL_JOBS and self._job_sessions >= MAX_JOB_SESSIONS:
+            self._drop(self._oldest_job_session())
+        self._scopes.setdefault(scope, pool)[sid] = now + SESSION_S
+        self._scope_of[sid] = scope
+        self._job_sessions += scope != ALL_JOBS
+
+    def scope(self, sid: str, now: float) -> str | None:
+        scope = self._scope_of.get(sid)
+        if scope is None or self._scopes[scope][sid] < now:
             return None
-        return found[0]
+        return scope
+
+    def __len__(self) -> int:
+        return len(self._scope_of)
+
+    def _expire(self, now: float) -> None:
+        for sid in [s for s, scope in self._scope_of.items() if self._scopes[scope][s] < now]:
+            self._drop(sid)
+
+    def _oldest_job_session(self) -> str:
+        return min(((next(iter(pool.values())), next(iter(pool))) for scope, pool
+                    in self._scopes.items() if scope != ALL_JOBS and pool))[1]
+
+    def _drop(self, sid: str) -> None:
+        scope = self._scope_of.pop(sid)
+        pool = self._scopes[scope]
+        del pool[sid]
+        if not pool:
+            del self._scopes[scope]
+        self._job_sessions -= scope != ALL_JOBS
 
 
 class StatusApp:
@@ -134,7 +190,7 @@ class StatusApp:
 
     def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        if path in ("/", "/status", "/status/"):
+        if path in PAGE_PATHS:
             return self._status(environ, start, as_json=False)
         if path == "/status.json":
             return self._status(environ, start, as_json=True)
@@ -161,20 +217,23 @@ class StatusApp:
             data = with_uploads(data, self._uploads(), every_job=scope == ALL_JOBS)
         if as_json:
             return _respond(start, "200 OK", json.dumps(data).encode(), "application/json")
-        query = parse_qs(environ.get("QUERY_STRING", ""))
-        refresh = query.get("refresh", [str(REFRESH_S)])[0]
-        seconds = int(refresh) if refresh.isdigit() else REFRESH_S
+        seconds = refresh_of(environ.get("QUERY_STRING", ""))
         page = render(data, refresh_s=seconds, logout=not self.access.open)
         return _respond(start, "200 OK", page.encode(), "text/html; charset=utf-8")
 
     def _login(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST":
             return _respond(start, "200 OK", login_form().encode(), "text/html; charset=utf-8")
+        length, problem = form_length(environ.get("CONTENT_LENGTH"))
+        if problem is not None:
+            return _respond(start, problem, f"{problem}: the login form is a body of 0 to "
+                            f"{MAX_FORM_BYTES} bytes with its Content-Length\n".encode(),
+                            "text/plain; charset=utf-8")
         try:
-            length = min(int(environ.get("CONTENT_LENGTH") or 0), MAX_FORM_BYTES)
-        except ValueError:
-            length = 0
-        form = parse_qs(environ["wsgi.input"].read(length).decode("utf-8", "replace"))
+            form = parse_qs(environ["wsgi.input"].read(length).decode("utf-8", "replace"),
+                            max_num_fields=8)
+        except ValueError:  # more fields than the form has
+            form = {}
         sid = self.access.login(form.get("token", [""])[0].strip())
         if sid is None:
             return _respond(start, "401 Unauthorized",
@@ -182,6 +241,31 @@ class StatusApp:
                                        "it.").encode(), "text/html; charset=utf-8")
         return _respond(start, "303 See Other", b"", "text/plain",
                         [("Location", "/status"), ("Set-Cookie", _cookie(sid, SESSION_S))])
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def refresh_of(query: str) -> int:
+    """The page's refresh period asked by `?refresh=N`: ASCII digits, clamped to
+    MAX_REFRESH_S; anything else (none, a Unicode digit, a sign, 5,000 digits) is REFRESH_S."""
+    try:
+        given = parse_qs(query, max_num_fields=32).get("refresh", [""])[0]
+    except ValueError:  # more fields than that: not a query this page makes
+        return REFRESH_S
+    return min(int(given), MAX_REFRESH_S) if _DIGITS.fullmatch(given) else REFRESH_S
+
+
+def form_length(header: str | None) -> tuple[int, str | None]:
+    """The login form's length from its Content-Length (the server has read at most
+    MAX_FORM_BYTES of it), or the 4xx status for a missing, malformed or too large one."""
+    if header is None or header == "":
+        return 0, "411 Length Required"
+    if not _DIGITS.fullmatch(header):
+        return 0, "400 Bad Request" if not header.isascii() or not header.isdigit() else \
+            "413 Content Too Large"
+    length = int(header)
+    return (length, None) if length <= MAX_FORM_BYTES else (0, "413 Content Too Large")
 
 
 def with_uploads(data: dict[str, Any], uploads: dict[str, Any],
@@ -206,7 +290,7 @@ def _respond(start: StartResponse, status: str, body: bytes, kind: str,
 
 
 # -- rendering ---------------------------------------------------------------------------------
-_STYLE = """
+_STYLE = Markup("""
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:70rem;padding:.5rem 1rem;
 color:#111;background:#fff}
 h1{font-size:1.3rem}h2{font-size:1.15rem;margin:1.5rem 0 .3rem}
@@ -222,26 +306,33 @@ td:first-child,th:first-child{text-align:left}
 tr.flagged td{background:#fed7d7}
 .flag{background:#c53030;color:#fff;border-radius:.2rem;padding:0 .3rem;margin-right:.2rem}
 .muted{color:#666}
-"""
+""")
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+def html(template: str, *args: Any, **kwargs: Any) -> Markup:
+    """The one way a value reaches the page: `template` is this module's own markup, and every
+    argument is escaped by MarkupSafe's formatter (format specs such as `{n:,}` apply first)
+    unless it is itself a Markup built here. Nothing else concatenates text into the page."""
+    return Markup(template).format(*args, **kwargs)
 
 
-def sparkline(points: Iterable[float], width: int = 120, height: int = 24) -> str:
+def _join(parts: Iterable[Markup]) -> Markup:
+    return Markup("").join(parts)
+
+
+def sparkline(points: Iterable[float], width: int = 120, height: int = 24) -> Markup:
     """A small inline SVG polyline of `points` (oldest first), scaled to its maximum."""
-    values = list(points)
+    values = [float(v) for v in points]
     if not values:
-        return ""
+        return Markup("")
     top = max(values) or 1.0
     step = width / max(1, len(values) - 1)
     coords = " ".join(f"{i * step:.1f},{height - 1 - (v / top) * (height - 2):.1f}"
                       for i, v in enumerate(values))
-    return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} '
-            f'{height}" role="img" aria-label="rate over the last minutes, peak {top:,.0f}/s">'
-            f'<polyline fill="none" stroke="#2b6cb0" stroke-width="1.5" points="{coords}"/>'
-            f'</svg>')
+    return html('<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
+                'aria-label="rate over the last minutes, peak {top:,.0f}/s"><polyline '
+                'fill="none" stroke="#2b6cb0" stroke-width="1.5" points="{coords}"/></svg>',
+                w=width, h=height, top=top, coords=coords)
 
 
 def _size(n: float) -> str:
@@ -262,114 +353,119 @@ def _ago(seconds: float) -> str:
 
 def render(data: dict[str, Any], refresh_s: int = REFRESH_S, logout: bool = False) -> str:
     """The whole page for a `snapshot`."""
-    refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s > 0 else ""
+    refresh = html('<meta http-equiv="refresh" content="{}">', refresh_s) if refresh_s > 0 \
+        else Markup("")
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data["generated_at"]))
     jobs = data["jobs"]
-    out = ['<!doctype html><html lang="en"><head><meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width,initial-scale=1">', refresh,
-           f"<title>trainfeed: {len(jobs)} job(s)</title><style>{_STYLE}</style></head><body>",
-           f'<h1>trainfeed master</h1><p class="muted">{_e(generated)} · {len(jobs)} job(s)'
-           + (f" · refreshes every {refresh_s} s" if refresh_s > 0 else "")
-           + (' · <a href="/logout">log out</a>' if logout else "") + "</p>"]
+    out = [html('<!doctype html><html lang="en"><head><meta charset="utf-8"><meta '
+                'name="viewport" content="width=device-width,initial-scale=1">{refresh}<title>'
+                'trainfeed: {n} job(s)</title><style>{style}</style></head><body><h1>trainfeed '
+                'master</h1><p class="muted">{generated} · {n} job(s){every}{logout}</p>',
+                refresh=refresh, n=len(jobs), style=_STYLE, generated=generated,
+                every=f" · refreshes every {refresh_s} s" if refresh_s > 0 else "",
+                logout=Markup(' · <a href="/logout">log out</a>') if logout else "")]
     if not jobs:
-        out.append("<p>No job yet: a reader creates its job when it opens it.</p>")
+        out.append(Markup("<p>No job yet: a reader creates its job when it opens it.</p>"))
     out += [_job(job, data) for job in jobs]
     if "uploads" in data:
         out.append(_uploads(data["uploads"], data.get("uploads_error")))
-    out.append("</body></html>")
-    return "".join(out)
+    out.append(Markup("</body></html>"))
+    return str(_join(out))
 
 
-def _job(job: dict[str, Any], data: dict[str, Any]) -> str:
-    name = _e(job["job"])
-    done, failed, total = job["done"], job["failed"], job["num_partitions"]
-    share = job["input_bound"]
-    parts = [
-        f'<section class="job" id="job-{name}"><h2>Job {name}</h2>',
-        f'<div class="grid"><span>dataset <b>{_e(job["dataset"])}</b> '
-        f'({job["num_records"]:,} records)</span>',
-        f'<span>readers alive <b>{job["workers_alive"]}</b></span>',
-        f'<span>rate <b>{job["records_per_s"]:,.0f}</b> records/s '
-        f'{sparkline(job["sparkline"])}</span>',
-        f'<span>input-bound <b class="input-bound">{share:.0%}</b></span>',
-        f'<span>refused reports <b class="refused">{job["reports_refused"]}</b></span></div>',
-        f'<h3>Epoch <span class="epoch">{job["epoch"]}</span></h3>',
-        f'<p class="progress" data-epoch="{job["epoch"]}" data-done="{done}" '
-        f'data-failed="{failed}" data-todo="{job["todo"]}" data-pending="{job["pending"]}" '
-        f'data-partitions="{total}">{done + failed}/{total} partitions '
-        f'({job["progress"]:.0%}) · todo {job["todo"]} · pending {job["pending"]} · '
-        f'done {done} · failed {failed}</p>',
-        f'<div class="bar"><div style="width:{100 * job["progress"]:.1f}%"></div></div>',
+def _job(job: dict[str, Any], data: dict[str, Any]) -> Markup:
+    done, failed = job["done"], job["failed"]
+    return _join([
+        html('<section class="job" id="job-{name}"><h2>Job {name}</h2><div class="grid"><span>'
+             'dataset <b>{dataset}</b> ({records:,} records)</span><span>readers alive <b>'
+             '{alive}</b></span><span>rate <b>{rate:,.0f}</b> records/s {spark}</span><span>'
+             'input-bound <b class="input-bound">{share:.0%}</b></span><span>refused reports '
+             '<b class="refused">{refused}</b></span></div>',
+             name=job["job"], dataset=job["dataset"], records=job["num_records"],
+             alive=job["workers_alive"], rate=job["records_per_s"],
+             spark=sparkline(job["sparkline"]), share=job["input_bound"],
+             refused=job["reports_refused"]),
+        html('<h3>Epoch <span class="epoch">{epoch}</span></h3><p class="progress" '
+             'data-epoch="{epoch}" data-done="{done}" data-failed="{failed}" data-todo="{todo}" '
+             'data-pending="{pending}" data-partitions="{total}">{finished}/{total} partitions '
+             '({progress:.0%}) · todo {todo} · pending {pending} · done {done} · failed {failed}'
+             '</p><div class="bar"><div style="width:{width:.1f}%"></div></div>',
+             epoch=job["epoch"], done=done, failed=failed, todo=job["todo"],
+             pending=job["pending"], total=job["num_partitions"], finished=done + failed,
+             progress=job["progress"], width=100 * job["progress"]),
         _readers(job["readers"], data),
         _sync(job["sync_group"]),
         _failed(job["failed_partitions"]),
         _refusals(job["refusals"]),
         _histogram(job["label_histogram"]),
-        "</section>",
-    ]
-    return "".join(parts)
+        Markup("</section>"),
+    ])
 
 
-def _readers(readers: list[dict[str, Any]], data: dict[str, Any]) -> str:
+def _readers(readers: list[dict[str, Any]], data: dict[str, Any]) -> Markup:
     if not readers:
-        return "<h3>Readers</h3><p>None connected.</p>"
-    minutes = data["sparkline_step_s"] * 30 / 60
-    rows = ['<h3>Readers</h3><div class="scroll"><table class="readers"><tr><th>reader</th>'
-            '<th>records/s</th><th>input-bound</th><th>leases</th><th>last contact</th>'
-            '<th>read</th><th>decode failures</th>'
-            f'<th>last {minutes:.0f} min</th><th>flags</th></tr>']
+        return Markup("<h3>Readers</h3><p>None connected.</p>")
+    rows = [html('<h3>Readers</h3><div class="scroll"><table class="readers"><tr><th>reader</th>'
+                 '<th>records/s</th><th>input-bound</th><th>leases</th><th>last contact</th>'
+                 '<th>read</th><th>decode failures</th><th>last {:.0f} min</th><th>flags</th>'
+                 '</tr>', data["sparkline_step_s"] * 30 / 60)]
     for r in readers:
-        flags = "".join(f'<span class="flag">{_e(f)}</span>' for f in r["flags"])
-        rows.append(
-            f'<tr class="reader{" flagged" if r["flags"] else ""}" data-worker="{_e(r["worker"])}"'
-            f' data-flags="{_e(" ".join(r["flags"]))}"><td>{_e(r["worker"])}</td>'
-            f'<td>{r["records_per_s"]:,.1f}</td><td>{r["input_bound"]:.0%}</td>'
-            f'<td>{r["leases_held"]}</td><td>{_ago(r["last_contact_s"])}</td>'
-            f'<td>{_size(r["read_bytes_per_s"])}/s</td><td>{r["decode_failures"]}</td>'
-            f'<td>{sparkline(r["sparkline"], 90, 18)}</td><td>{flags}</td></tr>')
-    rows.append("</table></div>")
-    return "".join(rows)
+        rows.append(html(
+            '<tr class="reader{flagged}" data-worker="{worker}" data-flags="{flag_list}"><td>'
+            '{worker}</td><td>{rate:,.1f}</td><td>{share:.0%}</td><td>{leases}</td><td>{ago}'
+            '</td><td>{read}/s</td><td>{failures}</td><td>{spark}</td><td>{flags}</td></tr>',
+            flagged=" flagged" if r["flags"] else "", worker=r["worker"],
+            flag_list=" ".join(r["flags"]), rate=r["records_per_s"], share=r["input_bound"],
+            leases=r["leases_held"], ago=_ago(r["last_contact_s"]),
+            read=_size(r["read_bytes_per_s"]), failures=r["decode_failures"],
+            spark=sparkline(r["sparkline"], 90, 18),
+            flags=_join(html('<span class="flag">{}</span>', f) for f in r["flags"])))
+    rows.append(Markup("</table></div>"))
+    return _join(rows)
 
 
-def _sync(group: dict[str, Any] | None) -> str:
+def _sync(group: dict[str, Any] | None) -> Markup:
     if group is None:
-        return ""
-    ranks = ", ".join(f"{_e(r)}: {_e(w)}" for r, w in group["ranks"].items()) or "none yet"
-    broken = (f' <span class="flag">broken</span> {_e(group["broken"])}'
-              if group["broken"] else "")
-    return (f'<h3>Synchronous group</h3><p>world size {group["world_size"]}, batch size '
-            f'{group["batch_size"]}; ranks {ranks}{broken}</p>')
+        return Markup("")
+    ranks = ", ".join(f"{r}: {w}" for r, w in group["ranks"].items()) or "none yet"
+    broken = html(' <span class="flag">broken</span> {}', group["broken"]) \
+        if group["broken"] else ""
+    return html('<h3>Synchronous group</h3><p>world size {world}, batch size {batch}; ranks '
+                '{ranks}{broken}</p>', world=group["world_size"], batch=group["batch_size"],
+                ranks=ranks, broken=broken)
 
 
-def _failed(rows: list[dict[str, Any]]) -> str:
+def _failed(rows: list[dict[str, Any]]) -> Markup:
     if not rows:
-        return "<h3>Lost partitions</h3><p>None.</p>"
-    body = "".join(f'<tr><td>{r["epoch"]}</td><td>{r["partition"]}</td><td>{r["records"]}</td>'
-                   f'<td style="text-align:left;white-space:normal">{_e(r["reason"])}</td></tr>'
-                   for r in rows)
-    return ('<h3>Lost partitions</h3><div class="scroll"><table class="lost"><tr><th>epoch</th>'
-            f'<th>partition</th><th>records</th><th>reason</th></tr>{body}</table></div>')
+        return Markup("<h3>Lost partitions</h3><p>None.</p>")
+    body = _join(html('<tr><td>{}</td><td>{}</td><td>{}</td><td style="text-align:left;'
+                      'white-space:normal">{}</td></tr>', r["epoch"], r["partition"],
+                      r["records"], r["reason"]) for r in rows)
+    return html('<h3>Lost partitions</h3><div class="scroll"><table class="lost"><tr><th>epoch'
+                '</th><th>partition</th><th>records</th><th>reason</th></tr>{}</table></div>',
+                body)
 
 
-def _refusals(rows: list[dict[str, Any]]) -> str:
+def _refusals(rows: list[dict[str, Any]]) -> Markup:
     if not rows:
-        return ""
-    body = "".join(f'<tr><td>{_ago(r["ago_s"])}</td><td>{_e(r["worker"])}</td>'
-                   f'<td>{r["count"]}</td><td style="text-align:left;white-space:normal">'
-                   f'{_e(r["why"])}</td></tr>' for r in rows)
-    return ('<h3>Refused reports</h3><div class="scroll"><table class="refusals"><tr><th>when'
-            f'</th><th>reader</th><th>reports</th><th>why</th></tr>{body}</table></div>')
+        return Markup("")
+    body = _join(html('<tr><td>{}</td><td>{}</td><td>{}</td><td style="text-align:left;'
+                      'white-space:normal">{}</td></tr>', _ago(r["ago_s"]), r["worker"],
+                      r["count"], r["why"]) for r in rows)
+    return html('<h3>Refused reports</h3><div class="scroll"><table class="refusals"><tr><th>'
+                'when</th><th>reader</th><th>reports</th><th>why</th></tr>{}</table></div>',
+                body)
 
 
-def _histogram(histogram: dict[str, int]) -> str:
+def _histogram(histogram: dict[str, int]) -> Markup:
     if not histogram:
-        return ""
+        return Markup("")
     top = max(histogram.values()) or 1
-    rows = "".join(
-        f'<tr><td>{_e(label)}</td><td>{n:,}</td><td style="width:60%"><div class="bar">'
-        f'<div style="width:{100 * n / top:.1f}%"></div></div></td></tr>'
-        for label, n in histogram.items())
-    return f'<h3>Labels</h3><div class="scroll"><table class="labels">{rows}</table></div>'
+    rows = _join(html('<tr><td>{}</td><td>{:,}</td><td style="width:60%"><div class="bar">'
+                      '<div style="width:{:.1f}%"></div></div></td></tr>', label, n,
+                      100 * n / top) for label, n in histogram.items())
+    return html('<h3>Labels</h3><div class="scroll"><table class="labels">{}</table></div>',
+                rows)
 
 
 def _duration(seconds: float) -> str:
@@ -378,71 +474,77 @@ def _duration(seconds: float) -> str:
         f"{minutes}:{secs:02d}"
 
 
-def _uploads(uploads: list[dict[str, Any]], error: str | None) -> str:
+def _uploads(uploads: list[dict[str, Any]], error: str | None) -> Markup:
     """The uploads of the master's storage (trainfeed.ingest.board.summarize)."""
-    out = ['<section class="uploads" id="uploads"><h2>Uploads</h2>']
+    out = [Markup('<section class="uploads" id="uploads"><h2>Uploads</h2>')]
     if error:
-        out.append(f'<p><span class="flag">error</span> {_e(error)}</p>')
+        out.append(html('<p><span class="flag">error</span> {}</p>', error))
     if not uploads:
-        out.append("<p>None in progress, none published in the last hour.</p>")
+        out.append(Markup("<p>None in progress, none published in the last hour.</p>"))
     out += [_upload(u) for u in uploads]
-    out.append("</section>")
-    return "".join(out)
+    out.append(Markup("</section>"))
+    return _join(out)
 
 
-def _upload(u: dict[str, Any]) -> str:
+def _upload(u: dict[str, Any]) -> Markup:
     share = u["records_done"] / u["records_total"] if u["records_total"] else 0.0
     bad = u["state"] in ("failed", "stale")
-    state = f'<span class="flag">{_e(u["state"])}</span>' if bad else f'<b>{_e(u["state"])}</b>'
+    state = html('<span class="flag">{}</span>' if bad else "<b>{}</b>", u["state"])
     slices = (f' · {u["slices_done"]}/{u["slices"]} slices done · {u["slices_running"]} '
               f'running' + (f' · {u["slices_waiting"]} not started' if u["slices_waiting"]
                             else "") if u["mode"] == "slices" else "")
     eta = f' · ETA {_duration(u["eta_s"])}' if u["eta_s"] is not None else ""
     ago = f' · {_ago(u["updated_ago_s"])}' if u["state"] == "published" else ""
     parts = [
-        f'<div class="upload" data-dataset="{_e(u["dataset"])}" data-state="{_e(u["state"])}" '
-        f'data-records-done="{u["records_done"]}" data-records-total="{u["records_total"]}" '
-        f'data-slices="{u["slices"]}" data-slices-done="{u["slices_done"]}" '
-        f'data-slices-failed="{u["slices_failed"]}" data-slices-stale="{u["slices_stale"]}">',
-        f'<h3>{_e(u["dataset"])} <span class="muted">({_e(u["mode"])}, fingerprint '
-        f'{_e(u["fingerprint"])})</span></h3>',
-        f'<p class="upload-progress">{state}{slices} · {u["records_done"]:,}/'
-        f'{u["records_total"]:,} records ({share:.0%}) · {_size(u["bytes_done"])} · '
-        f'{u["records_per_s"]:,.0f} records/s{eta}{ago}</p>',
-        f'<div class="bar"><div style="width:{100 * share:.1f}%"></div></div>',
+        html('<div class="upload" data-dataset="{dataset}" data-state="{state}" '
+             'data-records-done="{done}" data-records-total="{total}" data-slices="{slices}" '
+             'data-slices-done="{slices_done}" data-slices-failed="{failed}" '
+             'data-slices-stale="{stale}"><h3>{dataset} <span class="muted">({mode}, '
+             'fingerprint {fingerprint})</span></h3><p class="upload-progress">{shown}{counts}'
+             ' · {done:,}/{total:,} records ({share:.0%}) · {size} · {rate:,.0f} records/s'
+             '{eta}{ago}</p><div class="bar"><div style="width:{width:.1f}%"></div></div>',
+             dataset=u["dataset"], state=u["state"], done=u["records_done"],
+             total=u["records_total"], slices=u["slices"], slices_done=u["slices_done"],
+             failed=u["slices_failed"], stale=u["slices_stale"], mode=u["mode"],
+             fingerprint=u["fingerprint"], shown=state, counts=slices, share=share,
+             size=_size(u["bytes_done"]), rate=u["records_per_s"], eta=eta, ago=ago,
+             width=100 * share),
     ]
-    parts += [f'<p class="problem"><span class="flag">!</span> {_e(p)}</p>'
+    parts += [html('<p class="problem"><span class="flag">!</span> {}</p>', p)
               for p in u["problems"]]
     rows = [s for s in u["slice_rows"] if u["mode"] == "slices"]
     if rows:
-        parts.append('<div class="scroll"><table class="slices"><tr><th>slice</th><th>state'
-                     '</th><th>records</th><th>records/s</th><th>host</th><th>last report</th>'
-                     '<th style="text-align:left">reason</th></tr>')
-        for r in rows:
-            flagged = r["state"] in ("failed", "stale")
-            parts.append(
-                f'<tr class="slice{" flagged" if flagged else ""}" data-slice="{r["slice"]}" '
-                f'data-state="{_e(r["state"])}" data-records-done="{r["records_done"]}">'
-                f'<td>{r["slice"]}</td><td>{_e(r["state"])}</td><td>{r["records_done"]:,}/'
-                f'{r["records_total"]:,}</td><td>{r["records_per_s"]:,.1f}</td>'
-                f'<td>{_e(r["host"])}</td><td>{_ago(r["updated_ago_s"])}</td>'
-                f'<td style="text-align:left;white-space:normal">{_e(r["reason"] or "")}</td>'
-                '</tr>')
+        parts.append(Markup('<div class="scroll"><table class="slices"><tr><th>slice</th><th>'
+                            'state</th><th>records</th><th>records/s</th><th>host</th><th>last '
+                            'report</th><th style="text-align:left">reason</th></tr>'))
+        parts += [_slice_row(r) for r in rows]
         if u["slice_rows_hidden"]:
-            parts.append(f'<tr><td colspan="7">… and {u["slice_rows_hidden"]} more slices'
-                         '</td></tr>')
-        parts.append("</table></div>")
-    parts.append("</div>")
-    return "".join(parts)
+            parts.append(html('<tr><td colspan="7">… and {} more slices</td></tr>',
+                              u["slice_rows_hidden"]))
+        parts.append(Markup("</table></div>"))
+    parts.append(Markup("</div>"))
+    return _join(parts)
+
+
+def _slice_row(r: dict[str, Any]) -> Markup:
+    flagged = r["state"] in ("failed", "stale")
+    return html('<tr class="slice{flagged}" data-slice="{slice}" data-state="{state}" '
+                'data-records-done="{done}"><td>{slice}</td><td>{state}</td><td>{done:,}/'
+                '{total:,}</td><td>{rate:,.1f}</td><td>{host}</td><td>{ago}</td><td style='
+                '"text-align:left;white-space:normal">{reason}</td></tr>',
+                flagged=" flagged" if flagged else "", slice=r["slice"], state=r["state"],
+                done=r["records_done"], total=r["records_total"], rate=r["records_per_s"],
+                host=r["host"], ago=_ago(r["updated_ago_s"]), reason=r["reason"] or "")
 
 
 def login_form(problem: str = "") -> str:
-    message = f'<p class="flag">{_e(problem)}</p>' if problem else ""
-    return ('<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
-            'content="width=device-width,initial-scale=1"><title>trainfeed: log in</title>'
-            f'<style>{_STYLE}</style></head><body><h1>trainfeed master</h1>{message}'
-            '<form method="post" action="/login"><p><label>Token (the master\'s, or a job '
-            'token from <code>trainfeed token JOB</code>)<br><input type="password" '
-            'name="token" id="token" autocomplete="current-password" size="40" required>'
-            '</label></p><p><button type="submit" id="login">Log in</button></p></form>'
-            '</body></html>')
+    message = html('<p class="flag">{}</p>', problem) if problem else ""
+    return str(html(
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width,initial-scale=1"><title>trainfeed: log in</title><style>'
+        '{style}</style></head><body><h1>trainfeed master</h1>{message}<form method="post" '
+        'action="/login"><p><label>Token (the master\'s, or a job token from <code>trainfeed '
+        'token JOB</code>)<br><input type="password" name="token" id="token" '
+        'autocomplete="current-password" size="40" required></label></p><p><button '
+        'type="submit" id="login">Log in</button></p></form></body></html>',
+        style=_STYLE, message=message))

@@ -31,6 +31,22 @@ def test_health_service_reports_serving(storage: str) -> None:
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_health_list_names_the_services_and_nothing_of_the_jobs(storage: str) -> None:
+    """Health/List needs no token (docs/security.md, doors): it names the two services it
+    serves, whatever jobs the master holds."""
+    with MasterProcess(storage) as master:
+        got = sum(len(b["_id"]) for b in dist.reader(
+            "flowers", source=MasterSource(master.address, "private-job")).column_batches(4))
+        assert got > 0
+        with grpc.insecure_channel(master.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(),
+                                                             timeout=5)
+    assert sorted(reply.statuses) == ["", "trainfeed.v1.Master"]
+    assert {s.status for s in reply.statuses.values()} == {
+        health_pb2.HealthCheckResponse.SERVING}
+    assert "private-job" not in str(reply) and "flowers" not in str(reply)
+
+
 def test_clear_errors_for_unknown_datasets_jobs_and_bad_names(storage: str) -> None:
     with MasterProcess(storage) as master, MasterClient(master.address, give_up_s=5) as client:
         with pytest.raises(JobError, match=r"NOT_FOUND: no dataset 'tulips'.*datasets here: "

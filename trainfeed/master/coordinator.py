@@ -684,11 +684,14 @@ class Coordinator:
         if not message.seq:
             for r in request.reports:
                 if r.outcome != pb.TaskReport.PROGRESS:
+                    # (an outcome no enum value names was a ValueError, which ended the stream)
+                    outcome = (pb.TaskReport.Outcome.Name(r.outcome)
+                               if r.outcome in pb.TaskReport.Outcome.values()
+                               else f"outcome {r.outcome}")
                     raise InvalidArgument(
                         f"job {job.name!r}: a Session message without seq carries only "
-                        f"PROGRESS reports; the {pb.TaskReport.Outcome.Name(r.outcome)} report "
-                        f"on partition {r.partition} needs an answer (give the message a seq, "
-                        f"or send it with Report)")
+                        f"PROGRESS reports; the {outcome} report on partition {r.partition} "
+                        f"needs an answer (give the message a seq, or send it with Report)")
         held = self.check_held(job, request.held)
         verdicts, changed = self._heard(job, worker, request, held, now, refuse=False)
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,

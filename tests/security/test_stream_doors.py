@@ -48,7 +48,7 @@ for _folder in (ROOT / "tests" / "integration", ROOT / "benchmarks"):
 from attack_stream import Attack, RssWatch, rss_mb  # noqa: E402
 from test_stream_grants import RECORDS, assert_exactly_once, read_epochs, read_events  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MASTER_TOKEN = "stream-doors-master-token-0123456789"
 # The bound: what one attack may add to the master's RSS.
 MAX_GROWTH_MB = 50.0

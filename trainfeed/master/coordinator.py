@@ -19,6 +19,7 @@ only where they are decided).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 from collections.abc import Callable, Iterable
@@ -82,7 +83,9 @@ STALL_S = 2.0
 # The binary trailing metadata of a FAILED_PRECONDITION answer: a serialized RefusedReports.
 REFUSED_TRAILER = "trainfeed-refused-bin"
 # It lists at most this many (gRPC caps metadata at 16 KiB; a HeldTask takes at most ~25 bytes):
-# a client sending more refused reports learns the rest on its retry.
+# a client sending more refused reports learns the rest on its retry. So do a Session answer's
+# `refused` (with `refused_count`) and any answer's `revoked`: an answer's size does not grow with
+# what a message lists (a reader holds and reports far fewer leases than this at once).
 MAX_REFUSED_LISTED = 512
 # A FAILED report's reason is kept in the ledger (and its state) and shown by status: this much.
 MAX_REASON_CHARS = 2000
@@ -681,11 +684,14 @@ class Coordinator:
         if not message.seq:
             for r in request.reports:
                 if r.outcome != pb.TaskReport.PROGRESS:
+                    # (an outcome no enum value names was a ValueError, which ended the stream)
+                    outcome = (pb.TaskReport.Outcome.Name(r.outcome)
+                               if r.outcome in pb.TaskReport.Outcome.values()
+                               else f"outcome {r.outcome}")
                     raise InvalidArgument(
                         f"job {job.name!r}: a Session message without seq carries only "
-                        f"PROGRESS reports; the {pb.TaskReport.Outcome.Name(r.outcome)} report "
-                        f"on partition {r.partition} needs an answer (give the message a seq, "
-                        f"or send it with Report)")
+                        f"PROGRESS reports; the {outcome} report on partition {r.partition} "
+                        f"needs an answer (give the message a seq, or send it with Report)")
         held = self.check_held(job, request.held)
         verdicts, changed = self._heard(job, worker, request, held, now, refuse=False)
         stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
@@ -701,9 +707,9 @@ class Coordinator:
             current_epoch=job.ledger.epoch, answers=message.seq,
             revoked=self.revoked(job, worker, held, request.reports),
             give_back=self.asked_back(job, worker, held), group_broken=stop,
-            revoked_why=why, superseded=why,
+            revoked_why=why, superseded=why, refused_count=len(refused),
             refused=[pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-                     for r in refused]), changed
+                     for r in refused[:MAX_REFUSED_LISTED]]), changed
 
     def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
               ) -> tuple[pb.LeaveJobResponse, bool]:
@@ -850,12 +856,13 @@ class Coordinator:
 
     @staticmethod
     def revoked(job: Job, worker: str, held: Held, reports: Any) -> list[pb.HeldTask]:
-        """Of `held`, the leases no longer `worker`'s, but for those this call reported."""
+        """Of `held`, the leases no longer `worker`'s, but for those this call reported: the
+        first MAX_REFUSED_LISTED (the caller learns the rest on its next call)."""
         reported = {(r.epoch, r.partition) for r in reports
                     if r.outcome != pb.TaskReport.PROGRESS}
+        gone = (t for t in job.ledger.revoked(worker, held.triples) if t[:2] not in reported)
         return [pb.HeldTask(epoch=e, partition=p, lease=t)
-                for e, p, t in job.ledger.revoked(worker, held.triples)
-                if (e, p) not in reported]
+                for e, p, t in itertools.islice(gone, MAX_REFUSED_LISTED)]
 
     # -- work stealing ------------------------------------------------------------------------
     def _ask_back(self, job: Job, thief: str, now: float) -> None:

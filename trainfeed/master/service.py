@@ -35,6 +35,7 @@ leases of live readers that had no way to renew them.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import secrets
@@ -90,6 +91,14 @@ PROGRESS_JOURNAL_S = 0.05
 # stream flooding the master with long-polls gets `grant_refused` (RESOURCE_EXHAUSTED) at once
 # instead of a task each: the bound a unary call gets from HTTP/2's concurrent-stream limit.
 MAX_GRANTS_IN_FLIGHT = 8
+# Answers of one Session stream not yet sent (queued for the writer, or long-polling `get_tasks`):
+# while this many are unsent the master takes no more of the stream's messages, so that HTTP/2
+# flow control holds back a client that writes but never reads, instead of the master queueing
+# an answer per message without end (issue 35: +285 MB in 45 s). Backpressure, not a refusal: an
+# honest reader reads its answers and has a few unanswered at once (a heartbeat, a grant or two),
+# so it never waits on this; a reader that stalls a while is slowed, not cut off. Each answer is
+# at most a few KiB (coordinator.MAX_REFUSED_LISTED), so a stream holds at most ~1 MiB.
+MAX_UNSENT_ANSWERS = 64
 # The one table of refusals -> status codes (looked up along the exception's class hierarchy).
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -421,9 +430,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(status_code(e), e.message, trailing_metadata=e.trailer)
             return
         wake = self._replace_watcher(key)
-        answers: list[pb.WatchEvent] = []
-        reading = asyncio.ensure_future(self._read_session(
-            job, opening.open, requests, answers, wake))
+        outbox = _Outbox(wake)
+        reading = asyncio.ensure_future(self._read_session(job, opening.open, requests, outbox))
         try:
             yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
             while True:
@@ -431,8 +439,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 wake.clear()
                 if self._watchers.get(key) is not wake:
                     return
-                while answers:
-                    yield answers.pop(0)
+                while outbox.answers:
+                    yield outbox.answers.popleft()
+                    outbox.sent()
                 for event in self.core.take_events(key):
                     yield event
                 if reading.done():
@@ -453,28 +462,32 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._drop_watcher(key, wake)
 
     async def _read_session(self, job: Job, opening: pb.WatchRequest,
-                            requests: AsyncIterator[pb.SessionMessage],
-                            answers: list[pb.WatchEvent], wake: asyncio.Event) -> None:
-        """Takes a Session stream's messages as they come; queues the answers for the writer
-        (Session) and wakes it. Ends when the reader closes its side, or raises a refusal.
-        A `get_tasks` message is a GetTasks of the stream's session, answered on the stream
-        (each in a task of its own, so that a long-poll holds up none of the later messages;
-        they end with the stream)."""
+                            requests: AsyncIterator[pb.SessionMessage], outbox: _Outbox) -> None:
+        """Takes a Session stream's messages as they come, while fewer than MAX_UNSENT_ANSWERS
+        of its answers are unsent; queues the answers in `outbox` (which wakes the writer,
+        Session). Ends when the reader closes its side, or raises a refusal. A `get_tasks`
+        message is a GetTasks of the stream's session, answered on the stream (each in a task of
+        its own, so that a long-poll holds up none of the later messages; they end with the
+        stream)."""
         worker = opening.worker_id
         granting: set[asyncio.Task[None]] = set()
+        messages = aiter(requests)
         try:
-            async for message in requests:
+            while True:
+                await outbox.room.acquire()  # (released once this message's answer is sent)
+                message = await anext(messages, None)
+                if message is None:
+                    return
                 if message.HasField("get_tasks"):
                     if len(granting) >= MAX_GRANTS_IN_FLIGHT:
-                        answers.append(pb.WatchEvent(
+                        outbox.put(pb.WatchEvent(
                             current_epoch=job.ledger.epoch, answers=message.seq,
                             grant_refused=f"RESOURCE_EXHAUSTED: {len(granting)} GetTasks asked "
                                           f"on this stream are still unanswered (at most "
                                           f"{MAX_GRANTS_IN_FLIGHT}); make this one as a call"))
-                        wake.set()
                         continue
                     task = asyncio.ensure_future(
-                        self._grant_on_stream(job, opening, message, answers, wake))
+                        self._grant_on_stream(job, opening, message, outbox))
                     granting.add(task)
                     task.add_done_callback(granting.discard)
                     continue
@@ -484,17 +497,17 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         self._submit_soon(job)  # nobody waits for it: durable soon
                     else:
                         await self._durable(job)
-                if answer is not None:
-                    answers.append(answer)
-                    wake.set()
+                if answer is None:
+                    outbox.room.release()
+                else:
+                    outbox.put(answer)
         finally:
             for task in granting:
                 task.cancel()
-            wake.set()
+            outbox.wake.set()
 
     async def _grant_on_stream(self, job: Job, opening: pb.WatchRequest,
-                               message: pb.SessionMessage, answers: list[pb.WatchEvent],
-                               wake: asyncio.Event) -> None:
+                               message: pb.SessionMessage, outbox: _Outbox) -> None:
         """Answers a Session message's `get_tasks` as the GetTasks call it stands for (the
         stream's session; the same checks, fencing and durability), or, refused, with
         `grant_refused`: the reader then makes the call, and handles its refusal as ever."""
@@ -511,5 +524,25 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             why = e.message if isinstance(e, CallError) else str(e)
             event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
                                   grant_refused=f"{status_code(e).name}: {why}")
-        answers.append(event)
-        wake.set()
+        outbox.put(event)
+
+
+class _Outbox:
+    """The answers of one Session stream waiting for its writer, and the room left for more
+    (MAX_UNSENT_ANSWERS): the stream's reader takes a slot before it takes a message, and the
+    writer gives it back once the message's answer is sent (at once if it needs none). Local to
+    the stream, so that all it holds goes when the stream ends or is cancelled."""
+
+    def __init__(self, wake: asyncio.Event):
+        self.answers: collections.deque[pb.WatchEvent] = collections.deque()
+        self.room = asyncio.Semaphore(MAX_UNSENT_ANSWERS)
+        self.wake = wake
+
+    def put(self, answer: pb.WatchEvent) -> None:
+        """Queues an answer (its message's slot is taken) and wakes the writer."""
+        self.answers.append(answer)
+        self.wake.set()
+
+    def sent(self) -> None:
+        """An answer went out: its slot is free for the next message."""
+        self.room.release()

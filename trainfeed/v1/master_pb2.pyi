@@ -389,7 +389,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused")
+    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused", "refused_count")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,7 @@ class WatchEvent(_message.Message):
     GRANT_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     GRANT_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_COUNT_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
@@ -414,7 +415,8 @@ class WatchEvent(_message.Message):
     grant: GetTasksResponse
     grants: bool
     grant_refused: str
-    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ...) -> None: ...
+    refused_count: int
+    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ..., refused_count: _Optional[int] = ...) -> None: ...
 
 class SessionMessage(_message.Message):
     __slots__ = ("open", "report", "seq", "get_tasks")

@@ -14,6 +14,7 @@ from board_records import record
 
 from trainfeed.ingest import board
 from trainfeed.ingest.board import Board, record_path
+from trainfeed.ingest.board_summary import summarize
 from trainfeed.storage import open_storage
 
 # A look at the board that has not returned after this long is waiting on something it opened.
@@ -61,3 +62,23 @@ def test_a_flood_of_records_is_read_only_up_to_the_bound(tmp_path: Path,
         write(tmp_path, record_path("public/photos", f"{i:016x}", 1),
               json.dumps(record(1)).encode())
     assert len(look(tmp_path)) == 20
+
+
+def test_records_of_another_shape_are_left_out_and_the_summary_still_shows(
+        tmp_path: Path) -> None:
+    """A text `index` beside numbered slices, a count that is text or a list, a NaN time, an
+    unknown state: each broke the summary of every upload (a TypeError in sorting or summing,
+    and the page showed an error instead of the uploads). They are left unread now."""
+    honest = [record(0, "done", 100), record(1, "running", 50)]
+    for i, r in enumerate(honest):
+        write(tmp_path, record_path("public/photos", "f" * 16, i), json.dumps(r).encode())
+    odd = [{**record(2), "index": "two"}, {**record(3), "records_done": "lots"},
+           {**record(4), "records_total": [1, 2]}, {**record(5), "updated_at": float("nan")},
+           {**record(6), "state": "hacked"}, {**record(7), "slices": True},
+           {**record(8), "host": {"x": 1}}, {**record(9), "reason": 5}]
+    for i, r in enumerate(odd, start=2):
+        write(tmp_path, record_path("public/photos", "f" * 16, i), json.dumps(r).encode())
+    records = look(tmp_path)
+    assert sorted(records, key=lambda r: r["index"]) == honest
+    [upload] = summarize(records, now=1001.0)
+    assert upload["records_done"] == 150

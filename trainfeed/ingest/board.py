@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -336,9 +337,39 @@ def _read_all(storage: Storage, paths: Iterable[str]) -> dict[str, dict[str, Any
             raw = json.loads(blob)
         except ValueError:
             continue  # being replaced (never on these storages' atomic writes), or damaged
-        if isinstance(raw, dict) and "dataset" in raw and "state" in raw:
+        if isinstance(raw, dict) and well_formed(raw):
             out[rel] = raw
     return out
+
+
+_INTS = ("slices", "records_total", "bytes_total", "shards_total", "upload_records",
+         "upload_shards", "records_done", "bytes_done", "shards_done", "resumed_records", "pid",
+         "version")
+_FLOATS = ("started_at", "updated_at", "records_per_s")
+_STATES = (RUNNING, DONE, FAILED, STALE, PUBLISHED)
+# Counts and sizes beyond this are no packer's (2^53: what a JSON number holds exactly).
+_MAX_COUNT = 2 ** 53
+
+
+def well_formed(record: dict[str, Any]) -> bool:
+    """Whether a board record has a packer's shape: `dataset` and a known `state`, and every
+    known field that is present of its type and in range. Anyone who can write to storage can
+    drop a record, and a field of another type (an `index` that is text, a count that is a
+    list) would break the page's summary of every upload (trainfeed.ingest.board_summary)."""
+    def whole(v: Any, low: int = 0) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and low <= v <= _MAX_COUNT
+
+    def number(v: Any) -> bool:
+        return (isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) and 0 <= v <= _MAX_COUNT)
+
+    if not isinstance(record.get("dataset"), str) or record.get("state") not in _STATES:
+        return False
+    return (all(whole(record[k]) for k in _INTS if k in record)
+            and all(number(record[k]) for k in _FLOATS if k in record)
+            and (record.get("index") is None or whole(record["index"]))
+            and all(isinstance(record.get(k, ""), str) for k in ("fingerprint", "host"))
+            and (record.get("reason") is None or isinstance(record["reason"], str)))
 
 
 class Board:

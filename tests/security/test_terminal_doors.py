@@ -108,9 +108,10 @@ def test_a_failed_reason_reaches_status_watch_and_the_log_only_escaped(storage: 
 
 def hostile_board(root: Path) -> None:
     """Two slice records of an upload, as any writer of the storage can drop them: one failed,
-    one in a made-up state, every text field hostile."""
+    one running, every text field hostile. (A record in a made-up state is left unread by the
+    board: board.well_formed.)"""
     now = time.time()
-    for index, state in ((0, "failed"), (1, HOSTILE)):
+    for index, state in ((0, "failed"), (1, "running")):
         fields = record(index, state=state, at=now, dataset=f"photos{HOSTILE}",
                         fingerprint=f"{'f' * 16}{HOSTILE}", host=f"node{HOSTILE}",
                         reason=f"OSError: {HOSTILE}")
@@ -126,7 +127,7 @@ def test_a_board_record_reaches_status_uploads_only_escaped(tmp_path: Path) -> N
     out = shown.stdout
     assert f"upload      photos{SHOWN} (3 slices, fingerprint {'f' * 16}{SHOWN})" in out, out
     assert f"  problem   slice 0: failed: OSError: {SHOWN}" in out, out
-    assert f"on node{SHOWN}, " in out and f"  slice 1     {SHOWN}" in out, out
+    assert f"on node{SHOWN}, " in out, out
     assert not steering(out + shown.stderr), sorted(steering(out))
     # The same on a terminal (--watch): the redraw is the only control sequence written.
     read = status_uploads.read(open_storage(str(tmp_path)))

@@ -183,3 +183,18 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(
         capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines() == ["first", "141"], result
     assert (tmp_path / "err").read_text() == ""
+
+
+def test_health_with_nothing_listening_gives_no_tls_hint(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 papercut 4: a refused connection means no master there, TLS or not; the TLS
+    hint is for a peer that answered and failed the handshake (tests/integration/
+    test_master_auth.py shows that case still gets it)."""
+    from integration.services import free_port
+    for name in ("TRAINFEED_TLS_CA", "TRAINFEED_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()  # nothing listens there
+    assert main(["health", "--master", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err, err
+    assert "TLS" not in err, err

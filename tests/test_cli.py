@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,16 @@ def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert (f"together: 300 of 300 records of epoch {expected_epoch}, each once: yes"
                 in result.stdout), result.stdout
+        # Issue 38 papercut 8: no input-bound share for readers that feed no trainer (it was
+        # "waited for data 100% of the time"), no per-reader rate (each reader's was its share
+        # of the epoch again, 50-fold apart), and the split explained.
+        assert "waited for data" not in result.stdout, result.stdout
+        assert "input-bound: none shown; these readers feed no trainer" in result.stdout
+        readers = [line for line in result.stdout.splitlines() if line.startswith("reader ")]
+        assert len(readers) == 2 and not any("records/s" in line for line in readers), readers
+        assert re.search(r"^reader 0 .*: \d+ records \(\d+% of those read\)", result.stdout,
+                         re.M), result.stdout
+        assert "the split: the master leases partitions to whichever reader asks" in result.stdout
     # The last line is a command to paste (before: prose naming TRAIN_LOCAL=1), and it runs.
     lines = result.stdout.strip().splitlines()
     assert lines[-2].startswith("next: ")

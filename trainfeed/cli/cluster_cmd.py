@@ -341,6 +341,16 @@ def _watch(args: argparse.Namespace, address: str, token: str | None) -> int | N
                               sys.stdout, sys.stdout.isatty(), args.count)
 
 
+def _print_progress(args: argparse.Namespace, address: str, token: str | None) -> None:
+    """The job's counts and rates over gRPC: two samples --interval apart."""
+    with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
+        first, second = progress.sample_twice(lambda: client.job_status(args.job),
+                                              args.interval)
+    for line in progress.render(second.status, progress.partition_rate(first, second),
+                                progress.record_rate(first, second)):
+        say(line)  # the master's failed reasons are any job-token holder's text
+
+
 def _uploads(args: argparse.Namespace) -> int:
     """`status --uploads`: the storage's uploads board, once or redrawn (--watch)."""
     if args.job is not None:
@@ -390,12 +400,7 @@ def run_status(args: argparse.Namespace) -> int:
             watched = _watch(args, address, token) if args.watch else None
             if watched is not None:
                 return watched
-            with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
-                first, second = progress.sample_twice(lambda: client.job_status(args.job),
-                                                      args.interval)
-            for line in progress.render(second.status, progress.partition_rate(first, second),
-                                        progress.record_rate(first, second)):
-                say(line)  # the master's failed reasons are any job-token holder's text
+            _print_progress(args, address, token)
     finally:
         if cluster is not None:
             cluster.close()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,16 @@ def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert (f"together: 300 of 300 records of epoch {expected_epoch}, each once: yes"
                 in result.stdout), result.stdout
+        # Issue 38 papercut 8: no input-bound share for readers that feed no trainer (it was
+        # "waited for data 100% of the time"), no per-reader rate (each reader's was its share
+        # of the epoch again, 50-fold apart), and the split explained.
+        assert "waited for data" not in result.stdout, result.stdout
+        assert "input-bound: none shown; these readers feed no trainer" in result.stdout
+        readers = [line for line in result.stdout.splitlines() if line.startswith("reader ")]
+        assert len(readers) == 2 and not any("records/s" in line for line in readers), readers
+        assert re.search(r"^reader 0 .*: \d+ records \(\d+% of those read\)", result.stdout,
+                         re.M), result.stdout
+        assert "the split: the master leases partitions to whichever reader asks" in result.stdout
     # The last line is a command to paste (before: prose naming TRAIN_LOCAL=1), and it runs.
     lines = result.stdout.strip().splitlines()
     assert lines[-2].startswith("next: ")
@@ -183,3 +194,18 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(
         capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines() == ["first", "141"], result
     assert (tmp_path / "err").read_text() == ""
+
+
+def test_health_with_nothing_listening_gives_no_tls_hint(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 papercut 4: a refused connection means no master there, TLS or not; the TLS
+    hint is for a peer that answered and failed the handshake (tests/integration/
+    test_master_auth.py shows that case still gets it)."""
+    from integration.services import free_port
+    for name in ("TRAINFEED_TLS_CA", "TRAINFEED_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()  # nothing listens there
+    assert main(["health", "--master", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err, err
+    assert "TLS" not in err, err

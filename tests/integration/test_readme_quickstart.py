@@ -117,3 +117,23 @@ def test_only_torchs_exit_abort_after_a_finished_run_is_run_again() -> None:
     assert not torch_exit_abort(run(1, finished.replace("rank 1 epoch 2", "x"), abort))
     assert not torch_exit_abort(run(1, finished, "Traceback ... ValueError\n(SIGABRT)"))
     assert not torch_exit_abort(run(1, finished, f"{TORCH_EXIT_ABORT}\n(SIGSEGV)"))
+
+
+def quickstart_shell() -> list[str]:
+    """The commands of the first shell block of the README's "Quick start" section."""
+    text = README.read_text()
+    section = text[text.index("## Quick start"):]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert match, "README's quick start has no bash block"
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def test_the_quick_start_installs_pytorchs_cpu_build_first() -> None:
+    """Issue 38 papercut 1: `pip install -e '.[torch]'` alone takes PyPI's CUDA build (a 5.8 GB
+    venv) on a laptop; the quick start installs the CPU build from PyTorch's index first, which
+    then satisfies the extra. The first screen keeps its two set-up commands."""
+    commands = quickstart_shell()
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert commands[0].startswith(cpu + " && pip install -e '.[torch]'"), commands[0]
+    first_screen = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    assert len(first_screen.strip().splitlines()) == 2, first_screen

@@ -297,3 +297,42 @@ def test_a_validation_set_lacking_classes_uses_the_training_class_ids(tmp_path: 
                          pipeline=PipelineOptions(
                              batch=BatchOptions(size=6),
                              labels=LabelOptions(class_values=["ant", "bee"])))())
+
+
+def mixed_sizes(tmp_path: Path, n: int, broken: int | None = None) -> str:
+    """Record i is a JPEG of (16 + 4 * (i % 3)) x 20 pixels, as stored; `broken` not a JPEG."""
+    folder = tmp_path / "mixed"
+    (folder / "images").mkdir(parents=True)
+    lines = []
+    for i in range(n):
+        rel = f"images/{i:05d}.jpg"
+        if i == broken:
+            (folder / rel).write_bytes(b"\xff\xd8 not really a jpeg")
+        else:
+            Image.fromarray(np.full((16 + 4 * (i % 3), 20, 3), i, np.uint8)).save(folder / rel)
+        lines.append(f"{rel}\t{LABELS[i % 3]}\n")
+    (folder / "train_data.list").write_text("".join(lines))
+    storage = str(tmp_path / "mixed-storage")
+    upload(str(folder / "train_data.list"), "mixed", storage, UploadOptions(row_group_rows=8),
+           progress=False)
+    return storage
+
+
+def test_images_of_mixed_sizes_read_one_at_a_time_as_stored(tmp_path: Path) -> None:
+    """Issue 38 papercut 5: "None: as stored", "one decoded tuple at a time": each record its
+    own size, normalized, a failed one skipped; a batch of them names the option to set."""
+    storage = mixed_sizes(tmp_path, 30, broken=7)
+    reader = dist.reader("mixed", source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(decode=DecodeOptions(
+                             True, normalizing_const=255.0, errors="skip")))
+    shapes = {}
+    for image, _label in reader():  # record i's pixels are all i (JPEG keeps a flat colour)
+        assert image.dtype == np.float32
+        shapes[int(round(float(image.mean()) * 255))] = image.shape
+    assert sorted(shapes) == [i for i in range(30) if i != 7]
+    assert all(shape == (16 + 4 * (i % 3), 20, 3) for i, shape in shapes.items())
+    batched = dist.reader("mixed", source=LocalSource(storage=storage),
+                          pipeline=PipelineOptions(decode=DecodeOptions(True, errors="skip"),
+                                                   batch=BatchOptions(size=8)))
+    with pytest.raises(DecodeError, match=r"different shapes .*image_size=\(height, width\)"):
+        list(batched())

@@ -186,8 +186,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a live view of the master's status page (readers, input-bound share, "
                         "lost partitions), redrawn in place; plain lines when not a terminal")
     p.add_argument("--status-url", metavar="URL",
-                   help=f"with --watch: the master's /status.json (default: http://HOST:"
-                        f"{METRICS_PORT}/status.json on the --master host)")
+                   help="with --watch: the master's /status.json (default: the metrics port "
+                        "the master names, on the --master host)")
     p.add_argument("--count", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     _cluster_options(p)
     p.set_defaults(run=run_status)
@@ -318,13 +318,37 @@ def _print_pods(cluster: Cluster, job: str) -> list[diagnose.Problem]:
     return found
 
 
-def _watch(args: argparse.Namespace, address: str, token: str | None) -> int:
-    """`status --watch`: the master's /status.json, redrawn every --interval."""
-    url = args.status_url or f"http://{address.rpartition(':')[0]}:{METRICS_PORT}/status.json"
+def _watch(args: argparse.Namespace, address: str, token: str | None) -> int | None:
+    """`status --watch`: the master's /status.json, redrawn every --interval. Without
+    --status-url the master says its metrics port (JobStatus); None if it exports none (the
+    caller then shows the gRPC counts once, as `status` without --watch)."""
+    url = args.status_url
+    if url is None:
+        with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
+            answer = client.job_status(args.job)
+        # A master from before JobStatus.metrics_port: the default port, as before.
+        port = answer.metrics_port if answer.HasField("metrics_port") else METRICS_PORT
+        url = status_watch.status_url(address, port)
+        if url is None:
+            print(f"status --watch: the master at {address} exports no metrics (started with "
+                  f"--metrics-port none), so it has no /status.json to watch; showing its "
+                  f"counts once instead. Restart it with --metrics-port PORT to watch, or give "
+                  f"--status-url.", file=sys.stderr)
+            return None
     given = load_token()
     bearer = given[0] if given is not None else token
     return status_watch.watch(lambda: status_watch.fetch(url, bearer), args.job, args.interval,
                               sys.stdout, sys.stdout.isatty(), args.count)
+
+
+def _print_progress(args: argparse.Namespace, address: str, token: str | None) -> None:
+    """The job's counts and rates over gRPC: two samples --interval apart."""
+    with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
+        first, second = progress.sample_twice(lambda: client.job_status(args.job),
+                                              args.interval)
+    for line in progress.render(second.status, progress.partition_rate(first, second),
+                                progress.record_rate(first, second)):
+        say(line)  # the master's failed reasons are any job-token holder's text
 
 
 def _uploads(args: argparse.Namespace) -> int:
@@ -373,14 +397,10 @@ def run_status(args: argparse.Namespace) -> int:
         else:
             # $TRAINFEED_TOKEN[_FILE] if set, else the job's own Secret (RBAC: get secrets).
             token = cluster.token(args.job) if cluster and load_token() is None else None
-            if args.watch:
-                return _watch(args, address, token)
-            with MasterClient(address, give_up_s=STATUS_GIVE_UP_S, token=token) as client:
-                first, second = progress.sample_twice(lambda: client.job_status(args.job),
-                                                      args.interval)
-            for line in progress.render(second.status, progress.partition_rate(first, second),
-                                        progress.record_rate(first, second)):
-                say(line)  # the master's failed reasons are any job-token holder's text
+            watched = _watch(args, address, token) if args.watch else None
+            if watched is not None:
+                return watched
+            _print_progress(args, address, token)
     finally:
         if cluster is not None:
             cluster.close()

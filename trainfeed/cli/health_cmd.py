@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainfeed import settings
-from trainfeed.lease.client import MASTER_ENV
+from trainfeed.lease.client import MASTER_ENV, unreachable_hint
 from trainfeed.security import TLS_CA_ENV, TLS_SERVER_NAME_ENV, ClientSecurity
 from trainfeed.terminal_text import visible
 
@@ -50,9 +50,12 @@ def run(args: argparse.Namespace) -> int:
         except grpc.RpcError as e:
             code, details = e.code(), e.details()  # type: ignore[attr-defined]
             # The details are the server's text: shown visibly (terminal_text).
-            print(visible(f"trainfeed health: master {address}: {code.name}: {details}"
-                          + (" (a TLS master? set $TRAINFEED_TLS_CA)" if not security.tls
-                             and code is grpc.StatusCode.UNAVAILABLE else "")), file=sys.stderr)
+            # A TLS hint only where the peer answered and the handshake failed: a refused
+            # connection means no master there, TLS or not.
+            hint = unreachable_hint(details, security) \
+                if code is grpc.StatusCode.UNAVAILABLE else ""
+            print(visible(f"trainfeed health: master {address}: {code.name}: {details}{hint}"),
+                  file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     if reply.status != health_pb2.HealthCheckResponse.SERVING:

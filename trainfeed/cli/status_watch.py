@@ -1,9 +1,10 @@
 """`trainfeed status JOB --watch`: the master's status page as a live terminal view (issue 29).
 
-It polls the master's `/status.json` (its metrics port, the same data as `/status`) every
-`--interval` seconds. On a terminal it redraws in place (ANSI: cursor home, clear below), a
-screenful per refresh; when stdout is not a terminal (a pipe, a log) it prints each refresh as
-plain lines, prefixed by the time, with no control characters. Ctrl-C ends it (exit 0).
+It polls the master's `/status.json` (on its metrics port, which its JobStatus answer names; the
+same data as `/status`) every `--interval` seconds. On a terminal it redraws in place (ANSI:
+cursor home, clear below), a screenful per refresh; when stdout is not a terminal (a pipe, a log)
+it prints each refresh as plain lines, prefixed by the time, with no control characters. Ctrl-C
+ends it (exit 0).
 
 No extra dependency: the view is a few aligned lines, which ANSI's two sequences redraw well.
 
@@ -29,6 +30,7 @@ REDRAW = "\x1b[H\x1b[J"
 FETCH_TIMEOUT_S = 10.0
 MAX_READERS_SHOWN = 30
 SPARK = "▁▂▃▄▅▆▇█"
+MAX_PORT = 65535
 
 
 def fetch(url: str, token: str | None) -> dict[str, Any]:
@@ -49,6 +51,18 @@ def fetch(url: str, token: str | None) -> dict[str, Any]:
         raise MasterUnavailableError(f"{url}: cannot reach the master's metrics port ({reason}); "
                               f"give --status-url http://HOST:PORT/status.json, or start the "
                               f"master with --metrics-port") from None
+
+
+def status_url(address: str, metrics_port: int) -> str | None:
+    """The /status.json of the master at `address` (HOST:PORT, its gRPC address) whose metrics
+    port is `metrics_port` (what its JobStatus says); None if 0: it exports no metrics."""
+    if metrics_port == 0:
+        return None
+    if metrics_port > MAX_PORT:
+        raise MasterUnavailableError(f"the master at {address} names metrics port "
+                                     f"{metrics_port}, not a port (1..{MAX_PORT}); give "
+                                     f"--status-url http://HOST:PORT/status.json")
+    return f"http://{address.rpartition(':')[0]}:{metrics_port}/status.json"
 
 
 def spark(points: list[float]) -> str:

@@ -97,7 +97,9 @@ def binary_views(column: pa.ChunkedArray) -> list[bytes | memoryview]:
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    images: np.ndarray  # (n_ok, H, W, C) uint8
+    # (n_ok, H, W, C) uint8; with `ragged` images of different sizes, (n_ok,) object: one
+    # HxWxC uint8 array each
+    images: np.ndarray
     ok: np.ndarray  # (n,) bool: which input records decoded (all of them under "raise")
     errors: tuple[str, ...]  # one message per record that failed (under "skip")
 
@@ -176,14 +178,17 @@ class ImageDecoder:
 
     def decode(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
                ids: Sequence[int] | np.ndarray | None = None, seed: int = 0,
-               epoch: int = 0) -> DecodedBatch:
+               epoch: int = 0, ragged: bool = False) -> DecodedBatch:
         """Decodes `blobs`; `where[i]` names record i for errors ("record 17 of shard …").
 
         With random crops, `ids` (the records' stable ids), `seed` and `epoch` seed each
         record's crop and flip: the same triple gives the same pixels in any batch or thread.
+        Images kept at their own size (no image_size) must agree within the batch, unless
+        `ragged` (the records go on one at a time, never stacked): then, where they differ,
+        `images` is an object array of one array per image.
         """
         if self.crops is None and self.image_size is None:
-            return self._decode_as_they_are(blobs, where)
+            return self._decode_as_they_are(blobs, where, ragged)
         return self._decode_into_batch(blobs, where, self._plans(len(blobs), ids, seed, epoch))
 
     def _plans(self, n: int, ids: Sequence[int] | np.ndarray | None, seed: int,
@@ -203,8 +208,8 @@ class ImageDecoder:
         return lambda i: crops.plan(draws[i])
 
     def _decode_as_they_are(self, blobs: Sequence[bytes | memoryview],
-                            where: Sequence[str]) -> DecodedBatch:
-        """Images kept at their own size, which must agree within the batch."""
+                            where: Sequence[str], ragged: bool) -> DecodedBatch:
+        """Images kept at their own size, which must agree within the batch unless `ragged`."""
         n = len(blobs)
         results: list[np.ndarray | None] = [None] * n
         failures: list[str | None] = [None] * n
@@ -226,10 +231,18 @@ class ImageDecoder:
         if not good:
             return DecodedBatch(np.empty((0, 0, 0, self.channels), np.uint8), ok, errors)
         shapes = {g.shape for g in good}
-        if len(shapes) > 1:
-            raise DecodeError(f"images of different shapes {sorted(shapes)[:3]} in one batch "
-                              f"(first: {where[0]}); pass image_size=(height, width)")
-        return DecodedBatch(np.stack(good), ok, errors)
+        if len(shapes) == 1:
+            return DecodedBatch(np.stack(good), ok, errors)
+        if ragged:
+            each = np.empty(len(good), dtype=object)
+            for i, image in enumerate(good):  # one by one: numpy must not broadcast them
+                each[i] = image
+            return DecodedBatch(each, ok, errors)
+        raise DecodeError(
+            f"images of different shapes {sorted(shapes)[:3]} in one batch (first: "
+            f"{where[0]}): a batch stacks images of one size; set DecodeOptions(image_size="
+            f"(height, width)) to resize every image to it (crop=True to centre-crop first, "
+            f"nothing stretched), or read one record at a time (no BatchOptions)")
 
     def _decode_into_batch(self, blobs: Sequence[bytes | memoryview], where: Sequence[str],
                            plans: Callable[[int], Plan]) -> DecodedBatch:

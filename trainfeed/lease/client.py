@@ -116,6 +116,19 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def unreachable_hint(details: str | None, security: ClientSecurity) -> str:
+    """What to set when an UNAVAILABLE call's `details` look like a TLS mismatch, else "".
+
+    A master that closes the connection at once may want TLS, or a client certificate; one that
+    refuses the connection is not there, whatever it serves (no hint: it would mislead)."""
+    if not _TLS_MISMATCH.search(details or ""):
+        return ""
+    if not security.tls:
+        return f"; if it serves TLS, set ${TLS_CA_ENV}"
+    return (f"; if it requires client certificates, set ${TLS_CERT_ENV} and ${TLS_KEY_ENV} "
+            f"to one that its --tls-client-ca signed")
+
+
 def default_master_address() -> str:
     address = settings.MASTER.get()
     if not address:
@@ -240,14 +253,7 @@ class MasterClient:
             f"the same trainfeed release on the readers and the master")
 
     def _unreachable_hint(self, details: str | None) -> str:
-        # A master that closes the connection at once may want TLS, or a client certificate;
-        # one that refuses the connection is not there, whatever it serves.
-        if not _TLS_MISMATCH.search(details or ""):
-            return ""
-        if not self.security.tls:
-            return f"; if it serves TLS, set ${TLS_CA_ENV}"
-        return (f"; if it requires client certificates, set ${TLS_CERT_ENV} and ${TLS_KEY_ENV} "
-                f"to one that its --tls-client-ca signed")
+        return unreachable_hint(details, self.security)
 
     def open_job(self, job: str, dataset: str, seed: int, distribution_rules: str = "",
                  resume: pb.ResumePosition | None = None,

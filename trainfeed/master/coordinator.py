@@ -135,6 +135,9 @@ class Coordinator:
         # Synchronous job -> (its epoch, the ranks that asked for the next one while it was
         # open, whether the stuck epoch was logged): see `_note_ahead`.
         self._ahead: dict[str, tuple[int, set[int], bool]] = {}
+        # The port of /metrics and /status.json once the shell serves them (0: none), which
+        # JobStatus tells `status --watch` (it would guess the default port otherwise).
+        self.metrics_port = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     def restore(self, saved_jobs: dict[str, SavedJob],
@@ -733,7 +736,8 @@ class Coordinator:
             num_partitions=len(job.partitions), workers=self.count_live_workers(job, now),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             records_served=metrics.records_served, bytes_served=metrics.bytes_served,
-            reports_refused=metrics.reports_refused, **job.ledger.counts())
+            reports_refused=metrics.reports_refused, metrics_port=self.metrics_port,
+            **job.ledger.counts())
 
     # -- reports ------------------------------------------------------------------------------
     def check_reports(self, job: Job, worker: str, reports: Any,

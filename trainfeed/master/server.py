@@ -155,8 +155,9 @@ async def serve(config: MasterConfig, store: StateStore,
                 registry, options.host, options.metrics_port, wrap=lambda app: StatusApp(
                     lambda job: _on_loop(loop, lambda: status.snapshot(servicer, only_job=job)),
                     Access(options.token), app, uploads=status.UploadWatch(config.storage)))
-        await running.start(stop, exit_with_parent)
         metrics = running.metrics
+        servicer.core.metrics_port = metrics.port if metrics else 0  # JobStatus says it
+        await running.start(stop, exit_with_parent)
         logger.info("master serving on %s:%d (%s, %s), storage %s, metrics %s", options.host,
                     bound, options.transport, "token required" if auth else "NO authentication",
                     config.storage.url, f"on port {metrics.port}" if metrics else "off")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from trainfeed.decode.pixels import ImageDecoder, binary_views
+from trainfeed.decode.pixels import DecodedBatch, ImageDecoder, binary_views
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
 from trainfeed.io.partition_reader import Selector
@@ -152,10 +152,11 @@ class Pipeline:
         return spec
 
     def _convert(self, table: pa.Table, where: Callable[[int], str],
-                 epoch: int = 0) -> tuple[Batch, np.ndarray]:
+                 epoch: int = 0, ragged: bool = False) -> tuple[Batch, np.ndarray]:
         """Arrays of one batch, without the rows that failed to decode (under "skip"), and
         which rows of `table` are kept. `epoch` (with the records' ids) seeds decode-stage
-        crops, so that a re-read makes the same crops."""
+        crops, so that a re-read makes the same crops. `ragged`: the rows go on one at a
+        time, so images as stored may differ in size (an object array of arrays)."""
         keep = np.ones(table.num_rows, dtype=bool)
         out: Batch = {}
         for name in self.image_fields:
@@ -164,7 +165,7 @@ class Pipeline:
             started = time.perf_counter()
             decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)),
                                           ids=table.column(ID_COLUMN).to_numpy(),
-                                          seed=self.seed, epoch=epoch)
+                                          seed=self.seed, epoch=epoch, ragged=ragged)
             with self._failures_lock:  # pieces convert on two threads (see `_converters`)
                 self.decode_failures += len(decoded.errors)
                 self.records_decoded += len(blobs)
@@ -173,14 +174,8 @@ class Pipeline:
                 for message in decoded.errors[:3]:
                     logger.warning("skipped: %s", message)
             keep &= decoded.ok
-            images = np.zeros((table.num_rows, *decoded.images.shape[1:]), np.uint8) \
-                if not decoded.ok.all() else decoded.images
-            if not decoded.ok.all():
-                images[decoded.ok] = decoded.images
-            const = self.options.decode.normalizing_const
-            if const:
-                images = np.multiply(images, np.float32(1.0 / const), dtype=np.float32)
-            out[name] = images
+            out[name] = _scaled(_in_rows(decoded, table.num_rows),
+                                self.options.decode.normalizing_const)
         for name in self.fields:
             if name in out:
                 continue
@@ -218,12 +213,12 @@ class Pipeline:
         return f"record {record} ({source}) of shard {shard}" if source else \
             f"record {record} of shard {shard}"
 
-    def _prepare(self, piece: Piece) -> tuple[Batch, np.ndarray]:
+    def _prepare(self, piece: Piece, ragged: bool = False) -> tuple[Batch, np.ndarray]:
         assert piece.table is not None
         ids = piece.table.column(ID_COLUMN).to_numpy()
         slots = piece.row_slots()
         batch, keep = self._convert(piece.table, lambda i: self._name(
-            int(ids[i]), piece.shards[int(slots[i])]), piece.epoch)
+            int(ids[i]), piece.shards[int(slots[i])]), piece.epoch, ragged)
         if self.transformer is not None:
             batch = self.transformer.apply(batch)
         if self.augmentor is not None:
@@ -242,7 +237,7 @@ class Pipeline:
         names = self.fields
 
         def convert(piece: Piece) -> list[Any]:
-            batch, keep = self._prepare(piece)
+            batch, keep = self._prepare(piece, ragged=True)  # one at a time: sizes may differ
             kept = iter(zip(*(batch[name] for name in names)))
             return [next(kept) if k else DROPPED for k in keep.tolist()]
         return deliver(stream, self._cutter(INSTANCE_CHUNK), convert, unbatch=True,
@@ -262,3 +257,29 @@ class Pipeline:
         if self.decoder is not None:
             self.decoder.close()
 
+
+def _in_rows(decoded: DecodedBatch, rows: int) -> np.ndarray:
+    """The decoded images at their rows of the table (zeros, or None in an object array, where
+    a record failed under "skip": those rows are dropped afterwards)."""
+    if decoded.ok.all():
+        return decoded.images
+    if decoded.images.dtype == object:
+        images = np.empty(rows, dtype=object)
+    else:
+        images = np.zeros((rows, *decoded.images.shape[1:]), np.uint8)
+    images[decoded.ok] = decoded.images
+    return images
+
+
+def _scaled(images: np.ndarray, const: float | None) -> np.ndarray:
+    """Pixels divided by `const` as float32 (None: uint8 as they are); an object array of
+    images of different sizes (one-at-a-time reading) image by image."""
+    if not const:
+        return images
+    scale = np.float32(1.0 / const)
+    if images.dtype != object:
+        return np.multiply(images, scale, dtype=np.float32)
+    each = np.empty(len(images), dtype=object)
+    for i, image in enumerate(images):
+        each[i] = None if image is None else np.multiply(image, scale, dtype=np.float32)
+    return each

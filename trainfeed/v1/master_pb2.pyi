@@ -349,7 +349,7 @@ class GetJobStatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons", "records_served", "bytes_served", "reports_refused")
+    __slots__ = ("job", "dataset", "epoch", "num_partitions", "todo", "pending", "done", "failed", "workers", "failed_reasons", "records_served", "bytes_served", "reports_refused", "metrics_port")
     JOB_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +363,7 @@ class JobStatus(_message.Message):
     RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     job: str
     dataset: str
     epoch: int
@@ -376,7 +377,8 @@ class JobStatus(_message.Message):
     records_served: int
     bytes_served: int
     reports_refused: int
-    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., reports_refused: _Optional[int] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., reports_refused: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("job", "worker_id", "session_secret")

@@ -239,6 +239,11 @@ class JobSpec:
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")
+        self._check_resources()
+        self._check_storage()
+
+    def _check_resources(self) -> None:
+        """The quantities and the names of the objects the pods refer to (claims, Secrets)."""
         for what, quantity in (("--worker-cpu", self.cpus_per_worker),
                                ("--worker-memory", self.memory_per_worker),
                                ("state size", self.state_size)):
@@ -248,7 +253,6 @@ class JobSpec:
         for what, claim in (("--checkpoint-pvc", self.checkpoint_pvc),
                             *(("--image-pull-secret", n) for n in self.image_pull_secrets)):
             check_object_name(what, claim)
-        self._check_storage()
 
     def _check_storage(self) -> None:
         if self.storage_pvc is not None:

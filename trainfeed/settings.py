@@ -29,6 +29,7 @@ from trainfeed.redaction import redact_url
 
 __all__ = [
     "AWS_ENDPOINT_URL",
+    "CHECKPOINT_DIR",
     "CUDA_VISIBLE_DEVICES",
     "DATASET",
     "GPUS",
@@ -218,6 +219,11 @@ DATASET: Setting[str | None] = Setting(
     "TRAINFEED_DATASET", None, _text,
     "set by `trainfeed submit` in the workers for the training script to read; trainfeed itself "
     "does not read it")
+CHECKPOINT_DIR: Setting[str | None] = Setting(
+    "TRAINFEED_CHECKPOINT_DIR", None, _text,
+    "set by `trainfeed submit --checkpoint-pvc` in the workers: this job's folder on the "
+    "checkpoint volume, where the script saves and finds its checkpoints; trainfeed itself does "
+    "not read it")
 TOKEN: Setting[str | None] = Setting(
     "TRAINFEED_TOKEN", None, _text, "the job's token (master and readers)", secret=True)
 TOKEN_FILE: Setting[str | None] = Setting(
@@ -271,9 +277,9 @@ JOB_COMPLETION_INDEX: Setting[int | None] = Setting(
 #: Every setting by variable name, in the order of the configuration table (docs/usage.md).
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
-    MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, TOKEN, TOKEN_FILE, TLS_CA,
-    TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
-    TF_CONFIG, SLURM_NTASKS, SLURM_PROCID, JOB_COMPLETION_INDEX)}
+    MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, CHECKPOINT_DIR, TOKEN,
+    TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE,
+    RANK, LOCAL_WORLD_SIZE, TF_CONFIG, SLURM_NTASKS, SLURM_PROCID, JOB_COMPLETION_INDEX)}
 
 
 def settings_in_effect(environ: Mapping[str, str] | None = None) -> dict[str, object]:

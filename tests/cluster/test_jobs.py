@@ -226,3 +226,22 @@ def test_a_synchronous_job_is_submitted_with_its_service_refuses_scaling_and_del
     assert main(["delete", "resnet"]) == 0
     assert "Service/resnet-workers" in capsys.readouterr().out
     assert kube.objects("services", NS) == {}
+
+
+def test_a_synchronous_job_with_checkpoints_and_a_pull_secret_reaches_the_api(
+        kube: FakeApiServer) -> None:
+    """Issue 38, papercut 6: the flags a sync job on a private registry needs arrive in what the
+    API server stores (the pods get the registry's Secret, the workers the writable volume)."""
+    submit = [*SUBMIT]
+    submit[submit.index("--"):submit.index("--")] = [
+        "--sync", "--checkpoint-pvc", "checkpoints", "--image-pull-secret", "regcred"]
+    assert main(submit) == 0
+    workers = kube.objects("jobs", NS)["resnet-workers"]["spec"]["template"]["spec"]
+    master = kube.objects("deployments", NS)["resnet-master"]["spec"]["template"]["spec"]
+    assert workers["imagePullSecrets"] == master["imagePullSecrets"] == [{"name": "regcred"}]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints"}} in \
+        workers["volumes"]
+    env = {e["name"]: e.get("value") for e in workers["containers"][0]["env"]}
+    assert env["TRAINFEED_CHECKPOINT_DIR"] == "/checkpoints/resnet"
+    # A request a 4-core node can hold: one GPU, one training process, 2 + 1 cores.
+    assert workers["containers"][0]["resources"]["requests"]["cpu"] == "3"

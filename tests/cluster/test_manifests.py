@@ -38,6 +38,10 @@ DRY_RUNS = {
                   "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "spot=yes",
                   "--master-image", "trainfeed:0.1.0"],
     "synchronous ranks": ["--storage-pvc", "datasets", "--sync", "--rendezvous-port", "29400"],
+    # Issue 38, papercut 6: a writable checkpoint volume and a private registry's Secret.
+    "sync, checkpoints, private registry": [
+        "--storage-pvc", "datasets", "--sync", "--gpus-per-worker", "0",
+        "--checkpoint-pvc", "checkpoints", "--image-pull-secret", "regcred"],
 }
 
 
@@ -166,3 +170,38 @@ def test_objects_owned_by_the_workers_job_validate() -> None:
     for obj in objects:
         if obj is not job:
             validate(_owned_by(obj, [_owner_reference(created)]), "owned by the Job")
+
+
+# What `python -c` runs with the `kubernetes` package made unimportable (a None in sys.modules
+# makes `import kubernetes` raise ImportError), as on a machine without the `k8s` extra.
+NO_KUBERNETES = ("import sys; sys.modules['kubernetes'] = None; "
+                 "from trainfeed.cli.main import main; sys.exit(main(sys.argv[1:]))")
+DRY_RUN_COMMANDS = {
+    "submit": ["submit", "--name", "resnet", "--image", "reg/t:1", "--workers", "2",
+               "--dataset", "flowers", "--storage-pvc", "datasets", "--sync", "--dry-run",
+               "--", "python", "train.py"],
+    "submit-upload": ["submit-upload", "train.list", "--source-pvc", "photos", "--dataset",
+                      "photos", "--image", "reg/t:1", "--storage-pvc", "datasets", "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("argv", DRY_RUN_COMMANDS.values(), ids=DRY_RUN_COMMANDS.keys())
+def test_dry_runs_print_yaml_without_the_kubernetes_client(argv: list[str],
+                                                           tmp_path: Path) -> None:
+    """Issue 38, papercut 7: printing YAML needs PyYAML alone, which trainfeed itself depends
+    on; before, PyYAML came only with the `k8s` extra (and the error said to install it)."""
+    result = subprocess.run(
+        [sys.executable, "-c", NO_KUBERNETES, *argv], capture_output=True, text=True,
+        timeout=60, env={**{k: v for k, v in os.environ.items()
+                            if not k.startswith("KUBERNETES_")},
+                         "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")})
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert docs and docs[-1]["kind"] == "Job"
+    for doc in docs:
+        validate(doc, " ".join(argv[:1]) + " --dry-run without kubernetes")
+    # (Read as text: tomllib is Python 3.11's, and trainfeed supports 3.10.)
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    core = pyproject.split("\ndependencies = [", 1)[1].split("\n]", 1)[0]
+    assert re.search(r'^\s*"pyyaml\b', core, re.I | re.M), \
+        "PyYAML must be a dependency of trainfeed itself, not of the k8s extra alone"

@@ -84,8 +84,9 @@ def test_workers_are_an_indexed_job_of_n_pods_with_gpus() -> None:
     assert pod(job)["restartPolicy"] == "Never"
     resources = pod(job)["containers"][0]["resources"]
     # Before: GPUs only (BestEffort CPU and memory). Now requests derived from the decode
-    # threads: per GPU (training process) 4 + 1 cores and 2048 + 4 x 256 MiB.
-    assert resources == {"requests": {"cpu": "10", "memory": "6144Mi", "nvidia.com/gpu": "2"},
+    # threads: per GPU (training process) 2 + 1 cores and 2048 + 2 x 256 MiB (issue 38: 4 + 1
+    # fit no 4-core node).
+    assert resources == {"requests": {"cpu": "6", "memory": "5120Mi", "nvidia.com/gpu": "2"},
                          "limits": {"nvidia.com/gpu": "2"}}
     cpu = build(gpus_per_worker=0, cpus_per_worker="8", memory_per_worker="32Gi")["Job"]
     assert pod(cpu)["containers"][0]["resources"] == {
@@ -239,3 +240,55 @@ def test_a_bad_rendezvous_port_is_refused() -> None:
     with pytest.raises(ValueError, match="--rendezvous-port must be a TCP port"):
         JobSpec(name="a", image="i", workers=1, dataset="d", command=("x",), storage_pvc="p",
                 sync=True, rendezvous_port=70000)
+
+
+# A 4-core node's allocatable CPU after the kubelet's and the system's reservations (GKE, EKS
+# and AKS reserve 0.08-0.14 of 4 cores) and the DaemonSets' requests (kube-proxy, CNI, logging:
+# a few hundred millicores): 3.5 leaves room for those.
+FOUR_CORE_NODE_ALLOCATABLE = 3.5
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_default_requests_fit_a_four_core_node(gpus: int) -> None:
+    """Issue 38, papercut 6: a one-process worker asked for 5 CPUs (4 decode threads + 1),
+    which no 4-core node can schedule."""
+    for sync in (False, True):
+        requests = pod(build(gpus_per_worker=gpus, sync=sync)["Job"])["containers"][0][
+            "resources"]["requests"]
+        assert float(requests["cpu"]) <= FOUR_CORE_NODE_ALLOCATABLE, requests
+        assert requests["memory"] == "2560Mi"  # 2048Mi + 2 x 256Mi: any 4-core node's
+
+
+def test_a_checkpoint_volume_is_mounted_writable_in_the_workers_only() -> None:
+    """Issue 38, papercut 6: the documented recovery (submit again, resume from
+    `reader.state_dict()`) needs somewhere to write the checkpoint that outlives the pods."""
+    from trainfeed.settings import SETTINGS
+
+    objs = build(checkpoint_pvc="ckpt", sync=True)
+    workers = pod(objs["Job"])
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in \
+        workers["volumes"]  # not readOnly
+    container = workers["containers"][0]
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in container["volumeMounts"]
+    assert env_of(container)["TRAINFEED_CHECKPOINT_DIR"] == "/checkpoints/resnet"
+    assert "TRAINFEED_CHECKPOINT_DIR" in SETTINGS  # documented with the other variables
+    master = pod(objs["Deployment"])
+    assert all(v["name"] != "checkpoints" for v in master["volumes"])
+    # Without the flag, nothing: the objects stay as they were.
+    plain = pod(build()["Job"])
+    assert all(v["name"] != "checkpoints" for v in plain["volumes"])
+    assert "TRAINFEED_CHECKPOINT_DIR" not in env_of(plain["containers"][0])
+    with pytest.raises(ValueError, match="--checkpoint-pvc: invalid object name 'Ckpt!'"):
+        build(checkpoint_pvc="Ckpt!")
+
+
+def test_image_pull_secrets_reach_every_pod() -> None:
+    """Issue 38, papercut 6: docs/cluster.md's errors table names a missing imagePullSecrets
+    as the cause of ImagePullBackOff; `submit` had no way to give one."""
+    objs = build(image_pull_secrets=("regcred", "mirror.creds"))
+    for kind in ("Deployment", "Job"):
+        assert pod(objs[kind])["imagePullSecrets"] == [{"name": "regcred"},
+                                                       {"name": "mirror.creds"}]
+    assert "imagePullSecrets" not in pod(build()["Job"])
+    with pytest.raises(ValueError, match="--image-pull-secret: invalid object name 'a b'"):
+        build(image_pull_secrets=("a b",))

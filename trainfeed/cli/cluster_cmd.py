@@ -27,6 +27,7 @@ from trainfeed.cluster.jobs import Cluster
 from trainfeed.cluster.kube import connect, current_namespace, require_kubernetes
 from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import (
+    CHECKPOINT_MOUNT,
     DECODE_THREAD_MEMORY_MI,
     DEFAULT_DECODE_THREADS,
     DEFAULT_TTL_AFTER_FINISHED_S,
@@ -64,6 +65,15 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--namespace", metavar="NS",
                    help="Kubernetes namespace (default: the kubeconfig context's, else default)")
     p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
+def add_image_pull_secret_option(p: argparse.ArgumentParser) -> None:
+    """--image-pull-secret, for `submit` and `submit-upload` alike."""
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   dest="image_pull_secrets",
+                   help="a Secret of type kubernetes.io/dockerconfigjson for a private registry "
+                        "(`kubectl create secret docker-registry NAME …`), in every pod's "
+                        "imagePullSecrets (repeatable)")
 
 
 def _seconds(text: str) -> float:
@@ -138,9 +148,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "NNODES/NODE_RANK for torchrun; the script reads with "
                         "dist.reader(..., sync=SyncOptions()). Not scalable afterwards; one "
                         "failed rank fails the whole group (submit again to restart it from "
-                        "checkpoints)")
+                        "checkpoints: --checkpoint-pvc)")
     p.add_argument("--rendezvous-port", type=int, default=29500, metavar="PORT",
                    help="with --sync: MASTER_PORT, the rank-0 rendezvous port (default 29500)")
+    p.add_argument("--checkpoint-pvc", metavar="NAME",
+                   help=f"a claim the workers mount read-write at {CHECKPOINT_MOUNT} for their "
+                        f"checkpoints (an RWX claim for more than one worker pod); the workers "
+                        f"get TRAINFEED_CHECKPOINT_DIR={CHECKPOINT_MOUNT}/JOB, where the script "
+                        f"saves its model and reader.state_dict() and finds them when the job is "
+                        f"submitted again")
+    add_image_pull_secret_option(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the objects as YAML (token included: treat it as a secret) and "
                         "touch no cluster")
@@ -212,7 +229,9 @@ def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
             tolerations=tuple(Toleration.parse(t) for t in args.toleration),
             cpus_per_worker=args.cpus_per_worker, memory_per_worker=args.memory_per_worker,
             decode_threads=args.decode_threads, ttl_after_finished_s=args.ttl_after_finished,
-            sync=args.sync, rendezvous_port=args.rendezvous_port)
+            sync=args.sync, rendezvous_port=args.rendezvous_port,
+            checkpoint_pvc=args.checkpoint_pvc,
+            image_pull_secrets=tuple(args.image_pull_secrets))
     except TrainfeedError:
         raise
     except ValueError as e:
@@ -223,8 +242,8 @@ def _dump_yaml(objects: list[dict[str, Any]]) -> str:
     try:
         import yaml
     except ImportError:
-        raise ClusterError("--dry-run prints YAML and needs PyYAML: pip install "
-                           "'trainfeed[k8s]'") from None
+        # A dependency of trainfeed itself (pyproject.toml), so only a broken install gets here.
+        raise ClusterError("--dry-run prints YAML and needs PyYAML: pip install PyYAML") from None
 
     class PlainDumper(yaml.SafeDumper):
         """Writes a value used twice (one fieldRef for RANK and NODE_RANK) out twice, not as

@@ -12,13 +12,19 @@ import sys
 import time
 
 from trainfeed import settings
-from trainfeed.cli.cluster_cmd import _cluster_options, _dump_yaml
+from trainfeed.cli.cluster_cmd import _cluster_options, _dump_yaml, add_image_pull_secret_option
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.cli.redacting import unredacted
 from trainfeed.cli.upload_cmd import add_upload_options, at_least, options_from, upload_arguments
 from trainfeed.cluster.jobs import Cluster
 from trainfeed.cluster.kube import connect, current_namespace
-from trainfeed.cluster.upload_job import SOURCE_MOUNT, UploadJobSpec, packers_job
+from trainfeed.cluster.upload_job import (
+    DEFAULT_PACKERS,
+    SOURCE_MOUNT,
+    UploadJobSpec,
+    list_path_in_pods,
+    packers_job,
+)
 from trainfeed.errors import ConfigurationError
 from trainfeed.ingest.slices import SliceJob, commit, pack_slice
 
@@ -44,12 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Create an Indexed Job of N packers: index i packs the i-th slice of the "
                     "list's shards into the dataset's staging area (resumable, idempotent), and "
                     "the last packer to finish validates every slice and publishes the manifest "
-                    "atomically. The list and its files must be at the same path in every pod "
-                    f"(--source-pvc mounts a volume at {SOURCE_MOUNT}).")
-    p.add_argument("list", help="the .list file as the packers see it")
+                    "atomically. The list and its files must be on a volume every pod mounts "
+                    f"(--source-pvc mounts one at {SOURCE_MOUNT}); a path on this machine is "
+                    "refused.")
+    p.add_argument("list", help=f"the .list file inside the --source-pvc volume (train.list, or "
+                                f"{SOURCE_MOUNT}/train.list), or under /data with --storage-pvc; "
+                                f"the files it names are relative to its folder")
     p.add_argument("--dataset", required=True, help="dataset name")
-    p.add_argument("--workers", type=at_least(1), required=True, metavar="N",
-                   help="packer pods (indexes)")
+    p.add_argument("--workers", type=at_least(1), default=DEFAULT_PACKERS, metavar="N",
+                   help=f"packer pods (indexes), one CPU each (default {DEFAULT_PACKERS})")
     p.add_argument("--image", required=True, help="the trainfeed image the packers run")
     p.add_argument("--name", help="job name (default: upload-<dataset>)")
     where = p.add_mutually_exclusive_group(required=True)
@@ -62,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--s3-secret", metavar="NAME",
                    help="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for --storage")
     p.add_argument("--s3-endpoint", metavar="URL", help="endpoint of a non-AWS S3 server")
+    add_image_pull_secret_option(p)
     p.add_argument("--dry-run", action="store_true", help="print the Job as YAML; create nothing")
     _cluster_options(p)
     add_upload_options(p)
@@ -117,11 +127,13 @@ def run_commit(args: argparse.Namespace) -> int:
 def _spec(args: argparse.Namespace) -> UploadJobSpec:
     name = args.name or "upload-" + args.dataset.replace("/", "-").replace("_", "-").lower()
     return UploadJobSpec(
-        name=name, image=args.image, list_path=args.list, dataset=args.dataset,
+        name=name, image=args.image, list_path=list_path_in_pods(args.list, args.source_pvc),
+        dataset=args.dataset,
         workers=args.workers, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         upload_args=tuple(upload_arguments(args)), namespace=args.namespace,
         storage=args.storage, storage_pvc=args.storage_pvc, source_pvc=args.source_pvc,
-        s3_secret=args.s3_secret, s3_endpoint=args.s3_endpoint)
+        s3_secret=args.s3_secret, s3_endpoint=args.s3_endpoint,
+        image_pull_secrets=tuple(args.image_pull_secrets))
 
 
 def run_submit(args: argparse.Namespace) -> int:

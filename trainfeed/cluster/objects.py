@@ -14,6 +14,7 @@ from typing import Any
 
 from trainfeed import settings
 from trainfeed.cluster.spec import (
+    CHECKPOINT_MOUNT,
     COMPONENT_LABEL,
     DATA_MOUNT,
     DATASET_ANNOTATION,
@@ -106,6 +107,24 @@ def _data_volume(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
             [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}])
 
 
+def _checkpoint_volume(spec: JobSpec) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """The checkpoint volume, read-write, and the variable naming this job's folder on it
+    (volumes, mounts, env); nothing without --checkpoint-pvc. The workers only: the master
+    keeps its ledger on its own state claim."""
+    if spec.checkpoint_pvc is None:
+        return [], [], []
+    return ([{"name": "checkpoints", "persistentVolumeClaim": {
+                "claimName": spec.checkpoint_pvc}}],
+            [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
+            [{"name": settings.CHECKPOINT_DIR.name, "value": spec.checkpoint_dir}])
+
+
+def pull_secrets(names: tuple[str, ...]) -> Obj:
+    """A pod spec's `imagePullSecrets` for private registries (--image-pull-secret); nothing
+    when none is given, so that the objects stay as before."""
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
+
+
 def token_secret(spec: JobSpec, token: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(spec, spec.names.auth, "auth"),
             "type": "Opaque",
@@ -178,6 +197,7 @@ def master_deployment(spec: JobSpec) -> Obj:
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": _pod_security(),
+                    **pull_secrets(spec.image_pull_secrets),
                     "containers": [container],
                     "volumes": [{"name": "state",
                                  "persistentVolumeClaim": {"claimName": spec.names.state}},
@@ -242,6 +262,7 @@ def workers_service(spec: JobSpec) -> Obj:
 
 def workers_job(spec: JobSpec) -> Obj:
     data_volumes, data_mounts = _data_volume(spec)
+    checkpoint_volumes, checkpoint_mounts, checkpoint_env = _checkpoint_volume(spec)
     env = [
         {"name": settings.MASTER.name, "value": spec.names.master_address},
         {"name": settings.JOB.name, "value": spec.name},
@@ -253,6 +274,7 @@ def workers_job(spec: JobSpec) -> Obj:
         {"name": settings.WORKER_NAME.name, "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.name"}}},
         *(_sync_env(spec) if spec.sync else []),
+        *checkpoint_env,
     ]
     container: Obj = {
         "name": "worker",
@@ -262,7 +284,8 @@ def workers_job(spec: JobSpec) -> Obj:
         "resources": _worker_resources(spec),
         # Trainers write caches (~/.cache, compiled kernels): the root filesystem stays writable.
         "securityContext": _container_security(read_only_root=False),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *data_mounts],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *data_mounts,
+                         *checkpoint_mounts],
     }
     if spec.s3_secret:
         container["envFrom"] = _env_from(spec)
@@ -271,9 +294,10 @@ def workers_job(spec: JobSpec) -> Obj:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
+        **pull_secrets(spec.image_pull_secrets),
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-                    *data_volumes],
+                    *data_volumes, *checkpoint_volumes],
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)

@@ -21,6 +21,10 @@ METRICS_PORT = 9090
 DATA_MOUNT = "/data"  # the shared dataset volume (--storage-pvc)
 STATE_DIR = "/var/lib/trainfeed"  # the master's state PVC
 STATE_FILE = f"{STATE_DIR}/master.db"
+# Where the workers mount --checkpoint-pvc read-write; each job writes under its own folder,
+# CHECKPOINT_MOUNT/<job> (told to the script by CHECKPOINT_DIR_ENV), so that a job submitted
+# again under the same name finds its checkpoints and resumes from them.
+CHECKPOINT_MOUNT = "/checkpoints"
 # The uid/gid of the Dockerfile's `trainfeed` user; pods run as it even if an image has no USER.
 RUN_AS_USER = 10001
 
@@ -42,12 +46,16 @@ _SUFFIXES = {"master": "-master", "state": "-master-state", "workers": "-workers
 # characters; the longest suffix above must still fit.
 MAX_JOB_NAME = 63 - max(len(s) for s in _SUFFIXES.values())
 # What a worker pod asks for when --worker-cpu / --worker-memory are not given, per training
-# process (one per GPU, as torchrun starts them; one in a CPU pod). Decoding is the readers'
-# CPU work: docs/imagenet.md measures 0.69-0.83 ms of one core per ImageNet-sized image, so
-# ~1,300 images/s per core, and a ResNet-50 step on one current GPU takes 2,000-3,000 images/s:
-# 2-3 cores keep up, 4 leave headroom for augmentation. One core more runs the training loop
-# itself (Python, the collectives, the gRPC client).
-DEFAULT_DECODE_THREADS = 4
+# process (one per GPU, as torchrun starts them; one in a CPU pod): its decode threads plus one
+# core for the training loop itself (Python, the collectives, the gRPC client). Decoding is the
+# readers' CPU work: docs/imagenet.md measures 0.69-0.83 ms of one core per ImageNet-sized
+# image, so ~1,300 images/s per core, and a ResNet-50 step on one current GPU takes 2,000-3,000
+# images/s: 2 cores keep up. Two threads, not four: 4 + 1 = 5 cores fit no 4-core node, and
+# 2 + 1 = 3 fits one (its allocatable is ~3.5-3.9 cores after the kubelet's and the system's
+# reservations and the DaemonSets' requests, on GKE, EKS and AKS alike; issue 38). There is no
+# CPU limit: a pod uses a node's idle cores beyond its request; heavier augmentation asks
+# for more with --decode-threads or --worker-cpu.
+DEFAULT_DECODE_THREADS = 2
 # Memory per training process: a PyTorch trainer with its CUDA host runtime holds ~2 GiB of
 # resident memory before any data; each decode thread then holds a batch in flight (encoded
 # records plus 256 x 224 x 224 x 3 decoded bytes, 38 MB) and the prefetch queue's share.
@@ -58,6 +66,7 @@ DECODE_THREAD_MEMORY_MI = 256
 DEFAULT_TTL_AFTER_FINISHED_S = 24 * 3600
 
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -75,6 +84,15 @@ def validate_cluster_job_name(name: str) -> str:
             f"letters, digits and '-', starting with a letter and ending with a letter or digit "
             f"(it names the job's Service, Job and Secret)")
     return name
+
+
+def check_object_name(what: str, name: str | None) -> None:
+    """Refuses a name Kubernetes would refuse for a claim or a Secret (a DNS-1123 subdomain),
+    naming the flag, before any object is built."""
+    if name is not None and (not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253):
+        raise InvalidNameError(f"{what}: invalid object name {name!r}: lower-case letters, "
+                               f"digits, '-' and '.', starting and ending with a letter or "
+                               f"digit, at most 253")
 
 
 @dataclass(frozen=True)
@@ -189,6 +207,11 @@ class JobSpec:
     sync: bool = False
     # torch.distributed's default rendezvous port (torchrun's --master-port).
     rendezvous_port: int = 29500
+    # A claim the workers mount read-write at CHECKPOINT_MOUNT for the script's checkpoints
+    # (model and `reader.state_dict()`), the documented way to resume; None mounts nothing.
+    checkpoint_pvc: str | None = None
+    # Secrets of type kubernetes.io/dockerconfigjson for private registries, given to every pod.
+    image_pull_secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_cluster_job_name(self.name)
@@ -216,13 +239,20 @@ class JobSpec:
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")
+        self._check_resources()
+        self._check_storage()
+
+    def _check_resources(self) -> None:
+        """The quantities and the names of the objects the pods refer to (claims, Secrets)."""
         for what, quantity in (("--worker-cpu", self.cpus_per_worker),
                                ("--worker-memory", self.memory_per_worker),
                                ("state size", self.state_size)):
             if quantity is not None and not _QUANTITY.fullmatch(quantity):
                 raise ValueError(f"{what}: {quantity!r} is not a Kubernetes quantity "
                                  f"(e.g. 4, 500m, 16Gi)")
-        self._check_storage()
+        for what, claim in (("--checkpoint-pvc", self.checkpoint_pvc),
+                            *(("--image-pull-secret", n) for n in self.image_pull_secrets)):
+            check_object_name(what, claim)
 
     def _check_storage(self) -> None:
         if self.storage_pvc is not None:
@@ -268,3 +298,8 @@ class JobSpec:
     def storage_url(self) -> str:
         """The storage URL as the pods see it."""
         return self.storage or DATA_MOUNT
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """This job's folder on the checkpoint volume, as the workers see it."""
+        return None if self.checkpoint_pvc is None else f"{CHECKPOINT_MOUNT}/{self.name}"

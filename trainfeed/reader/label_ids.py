@@ -62,7 +62,7 @@ def check_pin(dataset: str, version: int, labels: Sequence[str],
         raise UnknownLabelError(
             f"dataset {dataset!r} version {version} has label(s) {outside[:SHOWN]} outside the "
             f"reader's class_values: pinned {mapping(pinned)} ({len(pinned)} classes), the "
-            f"dataset's {mapping(labels)} ({len(labels)} classes); {changes(pinned, labels)}. "
+            f"dataset's {mapping(labels)} ({len(labels)} classes). "
             f"Read the version the model was trained on (dataset@N), or give the model the "
             f"new classes and pin the dataset's class values")
 

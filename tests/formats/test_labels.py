@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -154,12 +155,15 @@ def label_ids(storage: str, name: str) -> tuple[tuple[str, ...], dict[str, set[i
 
 
 def test_an_append_keeps_every_label_id_and_a_new_label_that_sorts_first_gets_the_next(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     storage = str(tmp_path / "storage")
     put(tmp_path, "one", ("boat", "cat", "dog"), options=SMALL)
     assert label_ids(storage, "ds") == (("boat", "cat", "dog"),
                                         {"boat": {0}, "cat": {1}, "dog": {2}})
-    put(tmp_path, "two", ("auk", "cat"))
+    with caplog.at_level(logging.WARNING, logger="trainfeed.ingest.publish"):
+        put(tmp_path, "two", ("auk", "cat"))
+    assert ("adds 1 new label(s) (auk) as class ids 3..3, after the existing ones, whose ids "
+            "do not change: a model trained on version 1 has 3 classes") in caplog.text
     manifest = read_manifest(open_storage(storage), "ds")
     assert manifest.classes == ("boat", "cat", "dog", "auk")
     assert label_ids(storage, "ds") == (("boat", "cat", "dog", "auk"),

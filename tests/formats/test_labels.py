@@ -1,10 +1,12 @@
 """Integer labels sort by value (issue 26): label "2" of labels 0..11 is class 2, not class 4 as
 it was sorted as text; the order is recorded in the manifest, and a manifest without it (every
-dataset uploaded before) keeps the text order its models were trained with."""
+dataset uploaded before) keeps the text order its models were trained with. Class ids are stable
+across versions (issue 38): an append keeps every label's id and gives a new one the next."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +124,90 @@ def test_packing_an_integer_labelled_dataset_sorts_its_classes_by_value(
     buffers = list(dist.reader("digits_packed", source=LocalSource(storage=storage))())
     classes = np.concatenate([np.argmax(b["label"], axis=1) for b in buffers])
     assert sorted(np.bincount(classes).tolist()) == [3] * 12
+
+
+# Class ids are stable across versions (issue 38): `upload --append` of a label that sorts first
+# moved every existing id (`boat` 0 -> 1), and a model trained on version 1 read wrong labels.
+SMALL = UploadOptions(row_group_rows=4, processes=1)
+APPEND = UploadOptions(row_group_rows=4, processes=1, append=True)
+
+
+def put(tmp_path: Path, part: str, labels: tuple[str, ...], name: str = "ds",
+        options: UploadOptions = APPEND) -> None:
+    """Uploads (or appends) a list of 4-pixel images, each label of `labels` twice."""
+    source = make_image_list(tmp_path / part, 2 * len(labels), labels=labels, size=4,
+                             name=f"{part}.list")
+    upload(str(source), name, str(tmp_path / "storage"), options, progress=False)
+
+
+def label_ids(storage: str, name: str) -> tuple[tuple[str, ...], dict[str, set[int]]]:
+    """A real reader's class values and, per label, the ids it delivered for it."""
+    reader = dist.reader(name, source=LocalSource(storage=storage),
+                         pipeline=PipelineOptions(batch=BatchOptions(size=4)))
+    words_of = {}
+    for batch in dist.reader(name, source=LocalSource(storage=storage)).column_batches(64):
+        words_of.update(zip(batch["_id"].tolist(), batch["label"]))
+    seen: dict[str, set[int]] = {}
+    for batch in reader():
+        for i, c in zip(batch["_id"].tolist(), batch["label"].tolist()):
+            seen.setdefault(words_of[i], set()).add(int(c))
+    return reader.class_values, seen
+
+
+def test_an_append_keeps_every_label_id_and_a_new_label_that_sorts_first_gets_the_next(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    storage = str(tmp_path / "storage")
+    put(tmp_path, "one", ("boat", "cat", "dog"), options=SMALL)
+    assert label_ids(storage, "ds") == (("boat", "cat", "dog"),
+                                        {"boat": {0}, "cat": {1}, "dog": {2}})
+    with caplog.at_level(logging.WARNING, logger="trainfeed.ingest.publish"):
+        put(tmp_path, "two", ("auk", "cat"))
+    assert ("adds 1 new label(s) (auk) as class ids 3..3, after the existing ones, whose ids "
+            "do not change: a model trained on version 1 has 3 classes") in caplog.text
+    manifest = read_manifest(open_storage(storage), "ds")
+    assert manifest.classes == ("boat", "cat", "dog", "auk")
+    assert label_ids(storage, "ds") == (("boat", "cat", "dog", "auk"),
+                                        {"boat": {0}, "cat": {1}, "dog": {2}, "auk": {3}})
+    # Version 1 keeps its own ids, and a third version keeps version 2's.
+    assert label_ids(storage, "ds@1")[0] == ("boat", "cat", "dog")
+    put(tmp_path, "three", ("ant", "zebu"))
+    assert label_ids(storage, "ds")[0] == ("boat", "cat", "dog", "auk", "ant", "zebu")
+    # The manifest records the ids and reads them back.
+    again = Manifest.from_json(read_manifest(open_storage(storage), "ds").to_json())
+    assert again.class_values == ("boat", "cat", "dog", "auk", "ant", "zebu")
+
+
+def test_an_append_whose_new_labels_sort_last_writes_the_manifest_as_before(
+        tmp_path: Path) -> None:
+    storage = str(tmp_path / "storage")
+    put(tmp_path, "one", ("boat", "cat"), options=SMALL)
+    put(tmp_path, "two", ("dog",))
+    folder = dataset_storage(open_storage(storage), "ds")
+    raw = json.loads(folder.read_bytes(MANIFEST_NAME))
+    assert "class_values" not in raw  # the label order's own: no new key for older releases
+    assert read_manifest(open_storage(storage), "ds").classes == ("boat", "cat", "dog")
+    # A fresh upload (no append) sorts its labels, as before.
+    put(tmp_path, "new", ("zebu", "auk"), name="fresh", options=SMALL)
+    assert read_manifest(open_storage(storage), "fresh").classes == ("auk", "zebu")
+
+
+def test_a_numeric_dataset_appended_to_keeps_its_ids_too(tmp_path: Path) -> None:
+    storage = str(tmp_path / "storage")
+    put(tmp_path, "one", ("0", "5"), options=SMALL)
+    put(tmp_path, "two", ("3",))
+    assert label_ids(storage, "ds") == (("0", "5", "3"), {"0": {0}, "5": {1}, "3": {2}})
+
+
+@pytest.mark.parametrize("values,match", [
+    (["boat", "cat"], "are not the labels of its histogram"),
+    (["boat", "cat", "dog", "cat"], "are not the labels of its histogram"),
+    ("boat", "class_values must be a list of labels"),
+    ([1, 2, 3], "class_values must be a list of labels"),
+])
+def test_a_manifest_whose_class_values_are_not_its_labels_is_refused(
+        tmp_path: Path, values: object, match: str) -> None:
+    put(tmp_path, "one", ("boat", "cat", "dog"), options=SMALL)
+    raw = json.loads(read_manifest(open_storage(str(tmp_path / "storage")), "ds").to_json())
+    raw["class_values"] = values
+    with pytest.raises(CorruptDatasetError, match=match):
+        Manifest.from_json(json.dumps(raw).encode())

@@ -292,7 +292,9 @@ def test_a_validation_set_lacking_classes_uses_the_training_class_ids(tmp_path: 
     order = np.argsort(b_shared["_id"])
     assert b_shared["label"][order].argmax(axis=1).tolist() == [1, 3] * 3  # bee 1, dog 3
     assert sorted(set(b_own["label"].tolist())) == [0, 1]  # on its own: bee 0, dog 1
-    with pytest.raises(ValueError, match="label 'dog' is not one of the 2 class values"):
+    # A pin that lacks a label of the dataset is refused before a record (issue 38).
+    with pytest.raises(ValueError, match=r"label\(s\) \['dog'\] outside the reader's "
+                                         r"class_values: pinned \{0: 'ant', 1: 'bee'\}"):
         list(dist.reader("val", source=LocalSource(storage=storage),
                          pipeline=PipelineOptions(
                              batch=BatchOptions(size=6),

@@ -15,7 +15,8 @@ def full() -> ReaderPosition:
     return ReaderPosition(mode="distributed", dataset="flowers", epoch=3, done={4, 1},
                           positions={7: 12, 2: 5}, finished=False, job="resnet",
                           worker="host:1-ab12", seed=9, order="shuffle:9:64",
-                          delivered=170, partitions=64, credential="c0ffee", dataset_version=2)
+                          delivered=170, partitions=64, credential="c0ffee", dataset_version=2,
+                          class_values=("cat", "bird"))
 
 
 def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs() -> None:
@@ -24,7 +25,8 @@ def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs
         "version": STATE_DICT_VERSION, "mode": "distributed", "dataset": "flowers",
         "job": "resnet", "worker": "host:1-ab12", "seed": 9, "epoch": 3, "finished": False,
         "done": [1, 4], "positions": [[2, 5], [7, 12]], "order": "shuffle:9:64",
-        "delivered": 170, "partitions": 64, "credential": "c0ffee", "dataset_version": 2}
+        "delivered": 170, "partitions": 64, "credential": "c0ffee", "dataset_version": 2,
+        "class_values": ["cat", "bird"]}
     empty = ReaderPosition("local", "flowers", 0).to_state_dict()
     assert set(empty) == set(state) and empty["positions"] == []
 
@@ -32,6 +34,19 @@ def test_to_state_dict_holds_every_field_under_its_key_with_fixed_keys_and_pairs
 def test_the_state_restores_every_field_through_json() -> None:
     saved = json.loads(json.dumps(full().to_state_dict()))
     assert ReaderPosition.from_dict(saved, "flowers", "distributed") == full()
+
+
+@pytest.mark.parametrize("values,shown", [
+    ("cat", "'cat'"), (["cat", 1], r"\['cat', 1\]"), (["cat", "cat"], r"\['cat', 'cat'\]")])
+def test_class_values_that_are_not_distinct_labels_are_refused(values: object,
+                                                               shown: str) -> None:
+    """Issue 38: the class ids a state's reader delivered, checked like every key."""
+    with pytest.raises(CheckpointError, match=f"'class_values' is {shown}, expected a list of "
+                                              f"at most 2\\^24 distinct labels"):
+        ReaderPosition.from_dict({**full().to_state_dict(), "class_values": values}, "flowers",
+                                 "distributed")
+    older = {k: v for k, v in full().to_state_dict().items() if k != "class_values"}
+    assert ReaderPosition.from_dict(older, "flowers", "distributed").class_values == ()
 
 
 def test_version_1_is_refused_saying_what_to_do() -> None:

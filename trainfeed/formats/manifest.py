@@ -4,6 +4,8 @@ A dataset folder holds Parquet shards and `manifest.json`. The manifest is writt
 atomically, so a dataset exists for readers exactly when its manifest does: an interrupted upload
 is invisible. It records the schema, every shard with its row-group boundaries, row and byte
 counts, per-shard SHA-256, the label histogram and the order of its labels (which class ids follow).
+Class ids are stable across versions: an append keeps every label's id and gives a new label the
+next one (`class_values`, written where it is not the label order's own: see `classes`).
 
 Versions. A dataset grows by appends (`trainfeed upload --append`), each a new version numbered
 1, 2, ...: its manifest lists the previous version's shards, unchanged, plus the new ones. Every
@@ -115,6 +117,10 @@ class Manifest:
     next_id: int | None = None
     # The readable versions up to this one, oldest first (() before versions existed).
     versions: tuple[VersionInfo, ...] = ()
+    # The labels behind class ids 0..K-1, where an append made them differ from the label
+    # order's sort (its new labels come after the old ones, whose ids stay); None: the labels
+    # sorted by `label_order` (a fresh upload, and every manifest written before this field).
+    class_values: tuple[str, ...] | None = None
 
     def to_json(self) -> bytes:
         """The manifest's bytes. The version fields are left out where they say what a reader
@@ -128,6 +134,8 @@ class Manifest:
             del body["next_id"]
         if self.versions == () or self.versions == replace(self, versions=()).history:
             del body["versions"]
+        if self.class_values is None:
+            del body["class_values"]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -145,6 +153,12 @@ class Manifest:
                 for s in raw["shards"])
             raw["skipped"] = tuple(raw.get("skipped", ()))
             raw["versions"] = tuple(VersionInfo(**v) for v in raw.get("versions", ()))
+            if raw.get("class_values") is not None:
+                values = raw["class_values"]
+                if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                    raise ValueError(f"class_values must be a list of labels, got "
+                                     f"{str(values)[:80]}")
+                raw["class_values"] = tuple(values)
             manifest = cls(**raw)
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptDatasetError(f"{where}: unreadable manifest: {e}") from e
@@ -181,12 +195,19 @@ class Manifest:
                     f"upload the dataset again)")
 
     def check(self) -> None:
-        """Raises CorruptDatasetError if the counts do not add up, or the label order is
-        unknown or does not fit the labels."""
+        """Raises CorruptDatasetError if the counts do not add up, the label order is
+        unknown or does not fit the labels, or `class_values` are not the labels, each once."""
         try:
             sorted_labels(self.label_histogram, self.label_order)
         except ValueError as e:
             raise CorruptDatasetError(f"dataset {self.name!r}: manifest label_order: {e}") from None
+        if self.class_values is not None and (
+                len(set(self.class_values)) != len(self.class_values)
+                or set(self.class_values) != set(self.label_histogram)):
+            raise CorruptDatasetError(
+                f"dataset {self.name!r}: manifest class_values {list(self.class_values)[:10]} "
+                f"are not the labels of its histogram {list(self.label_histogram)[:10]}, each "
+                f"once (was it edited by hand? upload the dataset again)")
         if self.kind == SQL_KIND:  # rows live in a database; the count is the query's at the time
             return
         rows = sum(s.num_rows for s in self.shards)
@@ -195,6 +216,14 @@ class Manifest:
             raise CorruptDatasetError(
                 f"dataset {self.name!r}: manifest row counts do not add up ({rows} rows in shards, "
                 f"{self.num_records} declared)")
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The labels behind class ids 0..K-1: `class_values` where an append recorded them,
+        else the labels sorted by `label_order` (() for a dataset without labels)."""
+        if self.class_values is not None:
+            return self.class_values
+        return tuple(sorted_labels(self.label_histogram, self.label_order))
 
     @property
     def id_limit(self) -> int:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from trainfeed.errors import AppendMismatchError
-from trainfeed.formats.labels import NUMERIC_ORDER, label_order
+from trainfeed.formats.labels import NUMERIC_ORDER, label_order, sorted_labels
 from trainfeed.formats.manifest import (
     MANIFEST_NAME,
     VERSIONS_DIR,
@@ -163,11 +163,11 @@ def _entry(manifest: Manifest, version: int) -> tuple[VersionInfo]:
 def appended(base: Manifest, new: Manifest) -> Manifest:
     """`base`'s next version with `new`'s records (an append's own manifest, ids already
     after `base`'s): `base`'s shards, unchanged, then `new`'s; the label histogram and counts
-    summed.
+    summed; class ids stable (`stable_classes`).
 
     Raises:
-        AppendMismatchError: labels that would renumber `base`'s classes (a non-integer label
-            appended to a dataset whose integer labels are classes by value).
+        AppendMismatchError: a label that is no integer appended to a dataset whose integer
+            labels are ordered by value.
     """
     labels = Counter(base.label_histogram)
     labels.update(new.label_histogram)
@@ -175,22 +175,36 @@ def appended(base: Manifest, new: Manifest) -> Manifest:
     if order == NUMERIC_ORDER and label_order(labels) != NUMERIC_ORDER:
         odd = sorted(set(new.label_histogram) - set(base.label_histogram))
         raise AppendMismatchError(
-            f"cannot append to dataset {base.name!r}: its labels are integers, classes by "
-            f"value; new label(s) {odd[:5]} would renumber every class. Upload the list as a "
-            f"new dataset, or map its labels to integers")
-    added = sorted(set(new.label_histogram) - set(base.label_histogram))
+            f"cannot append to dataset {base.name!r}: its labels are integers, ordered by "
+            f"value; new label(s) {odd[:5]} are not. Upload the list as a new dataset, or map "
+            f"its labels to integers")
+    classes = stable_classes(base, labels)
+    added = classes[len(base.classes):]
     if added:
-        logger.warning("append to %r adds %d new label(s) (%s): class ids of readers of the new "
-                       "version follow the labels' order, and may differ from the old "
-                       "version's", base.name, len(added), ", ".join(added[:5]))
+        first = len(base.classes)
+        logger.warning("append to %r adds %d new label(s) (%s) as class ids %d..%d, after the "
+                       "existing ones, whose ids do not change: a model trained on version %d "
+                       "has %d classes", base.name, len(added), ", ".join(added[:5]), first,
+                       len(classes) - 1, base.dataset_version, first)
     version = base.dataset_version + 1
     merged = dataclasses.replace(
         new, shards=base.shards + new.shards, num_records=base.num_records + new.num_records,
         num_bytes=base.num_bytes + new.num_bytes,
         label_histogram=dict(sorted(labels.items())), label_order=order,
+        class_values=None if classes == tuple(sorted_labels(labels, order)) else classes,
         skipped=base.skipped + new.skipped, extra=dict(base.extra), dataset_version=version,
         next_id=max(base.id_limit, new.id_limit))
     return dataclasses.replace(merged, versions=base.history + _entry(new, version))
+
+
+def stable_classes(base: Manifest, labels: Counter[str]) -> tuple[str, ...]:
+    """The labels behind class ids 0..K-1 of `base`'s next version, whose histogram is
+    `labels`: `base`'s, each keeping its id, then the new labels in the label order, from the
+    next id on (issue 38: an append that renumbered classes broke the models trained on `base`,
+    or silently trained them on wrong labels)."""
+    known = base.classes
+    new = set(labels) - set(known)
+    return known + tuple(sorted_labels(new, base.label_order))
 
 
 def keep_version(folder: Storage, base: Manifest) -> None:

@@ -27,6 +27,7 @@ from trainfeed.lease.session import (
 from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.planning.order import epoch_order
 from trainfeed.planning.partitions import plan_of_state, plan_partitions
+from trainfeed.reader.label_ids import check_saved, delivered, mapping
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.producer import Dataset, PlannedTasks, prefetched
 from trainfeed.reader.world import SyncGroup
@@ -202,11 +203,12 @@ class LocalBackend:
 
     def __init__(self, dataset: str, storage: Storage, seed: int, prefetch: int | None,
                  resume: ReaderPosition | None = None, group: SyncGroup | None = None,
-                 version: int | None = None):
+                 version: int | None = None, pinned: tuple[str, ...] | None = None):
         self.group = group
         self.dataset = Dataset.in_storage(storage, dataset, version)
         manifest = self.dataset.manifest
-        if resume is not None:
+        if resume is not None:  # class ids first: what a model trained on the state needs
+            check_restored_classes(resume, manifest, pinned)
             resume.check_version(manifest.dataset_version)
         # A restored reader keeps the plan its state counts in (see plan_of_state).
         try:
@@ -316,7 +318,9 @@ class DistributedBackend:
                  prefetch: int | None, distribution_rules: str = "",
                  resume: ReaderPosition | None = None, lost_partitions: str = "raise",
                  group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
-                 stats: StatsHook | None = None, version: int | None = None):
+                 stats: StatsHook | None = None, version: int | None = None,
+                 pinned: tuple[str, ...] | None = None):
+        self._pinned = pinned  # LabelOptions.class_values: checked against a restored state
         self.lost_policy = check_lost_policy(lost_partitions)
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
@@ -340,6 +344,8 @@ class DistributedBackend:
         # worker id and resume credential join it once the session opened.
         self._position = ReaderPosition("distributed", dataset, JOIN_CURRENT_EPOCH, job=job,
                                         seed=seed)
+        if resume is not None:
+            self._position.class_values = resume.class_values
         if resume is not None and resume.next_epoch >= 0:
             self._next_epoch = resume.next_epoch
             if not resume.finished:  # the master put the rest back; our own view goes on
@@ -359,16 +365,21 @@ class DistributedBackend:
                 raise CheckpointError(f"the master refused this reader's state: {e}; restore "
                                       f"the state the reader saved, unchanged, into a reader "
                                       f"of the same job") from None
+            if self._resume is not None and self._resume.class_values and _other_version(e):
+                raise type(e)(f"{e}. {_saved_classes(self._resume)}") from None
             raise
         opened = session.opened
+        dataset = Dataset(session.dataset, session.field_names, session.binary_fields,
+                          version=opened.dataset_version or None)
         if self._resume is not None:  # the job's version (0: a master before versions)
+            if self._resume.class_values:  # class ids first, as a local reader's
+                check_restored_classes(self._resume, dataset.manifest, self._pinned)
             self._resume.check_version(opened.dataset_version)
         self._position.dataset_version = opened.dataset_version
         self._position.worker = opened.worker_id
         self._position.credential = opened.resume_credential
         self.prefetch = self.prefetch or prefetch_depth(opened.num_bytes, opened.num_partitions)
-        self._dataset = Dataset(session.dataset, session.field_names, session.binary_fields,
-                                version=opened.dataset_version or None)
+        self._dataset = dataset
         return self._dataset
 
     def _learn_epoch(self, epoch: int) -> None:
@@ -482,6 +493,29 @@ def check_lost_policy(policy: str) -> str:
 def _copy(position: ReaderPosition) -> ReaderPosition:
     return dataclasses.replace(position, done=set(position.done),
                                positions=dict(position.positions))
+
+
+def check_restored_classes(resume: ReaderPosition, manifest: Manifest,
+                           pinned: tuple[str, ...] | None) -> None:
+    """Refuses a state whose reader delivered other class ids than a reader of `manifest`
+    with the pin `pinned` would (trainfeed.reader.label_ids.check_saved)."""
+    check_saved(resume.dataset, resume.class_values, resume.dataset_version,
+                delivered(manifest.classes, pinned), manifest.dataset_version)
+
+
+def _other_version(error: JobError) -> bool:
+    """Whether the master refused OpenJob because the state was saved on another version."""
+    return "FAILED_PRECONDITION" in str(error) and "saved reading version" in str(error)
+
+
+def _saved_classes(resume: ReaderPosition) -> str:
+    """What a model trained on a refused state's data expects, for the master's refusal: a
+    reader of another version may map labels otherwise, so a pin makes it refuse them."""
+    values = resume.class_values
+    return (f"The state's model was trained with class ids {mapping(values)} ({len(values)} "
+            f"classes): to read another version without the state, pin them "
+            f"(LabelOptions(class_values=state['class_values'])), and a reader refuses a "
+            f"version whose labels they do not cover")
 
 
 def _refused_resume(error: JobError) -> bool:

@@ -71,10 +71,11 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     options = pipeline or PipelineOptions()
     group = _sync_group(options, sync) if sync is not None else None
     seed, depth = source.seed, source.prefetch_partitions
+    pinned = options.labels.class_values  # a restored state's class ids must match them
     if isinstance(source, LocalSource):
         store = open_storage(source.storage)
         return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group,
-                                                  version), name,
+                                                  version, pinned), name,
                       "local", state, options, seed, group)
     job_name = validate_job_name(source.job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
@@ -85,7 +86,7 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     address, lost = source.address, source.lost_partitions
     return Reader(lambda resume: DistributedBackend(name, job_name, address, seed, depth, rules,
                                                     resume, lost, group, order,
-                                                    version=version),
+                                                    version=version, pinned=pinned),
                   name, "distributed", state, options, seed, group)
 
 

@@ -1,8 +1,9 @@
 """Labels to integer class ids, the same on every worker and in validation.
 
-Class values come from the dataset's label histogram (in the manifest), in the dataset's label
-order (trainfeed.formats.labels: integer labels by value, others as text): every reader of a
-dataset derives the same ids without talking to the others, and a validation set that lacks some
+Class values come from the dataset version's manifest (`Manifest.classes`: its labels in the
+dataset's label order, trainfeed.formats.labels, integer labels by value, others as text; an
+append's new labels after them): every reader of a version derives the same ids without talking
+to the others, and a validation set that lacks some
 classes still maps the ones it has to the training ids when given the training class values.
 """
 from __future__ import annotations

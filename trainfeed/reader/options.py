@@ -164,8 +164,10 @@ class LabelOptions:
         one_hot: float32 (n, K) one-hot rows instead of ids.
         class_values: The labels behind ids 0..K-1, in this order, e.g. a training reader's
             `class_values` given to a validation reader, so that ids agree even where it lacks
-            classes. None: the dataset's labels, sorted (integer labels by value,
-            trainfeed.formats.labels).
+            classes. None: the dataset version's class ids (its labels sorted, integer labels
+            by value, trainfeed.formats.labels; an append's new labels after them). A dataset
+            label outside them is refused when the reader opens the dataset, and a restored
+            state whose reader delivered other ids at creation (trainfeed.reader.label_ids).
         class_weights: A per-record loss weight in the batch field "_weight" (Keras's
             sample_weight), instead of or with resampling: "uniform" weights each class as
             resampling toward uniform would, a dict class -> weight, or a power of the source

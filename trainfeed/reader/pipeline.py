@@ -28,6 +28,7 @@ from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.session import Load
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
+from trainfeed.reader.label_ids import check_pin, delivered
 from trainfeed.reader.labels import ClassIndex
 from trainfeed.reader.options import MODES, PipelineOptions
 from trainfeed.reader.resample import Resampler, ratio_factors
@@ -84,9 +85,9 @@ class Pipeline:
         self.image_fields = tuple(f.name for f in manifest.fields
                                   if f.type == "binary") if options.decode.enabled else ()
         values = options.labels.class_values
-        self.classes = (ClassIndex(values) if values is not None
-                        else ClassIndex.from_histogram(manifest.label_histogram,
-                                                       manifest.label_order)
+        if self.label_field:  # a pin must cover the labels (trainfeed.reader.label_ids)
+            check_pin(manifest.name, manifest.dataset_version, manifest.classes, values)
+        self.classes = (ClassIndex(delivered(manifest.classes, values))
                         if self.label_field else None)
         self.resampler: Resampler | None = None
         if options.resamples:

@@ -51,6 +51,9 @@ MAX_RECORDS = 2**48
 MAX_SEED = 2**64
 # Dataset versions: the wire's dataset_version is a uint32; a version a day for 5.9 million years.
 MAX_VERSION = 2**31
+# Class values (labels behind ids 0..K-1) a state records: 16 million classes, far above any
+# classifier's output layer.
+MAX_CLASSES = 2**24
 
 
 @dataclass
@@ -86,6 +89,10 @@ class ReaderPosition:
     # counted in its plan, so a state restores only into a reader of the same version (0 in
     # states older than versions, and before the reader opened its dataset: not checked).
     dataset_version: int = 0
+    # The labels behind the class ids 0..K-1 the reader delivered (trainfeed.reader.label_ids):
+    # a restored reader that would map them otherwise refuses the state. () in states older
+    # than it, of readers that map no labels, and before the reader opened its dataset.
+    class_values: tuple[str, ...] = ()
 
     def to_state_dict(self) -> dict[str, Any]:
         """The position as a JSON-able dict with fixed keys (version 2): `done` sorted,
@@ -96,7 +103,8 @@ class ReaderPosition:
                 "positions": [[p, n] for p, n in sorted(self.positions.items())],
                 "order": self.order, "delivered": self.delivered,
                 "partitions": self.partitions, "credential": self.credential,
-                "dataset_version": self.dataset_version}
+                "dataset_version": self.dataset_version,
+                "class_values": list(self.class_values)}
 
     @classmethod
     def from_dict(cls, state: dict[str, Any], dataset: str, mode: str) -> ReaderPosition:
@@ -143,7 +151,8 @@ class ReaderPosition:
                        delivered=_count(state, "delivered", MAX_RECORDS),
                        partitions=_count(state, "partitions", MAX_PARTITIONS),
                        credential=_text(state, "credential"),
-                       dataset_version=_count(state, "dataset_version", MAX_VERSION))
+                       dataset_version=_count(state, "dataset_version", MAX_VERSION),
+                       class_values=_labels(state))
         return position
 
     def check_version(self, opened: int) -> None:
@@ -245,6 +254,16 @@ def _flag(state: dict[str, Any], key: str) -> bool:
     if not isinstance(value, bool):
         raise _bad(repr(key), value, "true or false")
     return value
+
+
+def _labels(state: dict[str, Any]) -> tuple[str, ...]:
+    """`class_values`: distinct labels, at most MAX_CLASSES ([] where the state has none)."""
+    values = state.get("class_values", [])
+    rule = f"a list of at most {_power(MAX_CLASSES)} distinct labels (strings)"
+    if (not isinstance(values, list | tuple) or len(values) > MAX_CLASSES
+            or not all(isinstance(v, str) for v in values) or len(set(values)) != len(values)):
+        raise _bad("'class_values'", values, rule)
+    return tuple(values)
 
 
 def _partitions(state: dict[str, Any]) -> set[int]:

@@ -23,6 +23,7 @@ from trainfeed.lease.reader_stats import Counters, ReaderFigures, ReaderMeter
 from trainfeed.lease.session import Load
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
+from trainfeed.reader.label_ids import check_saved
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.world import SyncGroup
@@ -126,6 +127,9 @@ class Reader:
         else:
             position = backend.position()
         position.order = self._order
+        built = self._built
+        if built is not None and built.classes is not None:  # the ids it delivered
+            position.class_values = built.classes.values
         return position
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,10 +159,16 @@ class Reader:
 
         Raises:
             CheckpointError: not a reader state of this dataset and mode (the message says
-                which key or value is wrong).
+                which key or value is wrong); or a state whose reader delivered other class
+                ids than this one's pinned `class_values` (here), or than the dataset version
+                this reader opens (when it opens it, before its first record), naming both
+                mappings (trainfeed.reader.label_ids).
             ValueError: the reader already started a pass.
         """
         position = ReaderPosition.from_dict(state, self.name, self.mode)
+        pinned = self.options.labels.class_values
+        if pinned is not None:  # known now: refused before anything connects
+            check_saved(self.name, position.class_values, position.dataset_version, pinned, 0)
         with self._lock:
             if self._passes:
                 raise ValueError("load_state_dict() must come before the reader's first pass "

@@ -6,7 +6,8 @@ The page must show the ledger's progress (GetJobStatus, read before and after th
 when nothing moved in between), flag the throttled reader as input-bound and no other, list the
 running job above a finished one (folded), show the records left in the epoch and the time to
 its end as /status.json says them (issue 38), show no token, fit a phone's width, and render
-something (its screenshot is not blank). With TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot replaces docs/images/status.png (the README's)."""
+something (its screenshot is not blank). With TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot
+replaces docs/images/status.png (the README's)."""
 from __future__ import annotations
 
 import io

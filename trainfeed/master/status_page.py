@@ -29,8 +29,6 @@ from markupsafe import Markup
 
 from trainfeed.security import JOB_TOKEN_PREFIX, job_token
 
-PATHS = ("/", "/status", "/status/", "/status.json", "/login", "/logout", "/metrics")
-
 # How often the page reloads itself: the sparklines step every 10 s, the readers call faster.
 REFRESH_S = 5
 # `?refresh=N` is taken as ASCII digits only, clamped to this (an hour); anything else is REFRESH_S.

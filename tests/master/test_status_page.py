@@ -13,6 +13,7 @@ import pytest
 from board_records import record
 
 from trainfeed.ingest.board_summary import summarize
+from trainfeed.master.status import eta
 from trainfeed.master.status_page import (
     COOKIE,
     MAX_FORM_BYTES,
@@ -235,3 +236,15 @@ def test_a_newer_version_notice_is_shown_escaped() -> None:
     page = render(data, refresh_s=0)
     assert '<p class="newer-version" data-version="2"><b>newer data</b> job &#39;a&#39; reads ' \
            'version 1 of dataset &#39;&lt;b&gt;ds&lt;/b&gt;&#39;' in page
+
+
+@pytest.mark.parametrize("left, rate, expected", [
+    (0, 0.0, 0.0), (100, 0.0, None), (100, 20.0, 5.0), (100, float("nan"), None),
+    (100, float("inf"), None), (100, 5e-324, None), (100, -3.0, None)])
+def test_the_time_to_the_epochs_end_needs_a_finite_rate(left: int, rate: float,
+                                                         expected: float | None) -> None:
+    """The rate comes from what readers report: none that makes the page fail to render."""
+    assert eta(left, rate) == expected
+    page = render({**snapshot(None), "jobs": [job_in("running", "a", records_left=left,
+                                                     eta_s=eta(left, rate))]}, refresh_s=0)
+    assert "records left" in page

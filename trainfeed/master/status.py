@@ -13,6 +13,7 @@ loop that serves the readers.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -105,10 +106,15 @@ def records_left(job: Job) -> int:
 
 
 def eta(left: int, records_per_s: float) -> float | None:
-    """Seconds to the end of the epoch at the readers' recent rate; None with no rate."""
+    """Seconds to the end of the epoch at the readers' recent rate; None with no rate (or one
+    so small, or not finite, that no time follows from it: the rate comes from what readers
+    report)."""
     if left == 0:
         return 0.0
-    return left / records_per_s if records_per_s > 0 else None
+    if not (math.isfinite(records_per_s) and records_per_s > 0):
+        return None
+    seconds = left / records_per_s
+    return seconds if math.isfinite(seconds) else None
 
 
 def job_state(job: Job, group: dict[str, Any] | None, alive: int) -> str:

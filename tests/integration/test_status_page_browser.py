@@ -3,12 +3,15 @@ chromedriver, logs in with the token and reads the page of a running master (a s
 while three reader processes read a job, one of them on throttled storage.
 
 The page must show the ledger's progress (GetJobStatus, read before and after the page: equal
-when nothing moved in between), flag the throttled reader as input-bound and no other, show no
-token, fit a phone's width, and render something (its screenshot is not blank). With
-TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot replaces docs/images/status.png (the README's)."""
+when nothing moved in between), flag the throttled reader as input-bound and no other, list the
+running job above a finished one (folded), show the records left in the epoch and the time to
+its end as /status.json says them (issue 38), show no token, fit a phone's width, and render
+something (its screenshot is not blank). With TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot
+replaces docs/images/status.png (the README's)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +39,9 @@ TOKEN = "status-page-token-0123456789abcdef"
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("status_worker.py")
 JOB = "live"
+# A job read through before the page is opened: finished, and listed below `live` though its
+# name sorts first.
+EARLIER = "earlier"
 # 600 records in 60 partitions of 10: the readers below take 45 of them, so none waits for
 # another's partitions at an epoch's tail.
 RECORDS = 600
@@ -90,6 +97,39 @@ def wait_paused(proc: subprocess.Popen[str], timeout_s: float) -> None:
         f"a reader did not read its share within {timeout_s:g} s:\n" + "".join(lines[-30:]))
 
 
+def read_through(client: MasterClient, job: str) -> None:
+    """Reads job `job`'s first epoch whole (leases and DONE reports), then leaves: a job whose
+    epoch is complete and that no reader reads any more, "finished"."""
+    worker = client.open_job(job, "photos", seed=0).worker_id
+    while True:
+        tasks = client.get_tasks(job, worker, 0, 16, 0).tasks
+        if not tasks:
+            break
+        client.report(job, worker, [pb.TaskReport(epoch=0, partition=t.partition, lease=t.lease,
+                                                  outcome=pb.TaskReport.DONE) for t in tasks])
+    client.leave_job(job, worker)
+
+
+def status_json(base: str) -> tuple[int, float | None]:
+    """Job `live`'s records left and time to the epoch's end on /status.json (as
+    whole seconds, the page's precision)."""
+    request = urllib.request.Request(base + "/status.json",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        job = next(j for j in json.load(answer)["jobs"] if j["job"] == JOB)
+    eta_s = job["eta_s"]
+    return job["records_left"], None if eta_s is None else float(f"{eta_s:.0f}")
+
+
+def shown_left(page: str) -> tuple[int, float | None, str]:
+    """The page's records left, seconds to the epoch's end (None: "—") and how it shows it."""
+    match = re.search(r'<p class="left" data-records-left="(\d+)" data-eta-s="(\d*)">.*?'
+                      r'<b class="eta">([^<]*)</b>', page)
+    assert match, page[:3000]
+    return int(match.group(1)), float(match.group(2)) if match.group(2) else None, \
+        match.group(3)
+
+
 def shown_progress(page: str) -> dict[str, int]:
     match = re.search(r'<p class="progress" ([^>]*)>', page)
     assert match, page[:2000]
@@ -113,6 +153,7 @@ def test_the_status_page_shows_the_ledgers_progress_and_flags_the_throttled_read
     master, names = live_job
     base = master.metrics_url.replace("/metrics", "")  # type: ignore[union-attr]
     with Browser() as browser, MasterClient(master.address, token=TOKEN) as client:
+        read_through(client, EARLIER)
         browser.get(base + "/status")
         assert browser.url.endswith("/login")  # no token yet
         browser.type("#token", "not-the-token")
@@ -140,6 +181,23 @@ def test_the_status_page_shows_the_ledgers_progress_and_flags_the_throttled_read
         assert not rows["fast-a"] and not rows["fast-b"], rows  # neither flagged
         assert TOKEN not in page and "session_secret" not in page
         assert "<svg" in page and "cat" in page  # sparklines, the label histogram
+        # The running job first; the finished one (its name sorts first) folded below it.
+        assert page.index(f'id="job-{JOB}"') < page.index('<details class="finished-jobs"') \
+            < page.index(f'id="job-{EARLIER}" data-state="finished"'), page[:3000]
+        assert "broken" not in page
+        # Records left in the epoch and the time to its end, as /status.json says them.
+        deadline = time.monotonic() + 60
+        while True:
+            before_left = status_json(base)
+            browser.get(base + "/status?refresh=0")
+            page = browser.source
+            if before_left == status_json(base) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        left, eta_s, eta = shown_left(page)
+        assert (left, eta_s) == before_left, (left, eta_s, before_left)
+        assert 0 < left < RECORDS
+        assert eta == "—" if eta_s is None else re.fullmatch(r"\d+:\d\d", eta), eta
         shot = browser.screenshot()
         browser.resize(390, 844)  # a phone
         browser.get(base + "/status?refresh=0")

@@ -13,6 +13,7 @@ import pytest
 from board_records import record
 
 from trainfeed.ingest.board_summary import summarize
+from trainfeed.master.status import eta
 from trainfeed.master.status_page import (
     COOKIE,
     MAX_FORM_BYTES,
@@ -186,3 +187,64 @@ def test_a_board_record_renders_as_text_not_markup() -> None:
     assert not any(tag == "meta" and ("http-equiv", "refresh") in attrs
                    for tag, attrs in tags.found)
     assert not any("evil" in name for _, attrs in tags.found for name, _ in attrs)
+
+
+def job_in(state: str, name: str, **more: Any) -> dict[str, Any]:
+    """One job of a snapshot, in `state` (trainfeed.master.status.job_state)."""
+    [job] = snapshot(None)["jobs"][:1]
+    return {**job, "job": name, "state": state, "records_left": 0, "eta_s": 0.0,
+            "newer_version": None, **more}
+
+
+def test_running_jobs_come_first_and_finished_ones_are_folded() -> None:
+    """f44c545 listed jobs by name: a finished job 'a' above the running 'b', which fell below
+    the fold, and its synchronous group in red as broken."""
+    finished_group = {"world_size": 2, "batch_size": 5, "ranks": {"0": "w0", "1": "w1"},
+                      "broken": None, "finished": "the synchronous group of world size 2 "
+                                                  "finished: every rank went quiet"}
+    data = {**snapshot(None), "jobs": [
+        job_in("finished", "a", sync_group=finished_group),
+        job_in("running", "b", records_left=40, eta_s=8.0),
+        job_in("finished", "c")]}
+    page = render(data, refresh_s=0)
+    running, _, folded = page.partition('<details class="finished-jobs"')
+    assert "Job b" in running and "Job a" not in running and "Job c" not in running
+    assert "<summary>2 finished job(s)</summary>" in folded
+    assert folded.index("Job a") < folded.index("Job c")
+    section_a = folded[folded.index('id="job-a"'):folded.index('id="job-c"')]
+    assert "broken" not in section_a and '<b class="finished">finished</b>' in section_a
+    assert 'data-state="finished"' in section_a and "<script" not in page
+
+
+@pytest.mark.parametrize("left, eta_s, shown", [
+    (1234, 75.0, 'records left <b class="records-left">1,234</b> · to the end of the epoch '
+                 '<b class="eta">1:15</b> at 5 records/s'),
+    (1234, None, '<b class="eta">—</b> (no records read lately)'),
+    (0, 0.0, '<b class="eta">0:00</b></p>')])
+def test_records_left_and_the_time_to_the_epochs_end_are_shown(
+        left: int, eta_s: float | None, shown: str) -> None:
+    data = {**snapshot(None), "jobs": [job_in("running", "a", records_left=left, eta_s=eta_s)]}
+    page = render(data, refresh_s=0)
+    assert shown in page
+    assert f'data-records-left="{left}"' in page
+
+
+def test_a_newer_version_notice_is_shown_escaped() -> None:
+    notice = "job 'a' reads version 1 of dataset '<b>ds</b>'; version 2 is published"
+    data = {**snapshot(None), "jobs": [job_in("running", "a", newer_version={
+        "version": 2, "num_records": 30, "notice": notice})]}
+    page = render(data, refresh_s=0)
+    assert '<p class="newer-version" data-version="2"><b>newer data</b> job &#39;a&#39; reads ' \
+           'version 1 of dataset &#39;&lt;b&gt;ds&lt;/b&gt;&#39;' in page
+
+
+@pytest.mark.parametrize("left, rate, expected", [
+    (0, 0.0, 0.0), (100, 0.0, None), (100, 20.0, 5.0), (100, float("nan"), None),
+    (100, float("inf"), None), (100, 5e-324, None), (100, -3.0, None)])
+def test_the_time_to_the_epochs_end_needs_a_finite_rate(left: int, rate: float,
+                                                         expected: float | None) -> None:
+    """The rate comes from what readers report: none that makes the page fail to render."""
+    assert eta(left, rate) == expected
+    page = render({**snapshot(None), "jobs": [job_in("running", "a", records_left=left,
+                                                     eta_s=eta(left, rate))]}, refresh_s=0)
+    assert "records left" in page

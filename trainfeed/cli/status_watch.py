@@ -89,15 +89,20 @@ def _job_lines(data: dict[str, Any], job: str) -> list[str]:
         names = ", ".join(j["job"] for j in data.get("jobs", ())) or "none"
         return [f"job {job!r} not on this master (jobs: {names})"]
     j = found
+    state = f" · {j['state']}" if "state" in j else ""
     lines = [
-        f"job         {j['job']} (dataset {j['dataset']}, {j['num_records']:,} records)",
+        f"job         {j['job']} (dataset {j['dataset']}, {j['num_records']:,} records){state}",
         f"epoch       {j['epoch']}: {j['done'] + j['failed']}/{j['num_partitions']} partitions "
         f"({j['progress']:.0%}) · todo {j['todo']} · pending {j['pending']} · done {j['done']}"
         f" · failed {j['failed']}",
+        *_left_lines(j),
         f"rate        {j['records_per_s']:,.0f} records/s  {spark(j['sparkline'])}",
         f"input-bound {j['input_bound']:.0%} of the trainers' time waiting for data",
         f"readers     {j['workers_alive']} alive · refused reports {j['reports_refused']}",
     ]
+    newer = j.get("newer_version")
+    if newer:
+        lines.append(f"newer data  {newer['notice']}")
     group = j.get("sync_group")
     if group:
         state = (f" · BROKEN: {group['broken']}" if group["broken"] else
@@ -123,6 +128,24 @@ def _job_lines(data: dict[str, Any], job: str) -> list[str]:
         lines.append(f"refused     {refusal['count']} report(s) of {refusal['worker']}: "
                      f"{refusal['why'][:200]}")
     return lines
+
+
+def _left_lines(j: dict[str, Any]) -> list[str]:
+    """Records left in the epoch and the time to its end at the recent rate ("—": no rate)."""
+    if "records_left" not in j:
+        return []
+    eta_s = j["eta_s"]
+    eta = "—" if eta_s is None else duration(eta_s)
+    rate = (f" at {j['records_per_s']:,.0f} records/s" if eta_s else
+            " (no records read lately)" if eta_s is None else "")
+    return [f"left        {j['records_left']:,} records · to the end of the epoch {eta}{rate}"]
+
+
+def duration(seconds: float) -> str:
+    """h:mm:ss, or m:ss under an hour."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else \
+        f"{minutes}:{secs:02d}"
 
 
 def watch(get: Callable[[], dict[str, Any]], job: str | None, interval_s: float, out: TextIO,

@@ -28,7 +28,7 @@ from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage
-from trainfeed.master import admission
+from trainfeed.master import admission, liveness
 from trainfeed.master.admission import Refusal
 from trainfeed.master.jobs import (
     FailedPrecondition,
@@ -248,7 +248,8 @@ class Coordinator:
         """Every job's figures. O(jobs + workers): called per scrape, not per call."""
         return [JobStats(job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
                          num_partitions=len(job.partitions), **job.ledger.counts(),
-                         workers_alive=self.count_live_workers(job, now),
+                         workers_alive=liveness.readers_alive(job.workers, now,
+                                                              self.config.lease_timeout_s),
                          leases_expired=job.ledger.expired_leases,
                          records_served=self.metrics[job.name].records_served,
                          bytes_served=self.metrics[job.name].bytes_served,
@@ -733,7 +734,8 @@ class Coordinator:
         metrics = self.metrics[job.name]
         return pb.JobStatus(
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
-            num_partitions=len(job.partitions), workers=self.count_live_workers(job, now),
+            num_partitions=len(job.partitions),
+            workers=liveness.readers_alive(job.workers, now, self.config.lease_timeout_s),
             failed_reasons=[f"partition {p}: {r}" for p, r in sorted(job.ledger.failed.items())],
             records_served=metrics.records_served, bytes_served=metrics.bytes_served,
             reports_refused=metrics.reports_refused, metrics_port=self.metrics_port,

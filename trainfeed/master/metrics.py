@@ -10,7 +10,8 @@ Exported (per job unless said otherwise):
 - `trainfeed_job_info{job,dataset}` 1; `trainfeed_epoch`, `trainfeed_partitions`;
 - `trainfeed_tasks{state=todo|pending|done|failed}`: partitions of the current epoch;
 - `trainfeed_epoch_progress`: (done + failed) / partitions of the current epoch, 0..1;
-- `trainfeed_workers_alive`: workers heard from within three lease timeouts;
+- `trainfeed_workers_alive`: reader sessions alive (heard from within a lease timeout, not
+  left): trainfeed.master.liveness, the one definition the status page shows too;
 - `trainfeed_leases_expired_total`: partitions whose lease expired (back to todo);
 - `trainfeed_records_served_total`, `trainfeed_bytes_served_total`: of partitions reported done
   (bytes are the manifest's payload bytes of their rows: file bytes and UTF-8 text, not the
@@ -33,7 +34,8 @@ since this master started, sent with their calls:
   `trainfeed_reader_decode_failures_total`;
 - `trainfeed_job_input_bound` (gauge 0..1): the share over the readers' last 30 s;
   `trainfeed_readers_input_bound`: readers whose share is over half; `trainfeed_readers_silent`:
-  reader sessions not heard from for a lease timeout (their leases expire).
+  reader sessions not heard from for a lease timeout (their leases expire), within three
+  (trainfeed.master.liveness): a session is alive or silent, never both.
 """
 from __future__ import annotations
 
@@ -158,9 +160,9 @@ class _Families:
         self.progress = GaugeMetricFamily(
             "trainfeed_epoch_progress", "Share of the current epoch's partitions done or failed",
             labels=job)
-        self.workers = GaugeMetricFamily("trainfeed_workers_alive",
-                                         "Workers heard from within three lease timeouts",
-                                         labels=job)
+        self.workers = GaugeMetricFamily(
+            "trainfeed_workers_alive", "Reader sessions heard from within a lease timeout that "
+            "did not leave (the status page's readers alive)", labels=job)
         self.expired = CounterMetricFamily("trainfeed_leases_expired",
                                            "Partitions whose lease expired (back to todo)",
                                            labels=job)

@@ -1,5 +1,5 @@
 """Running the master: the gRPC server (with its token check, TLS, size and connection limits), the
-health service, the metrics endpoint and the lease timer."""
+health service, the metrics endpoint, the lease timer and the watch for newer dataset versions."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +23,7 @@ from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyI
 from trainfeed.master.service import MasterConfig, MasterServicer
 from trainfeed.master.status_page import Access, StatusApp
 from trainfeed.master.stores import StateStore
+from trainfeed.master.version_watch import VersionWatch, pinned, watch_versions
 from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc
 
@@ -146,14 +147,15 @@ async def serve(config: MasterConfig, store: StateStore,
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     health_servicer = BoundedHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    running = _Running(servicer, server, health_servicer)
+    running = _Running(servicer, server, health_servicer, VersionWatch(config.storage))
     try:
         bound = _listen(server, f"{options.host}:{options.port}", credentials)
         if options.metrics_port is not None:
             loop = asyncio.get_running_loop()
             running.metrics = MetricsServer(
                 registry, options.host, options.metrics_port, wrap=lambda app: StatusApp(
-                    lambda job: _on_loop(loop, lambda: status.snapshot(servicer, only_job=job)),
+                    lambda job: _on_loop(loop, lambda: status.snapshot(
+                        servicer, only_job=job, versions=running.versions)),
                     Access(options.token), app, uploads=status.UploadWatch(config.storage)))
         metrics = running.metrics
         servicer.core.metrics_port = metrics.port if metrics else 0  # JobStatus says it
@@ -230,8 +232,9 @@ class _Running:
     an order that lets nothing wait on what already stopped."""
 
     def __init__(self, servicer: MasterServicer, server: grpc.aio.Server,
-                 health_servicer: BoundedHealthServicer):
+                 health_servicer: BoundedHealthServicer, versions: VersionWatch):
         self.servicer, self.server, self.health = servicer, server, health_servicer
+        self.versions = versions  # newer versions of the jobs' datasets (issue 38)
         self.metrics: MetricsServer | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -243,6 +246,8 @@ class _Running:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.tasks.append(asyncio.create_task(
             _lease_timer(self.servicer, self.servicer.config.lease_timeout_s, stop)))
+        self.tasks.append(asyncio.create_task(watch_versions(
+            self.versions, lambda: pinned(self.servicer.jobs.values()), stop)))
         if exit_with_parent:
             self.tasks.append(asyncio.create_task(_watch_parent(os.getppid(), stop)))
 

@@ -13,6 +13,7 @@ loop that serves the readers.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,10 +22,12 @@ from typing import Any
 
 from trainfeed.ingest.board import Board
 from trainfeed.ingest.board_summary import summarize
+from trainfeed.master import liveness
 from trainfeed.master.jobs import Job, JobMetrics
 from trainfeed.master.metrics import JobReaders
 from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
 from trainfeed.master.service import MasterServicer
+from trainfeed.master.version_watch import Pinned, VersionWatch
 from trainfeed.redaction import redact_text
 from trainfeed.storage import Storage
 
@@ -41,23 +44,29 @@ UPLOADS_READ_SHARE = 0.2
 
 
 def snapshot(servicer: MasterServicer, now: float | None = None,
-             only_job: str | None = None) -> dict[str, Any]:
-    """Every job (or `only_job`: what a job token may see) with its readers."""
+             only_job: str | None = None, versions: VersionWatch | None = None
+             ) -> dict[str, Any]:
+    """Every job (or `only_job`: what a job token may see) with its readers; with `versions`,
+    the newer versions of their datasets."""
     now = time.time() if now is None else now
-    jobs = [job_status(servicer, job, now) for name, job in sorted(servicer.jobs.items())
-            if only_job is None or name == only_job]
+    jobs = [job_status(servicer, job, now, versions) for name, job
+            in sorted(servicer.jobs.items()) if only_job is None or name == only_job]
     return {"version": STATUS_VERSION, "generated_at": now,
             "lease_timeout_s": servicer.config.lease_timeout_s, "recent_s": RECENT_S,
             "sparkline_step_s": HISTORY_BUCKET_S, "jobs": jobs}
 
 
-def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]:
+def job_status(servicer: MasterServicer, job: Job, now: float,
+               versions: VersionWatch | None = None) -> dict[str, Any]:
     ledger, board = job.ledger, servicer.reader_stats
     served = servicer.core.metrics.get(job.name) or JobMetrics()
     counts = ledger.counts()
     partitions = len(job.partitions)
     rate, input_bound = board.job_window(job.name, now)
     totals = board.totals(job.name)
+    alive = liveness.readers_alive(job.workers, now, servicer.config.lease_timeout_s)
+    left = records_left(job)
+    group = _sync_group(job, now)
     return {
         "job": job.name,
         "dataset": job.manifest.name,
@@ -68,8 +77,10 @@ def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]
         "num_partitions": partitions,
         **counts,
         "progress": (counts["done"] + counts["failed"]) / max(1, partitions),
-        "workers_alive": sum(1 for seen in job.workers.values()
-                             if seen >= now - 3 * servicer.config.lease_timeout_s),
+        "workers_alive": alive,
+        "records_left": left,
+        "eta_s": eta(left, rate),
+        "state": job_state(job, group, alive),
         "records_served": served.records_served,
         "bytes_served": served.bytes_served,
         "reports_refused": served.reports_refused,
@@ -78,11 +89,59 @@ def job_status(servicer: MasterServicer, job: Job, now: float) -> dict[str, Any]
         "input_wait_s": totals["input_wait_s"],
         "wall_s": totals["wall_s"],
         "sparkline": list(board.job_sparkline(job.name, now)),
-        "sync_group": _sync_group(job, now),
+        "sync_group": group,
         "failed_partitions": _failed(job),
         "refusals": [{**asdict(r), "ago_s": now - r.at} for r in board.refusals(job.name)],
         "readers": _readers(servicer, job, now),
+        "newer_version": _newer(job, versions),
     }
+
+
+def records_left(job: Job) -> int:
+    """Records of the current epoch not yet handed to a trainer: each partition not done or
+    failed, its records to deliver (a synchronous epoch's cut applied) less its reported
+    progress. O(partitions)."""
+    ledger = job.ledger
+    return sum(ledger.remaining(p) for p in (*ledger.todo, *ledger.pending))
+
+
+def eta(left: int, records_per_s: float) -> float | None:
+    """Seconds to the end of the epoch at the readers' recent rate; None with no rate (or one
+    so small, or not finite, that no time follows from it: the rate comes from what readers
+    report)."""
+    if left == 0:
+        return 0.0
+    if not (math.isfinite(records_per_s) and records_per_s > 0):
+        return None
+    seconds = left / records_per_s
+    return seconds if math.isfinite(seconds) else None
+
+
+def job_state(job: Job, group: dict[str, Any] | None, alive: int) -> str:
+    """"broken" (its synchronous group broke: a rank stopped inside an epoch), "finished" (its
+    synchronous group finished: every rank quiet or gone between epochs; or, not synchronous,
+    no reader alive and its epoch complete, or the next one not begun), "running" (a reader is
+    alive), or "idle" (none is, inside an epoch: readers stopped or not yet started)."""
+    if group is not None and group["broken"]:
+        return "broken"
+    if group is not None and group["finished"]:
+        return "finished"
+    if alive:
+        return "running"
+    ledger = job.ledger
+    between = ledger.complete or (ledger.untouched and ledger.epoch > 0)
+    return "finished" if between and group is None else "idle"
+
+
+def _newer(job: Job, versions: VersionWatch | None) -> dict[str, Any] | None:
+    if versions is None:
+        return None
+    pinned = Pinned(job.name, job.manifest.name, job.manifest.dataset_version)
+    found = versions.newer(pinned)
+    if found is None:
+        return None
+    return {"version": found.version, "num_records": found.num_records,
+            "notice": found.notice(pinned)}
 
 
 def _labels(histogram: dict[str, int]) -> dict[str, int]:
@@ -123,10 +182,12 @@ def _failed(job: Job) -> list[dict[str, Any]]:
 def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, Any]]:
     """The job's reader sessions: those the master heard from within three lease timeouts and
     those that sent figures lately; `silent` once a lease timeout passed without a call (their
-    leases are then expiring)."""
+    leases are then expiring): exactly the sessions trainfeed.master.liveness counts silent,
+    never one it counts alive."""
     timeout = servicer.config.lease_timeout_s
     views = {v.worker: v for v in servicer.reader_stats.views(job.name, now)}
-    live = {w: seen for w, seen in job.workers.items() if seen >= now - 3 * timeout}
+    live = {w: seen for w, seen in job.workers.items()
+            if seen >= now - liveness.SESSION_LEASES * timeout}
     rows = []
     for worker in sorted(set(views) | set(live)):
         view = views.get(worker)
@@ -138,7 +199,7 @@ def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, A
             "read_bytes_per_s": 0.0, "records": 0, "bytes_read": 0, "decode_failures": 0,
             "decoded_per_s": 0.0, "sparkline": [], "flags": ()}
         flags = list(row["flags"])
-        if contact > timeout:
+        if contact > timeout:  # for a session still known: not liveness.is_alive
             flags.append("silent")
         if seen is None:
             flags.append("left")
@@ -156,8 +217,7 @@ def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[J
     for name, job in servicer.jobs.items():
         _, share = board.job_window(name, now)
         flagged = board.input_bound_readers(name, now)
-        silent = sum(1 for seen in job.workers.values()
-                     if now - 3 * timeout <= seen < now - timeout)
+        silent = liveness.readers_silent(job.workers, now, timeout)
         out.append(JobReaders(name, board.totals(name), share, flagged, silent))
     return out
 

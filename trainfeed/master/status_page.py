@@ -304,6 +304,8 @@ td:first-child,th:first-child{text-align:left}
 tr.flagged td{background:#fed7d7}
 .flag{background:#c53030;color:#fff;border-radius:.2rem;padding:0 .3rem;margin-right:.2rem}
 .muted{color:#666}
+.newer-version{background:#fefcbf;padding:.2rem .4rem;border-radius:.2rem}
+details.finished-jobs>summary{cursor:pointer;font-size:1.15rem;margin:1.5rem 0 .3rem}
 """)
 
 
@@ -364,22 +366,39 @@ def render(data: dict[str, Any], refresh_s: int = REFRESH_S, logout: bool = Fals
                 logout=Markup(' · <a href="/logout">log out</a>') if logout else "")]
     if not jobs:
         out.append(Markup("<p>No job yet: a reader creates its job when it opens it.</p>"))
-    out += [_job(job, data) for job in jobs]
+    running = [job for job in jobs if job.get("state") != "finished"]
+    finished = [job for job in jobs if job.get("state") == "finished"]
+    out += [_job(job, data) for job in running]
+    if finished:  # folded below the running ones: a <details> needs no script
+        out.append(html('<details class="finished-jobs" id="finished-jobs"><summary>{n} '
+                        'finished job(s)</summary>{jobs}</details>', n=len(finished),
+                        jobs=_join(_job(job, data) for job in finished)))
     if "uploads" in data:
         out.append(_uploads(data["uploads"], data.get("uploads_error")))
     out.append(Markup("</body></html>"))
     return str(_join(out))
 
 
+# A job's state (trainfeed.master.status.job_state) as the page shows it: a red flag only for a
+# broken synchronous group.
+_STATES = {"running": '<b class="state">{}</b>', "idle": '<b class="state">{}</b>',
+           "finished": '<span class="state muted">{}</span>',
+           "broken": '<span class="state flag">{}</span>'}
+
+
 def _job(job: dict[str, Any], data: dict[str, Any]) -> Markup:
     done, failed = job["done"], job["failed"]
+    state = job.get("state", "running")
     return _join([
-        html('<section class="job" id="job-{name}"><h2>Job {name}</h2><div class="grid"><span>'
+        html('<section class="job" id="job-{name}" data-state="{state}"><h2>Job {name} {shown}'
+             '</h2>{newer}<div class="grid"><span>'
              'dataset <b>{dataset}</b> ({records:,} records)</span><span>readers alive <b>'
              '{alive}</b></span><span>rate <b>{rate:,.0f}</b> records/s {spark}</span><span>'
              'input-bound <b class="input-bound">{share:.0%}</b></span><span>refused reports '
              '<b class="refused">{refused}</b></span></div>',
-             name=job["job"], dataset=job["dataset"], records=job["num_records"],
+             name=job["job"], state=state, shown=html(_STATES.get(state, "{}"), state),
+             newer=_newer(job.get("newer_version")),
+             dataset=job["dataset"], records=job["num_records"],
              alive=job["workers_alive"], rate=job["records_per_s"],
              spark=sparkline(job["sparkline"]), share=job["input_bound"],
              refused=job["reports_refused"]),
@@ -387,10 +406,10 @@ def _job(job: dict[str, Any], data: dict[str, Any]) -> Markup:
              'data-epoch="{epoch}" data-done="{done}" data-failed="{failed}" data-todo="{todo}" '
              'data-pending="{pending}" data-partitions="{total}">{finished}/{total} partitions '
              '({progress:.0%}) · todo {todo} · pending {pending} · done {done} · failed {failed}'
-             '</p><div class="bar"><div style="width:{width:.1f}%"></div></div>',
+             '</p><div class="bar"><div style="width:{width:.1f}%"></div></div>{left}',
              epoch=job["epoch"], done=done, failed=failed, todo=job["todo"],
              pending=job["pending"], total=job["num_partitions"], finished=done + failed,
-             progress=job["progress"], width=100 * job["progress"]),
+             progress=job["progress"], width=100 * job["progress"], left=_left(job)),
         _readers(job["readers"], data),
         _sync(job["sync_group"]),
         _failed(job["failed_partitions"]),
@@ -398,6 +417,27 @@ def _job(job: dict[str, Any], data: dict[str, Any]) -> Markup:
         _histogram(job["label_histogram"]),
         Markup("</section>"),
     ])
+
+
+def _left(job: dict[str, Any]) -> Markup:
+    """Records left in the epoch and the time to its end at the recent rate ("—": no rate)."""
+    if "records_left" not in job:
+        return Markup("")
+    eta_s = job["eta_s"]
+    return html('<p class="left" data-records-left="{left}" data-eta-s="{eta_s}">records left '
+                '<b class="records-left">{left:,}</b> · to the end of the epoch <b class="eta">'
+                '{eta}</b>{at}</p>', left=job["records_left"],
+                eta_s="" if eta_s is None else f"{eta_s:.0f}",
+                eta="—" if eta_s is None else _duration(eta_s),
+                at=f" at {job['records_per_s']:,.0f} records/s" if eta_s else
+                (" (no records read lately)" if eta_s is None else ""))
+
+
+def _newer(newer: dict[str, Any] | None) -> Markup:
+    if not newer:
+        return Markup("")
+    return html('<p class="newer-version" data-version="{v}"><b>newer data</b> {notice}</p>',
+                v=newer["version"], notice=newer["notice"])
 
 
 def _readers(readers: list[dict[str, Any]], data: dict[str, Any]) -> Markup:
@@ -426,11 +466,15 @@ def _sync(group: dict[str, Any] | None) -> Markup:
     if group is None:
         return Markup("")
     ranks = ", ".join(f"{r}: {w}" for r, w in group["ranks"].items()) or "none yet"
-    broken = html(' <span class="flag">broken</span> {}', group["broken"]) \
-        if group["broken"] else ""
-    return html('<h3>Synchronous group</h3><p>world size {world}, batch size {batch}; ranks '
-                '{ranks}{broken}</p>', world=group["world_size"], batch=group["batch_size"],
-                ranks=ranks, broken=broken)
+    if group["broken"]:
+        state = html(' <span class="flag">broken</span> {}', group["broken"])
+    elif group.get("finished"):
+        state = html(' <b class="finished">finished</b> {}', group["finished"])
+    else:
+        state = Markup("")
+    return html('<h3>Synchronous group</h3><p class="sync">world size {world}, batch size '
+                '{batch}; ranks {ranks}{state}</p>', world=group["world_size"],
+                batch=group["batch_size"], ranks=ranks, state=state)
 
 
 def _failed(rows: list[dict[str, Any]]) -> Markup:

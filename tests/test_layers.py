@@ -45,11 +45,11 @@ def test_the_tree_keeps_every_contract() -> None:
 
 def test_a_reader_module_importing_the_master_is_caught(tmp_path: Path) -> None:
     root = copy_with(tmp_path, "trainfeed.reader.layer_probe",
-                     "from trainfeed.master.ledger import Ledger\n")
+                     "from trainfeed.master.core.ledger import Ledger\n")
     result = lint_imports(root)
     assert result.returncode != 0
     assert "The reader never imports the master BROKEN" in result.stdout, result.stdout
-    assert "trainfeed.reader.layer_probe -> trainfeed.master.ledger" in result.stdout
+    assert "trainfeed.reader.layer_probe -> trainfeed.master.core.ledger" in result.stdout
 
 
 def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:

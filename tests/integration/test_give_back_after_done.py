@@ -19,7 +19,7 @@ from trainfeed.io.prefetch import LoadedPartition
 from trainfeed.lease.client import MasterClient
 from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession, plain_load
 from trainfeed.lease.tasks import LeasedTasks
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.reader.producer import Dataset, prefetched
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb

@@ -14,7 +14,7 @@ from sample_data import make_image_list
 
 from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, dist
 from trainfeed.formats.manifest import read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 

@@ -2,7 +2,7 @@
 reads any more, where the master's JobStatus said 1.
 
 The count comes from the master (GetJobStatus's `workers`), which reported `max(1, live)`: the
-floor belongs to the fair-share arithmetic (trainfeed/master/service.py, `_live_workers`) and
+floor belongs to the fair-share arithmetic (trainfeed/master/serve/service.py, `_live_workers`) and
 leaked into the status answer, which now counts the live workers themselves."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from trainfeed import MasterSource, dist
 from trainfeed.cli.main import main
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from trainfeed import MasterSource, dist
 from trainfeed.cli import status_watch
 from trainfeed.cli.main import main
 from trainfeed.errors import AuthenticationError
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from test_upload_slices import IMAGES, cli, slice_args
 from webdriver import Browser, require_chromium
 
 from trainfeed.ingest.progress import ShardProgress
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

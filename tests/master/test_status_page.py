@@ -1,4 +1,4 @@
-"""The status page's app (trainfeed.master.status_page) called as WSGI: the token by header or
+"""The status page's app (trainfeed.master.serve.status_page) called as WSGI: the token by header or
 login cookie, job tokens limited to their job, the login form, no secret in what it renders, and
 everything escaped."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from board_records import record
 
 from trainfeed.ingest.board_summary import summarize
-from trainfeed.master.status_page import (
+from trainfeed.master.serve.status_page import (
     COOKIE,
     MAX_FORM_BYTES,
     MAX_REFRESH_S,

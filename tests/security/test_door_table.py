@@ -11,7 +11,7 @@ import pytest
 from door_table import REPO, missing_doors, problems, read_rows, todo_rows
 from grpc_health.v1 import health_pb2
 
-from trainfeed.master.status_page import PATHS
+from trainfeed.master.serve.status_page import PATHS
 from trainfeed.v1 import master_pb2
 
 SERVER = REPO / "trainfeed" / "master" / "server.py"

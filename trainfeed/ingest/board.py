@@ -344,7 +344,7 @@ def _read_all(storage: Storage, paths: Iterable[str]) -> dict[str, dict[str, Any
 class Board:
     """Reads a storage's board, re-reading only the records whose listing entry changed.
 
-    Thread-safety: none; wrap it (the master's page does, trainfeed.master.status)."""
+    Thread-safety: none; wrap it (the master's page does, trainfeed.master.serve.status)."""
 
     def __init__(self, storage: Storage):
         self.storage = storage

@@ -127,8 +127,8 @@ def _sync_group(options: PipelineOptions, sync: SyncOptions) -> SyncGroup:
 def delivery_order(options: PipelineOptions, seed: int,
                    group: SyncGroup | None) -> pb.DeliveryOrder:
     """What shapes the order this reader delivers a job's records in, as it takes effect: the
-    master refuses a reader whose order differs from its job's (trainfeed.master.delivery_order)
-    rather than let the two deliver records twice or hang."""
+    master refuses a reader whose order differs from its job's
+    (trainfeed.master.core.delivery_order) rather than let the two deliver records twice or hang."""
     resample = options.sampling.resample if options.resamples else None
     buffer = options.sampling.shuffle_buffer
     return pb.DeliveryOrder(

@@ -52,9 +52,9 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.jobs import JobStats
-from trainfeed.master.reader_stats import FIELDS
-from trainfeed.master.status_page import MAX_FORM_BYTES
+from trainfeed.master.core.jobs import JobStats
+from trainfeed.master.core.reader_stats import FIELDS
+from trainfeed.master.serve.status_page import MAX_FORM_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ READER_COUNTERS = {
 
 @dataclass(frozen=True)
 class JobReaders:
-    """One job's reader figures for the exporter (trainfeed.master.status.reader_metrics)."""
+    """One job's reader figures for the exporter (trainfeed.master.serve.status.reader_metrics)."""
 
     job: str
     totals: dict[str, float]  # pb.ReaderStats field -> sum over the job's readers
@@ -272,7 +272,7 @@ THREADS = 4
 class MetricsServer:
     """The HTTP endpoint of one registry (`/metrics`, any path), served by waitress on daemon
     threads with the bounds above; with `wrap`, the app it returns around the exporter's (the
-    status page: trainfeed.master.status_page). Context manager; `close()` is idempotent and
+    status page: trainfeed.master.serve.status_page). Context manager; `close()` is idempotent and
     joins the threads."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,

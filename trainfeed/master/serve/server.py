@@ -16,12 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from trainfeed.errors import ConfigurationError, LeadershipError
-from trainfeed.master import status
-from trainfeed.master.auth import TokenInterceptor
-from trainfeed.master.health import BoundedHealthServicer
-from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
-from trainfeed.master.service import MasterConfig, MasterServicer
-from trainfeed.master.status_page import Access, StatusApp
+from trainfeed.master.serve import status
+from trainfeed.master.serve.auth import TokenInterceptor
+from trainfeed.master.serve.health import BoundedHealthServicer
+from trainfeed.master.serve.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
+from trainfeed.master.serve.service import MasterConfig, MasterServicer
+from trainfeed.master.serve.status_page import Access, StatusApp
 from trainfeed.master.stores import StateStore
 from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc

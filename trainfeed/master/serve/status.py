@@ -21,10 +21,10 @@ from typing import Any
 
 from trainfeed.ingest.board import Board
 from trainfeed.ingest.board_summary import summarize
-from trainfeed.master.jobs import Job, JobMetrics
-from trainfeed.master.metrics import JobReaders
-from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
-from trainfeed.master.service import MasterServicer
+from trainfeed.master.core.jobs import Job, JobMetrics
+from trainfeed.master.core.reader_stats import HISTORY_BUCKET_S, RECENT_S
+from trainfeed.master.serve.metrics import JobReaders
+from trainfeed.master.serve.service import MasterServicer
 from trainfeed.redaction import redact_text
 from trainfeed.storage import Storage
 
@@ -149,7 +149,7 @@ def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, A
 
 
 def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[JobReaders]:
-    """Every job's reader figures for the Prometheus exporter (trainfeed.master.metrics)."""
+    """Every job's reader figures for the Prometheus exporter (trainfeed.master.serve.metrics)."""
     now = time.time() if now is None else now
     board, timeout = servicer.reader_stats, servicer.config.lease_timeout_s
     out = []

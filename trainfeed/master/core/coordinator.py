@@ -50,7 +50,7 @@ from trainfeed.master.core.ledger import (
     Verdict,
 )
 from trainfeed.master.core.reader_stats import ReaderBoard
-from trainfeed.master.stores import SavedJob
+from trainfeed.master.core.saved_job import SavedJob
 from trainfeed.master.core.sessions import (
     RateLimitedLog,
     SessionKeys,

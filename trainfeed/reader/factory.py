@@ -9,7 +9,7 @@ from trainfeed import settings
 from trainfeed.formats.manifest import split_version
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.reader.backends import DistributedBackend, LocalBackend
+from trainfeed.reader.backends import LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.shortcuts import translate
@@ -76,6 +76,10 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
         return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group,
                                                   version), name,
                       "local", state, options, seed, group)
+    # Imported here: the distributed backend brings the lease session and gRPC, which a local
+    # reader never needs (tests/reader/test_local_imports.py).
+    from trainfeed.reader.distributed import DistributedBackend
+
     job_name = validate_job_name(source.job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".

@@ -1,7 +1,7 @@
 """The master's record of what each reader measured (issue 29): a pure board, time an argument.
 
-Readers send a `pb.ReaderStats` summary (what changed since their previous one: trainfeed.lease.
-reader_stats) with the GetTasks and Report calls they make anyway; the servicer hands each one to
+Readers send a `pb.ReaderStats` summary (what changed since their previous one: trainfeed.reader.
+meter) with the GetTasks and Report calls they make anyway; the servicer hands each one to
 `ReaderBoard.record`. The board keeps, per job and reader:
 - running totals (wall time, the trainer's wait, records, bytes read, decode figures), and per
   job the totals of every reader ever heard (monotonic: Prometheus counters);

@@ -23,7 +23,7 @@ Exported (per job unless said otherwise):
   to long-poll (`wait_ms` 0, what a reader sends but at an epoch's tail): the master's own
   latency in granting leases, with no wait for others' partitions in it.
 
-What the readers measured (issue 29; trainfeed.lease.reader_stats), summed over a job's readers
+What the readers measured (issue 29; trainfeed.reader.meter), summed over a job's readers
 since this master started, sent with their calls:
 - `trainfeed_reader_wall_seconds_total`, `trainfeed_reader_input_wait_seconds_total`: the
   input-bound share over a window is `rate(wait) / rate(wall)`;

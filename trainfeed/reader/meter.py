@@ -31,7 +31,7 @@ from trainfeed.v1 import master_pb2 as pb
 
 T = TypeVar("T")
 # The id column of every batch dict (trainfeed.formats.manifest.ID_COLUMN): its length is the
-# batch's record count. (Not imported: the lease layer needs no format to count a batch.)
+# batch's record count. (Not imported: the meter needs no format to count a batch.)
 _ID_KEY = "_id"
 
 

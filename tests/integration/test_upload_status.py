@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import pytest
 import s3fs
-import test_upload_slices
+from ingest import test_upload_slices
+from ingest.test_upload_slices import IMAGES, cli, slice_args
 from sample_data import make_image_list
-from test_upload_slices import IMAGES, cli, slice_args
 from webdriver import Browser, require_chromium
 
 from trainfeed.ingest.progress import ShardProgress

@@ -35,8 +35,8 @@ from security.http_attacks import (
 )
 
 from trainfeed import MasterSource, dist
-from trainfeed.master.metrics import MAX_CONNECTIONS
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.metrics import MAX_CONNECTIONS
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 RECORDS = 100

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from trainfeed.lease.client import MasterClient, tasks_request
-from trainfeed.master.service import MAX_WAIT_MS
+from trainfeed.master.serve.service import MAX_WAIT_MS
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 
@@ -159,7 +159,7 @@ def exactly_once(got: Counter[tuple[int, int]], records: int) -> bool:
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from sample_data import make_image_list
 
-    from trainfeed.master.process import MasterProcess
+    from trainfeed.master.serve.process import MasterProcess
     from trainfeed.security import job_token
     from trainfeed.upload import UploadOptions, upload
 

@@ -58,7 +58,7 @@ from trainfeed import (
     SamplingOptions,
     dist,
 )
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 

@@ -69,7 +69,7 @@ import trainfeed
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo, write_manifest
 from trainfeed.lease.client import CALL_TIMEOUT_S, MasterClient, session_message, tasks_request
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.planning.order import epoch_order
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb

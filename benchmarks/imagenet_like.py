@@ -117,7 +117,7 @@ def reader_main(args: argparse.Namespace) -> int:
 def dist_main(args: argparse.Namespace) -> int:
     """A master and 2 readers of one job; the window opens once both delivered `warmup`
     batches and closes when they delivered `images` more between them."""
-    from trainfeed.master.process import MasterProcess
+    from trainfeed.master.serve.process import MasterProcess
     job = f"imagenet-{os.getpid()}"
     with MasterProcess(args.storage) as master:
         # Two training processes on one node, as torchrun starts them: LOCAL_WORLD_SIZE=2 gives

@@ -99,7 +99,7 @@ from trainfeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from stop_cleanly import exit_cleanly_on_signals
 
 from trainfeed import LocalSource, MasterSource, dist
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.preprocess.buffers import plan_buffers
 from trainfeed.sql import sql

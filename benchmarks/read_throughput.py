@@ -543,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
                 args.repeat, expect, args.timeout)
     master_log: list[str] = []
     if "dist" in args.methods:
-        from trainfeed.master.process import MasterProcess
+        from trainfeed.master.serve.process import MasterProcess
 
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--dataset", args.dataset,
                 "--batch", str(args.batch),

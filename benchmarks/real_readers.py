@@ -188,7 +188,7 @@ def records_got(pipes: list[multiprocessing.connection.Connection]
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from trainfeed.master.process import MasterProcess
+    from trainfeed.master.serve.process import MasterProcess
 
     storage = os.path.abspath(a.storage)
     dataset = ensure_dataset(storage, a.records, a.partitions)

@@ -53,7 +53,7 @@ def send_for(stream: Any, lease: tuple[int, int, int], held: list[tuple[int, int
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from trainfeed.lease.client import MasterClient
-    from trainfeed.master.process import MasterProcess
+    from trainfeed.master.serve.process import MasterProcess
     from trainfeed.v1 import master_pb2 as pb
 
     storage = os.path.abspath(a.storage)

@@ -69,7 +69,7 @@ def make_dataset(folder: Path, records: int, rows_per_group: int) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from trainfeed.master.process import MasterProcess
+    from trainfeed.master.serve.process import MasterProcess
 
     speeds = [float(s) for s in args.speeds.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="trainfeed-uneven-"))

@@ -43,7 +43,7 @@ import sys
 from trainfeed.cli.main import build_parser
 build_parser(["upload", "train.list", "--dataset", "flowers"])
 print(" ".join(m for m in ("grpc", "kubernetes", "cv2", "trainfeed.dist",
-                           "trainfeed.master.server") if m in sys.modules))
+                           "trainfeed.master.serve.server") if m in sys.modules))
 """
 
 

@@ -18,26 +18,26 @@ from trainfeed import errors
 # Exceptions that never leave trainfeed, each with why it stays where it is. A class defined in a
 # private module or with a private name (leading `_`) is skipped without being listed.
 INTERNAL = {
-    "trainfeed.master.admission.Refusal":
+    "trainfeed.master.core.admission.Refusal":
         "the master's admission control turns it into a gRPC status; callers never see it",
-    "trainfeed.master.jobs.CallError":
+    "trainfeed.master.core.jobs.CallError":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
-    "trainfeed.master.jobs.InvalidArgument":
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.core.jobs.InvalidArgument":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
-    "trainfeed.master.jobs.NotFound":
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.core.jobs.NotFound":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
-    "trainfeed.master.jobs.FailedPrecondition":
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.core.jobs.FailedPrecondition":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
-    "trainfeed.master.jobs.PermissionDenied":
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.core.jobs.PermissionDenied":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
-    "trainfeed.master.jobs.ResourceExhausted":
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
+    "trainfeed.master.core.jobs.ResourceExhausted":
         "a refusal of the master's coordinator that the gRPC shell turns into a status code "
-        "(trainfeed.master.service.STATUS_CODES); callers see the status, never the class",
+        "(trainfeed.master.serve.service.STATUS_CODES); callers see the status, never the class",
     "trainfeed.io.prefetch.Stopped":
         "signals a prefetch thread to stop; caught inside trainfeed.io.prefetch",
 }

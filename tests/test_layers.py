@@ -1,6 +1,8 @@
 """The layers of the house, checked by import-linter (`[tool.importlinter]` in pyproject.toml):
 no import cycles, the reader never imports the master, the master never imports the reader, the
-worker neither, and the foundations (formats, storage, settings, planning) nothing above them.
+worker neither, the master's core no I/O (grpc, asyncio, HTTP, the journal writer, a store),
+ingest no reader, lease or master, SQL sources nothing of the read side, and the foundations
+(formats, storage, settings, planning) nothing above them.
 
 The contracts pass on the tree; and on a copy of the package with one deliberately bad module
 added, they fail, naming the broken rule, so the check is known to be able to fail."""
@@ -11,6 +13,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # import-linter ships only a console script; this runs the same entry point with this Python.
@@ -45,11 +49,11 @@ def test_the_tree_keeps_every_contract() -> None:
 
 def test_a_reader_module_importing_the_master_is_caught(tmp_path: Path) -> None:
     root = copy_with(tmp_path, "trainfeed.reader.layer_probe",
-                     "from trainfeed.master.ledger import Ledger\n")
+                     "from trainfeed.master.core.ledger import Ledger\n")
     result = lint_imports(root)
     assert result.returncode != 0
     assert "The reader never imports the master BROKEN" in result.stdout, result.stdout
-    assert "trainfeed.reader.layer_probe -> trainfeed.master.ledger" in result.stdout
+    assert "trainfeed.reader.layer_probe -> trainfeed.master.core.ledger" in result.stdout
 
 
 def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
@@ -61,4 +65,41 @@ def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "No import cycles between the packages and modules of trainfeed, at any depth " \
            "BROKEN" in result.stdout, result.stdout
+    assert "The reader never imports the master KEPT" in result.stdout
+
+
+CORE = "The master's core does no I/O: no gRPC, event loop, HTTP server, journal writer or store"
+INGEST = "Ingest writes datasets: it imports no reader, lease or master"
+SQL = "SQL sources sit under the read side: they import no reader, io, lease, master or ingest"
+# One bad module per new contract (issue 36): the contract it breaks, and the import line that
+# the report must name.
+PROBES = [
+    ("trainfeed.master.core.layer_probe", "import asyncio\n",
+     CORE,
+     "trainfeed.master.core.layer_probe -> asyncio"),
+    ("trainfeed.master.core.layer_probe", "import grpc\n",
+     CORE,
+     "trainfeed.master.core.layer_probe -> grpc"),
+    ("trainfeed.master.core.layer_probe", "from trainfeed.master.stores import StateStore\n",
+     CORE,
+     "trainfeed.master.core.layer_probe -> trainfeed.master.stores"),
+    ("trainfeed.ingest.layer_probe", "from trainfeed.lease.book import LeaseBook\n",
+     INGEST,
+     "trainfeed.ingest.layer_probe -> trainfeed.lease.book"),
+    ("trainfeed.sql.layer_probe", "from trainfeed.reader.checks import check_int\n",
+     SQL,
+     "trainfeed.sql.layer_probe -> trainfeed.reader.checks"),
+]
+
+
+@pytest.mark.parametrize(("module", "source", "contract", "chain"), PROBES,
+                         ids=[f"{m.split('.')[-2]}:{s.split()[-1]}" for m, s, _, _ in PROBES])
+def test_each_new_contract_can_fail(tmp_path: Path, module: str, source: str, contract: str,
+                                    chain: str) -> None:
+    result = lint_imports(copy_with(tmp_path, module, source))
+    assert result.returncode != 0
+    # import-linter wraps a long contract name at 80 columns: compare without the line breaks.
+    report = " ".join(result.stdout.split())
+    assert f"{contract} BROKEN" in report, result.stdout
+    assert chain in result.stdout, result.stdout
     assert "The reader never imports the master KEPT" in result.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainfeed.cli.log_format import JsonFormatter
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 KEYS = {"time", "level", "logger", "message"}
 
@@ -62,8 +62,8 @@ def test_a_master_logs_only_json_lines(image_list: Path, storage_dir: str) -> No
     messages = [e["message"] for e in entries]
     assert any("trainfeed master listening on 127.0.0.1:" in m for m in messages)
     assert any("job 'j' created" in m for m in messages)
-    assert {e["logger"] for e in entries} >= {"trainfeed.master.server",
-                                              "trainfeed.master.coordinator"}
+    assert {e["logger"] for e in entries} >= {"trainfeed.master.serve.server",
+                                              "trainfeed.master.core.coordinator"}
 
 
 @pytest.mark.parametrize("value", ["xml", "JSONL"])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.server import ServerOptions
+from trainfeed.master.serve.server import ServerOptions
 from trainfeed.security import ClientSecurity, bearer_metadata, load_token
 
 TOKEN = "k7Qx-3vN_pL9sT2wR8yB4mC6dF1gH5jZ0aE"

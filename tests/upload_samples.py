@@ -1,4 +1,4 @@
-"""Lists of JPEG photos for the upload tests (tests/test_upload_parallel.py,
+"""Lists of JPEG photos for the upload tests (tests/ingest/test_upload_parallel.py,
 test_upload_resize.py): smooth gradients with noise, of varied sizes, so that some exceed a
 --max-side and every one rewrites with restart markers."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Mutation testing of the pure core: each module against its own tests, one table.
 
     python tools/mutation.py                      # every module below
-    python tools/mutation.py master/ledger.py     # one module (the path under trainfeed/)
+    python tools/mutation.py master/core/ledger.py   # one module (the path under trainfeed/)
     python tools/mutation.py --jobs 2 --survivors reader/resample.py
 
 Why one module at a time: mutmut 3 runs, for each mutant, the tests that executed the mutated
@@ -45,8 +45,8 @@ WORK = ROOT / "build" / "mutation"
 # Module (under trainfeed/) -> its own tests (globs under the repository root). The reader
 # pipeline tests are resample.py's only end-to-end user, so they count as its tests too.
 MODULES: dict[str, tuple[str, ...]] = {
-    "master/ledger.py": ("tests/master/test_ledger*.py",),
-    "master/stealing.py": ("tests/master/test_stealing.py",),
+    "master/core/ledger.py": ("tests/master/test_ledger*.py",),
+    "master/core/stealing.py": ("tests/master/test_stealing.py",),
     "formats/listfile.py": ("tests/formats/test_listfile*.py",),
     "preprocess/buffers.py": ("tests/preprocess/test_buffer*.py",),
     "reader/resample.py": ("tests/reader/test_resample*.py", "tests/reader/test_pipeline.py"),
@@ -55,7 +55,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "reader/position.py": ("tests/reader/test_reader_state.py", "tests/reader/test_position.py"),
 }
 # What a bare `python tools/mutation.py` measures: the modules held to 90 % (docs/testing.md).
-DEFAULT = ("master/ledger.py", "formats/listfile.py", "preprocess/buffers.py",
+DEFAULT = ("master/core/ledger.py", "formats/listfile.py", "preprocess/buffers.py",
            "reader/resample.py")
 KILLED = {1, 3}  # mutmut's exit codes for "a test failed" (3: pytest internal error)
 TIMEOUT = {36, 24, -24, 152, 255}  # mutmut's exit codes for a timeout (36, or SIGXCPU)

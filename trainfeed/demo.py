@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from trainfeed import settings
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.master.stores import DEFAULT_STATE_PATH
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 from trainfeed.storage import Storage

@@ -4,7 +4,7 @@ One place reads these settings, so that the master (`trainfeed master`), the rea
 (`MasterClient`) and the probe (`trainfeed health`) agree on the names and the rules:
 
 - the token is a shared secret sent as gRPC metadata `authorization: Bearer <token>` (checked by
-  trainfeed.master.auth); it comes from `$TRAINFEED_TOKEN`, or from the file named by
+  trainfeed.master.serve.auth); it comes from `$TRAINFEED_TOKEN`, or from the file named by
   `$TRAINFEED_TOKEN_FILE` (how a Kubernetes Secret is mounted), never from a command line, where
   `ps` would show it;
 - TLS is the master's certificate (and, for mutual TLS, the clients'), PEM files named by flags
@@ -46,7 +46,7 @@ _JOB_TOKEN_LABEL = b"trainfeed job token\0"
 
 def job_token(master_token: str, job: str) -> str:
     """The token that opens `job` only on a master started with `master_token`: an HMAC of the
-    job name, so the master checks it with nothing stored (trainfeed.master.auth)."""
+    job name, so the master checks it with nothing stored (trainfeed.master.serve.auth)."""
     mac = hmac.new(master_token.encode(), _JOB_TOKEN_LABEL + job.encode(), hashlib.sha256)
     return f"{JOB_TOKEN_PREFIX}{job}:{mac.hexdigest()}"
 

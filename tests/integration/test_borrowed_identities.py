@@ -31,7 +31,7 @@ from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, JobError
 from trainfeed.lease.client import MasterClient
 from trainfeed.lease.session import WorkerSession
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 

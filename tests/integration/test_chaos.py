@@ -17,7 +17,7 @@ from test_master_restart import free_port
 from test_multiprocess import delivered, lines, signal_after, start_reader
 
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

@@ -13,7 +13,7 @@ import pytest
 
 from trainfeed import BatchOptions, MasterSource, PipelineOptions, dist
 from trainfeed.lease.tasks import LONG_POLL_MS
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
 # Well under one long-poll, with room for a loaded host (the close also hands leases back).

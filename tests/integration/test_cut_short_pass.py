@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 
 @pytest.fixture

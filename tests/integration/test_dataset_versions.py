@@ -13,7 +13,7 @@ import pytest
 
 from trainfeed import MasterSource, dist
 from trainfeed.errors import JobError
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = pytest.mark.integration

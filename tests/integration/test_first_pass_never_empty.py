@@ -19,7 +19,7 @@ import pytest
 from sample_data import make_image_list
 
 from trainfeed import BatchOptions, MasterSource, PipelineOptions, dist
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -22,7 +22,7 @@ from sample_data import make_image_list
 
 from trainfeed.lease.client import MasterClient
 from trainfeed.lease.session import JOIN_CURRENT_EPOCH
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

@@ -27,7 +27,7 @@ from integration.roundtrip import (
 
 from trainfeed import LocalSource, UploadOptions, dist, upload
 from trainfeed.formats.manifest import MANIFEST_NAME, Manifest, read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from integration.raw_calls import open_request
 from test_master_metrics import scrape, value
 
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 

@@ -15,7 +15,7 @@ import pytest
 
 from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.io.partition_reader import PartitionReader
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
 

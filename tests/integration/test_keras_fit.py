@@ -16,7 +16,7 @@ import pytest
 from optional import require
 from sample_data import make_image_list
 
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]

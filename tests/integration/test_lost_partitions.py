@@ -17,7 +17,7 @@ from sample_data import make_image_list
 from trainfeed import MasterSource, dist
 from trainfeed.errors import LostRecordsError
 from trainfeed.formats.manifest import read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, ConfigurationError, MasterUnavailableError
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.security import ClientSecurity, bearer_metadata
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc

@@ -7,7 +7,7 @@ import pytest
 from integration.raw_calls import open_request
 
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trainfeed import MasterSource, dist
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 
 pytestmark = pytest.mark.integration

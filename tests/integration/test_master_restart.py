@@ -12,7 +12,7 @@ from sample_data import file_digests, make_image_list
 from test_multiprocess import delivered, lines, start_reader, wait_all
 
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

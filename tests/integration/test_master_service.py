@@ -17,7 +17,7 @@ from integration.raw_calls import open_request
 from trainfeed import MasterSource, dist
 from trainfeed.errors import JobError
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.v1 import master_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -104,7 +104,7 @@ def test_batches_larger_than_the_prefetch_window_fill_through_the_master(storage
 @pytest.mark.slow
 def test_a_spawned_master_does_not_outlive_its_parent(storage: str) -> None:
     parent = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from trainfeed.master.process import "
+        [sys.executable, "-c", "import os, sys; from trainfeed.master.serve.process import "
          "MasterProcess; print(MasterProcess(sys.argv[1]).proc.pid, flush=True); os._exit(0)",
          storage], capture_output=True, text=True, timeout=60)
     master_pid = int(parent.stdout.strip())

@@ -22,7 +22,7 @@ from test_master_metrics import scrape, value
 from test_master_restart import free_port
 from test_multiprocess import delivered, lines, signal_after, start_reader
 
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]

@@ -17,7 +17,7 @@ from test_push_watch import calls
 from test_stream_grants import read_events
 
 from trainfeed.lease.client import MasterClient, session_message
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb

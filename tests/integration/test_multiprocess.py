@@ -15,7 +15,7 @@ from sample_data import file_digests, make_image_list
 
 from trainfeed.lease.book import PROGRESS_MIN_RECORDS
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = pytest.mark.integration

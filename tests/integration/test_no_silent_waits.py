@@ -36,7 +36,7 @@ from trainfeed import (
 )
 from trainfeed.errors import DeliveryOrderError, MasterUnavailableError, SupersededError
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 # What the issue asks: a log line once a wait passes 5 s; allow for the scheduler of a loaded host.

@@ -22,7 +22,7 @@ import yaml
 
 from trainfeed import BatchOptions, DecodeOptions, MasterSource, PipelineOptions, dist
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

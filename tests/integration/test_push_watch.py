@@ -26,7 +26,7 @@ from sample_data import make_image_list
 
 from trainfeed import MasterSource, dist
 from trainfeed.lease.session import WorkerSession
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

@@ -11,7 +11,7 @@ import pytest
 from sample_data import make_image_list
 from test_multiprocess import lines, signal_after, start_reader, wait_all
 
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]

@@ -16,7 +16,7 @@ from integration.services import free_port
 from optional import require
 
 from trainfeed.demo import make_images
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 from trainfeed.upload import upload
 

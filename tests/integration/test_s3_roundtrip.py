@@ -38,7 +38,7 @@ from trainfeed import (
     upload,
 )
 from trainfeed.formats.manifest import MANIFEST_NAME, read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 
 if TYPE_CHECKING:

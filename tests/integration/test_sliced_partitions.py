@@ -12,7 +12,7 @@ from test_multiprocess import delivered, lines, start_reader, wait_all
 
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.planning.partitions import plan_partitions
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload

@@ -12,7 +12,7 @@ import pytest
 from threaded_readers import ids_per_epoch
 
 from trainfeed import LocalSource, dist
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.sql import register_sql_dataset, sql
 

@@ -12,7 +12,7 @@ from trainfeed import MasterSource, dist
 from trainfeed.cli.main import main
 from trainfeed.cluster import progress
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = pytest.mark.integration
 

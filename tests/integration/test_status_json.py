@@ -19,8 +19,8 @@ from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, 
 from trainfeed.cli import status_watch
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
-from trainfeed.master.version_watch import VERSION_CHECK_S
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.master.serve.version_watch import VERSION_CHECK_S
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb

@@ -2,7 +2,7 @@
 reads any more, where the master's JobStatus said 1.
 
 The count comes from the master (GetJobStatus's `workers`), which reported `max(1, live)`: the
-floor belongs to the fair-share arithmetic (trainfeed/master/service.py, `_live_workers`) and
+floor belongs to the fair-share arithmetic (trainfeed/master/serve/service.py, `_live_workers`) and
 leaked into the status answer, which now counts the live workers themselves.
 
 Readers alive are one figure (issue 38): the page, /status.json and `trainfeed_workers_alive`
@@ -21,7 +21,7 @@ from test_status_page_browser import REPO, WORKER, wait_paused
 
 from trainfeed import MasterSource, dist
 from trainfeed.cli.main import main
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def test_readers_that_exit_are_alive_on_neither_the_page_nor_the_metrics(
         storage: str) -> None:
     """Issue 38: the page said `readers alive 2` (with `silent` flags) for reader processes that
     had exited 72 s before, counting sessions heard from within three lease timeouts, while the
-    dashboard read 0. Now one definition (trainfeed.master.liveness: heard from within a lease
+    dashboard read 0. Now one definition (trainfeed.master.core.liveness: heard from within a lease
     timeout, not left) gives the page's, /status.json's and /metrics' figure: readers killed
     without a word are silent, and alive on none of them, as is a reader that closed."""
     lease_timeout_s = 4.0

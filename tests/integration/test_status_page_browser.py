@@ -29,7 +29,7 @@ from sample_data import make_image_list
 from webdriver import Browser, require_chromium
 
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

@@ -11,8 +11,8 @@ from trainfeed import MasterSource, dist
 from trainfeed.cli import status_watch
 from trainfeed.cli.main import main
 from trainfeed.errors import AuthenticationError, MasterUnavailableError
-from trainfeed.master.process import MasterProcess
-from trainfeed.master.server import DEFAULT_METRICS_PORT
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.master.serve.server import DEFAULT_METRICS_PORT
 
 pytestmark = pytest.mark.integration
 

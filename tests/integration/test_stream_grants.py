@@ -29,8 +29,8 @@ from trainfeed import MasterSource, dist
 from trainfeed.lease import session as session_module
 from trainfeed.lease.client import MasterClient, tasks_request
 from trainfeed.lease.session import WorkerSession
-from trainfeed.master.process import MasterProcess
-from trainfeed.master.service import MAX_GRANTS_IN_FLIGHT
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.master.serve.service import MAX_GRANTS_IN_FLIGHT
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 

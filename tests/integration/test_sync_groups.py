@@ -35,7 +35,7 @@ from test_chaos import wait_for
 from test_status_json import status_of
 
 from trainfeed.cli import status_watch
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]

@@ -27,7 +27,7 @@ from optional import require
 
 from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, dist
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -21,13 +21,13 @@ from typing import Any, TypeVar
 
 import pytest
 import s3fs
-import test_upload_slices
+from ingest import test_upload_slices
+from ingest.test_upload_slices import IMAGES, cli, slice_args
 from sample_data import make_image_list
-from test_upload_slices import IMAGES, cli, slice_args
 from webdriver import Browser, require_chromium
 
 from trainfeed.ingest.progress import ShardProgress
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.storage import open_storage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

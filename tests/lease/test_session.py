@@ -32,7 +32,7 @@ from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
 from trainfeed.lease.session import STEAL_POLL_S, WATCH_SINCE_VERSION, WorkerSession
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc

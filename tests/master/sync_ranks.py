@@ -19,9 +19,9 @@ from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import Answer, LeaseBook, Report
 from trainfeed.lease.session import answer_of, leases, to_message
 from trainfeed.lease.tasks import _task
-from trainfeed.master.coordinator import REFUSED_TRAILER, Coordinator
-from trainfeed.master.jobs import FailedPrecondition, Job, MasterConfig
-from trainfeed.master.ledger import Ledger
+from trainfeed.master.core.coordinator import REFUSED_TRAILER, Coordinator
+from trainfeed.master.core.jobs import FailedPrecondition, Job, MasterConfig
+from trainfeed.master.core.ledger import Ledger
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb

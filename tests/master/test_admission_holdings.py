@@ -1,4 +1,4 @@
-"""The holders a WAIT answer names (trainfeed.master.admission.holdings): who but the caller
+"""The holders a WAIT answer names (trainfeed.master.core.admission.holdings): who but the caller
 holds the epoch's partitions still out. Computed for every WAIT answer, they cost a third of the
 master's CPU at 1,000 readers (each answer scanned and sorted every reader's leases), so they are
 recomputed at most every HOLDINGS_REFRESH_S per job, and at once in a new epoch."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainfeed.master import admission
-from trainfeed.master.admission import HOLDINGS_REFRESH_S, MAX_HOLDERS
-from trainfeed.master.ledger import Ledger
+from trainfeed.master.core import admission
+from trainfeed.master.core.admission import HOLDINGS_REFRESH_S, MAX_HOLDERS
+from trainfeed.master.core.ledger import Ledger
 
 T = 30.0
 

@@ -1,13 +1,13 @@
-"""The master's pure core (trainfeed.master.coordinator), with time as an argument and no gRPC:
+"""The master's pure core (trainfeed.master.core.coordinator), with time as an argument and no gRPC:
 what a watching session is told (issue 28), the protocol version, and refusals as CallErrors."""
 from __future__ import annotations
 
 import pytest
 
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
-from trainfeed.master import coordinator
-from trainfeed.master.coordinator import Coordinator
-from trainfeed.master.jobs import (
+from trainfeed.master.core import coordinator
+from trainfeed.master.core.coordinator import Coordinator
+from trainfeed.master.core.jobs import (
     FailedPrecondition,
     Job,
     MasterConfig,

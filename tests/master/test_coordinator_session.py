@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_coordinator import core, join, lease, new_job  # noqa: F401 (core: a fixture)
 
-from trainfeed.master.coordinator import Coordinator
-from trainfeed.master.jobs import InvalidArgument
+from trainfeed.master.core.coordinator import Coordinator
+from trainfeed.master.core.jobs import InvalidArgument
 from trainfeed.v1 import master_pb2 as pb
 
 TIMEOUT = 30.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainfeed.master.ledger import LeaseStatus, Ledger, Outcome, Verdict
+from trainfeed.master.core.ledger import LeaseStatus, Ledger, Outcome, Verdict
 
 T = 10.0
 DONE, FAILED, PROGRESS = Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS

@@ -1,4 +1,4 @@
-"""The journal writer (trainfeed.master.journal): group commit off the event loop, a call
+"""The journal writer (trainfeed.master.serve.journal): group commit off the event loop, a call
 acknowledged only once its ops are durable, a store error failing the calls it holds, and ops
 reaching the store in order, never skipped, never twice."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trainfeed.errors import LeadershipError, StateStoreError
-from trainfeed.master.journal import JournalWriter
+from trainfeed.master.serve.journal import JournalWriter
 from trainfeed.master.stores import MemoryStateStore, SQLiteStateStore
 
 

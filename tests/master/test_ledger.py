@@ -14,7 +14,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from trainfeed.master.ledger import STATE_VERSION, LeaseResult, LeaseStatus, Ledger, epoch_order
+from trainfeed.master.core.ledger import (
+    STATE_VERSION,
+    LeaseResult,
+    LeaseStatus,
+    Ledger,
+    epoch_order,
+)
 
 T = 10.0  # lease timeout
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed.master.ledger import LeaseStatus, Ledger, Outcome, Verdict
+from trainfeed.master.core.ledger import LeaseStatus, Ledger, Outcome, Verdict
 from trainfeed.planning.order import epoch_order
 
 T = 30.0

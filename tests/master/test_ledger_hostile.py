@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from trainfeed.master.ledger import LeaseStatus, Ledger, Outcome, Verdict
+from trainfeed.master.core.ledger import LeaseStatus, Ledger, Outcome, Verdict
 
 T = 10.0  # lease timeout
 P = 6  # partitions
@@ -21,7 +21,7 @@ WORKERS = "abc"
 def apply(ledger: Ledger, worker: str, epoch: int, partition: int, token: int,
           outcome: Outcome, consumed: int = 0) -> Verdict:
     """What the master's servicer does with one report: check it, and apply it only if the
-    verdict says so (trainfeed.master.service._check_reports and _apply_reports)."""
+    verdict says so (trainfeed.master.serve.service._check_reports and _apply_reports)."""
     verdict = ledger.check_report(worker, epoch, partition, token, outcome)
     if verdict is Verdict.APPLY:
         if outcome is Outcome.DONE:

@@ -3,7 +3,7 @@ fencing verdicts after a report, a rewind or an epoch change; who-made-progress 
 restoring version 2 and 3 states."""
 from __future__ import annotations
 
-from trainfeed.master.ledger import STATE_VERSION, Ledger, Outcome, Verdict
+from trainfeed.master.core.ledger import STATE_VERSION, Ledger, Outcome, Verdict
 
 T = 30.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainfeed.master.ledger import Ledger
+from trainfeed.master.core.ledger import Ledger
 
 T = 30.0
 

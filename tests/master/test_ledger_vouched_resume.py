@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainfeed.master.ledger import TOKEN_BITS, Ledger, lease_token
+from trainfeed.master.core.ledger import TOKEN_BITS, Ledger, lease_token
 
 T = 30.0
 

@@ -1,10 +1,10 @@
-"""The master's board of reader figures (trainfeed.master.reader_stats): current shares over the
-recent window, flags, job totals that never go back, sparkline buckets, forgetting."""
+"""The master's board of reader figures (trainfeed.master.core.reader_stats): current shares
+over the recent window, flags, job totals that never go back, sparkline buckets, forgetting."""
 from __future__ import annotations
 
 import pytest
 
-from trainfeed.master.reader_stats import (
+from trainfeed.master.core.reader_stats import (
     FORGET_S,
     HISTORY_BUCKET_S,
     HISTORY_BUCKETS,

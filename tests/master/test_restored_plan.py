@@ -9,8 +9,8 @@ import pytest
 from sample_data import make_image_list
 
 from trainfeed.formats.manifest import Manifest, read_manifest
-from trainfeed.master.ledger import Ledger
-from trainfeed.master.service import Job, MasterConfig, MasterServicer
+from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.serve.service import Job, MasterConfig, MasterServicer
 from trainfeed.master.stores import open_state_store
 from trainfeed.planning.partitions import plan_partitions, whole_row_group_plan
 from trainfeed.storage import Storage, open_storage

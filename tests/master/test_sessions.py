@@ -1,11 +1,12 @@
-"""Session secrets, name bounds and the rate-limited refusal log (trainfeed.master.sessions)."""
+"""Session secrets, name bounds and the rate-limited refusal log
+(trainfeed.master.core.sessions)."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from trainfeed.master.sessions import (
+from trainfeed.master.core.sessions import (
     MAX_WORKER_NAME_BYTES,
     SECRET_BYTES,
     RateLimitedLog,

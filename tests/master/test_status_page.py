@@ -1,4 +1,4 @@
-"""The status page's app (trainfeed.master.status_page) called as WSGI: the token by header or
+"""The status page's app (trainfeed.master.serve.status_page) called as WSGI: the token by header or
 login cookie, job tokens limited to their job, the login form, no secret in what it renders, and
 everything escaped."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from board_records import record
 
 from trainfeed.ingest.board_summary import summarize
-from trainfeed.master.status import eta
-from trainfeed.master.status_page import (
+from trainfeed.master.serve.status import eta
+from trainfeed.master.serve.status_page import (
     COOKIE,
     MAX_FORM_BYTES,
     MAX_REFRESH_S,
@@ -190,7 +190,7 @@ def test_a_board_record_renders_as_text_not_markup() -> None:
 
 
 def job_in(state: str, name: str, **more: Any) -> dict[str, Any]:
-    """One job of a snapshot, in `state` (trainfeed.master.status.job_state)."""
+    """One job of a snapshot, in `state` (trainfeed.master.serve.status.job_state)."""
     [job] = snapshot(None)["jobs"][:1]
     return {**job, "job": name, "state": state, "records_left": 0, "eta_s": 0.0,
             "newer_version": None, **more}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from trainfeed.ingest.board import record_path
-from trainfeed.master import status
-from trainfeed.master.status import UploadWatch
-from trainfeed.master.status_page import Access, StatusApp, render
+from trainfeed.master.serve import status
+from trainfeed.master.serve.status import UploadWatch
+from trainfeed.master.serve.status_page import Access, StatusApp, render
 from trainfeed.security import job_token
 from trainfeed.storage import Storage, open_storage
 

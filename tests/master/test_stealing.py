@@ -1,12 +1,12 @@
-"""Work stealing's choices (trainfeed.master.stealing): what an idle reader asks back, from whom,
-and what happens to an ask until it is answered. The integration tests run it in a master
+"""Work stealing's choices (trainfeed.master.core.stealing): what an idle reader asks back, from
+whom, and what happens to an ask until it is answered. The integration tests run it in a master
 process (test_give_back_*.py, and the timing test in test_training_together.py)."""
 from __future__ import annotations
 
 import pytest
 
-from trainfeed.master.ledger import LeaseStatus, Ledger
-from trainfeed.master.stealing import (
+from trainfeed.master.core.ledger import LeaseStatus, Ledger
+from trainfeed.master.core.stealing import (
     ASK_AGAIN_S,
     MAX_RATE_SAMPLES,
     MIN_RATE_SPAN_S,

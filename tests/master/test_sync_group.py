@@ -1,8 +1,8 @@
-"""trainfeed.master.sync_group and delivery_order: pure rules, time as an argument."""
+"""trainfeed.master.core.sync_group and delivery_order: pure rules, time as an argument."""
 from __future__ import annotations
 
-from trainfeed.master import delivery_order
-from trainfeed.master.sync_group import SyncMembers, Verdict, alive_window
+from trainfeed.master.core import delivery_order
+from trainfeed.master.core.sync_group import SyncMembers, Verdict, alive_window
 from trainfeed.v1 import master_pb2 as pb
 
 TIMEOUT = 30.0

@@ -17,8 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from master.sync_ranks import Call, Rank, T, duplicates, sync_job
 
 from trainfeed.lease.book import Outcome
-from trainfeed.master.ledger import Ledger, Verdict
-from trainfeed.master.ledger import Outcome as Reported
+from trainfeed.master.core.ledger import Ledger, Verdict
+from trainfeed.master.core.ledger import Outcome as Reported
 from trainfeed.v1 import master_pb2 as pb
 
 
@@ -306,7 +306,7 @@ def test_an_epoch_left_with_work_no_quota_asks_for_is_named_in_the_masters_log(
     assert any(r.outcome is Outcome.RELEASED for r in cut.sent)
     job.ledger.reconcile(a.worker, [])  # (the fault, by hand)
     run_to_end([a, b], 0.2, epochs=1)
-    with caplog.at_level(logging.ERROR, logger="trainfeed.master.coordinator"):
+    with caplog.at_level(logging.ERROR, logger="trainfeed.master.core.coordinator"):
         for rank, now in ((a, 10.0), (b, 10.1), (a, 10.2)):
             call = rank.get_tasks(now)
             call.arrive(now)

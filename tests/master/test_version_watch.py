@@ -1,6 +1,7 @@
-"""The master's watch for newer versions of its jobs' datasets (trainfeed.master.version_watch,
-issue 38): after `upload --append` a job pinned to version 1 is told once per newer version,
-naming how to move; a FIFO in place of a manifest fails the read at once, never waits."""
+"""The master's watch for newer versions of its jobs' datasets
+(trainfeed.master.serve.version_watch, issue 38): after `upload --append` a job pinned to
+version 1 is told once per newer version, naming how to move; a FIFO in place of a manifest
+fails the read at once, never waits."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed.master.version_watch import Pinned, VersionWatch
+from trainfeed.master.serve.version_watch import Pinned, VersionWatch
 from trainfeed.storage import open_storage
 from trainfeed.upload import UploadOptions, upload
 
@@ -33,7 +34,7 @@ def test_a_newer_version_is_logged_once_per_job_and_version(
     watch.read(["ds"])
     assert watch.log_new(jobs) == [] and watch.newer(jobs[0]) is None
     publish(tmp_path, storage, 20, 10, append=True)
-    caplog.set_level(logging.WARNING, logger="trainfeed.master.version_watch")
+    caplog.set_level(logging.WARNING, logger="trainfeed.master.serve.version_watch")
     watch.read(["ds"])
     newer = watch.newer(jobs[0])
     assert newer is not None and (newer.version, newer.num_records) == (2, 30)

@@ -15,7 +15,7 @@ import pytest
 from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.errors import DatasetNotFoundError
 from trainfeed.formats.manifest import read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.preprocess import PreprocessError, training_preprocessor, validation_preprocessor
 from trainfeed.storage import open_storage
 

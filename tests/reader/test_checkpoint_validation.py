@@ -18,7 +18,7 @@ import pytest
 from trainfeed import LocalSource, MasterSource, PipelineOptions, dist
 from trainfeed.errors import CheckpointError
 from trainfeed.lease.client import GIVE_UP_ENV, MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 
 N = 100  # records, in 13 partitions of up to 8 (row_group_rows=8)
 TAKEN = 20  # records the checkpointing reader had before its checkpoint

@@ -24,7 +24,7 @@ from trainfeed import (
     dist,
 )
 from trainfeed.errors import CheckpointError, JobError, UnknownLabelError
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 
 FIRST = ("boat", "cat", "dog")  # version 1: ids boat 0, cat 1, dog 2

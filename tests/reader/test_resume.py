@@ -40,7 +40,7 @@ from trainfeed import (
     batch,
     dist,
 )
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.upload import UploadOptions, upload
 

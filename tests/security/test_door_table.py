@@ -11,10 +11,10 @@ import pytest
 from door_table import REPO, missing_doors, problems, read_rows, todo_rows
 from grpc_health.v1 import health_pb2
 
-from trainfeed.master.status_page import PATHS
+from trainfeed.master.serve.status_page import PATHS
 from trainfeed.v1 import master_pb2
 
-SERVER = REPO / "trainfeed" / "master" / "server.py"
+SERVER = REPO / "trainfeed" / "master" / "serve" / "server.py"
 # Where the descriptor of each service the master may register lives.
 DESCRIPTORS: dict[str, ModuleType] = {"Master": master_pb2, "Health": health_pb2}
 

@@ -28,11 +28,11 @@ from integration.test_master_metrics import scrape, value
 
 from trainfeed.errors import ConfigurationError
 from trainfeed.lease.client import CHANNEL_OPTIONS
-from trainfeed.master.health import MAX_HEALTH_WATCHES
-from trainfeed.master.jobs import MAX_LEASE_TIMEOUT_S, MIN_LEASE_TIMEOUT_S, MasterConfig
-from trainfeed.master.process import MasterProcess
-from trainfeed.master.reader_stats import FIELDS, MAX_COUNT, MAX_SECONDS, SECONDS, ReaderBoard
-from trainfeed.master.server import ServerOptions
+from trainfeed.master.core.jobs import MAX_LEASE_TIMEOUT_S, MIN_LEASE_TIMEOUT_S, MasterConfig
+from trainfeed.master.core.reader_stats import FIELDS, MAX_COUNT, MAX_SECONDS, SECONDS, ReaderBoard
+from trainfeed.master.serve.health import MAX_HEALTH_WATCHES
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.master.serve.server import ServerOptions
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
@@ -175,7 +175,7 @@ def test_a_summary_with_a_figure_no_reader_measures_is_dropped_whole(
     before = board.totals("j")
     hostile = good_summary()
     setattr(hostile, field, bad)
-    with caplog.at_level(logging.WARNING, "trainfeed.master.reader_stats"):
+    with caplog.at_level(logging.WARNING, "trainfeed.master.core.reader_stats"):
         for t in range(3):
             board.record("j", "r", hostile, 101.0 + t)
     assert board.totals("j") == before

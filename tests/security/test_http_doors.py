@@ -1,6 +1,7 @@
 """The master's HTTP doors (issue 35): `/login`, `/status`, `/status.json`, `/logout` and
 `/metrics` on its metrics port, attacked as anyone who can reach that port would, against a real
-master process. Each bound is trainfeed.master.metrics' or trainfeed.master.status_page's."""
+master process. Each bound is trainfeed.master.serve.metrics' or
+trainfeed.master.serve.status_page's."""
 from __future__ import annotations
 
 import http.client
@@ -32,15 +33,15 @@ from security.http_attacks import (
 )
 
 from trainfeed.ingest.board import record_path
-from trainfeed.master.metrics import (
+from trainfeed.master.serve.metrics import (
     IDLE_CHECK_S,
     IDLE_TIMEOUT_S,
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
     MetricsServer,
 )
-from trainfeed.master.process import MasterProcess
-from trainfeed.master.status_page import (
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.master.serve.status_page import (
     MAX_FORM_BYTES,
     MAX_REFRESH_S,
     MAX_SESSIONS_PER_JOB,

@@ -35,7 +35,7 @@ from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.errors import CheckpointError, CorruptDatasetError, JobError, TrainfeedError
 from trainfeed.formats.shards import PAYLOAD_INDEX_SUFFIX
 from trainfeed.lease.client import GIVE_UP_ENV
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.reader.position import MAX_EPOCH
 
 # How long a read may take to fail before the test calls it a hang: a refusal takes well under a

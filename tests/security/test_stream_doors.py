@@ -34,8 +34,8 @@ from sample_data import make_image_list
 
 from trainfeed import MasterSource, dist
 from trainfeed.lease.client import MasterClient, tasks_request
-from trainfeed.master.coordinator import MAX_REFUSED_LISTED
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.core.coordinator import MAX_REFUSED_LISTED
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.security import job_token
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb

@@ -29,7 +29,7 @@ from trainfeed.cli import log_format, status_uploads, status_watch
 from trainfeed.cli.main import main
 from trainfeed.ingest.board import record_path
 from trainfeed.lease.client import MasterClient
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.security import job_token
 from trainfeed.storage import open_storage
 from trainfeed.terminal_text import visible

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from ingest.test_upload_concurrent import cli_upload
 from peak_rss import run_measured
 from sample_data import make_image_list
-from test_upload_concurrent import cli_upload
 
 from trainfeed import LocalSource, dist
 from trainfeed.errors import HardLinkedFilesError, InvalidNameError, OutsidePathsError

@@ -11,7 +11,7 @@ from threaded_readers import ids_per_epoch
 from trainfeed import LocalSource, dist
 from trainfeed.errors import DatasetNotFoundError, TrainfeedError
 from trainfeed.formats.manifest import read_manifest
-from trainfeed.master.process import MasterProcess
+from trainfeed.master.serve.process import MasterProcess
 from trainfeed.reader.reader import Reader
 from trainfeed.sql import register_sql_dataset, sql
 from trainfeed.storage import open_storage

@@ -7,8 +7,9 @@ import logging
 from trainfeed import settings
 from trainfeed.cli.common import add_storage_options, storage_from, whole_number_or_none
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.ledger import DEFAULT_MAX_FAILURES
-from trainfeed.master.server import (
+from trainfeed.master.core.ledger import DEFAULT_MAX_FAILURES
+from trainfeed.master.core.sessions import DEFAULT_MAX_SESSIONS
+from trainfeed.master.serve.server import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_METRICS_PORT,
@@ -17,8 +18,7 @@ from trainfeed.master.server import (
     Serving,
     run_master,
 )
-from trainfeed.master.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
-from trainfeed.master.sessions import DEFAULT_MAX_SESSIONS
+from trainfeed.master.serve.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
 from trainfeed.master.stores import STATE_ENV, StateStore, open_state_store
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.redaction import redact_text, secrets_in

@@ -74,7 +74,7 @@ def spark(points: list[float]) -> str:
 
 
 def render(data: dict[str, Any], job: str | None) -> list[str]:
-    """The lines shown for `job` in a status snapshot (trainfeed.master.status), then the
+    """The lines shown for `job` in a status snapshot (trainfeed.master.serve.status), then the
     uploads the snapshot has (the master's storage's); only those when `job` is None. Each
     line is one line of printable text, whatever the snapshot holds (terminal_text.visible)."""
     if job is None:

@@ -1,4 +1,5 @@
-"""`trainfeed token JOB`: print the job token that opens one job only (trainfeed.master.auth)."""
+"""`trainfeed token JOB`: print the job token that opens one job only
+(trainfeed.master.serve.auth)."""
 from __future__ import annotations
 
 import argparse

@@ -375,7 +375,7 @@ def well_formed(record: dict[str, Any]) -> bool:
 class Board:
     """Reads a storage's board, re-reading only the records whose listing entry changed.
 
-    Thread-safety: none; wrap it (the master's page does, trainfeed.master.status)."""
+    Thread-safety: none; wrap it (the master's page does, trainfeed.master.serve.status)."""
 
     def __init__(self, storage: Storage):
         self.storage = storage

@@ -77,14 +77,14 @@ RECONNECT_MS = 1000
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
-# The longest worker name the master accepts (trainfeed.master.sessions.MAX_WORKER_NAME_BYTES).
+# The longest worker name the master accepts (trainfeed.master.core.sessions.MAX_WORKER_NAME_BYTES).
 WORKER_NAME_MAX_BYTES = 256
-# The master lists refused reports here (trainfeed.master.service.REFUSED_TRAILER).
+# The master lists refused reports here (trainfeed.master.serve.service.REFUSED_TRAILER).
 REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
 # (A master that refuses this client's certificate just closes the connection: "Socket closed".)
 _TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
-# Which refusal a FAILED_PRECONDITION OpenJob answer is (trainfeed.master.admission), and for a
+# Which refusal a FAILED_PRECONDITION OpenJob answer is (trainfeed.master.core.admission), and for a
 # taken rank how long its holder has been quiet and may stay quiet before it is presumed dead.
 REFUSAL_TRAILER = "trainfeed-refusal"
 RANK_QUIET_TRAILER = "trainfeed-rank-quiet-s"

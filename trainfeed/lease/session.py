@@ -46,7 +46,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import grpc
-import pyarrow as pa
 
 from trainfeed.errors import (
     CallCancelled,
@@ -54,7 +53,6 @@ from trainfeed.errors import (
     SupersededError,
     SyncGroupBrokenError,
 )
-from trainfeed.io.partition_reader import PartitionReader, read_task
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import shutdown
 from trainfeed.lease.book import Answer, Applied, Lease, LeaseBook, Outcome, Report
@@ -96,16 +94,8 @@ ANSWER_TIMEOUT_S = 5.0
 _OUTCOMES = {Outcome.DONE: pb.TaskReport.DONE, Outcome.FAILED: pb.TaskReport.FAILED,
              Outcome.RELEASED: pb.TaskReport.RELEASED, Outcome.PROGRESS: pb.TaskReport.PROGRESS}
 
-# Reads a task's partition as the trainer will get it: its records in delivery order, minus the
-# `task.skip` first ones (trainfeed.reader.batcher.partition_loader builds the pipeline's).
-Load = Callable[[PartitionReader, TaskRef], pa.Table]
 # The reader's figures since its last summary (issue 29), attached to every GetTasks and Report.
 StatsHook = Callable[[], "pb.ReaderStats | None"]
-
-
-def plain_load(reader: PartitionReader, task: TaskRef) -> pa.Table:
-    """Records in storage order, minus the leading `task.skip`."""
-    return read_task(reader, task, None)
 
 
 def to_message(report: Report) -> pb.TaskReport:

@@ -42,9 +42,9 @@ import pyarrow as pa
 
 from trainfeed.errors import CheckpointError
 from trainfeed.io.gather import compacted, take_rows
+from trainfeed.io.load import Load, plain_load
 from trainfeed.io.partition_reader import COPIES_COLUMN, PartitionReader, Selector, read_task
 from trainfeed.io.prefetch import Background, LoadedPartition, TaskRef
-from trainfeed.lease.session import Load, plain_load
 from trainfeed.reader.backends import PassStream
 
 # Streams of the seed (seed, STREAM, epoch, ...) so that draws are independent of each other and

@@ -9,7 +9,7 @@ from trainfeed import settings
 from trainfeed.formats.manifest import split_version
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.reader.backends import DistributedBackend, LocalBackend
+from trainfeed.reader.backends import LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.shortcuts import translate
@@ -77,6 +77,10 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
         return Reader(lambda resume: LocalBackend(name, store, seed, depth, resume, group,
                                                   version, pinned), name,
                       "local", state, options, seed, group)
+    # Imported here: the distributed backend brings the lease session and gRPC, which a local
+    # reader never needs (tests/reader/test_local_imports.py).
+    from trainfeed.reader.distributed import DistributedBackend
+
     job_name = validate_job_name(source.job or settings.JOB.get())
     # A bad value fails here, early; none given ("") lets the master apply the dataset's own
     # (a packed dataset's summary) or "all".
@@ -128,8 +132,8 @@ def _sync_group(options: PipelineOptions, sync: SyncOptions) -> SyncGroup:
 def delivery_order(options: PipelineOptions, seed: int,
                    group: SyncGroup | None) -> pb.DeliveryOrder:
     """What shapes the order this reader delivers a job's records in, as it takes effect: the
-    master refuses a reader whose order differs from its job's (trainfeed.master.delivery_order)
-    rather than let the two deliver records twice or hang."""
+    master refuses a reader whose order differs from its job's
+    (trainfeed.master.core.delivery_order) rather than let the two deliver records twice or hang."""
     resample = options.sampling.resample if options.resamples else None
     buffer = options.sampling.shuffle_buffer
     return pb.DeliveryOrder(

@@ -23,9 +23,9 @@ import pyarrow as pa
 from trainfeed.decode.pixels import DecodedBatch, ImageDecoder, binary_views
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
+from trainfeed.io.load import Load
 from trainfeed.io.partition_reader import Selector
 from trainfeed.io.prefetch import TaskRef
-from trainfeed.lease.session import Load
 from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
 from trainfeed.reader.label_ids import check_pin, delivered

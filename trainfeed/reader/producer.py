@@ -18,9 +18,9 @@ from typing import Protocol
 
 from trainfeed.formats.manifest import Manifest, dataset_storage, load_manifest, read_manifest
 from trainfeed.io.array_pool import ArrayPool
+from trainfeed.io.load import Load
 from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
 from trainfeed.io.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
-from trainfeed.lease.session import Load
 from trainfeed.storage import Storage
 
 

@@ -18,12 +18,12 @@ import pyarrow as pa
 
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
+from trainfeed.io.load import Load
 from trainfeed.io.partition_reader import ReadStats
-from trainfeed.lease.reader_stats import Counters, ReaderFigures, ReaderMeter
-from trainfeed.lease.session import Load
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
 from trainfeed.reader.label_ids import check_saved
+from trainfeed.reader.meter import Counters, ReaderFigures, ReaderMeter
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.world import SyncGroup

@@ -19,8 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfeed import settings
-from trainfeed.reader.backends import LOST_POLICIES
 from trainfeed.reader.checks import check_choice, check_int, check_text
+
+# What a reader does with partitions its job gave up on (MasterSource.lost_partitions).
+LOST_POLICIES = ("raise", "skip")
+
+
+def check_lost_policy(policy: str) -> str:
+    if policy not in LOST_POLICIES:
+        raise ValueError(f"lost_partitions must be one of {LOST_POLICIES}, got {policy!r}")
+    return policy
 
 
 @dataclass(frozen=True)

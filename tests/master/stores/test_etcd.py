@@ -14,7 +14,7 @@ import etcd3gw
 import pytest
 
 from trainfeed.errors import EtcdUnavailableError, LeadershipError, StateStoreError
-from trainfeed.master.journal import JournalWriter
+from trainfeed.master.serve.journal import JournalWriter
 from trainfeed.master.stores import SavedJob, open_state_store
 from trainfeed.master.stores.etcd import CHUNK_BYTES, ENTRY_BYTES, EtcdStateStore
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trainfeed.errors import LeadershipError
+from trainfeed.master.core.saved_job import SavedJob
 
 __all__ = ["ACQUIRE_POLL_S", "SavedJob", "StateStore", "wait_for_leadership"]
 
@@ -29,14 +29,6 @@ logger = logging.getLogger(__name__)
 
 # How often a master waiting for the leadership looks again.
 ACQUIRE_POLL_S = 0.5
-
-
-@dataclass
-class SavedJob:
-    """What a store holds for one job: the latest snapshot and the ops appended after it."""
-
-    snapshot: dict[str, Any]
-    journal: list[Any] = field(default_factory=list)
 
 
 class StateStore(Protocol):

@@ -16,14 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from trainfeed.errors import ConfigurationError, LeadershipError
-from trainfeed.master import status
-from trainfeed.master.auth import TokenInterceptor
-from trainfeed.master.health import BoundedHealthServicer
-from trainfeed.master.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
-from trainfeed.master.service import MasterConfig, MasterServicer
-from trainfeed.master.status_page import Access, StatusApp
+from trainfeed.master.serve import status
+from trainfeed.master.serve.auth import TokenInterceptor
+from trainfeed.master.serve.health import BoundedHealthServicer
+from trainfeed.master.serve.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
+from trainfeed.master.serve.service import MasterConfig, MasterServicer
+from trainfeed.master.serve.status_page import Access, StatusApp
+from trainfeed.master.serve.version_watch import VersionWatch, pinned, watch_versions
 from trainfeed.master.stores import StateStore
-from trainfeed.master.version_watch import VersionWatch, pinned, watch_versions
 from trainfeed.security import ServerTLS, check_token
 from trainfeed.v1 import master_pb2_grpc
 

@@ -1,7 +1,7 @@
 """The master's record of what each reader measured (issue 29): a pure board, time an argument.
 
-Readers send a `pb.ReaderStats` summary (what changed since their previous one: trainfeed.lease.
-reader_stats) with the GetTasks and Report calls they make anyway; the servicer hands each one to
+Readers send a `pb.ReaderStats` summary (what changed since their previous one: trainfeed.reader.
+meter) with the GetTasks and Report calls they make anyway; the servicer hands each one to
 `ReaderBoard.record`. The board keeps, per job and reader:
 - running totals (wall time, the trainer's wait, records, bytes read, decode figures), and per
   job the totals of every reader ever heard (monotonic: Prometheus counters);
@@ -48,7 +48,7 @@ FIELDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields)
 SECONDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields
                 if f.type == f.TYPE_DOUBLE)
 # A summary covers the time since the reader's previous call (a third of the lease timeout at
-# most, a day at most: trainfeed.master.jobs.MAX_LEASE_TIMEOUT_S); read and decode times add up
+# most, a day at most: trainfeed.master.core.jobs.MAX_LEASE_TIMEOUT_S); read and decode times add up
 # the threads that did the work. 30 days is beyond any honest summary.
 MAX_SECONDS = 30 * 86_400.0
 # Counts are summed as floats: past 2**53 they are no longer exact, and no reader reads that much

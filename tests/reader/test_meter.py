@@ -1,4 +1,4 @@
-"""The reader's own figures (trainfeed.lease.reader_stats): the trainer's waits against a clock
+"""The reader's own figures (trainfeed.reader.meter): the trainer's waits against a clock
 the test moves, summaries as the changes between them, and what a pass yields counted."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainfeed.lease.reader_stats import Counters, ReaderMeter, records_of
+from trainfeed.reader.meter import Counters, ReaderMeter, records_of
 
 
 class FakeClock:

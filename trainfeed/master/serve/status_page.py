@@ -1,6 +1,6 @@
 """The master's status page (issue 29): `/status` (HTML) and `/status.json` on the metrics port.
 
-Server-rendered HTML from `trainfeed.master.status.snapshot`: no JavaScript at all (the page
+Server-rendered HTML from `trainfeed.master.serve.status.snapshot`: no JavaScript at all (the page
 refreshes itself with a meta refresh every REFRESH_S; `?refresh=0` stops it), inline SVG
 sparklines, one column that reflows on a phone. Every value shown is escaped, by one function
 (`html`: MarkupSafe's escaping formatter), never by care at each place.
@@ -44,8 +44,8 @@ MAX_JOB_SESSIONS = 1000
 # Sessions of the master's token (the operators), a pool of their own no job token touches.
 MAX_OPERATOR_SESSIONS = 64
 COOKIE = "trainfeed_status"
-# The largest login form body read (a token is under 200 bytes); trainfeed.master.metrics makes
-# it the HTTP server's body limit for every path.
+# The largest login form body read (a token is under 200 bytes); trainfeed.master.serve.metrics
+# makes it the HTTP server's body limit for every path.
 MAX_FORM_BYTES = 4096
 # Every path the app answers itself; anything else goes to the Prometheus exporter (`/metrics`).
 PAGE_PATHS = ("/", "/status", "/status/")
@@ -174,7 +174,7 @@ class StatusApp:
     Args:
         snapshot: the master's status for a scope (None: every job; else one job's name);
             called from the HTTP server's threads (the master's hops to its event loop).
-        uploads: the uploads of the master's storage (trainfeed.master.status.UploadWatch),
+        uploads: the uploads of the master's storage (trainfeed.master.serve.status.UploadWatch),
             called from the same threads; None shows no uploads section.
     """
 
@@ -379,8 +379,8 @@ def render(data: dict[str, Any], refresh_s: int = REFRESH_S, logout: bool = Fals
     return str(_join(out))
 
 
-# A job's state (trainfeed.master.status.job_state) as the page shows it: a red flag only for a
-# broken synchronous group.
+# A job's state (trainfeed.master.serve.status.job_state) as the page shows it: a red flag only
+# for a broken synchronous group.
 _STATES = {"running": '<b class="state">{}</b>', "idle": '<b class="state">{}</b>',
            "finished": '<span class="state muted">{}</span>',
            "broken": '<span class="state flag">{}</span>'}

@@ -2,7 +2,7 @@
 
 Every method takes the time as an argument and returns what the call answers; nothing here
 touches a socket, a clock, a thread or gRPC. A refusal is raised as a `CallError` subclass (the
-gRPC shell, trainfeed.master.service, maps each to a status code in one table). Changes to a
+gRPC shell, trainfeed.master.serve.service, maps each to a status code in one table). Changes to a
 ledger are journaled in the ledger (`Ledger.take_journal`); the shell hands them to the journal
 writer and answers only once they are durable. The shell also owns the waiting: a call that
 changed a job says so (`changed` results, or `Coordinator.on_change`), and the shell wakes the
@@ -14,7 +14,7 @@ broken synchronous group, being superseded) is queued in its outbox (`events`) a
 and `on_event(job, worker)` tells the shell to send them. A session that does not watch is told
 on its next call, as before (the answers carry the same fields), so old readers keep polling.
 
-Trust, sessions, outages: as described in trainfeed.master.service (the rules did not move,
+Trust, sessions, outages: as described in trainfeed.master.serve.service (the rules did not move,
 only where they are decided).
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 from trainfeed.errors import CorruptDatasetError, DatasetNotFoundError
 from trainfeed.formats.manifest import PACKED_KIND, Manifest, dataset_storage
-from trainfeed.master import admission, liveness
-from trainfeed.master.admission import Refusal
-from trainfeed.master.jobs import (
+from trainfeed.master.core import admission, liveness
+from trainfeed.master.core.admission import Refusal
+from trainfeed.master.core.jobs import (
     FailedPrecondition,
     InvalidArgument,
     Job,
@@ -43,21 +43,21 @@ from trainfeed.master.jobs import (
     max_delivered,
     new_worker_id,
 )
-from trainfeed.master.ledger import (
+from trainfeed.master.core.ledger import (
     LeaseResult,
     LeaseStatus,
     Ledger,
     Outcome,
     Verdict,
 )
-from trainfeed.master.reader_stats import ReaderBoard
-from trainfeed.master.sessions import (
+from trainfeed.master.core.reader_stats import ReaderBoard
+from trainfeed.master.core.saved_job import SavedJob
+from trainfeed.master.core.sessions import (
     RateLimitedLog,
     SessionKeys,
     check_worker_name,
     clip,
 )
-from trainfeed.master.stores import SavedJob
 from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import (
@@ -89,7 +89,7 @@ REFUSED_TRAILER = "trainfeed-refused-bin"
 MAX_REFUSED_LISTED = 512
 # A FAILED report's reason is kept in the ledger (and its state) and shown by status: this much.
 MAX_REASON_CHARS = 2000
-# Random bytes of each job's lease-token key (trainfeed.master.ledger.lease_token).
+# Random bytes of each job's lease-token key (trainfeed.master.core.ledger.lease_token).
 TOKEN_KEY_BYTES = 32
 # Readers before protocol versioning send 0: refused like any other version (FAILED_PRECONDITION
 # naming both), since they know nothing of the Watch stream or of ReaderStats. (A switch, so that
@@ -873,7 +873,7 @@ class Coordinator:
     # -- work stealing ------------------------------------------------------------------------
     def _ask_back(self, job: Job, thief: str, now: float) -> None:
         """Work stealing: `thief` found nothing to lease while others hold leases they have not
-        started: asks them for what it would finish sooner (trainfeed.master.stealing). A
+        started: asks them for what it would finish sooner (trainfeed.master.core.stealing). A
         watching holder is told at once on its stream; another one on its next call (a reader
         that does not watch polls while it holds unstarted leases). What they hand back wakes
         the thief's long-poll."""

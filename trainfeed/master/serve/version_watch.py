@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainfeed.formats.manifest import read_manifest
-from trainfeed.master.jobs import Job
+from trainfeed.master.core.jobs import Job
 from trainfeed.storage import Storage
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 PROCESSES = 2
 # What docs/architecture.md states per packing process, and for the files read ahead (shared).
 PER_PROCESS_MIB = 170

@@ -1,10 +1,11 @@
 """Who may read a job, and what a reader must be told: the servicer's side of issues 25 and 26.
 
-- One delivery order per job (trainfeed.master.delivery_order): a reader whose seed or sampling
+- One delivery order per job (trainfeed.master.core.delivery_order): a reader whose seed or sampling
   options differ from the job's is refused at OpenJob while the job is read in the other order.
-- One process per synchronous rank, and a group that fails loudly (trainfeed.master.sync_group):
-  a claim on a live reader's rank is refused at OpenJob; a rank that dies, never arrives or left
-  while others wait breaks the group, and every call of the others then carries `group_broken`.
+- One process per synchronous rank, and a group that fails loudly
+  (trainfeed.master.core.sync_group): a claim on a live reader's rank is refused at OpenJob; a rank
+  that dies, never arrives or left while others wait breaks the group, and every call of the others
+  then carries `group_broken`.
 - A reader whose leases went to a reader restored from its checkpoint is told so (`revoked_why`),
   not left to guess that it was frozen.
 - A WAIT answer says who holds the epoch's remaining partitions and until when (`holdings`), so
@@ -20,14 +21,14 @@ import heapq
 import logging
 from typing import Protocol
 
-from trainfeed.master import delivery_order
-from trainfeed.master.ledger import Ledger
-from trainfeed.master.sync_group import SyncMembers, alive_window
+from trainfeed.master.core import delivery_order
+from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.core.sync_group import SyncMembers, alive_window
 from trainfeed.v1 import master_pb2 as pb
 
 
 class Job(Protocol):
-    """What admission reads and keeps of the servicer's job (trainfeed.master.jobs.Job)."""
+    """What admission reads and keeps of the servicer's job (trainfeed.master.core.jobs.Job)."""
 
     name: str
     ledger: Ledger

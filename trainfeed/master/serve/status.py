@@ -22,12 +22,12 @@ from typing import Any
 
 from trainfeed.ingest.board import Board
 from trainfeed.ingest.board_summary import summarize
-from trainfeed.master import liveness
-from trainfeed.master.jobs import Job, JobMetrics
-from trainfeed.master.metrics import JobReaders
-from trainfeed.master.reader_stats import HISTORY_BUCKET_S, RECENT_S
-from trainfeed.master.service import MasterServicer
-from trainfeed.master.version_watch import Pinned, VersionWatch
+from trainfeed.master.core import liveness
+from trainfeed.master.core.jobs import Job, JobMetrics
+from trainfeed.master.core.reader_stats import HISTORY_BUCKET_S, RECENT_S
+from trainfeed.master.serve.metrics import JobReaders
+from trainfeed.master.serve.service import MasterServicer
+from trainfeed.master.serve.version_watch import Pinned, VersionWatch
 from trainfeed.redaction import redact_text
 from trainfeed.storage import Storage
 
@@ -182,7 +182,7 @@ def _failed(job: Job) -> list[dict[str, Any]]:
 def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, Any]]:
     """The job's reader sessions: those the master heard from within three lease timeouts and
     those that sent figures lately; `silent` once a lease timeout passed without a call (their
-    leases are then expiring): exactly the sessions trainfeed.master.liveness counts silent,
+    leases are then expiring): exactly the sessions trainfeed.master.core.liveness counts silent,
     never one it counts alive."""
     timeout = servicer.config.lease_timeout_s
     views = {v.worker: v for v in servicer.reader_stats.views(job.name, now)}
@@ -210,7 +210,7 @@ def _readers(servicer: MasterServicer, job: Job, now: float) -> list[dict[str, A
 
 
 def reader_metrics(servicer: MasterServicer, now: float | None = None) -> list[JobReaders]:
-    """Every job's reader figures for the Prometheus exporter (trainfeed.master.metrics)."""
+    """Every job's reader figures for the Prometheus exporter (trainfeed.master.serve.metrics)."""
     now = time.time() if now is None else now
     board, timeout = servicer.reader_stats, servicer.config.lease_timeout_s
     out = []

@@ -1,6 +1,6 @@
 """The master's gRPC health service, with a cap on its streams (issue 35).
 
-`grpc.health.v1.Health` needs no token (trainfeed.master.auth: Kubernetes' native gRPC probes
+`grpc.health.v1.Health` needs no token (trainfeed.master.serve.auth: Kubernetes' native gRPC probes
 cannot send metadata), so anyone who reaches the port may call it. `Check` answers at once, but
 each `Watch` is a stream held open until the client leaves: a stream costs the master about
 20 KB (2,000 of them from one client grew it by 41 MB, measured on f44c545), and nothing capped

@@ -2,8 +2,8 @@
 
 What the shell does, and nothing else: it reads the clock and the call's scope, calls the
 coordinator, maps its refusals to status codes (STATUS_CODES, the one table), hands the ledgers'
-ops to the journal writer (trainfeed.master.journal) and answers only once they are durable, holds
-long-polls and Watch streams open, and reads manifests off the event loop.
+ops to the journal writer (trainfeed.master.serve.journal) and answers only once they are
+durable, holds long-polls and Watch streams open, and reads manifests off the event loop.
 
 Runs on one asyncio event loop, so the coordinator needs no locks. The journal writer commits the
 ops of every call of a tick in one store transaction, off the loop; each job is snapshotted once
@@ -22,8 +22,9 @@ Trust: a report counts only from the partition's current lease holder with the l
 token (Ledger.check_report). A call carrying any other report is refused whole with
 FAILED_PRECONDITION (the refused reports listed in its trailing metadata, counted, logged with a
 rate limit) and changes nothing; partition ids and epochs that cannot exist get INVALID_ARGUMENT.
-Every call of a reader session carries the secret its OpenJob gave it (trainfeed.master.sessions),
-else PERMISSION_DENIED; a call may be restricted to one job by its token (trainfeed.master.auth).
+Every call of a reader session carries the secret its OpenJob gave it
+(trainfeed.master.core.sessions), else PERMISSION_DENIED; a call may be restricted to one job by
+its token (trainfeed.master.serve.auth).
 No answer or log line names another session's secret or lease token. A reader of another wire
 protocol (trainfeed.protocol) is refused at OpenJob with FAILED_PRECONDITION naming both.
 
@@ -52,9 +53,8 @@ from trainfeed.errors import (
     StateStoreError,
 )
 from trainfeed.formats.manifest import Manifest, read_manifest
-from trainfeed.master import auth
-from trainfeed.master.coordinator import RESTART_GRACE_LEASES, TOKEN_KEY_BYTES, Coordinator
-from trainfeed.master.jobs import (
+from trainfeed.master.core.coordinator import RESTART_GRACE_LEASES, TOKEN_KEY_BYTES, Coordinator
+from trainfeed.master.core.jobs import (
     DEFAULT_LEASE_TIMEOUT_S,
     CallError,
     FailedPrecondition,
@@ -66,10 +66,11 @@ from trainfeed.master.jobs import (
     PermissionDenied,
     ResourceExhausted,
 )
-from trainfeed.master.journal import JournalWriter
-from trainfeed.master.ledger import LeaseStatus
-from trainfeed.master.reader_stats import ReaderBoard
-from trainfeed.master.sessions import clip
+from trainfeed.master.core.ledger import LeaseStatus
+from trainfeed.master.core.reader_stats import ReaderBoard
+from trainfeed.master.core.sessions import clip
+from trainfeed.master.serve import auth
+from trainfeed.master.serve.journal import JournalWriter
 from trainfeed.master.stores import StateStore
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc

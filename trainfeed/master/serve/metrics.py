@@ -11,7 +11,7 @@ Exported (per job unless said otherwise):
 - `trainfeed_tasks{state=todo|pending|done|failed}`: partitions of the current epoch;
 - `trainfeed_epoch_progress`: (done + failed) / partitions of the current epoch, 0..1;
 - `trainfeed_workers_alive`: reader sessions alive (heard from within a lease timeout, not
-  left): trainfeed.master.liveness, the one definition the status page shows too;
+  left): trainfeed.master.core.liveness, the one definition the status page shows too;
 - `trainfeed_leases_expired_total`: partitions whose lease expired (back to todo);
 - `trainfeed_records_served_total`, `trainfeed_bytes_served_total`: of partitions reported done
   (bytes are the manifest's payload bytes of their rows: file bytes and UTF-8 text, not the
@@ -24,7 +24,7 @@ Exported (per job unless said otherwise):
   to long-poll (`wait_ms` 0, what a reader sends but at an epoch's tail): the master's own
   latency in granting leases, with no wait for others' partitions in it.
 
-What the readers measured (issue 29; trainfeed.lease.reader_stats), summed over a job's readers
+What the readers measured (issue 29; trainfeed.reader.meter), summed over a job's readers
 since this master started, sent with their calls:
 - `trainfeed_reader_wall_seconds_total`, `trainfeed_reader_input_wait_seconds_total`: the
   input-bound share over a window is `rate(wait) / rate(wall)`;
@@ -35,7 +35,7 @@ since this master started, sent with their calls:
 - `trainfeed_job_input_bound` (gauge 0..1): the share over the readers' last 30 s;
   `trainfeed_readers_input_bound`: readers whose share is over half; `trainfeed_readers_silent`:
   reader sessions not heard from for a lease timeout (their leases expire), within three
-  (trainfeed.master.liveness): a session is alive or silent, never both.
+  (trainfeed.master.core.liveness): a session is alive or silent, never both.
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
-from trainfeed.master.jobs import JobStats
-from trainfeed.master.reader_stats import FIELDS
-from trainfeed.master.status_page import MAX_FORM_BYTES
+from trainfeed.master.core.jobs import JobStats
+from trainfeed.master.core.reader_stats import FIELDS
+from trainfeed.master.serve.status_page import MAX_FORM_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ READER_COUNTERS = {
 
 @dataclass(frozen=True)
 class JobReaders:
-    """One job's reader figures for the exporter (trainfeed.master.status.reader_metrics)."""
+    """One job's reader figures for the exporter (trainfeed.master.serve.status.reader_metrics)."""
 
     job: str
     totals: dict[str, float]  # pb.ReaderStats field -> sum over the job's readers
@@ -274,7 +274,7 @@ THREADS = 4
 class MetricsServer:
     """The HTTP endpoint of one registry (`/metrics`, any path), served by waitress on daemon
     threads with the bounds above; with `wrap`, the app it returns around the exporter's (the
-    status page: trainfeed.master.status_page). Context manager; `close()` is idempotent and
+    status page: trainfeed.master.serve.status_page). Context manager; `close()` is idempotent and
     joins the threads."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,

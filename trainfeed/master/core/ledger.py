@@ -26,10 +26,10 @@ changes nothing, so a reader whose lease expired and went to another reader can 
 nor advance the partition.
 
 Balance (issue 13): a reader that finds todo empty while others hold leases they have not started
-(no progress reported) may ask for them back (`unstarted`; which ones, trainfeed.master.stealing):
-the holder hands back, with a RELEASED report (`report_released`), those whose records it has not
-begun to hand to its trainer, and they go to the front of todo (`lease(reserved=...)` keeps them
-from readers they were not given back for).
+(no progress reported) may ask for them back (`unstarted`; which ones,
+trainfeed.master.core.stealing): the holder hands back, with a RELEASED report (`report_released`),
+those whose records it has not begun to hand to its trainer, and they go to the front of todo
+(`lease(reserved=...)` keeps them from readers they were not given back for).
 
 Synchronous epochs (a `group` of world_size ranks taking batch_size records per step): each rank
 must get the same number of records, so an epoch keeps `keep` = world_size × steps × batch_size
@@ -252,7 +252,7 @@ class Ledger:
         small epoch away from the others. `max_records` > 0 (a synchronous rank's remaining quota,
         with known sizes): no more partitions than cover that many records still to deliver.
         `reserved`: todo partitions given back for a reader (partition -> worker, see
-        trainfeed.master.stealing): only that reader may take them, first and beyond its fair
+        trainfeed.master.core.stealing): only that reader may take them, first and beyond its fair
         share; another one WAITs if nothing else is in todo.
         """
         self.expire(now)

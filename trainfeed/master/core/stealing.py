@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainfeed.master.ledger import Ledger
+from trainfeed.master.core.ledger import Ledger
 
 # Rates are measured over the reports of this many seconds (enough for a few partitions of a
 # slow reader, short enough to follow a reader that slows down).

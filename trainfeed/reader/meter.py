@@ -11,7 +11,7 @@ through `counters` as running totals.
 Everything is a running total since the reader's first batch was asked for; `take_summary()`
 returns what changed since the previous summary as a `pb.ReaderStats`, which the lease session
 sends with the GetTasks and Report calls it makes anyway (no extra round trip), and the master
-sums per reader (trainfeed.master.reader_stats). `totals()` is what `reader.stats()` returns,
+sums per reader (trainfeed.master.core.reader_stats). `totals()` is what `reader.stats()` returns,
 also for a local (`TRAIN_LOCAL=1`) reader, which never sends it anywhere.
 
 Pure apart from its clock, which is an argument (tests pass a fake one). Thread-safe: the
@@ -31,7 +31,7 @@ from trainfeed.v1 import master_pb2 as pb
 
 T = TypeVar("T")
 # The id column of every batch dict (trainfeed.formats.manifest.ID_COLUMN): its length is the
-# batch's record count. (Not imported: the lease layer needs no format to count a batch.)
+# batch's record count. (Not imported: the meter needs no format to count a batch.)
 _ID_KEY = "_id"
 
 

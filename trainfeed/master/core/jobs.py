@@ -1,8 +1,8 @@
 """What the master's core works on, apart from how: a job (its dataset, plan, ledger, sessions
 and the state it saves), its figures, the master's settings, and the refusals a call can meet.
 
-The coordinator (trainfeed.master.coordinator) decides with these; the gRPC shell
-(trainfeed.master.service) maps each refusal class to a status code in one table.
+The coordinator (trainfeed.master.core.coordinator) decides with these; the gRPC shell
+(trainfeed.master.serve.service) maps each refusal class to a status code in one table.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 from trainfeed.errors import ConfigurationError
 from trainfeed.formats.manifest import Manifest
-from trainfeed.master.ledger import DEFAULT_MAX_FAILURES, Ledger
-from trainfeed.master.sessions import DEFAULT_MAX_SESSIONS, SessionKeys
-from trainfeed.master.stealing import Stealing
-from trainfeed.master.sync_group import SyncMembers
+from trainfeed.master.core.ledger import DEFAULT_MAX_FAILURES, Ledger
+from trainfeed.master.core.sessions import DEFAULT_MAX_SESSIONS, SessionKeys
+from trainfeed.master.core.stealing import Stealing
+from trainfeed.master.core.sync_group import SyncMembers
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, Partition
 from trainfeed.storage import Storage
@@ -83,7 +83,8 @@ class MasterConfig:
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
     max_failures: int = DEFAULT_MAX_FAILURES
     target_partitions: int = DEFAULT_TARGET_PARTITIONS
-    # Live reader sessions per job (trainfeed.master.sessions); OpenJob past it: RESOURCE_EXHAUSTED.
+    # Live reader sessions per job (trainfeed.master.core.sessions); OpenJob past it:
+    # RESOURCE_EXHAUSTED.
     max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def __post_init__(self) -> None:
@@ -148,7 +149,7 @@ class Job:
     sessions: SessionKeys = field(default_factory=SessionKeys.new)
     # Work stealing: rates, outstanding asks (not state: a restart forgets them).
     stealing: Stealing = field(default_factory=Stealing)
-    # Issues 25, 26 (trainfeed.master.admission; not state: readers tell a restarted master
+    # Issues 25, 26 (trainfeed.master.core.admission; not state: readers tell a restarted master
     # again): the synchronous group's members, the delivery order of the job's readers (and
     # which reader set it), readers whose partitions went to a reader restored from their
     # checkpoint (worker id -> why).

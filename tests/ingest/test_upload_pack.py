@@ -127,6 +127,6 @@ def test_an_upload_does_not_import_pandas(tmp_path: Path) -> None:
     listing = photo_list(tmp_path / "photos", 12)
     result = subprocess.run([sys.executable, "-c", UPLOAD_AND_REPORT, str(listing),
                              str(tmp_path / "storage")], capture_output=True, text=True,
-                            timeout=120, cwd=Path(__file__).resolve().parents[1])
+                            timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False"]

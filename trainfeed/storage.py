@@ -12,6 +12,7 @@ import os
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -122,11 +123,16 @@ class Storage:
         CorruptDatasetError for a local file that is not a regular one inside the root
         (`local_file`)."""
         if self.is_local:
-            return self._read_local(*parts)
+            return self._stale_retried(lambda: self._read_local(*parts))
         path = self.path(*parts)
+        return self._stale_retried(lambda: bytes(self.fs.cat_file(path)))
+
+    def _stale_retried(self, read: Callable[[], bytes]) -> bytes:
+        """`read()`, again after a pause while it fails with ESTALE (an NFS or FUSE handle made
+        stale by a rename on another host); a PermissionError becomes a StorageAccessError."""
         for attempt in range(STALE_RETRIES + 1):
             try:
-                return bytes(self.fs.cat_file(path))
+                return read()
             except PermissionError as e:
                 raise access_error(self.url, e) from e
             except OSError as e:
@@ -140,23 +146,14 @@ class Storage:
         and checked again on the open file, so that a FIFO put in its place between the two
         is refused as well, not waited on."""
         shown = f"{redact_url(self.url)}/{'/'.join(p.strip('/') for p in parts if p)}"
-        for attempt in range(STALE_RETRIES + 1):
-            try:
-                fd = os.open(self.local_file(*parts), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                try:
-                    check_regular(os.fstat(fd).st_mode, shown)
-                    os.set_blocking(fd, True)
-                    with os.fdopen(fd, "rb", closefd=False) as f:
-                        return f.read()
-                finally:
-                    os.close(fd)
-            except PermissionError as e:
-                raise access_error(self.url, e) from e
-            except OSError as e:
-                if e.errno != errno.ESTALE or attempt == STALE_RETRIES:
-                    raise
-                time.sleep(STALE_PAUSE_S)
-        raise AssertionError("unreachable")
+        fd = os.open(self.local_file(*parts), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            check_regular(os.fstat(fd).st_mode, shown)
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
 
     def write_atomic(self, relpath: str, data: bytes) -> None:
         """Writes `data` so that readers see either the old file or the whole new one.

@@ -124,7 +124,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
     bits (wrapping arithmetic, as uint64 arrays do in numpy)."""
     x = (x ^ (x >> np.uint64(30))) * _MIX1
     x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def record_uniforms(seed: int, epoch: int, ids: Sequence[int] | np.ndarray,

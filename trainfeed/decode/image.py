@@ -33,7 +33,6 @@ from trainfeed.decode import roi
 from trainfeed.decode.crops import Plan, Window
 from trainfeed.decode.jitter import color_jitter
 from trainfeed.decode.pixel_budget import (
-    PixelBudgetError,
     check_pixels,
     header_size,
     is_jpeg,
@@ -41,6 +40,7 @@ from trainfeed.decode.pixel_budget import (
     pillow_decode,
 )
 from trainfeed.decode.resize import resize_into
+from trainfeed.errors import PixelBudgetError
 
 WHOLE = Plan()  # the whole image, as it is: what `decode_whole` decodes
 

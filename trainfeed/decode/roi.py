@@ -40,11 +40,11 @@ import numpy as np
 
 from trainfeed.decode.crops import Window
 from trainfeed.decode.pixel_budget import (
-    PixelBudgetError,
     header_size,
     is_jpeg,
     max_image_pixels,
 )
+from trainfeed.errors import PixelBudgetError
 
 try:  # built by setup.py where libjpeg-turbo's headers were found
     import trainfeed.decode._jpeg_region as _jpeg_region

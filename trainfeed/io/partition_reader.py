@@ -189,8 +189,8 @@ class PartitionReader:
             raise CorruptDatasetError(
                 f"shard {shard} of {self.dataset.url} has {parquet.num_row_groups} row groups, "
                 f"the manifest promised at least {row_group_stop}")
-        held = sum(parquet.metadata.row_group(i).num_rows
-                   for i in range(row_group_start, row_group_stop))
+        held: int = sum(parquet.metadata.row_group(i).num_rows
+                        for i in range(row_group_start, row_group_stop))
         if row_start < 0 or row_start + num_records > held:
             what = (f"says {num_records}" if row_start == 0 else
                     f"names rows [{row_start}, {row_start + num_records})")

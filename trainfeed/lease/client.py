@@ -158,7 +158,8 @@ class MasterClient:
         self._metadata = security.metadata
         self._channel = security.open_channel(self.address, CHANNEL_OPTIONS)
         self.closed = False  # set by close(): a call after it cannot be made
-        self._stub = master_pb2_grpc.MasterStub(self._channel)
+        # The generated stub is untyped: each call names its answer's type (`Callable[..., T]`).
+        self._stub = master_pb2_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
         # (job, worker id) -> the secret its OpenJob answer gave: sent with its every call.
         self._secrets: dict[tuple[str, str], str] = {}
 
@@ -170,8 +171,8 @@ class MasterClient:
             try:
                 return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
-                details = e.details()  # type: ignore[attr-defined]
+                code = e.code()
+                details = e.details()
                 if code is grpc.StatusCode.UNAUTHENTICATED:
                     sent = "a token" if self._metadata else "no token"
                     raise AuthenticationError(
@@ -280,7 +281,8 @@ class MasterClient:
         logged = False
         while True:
             try:
-                opened = self._call(self._stub.OpenJob, request, CALL_TIMEOUT_S)
+                open_job: Callable[..., pb.OpenJobResponse] = self._stub.OpenJob
+                opened = self._call(open_job, request, CALL_TIMEOUT_S)
             except _RankTaken as e:
                 heard = time.time() - e.quiet_s
                 if holder_heard is not None and heard > holder_heard + RANK_RETRY_S:
@@ -337,7 +339,8 @@ class MasterClient:
         """Sends reports and renews this worker's leases; the answer's `revoked` lists the
         (epoch, partition, lease) of `held` that are not the caller's any more. `started` and
         `stats` as for `get_tasks`."""
-        return self._fenced(self._stub.Report, pb.ReportRequest(
+        method: Callable[..., pb.ReportResponse] = self._stub.Report
+        return self._fenced(method, pb.ReportRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
             reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats),
             CALL_TIMEOUT_S)
@@ -358,12 +361,13 @@ class MasterClient:
             job=job, worker_id=worker, session_secret=self.secret(job, worker)))
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
-        return self._call(self._stub.LeaveJob, pb.LeaveJobRequest(
+        method: Callable[..., pb.LeaveJobResponse] = self._stub.LeaveJob
+        return self._call(method, pb.LeaveJobRequest(
             job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S)
 
     def job_status(self, job: str) -> pb.JobStatus:
-        return self._call(self._stub.GetJobStatus, pb.GetJobStatusRequest(job=job),
-                          CALL_TIMEOUT_S)
+        method: Callable[..., pb.JobStatus] = self._stub.GetJobStatus
+        return self._call(method, pb.GetJobStatusRequest(job=job), CALL_TIMEOUT_S)
 
     def close(self) -> None:
         self.closed = True

@@ -16,7 +16,7 @@ from trainfeed.decode.pixel_budget import jpeg_frame
 from trainfeed.upload import DECODE_MEMORY_BYTES
 
 #: Where the bound is stated ("How each stage works", Upload); it was in the README.
-ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
 def large_jpegs(folder: Path, count: int = 8) -> Path:

@@ -646,7 +646,7 @@ class WorkerSession:
             try:
                 self._watch_once()
             except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
+                code = e.code()
                 if self._stopping:
                     return
                 if code is grpc.StatusCode.UNIMPLEMENTED and self._session_rpc:
@@ -663,7 +663,7 @@ class WorkerSession:
                                     self.client.address, STEAL_POLL_S)
                 else:
                     logger.debug("the Watch stream broke (%s: %s); polling until it is back",
-                                 code, e.details())  # type: ignore[attr-defined]
+                                 code, e.details())
             except Exception:
                 if self._stopping or self.client.closed:
                     return  # closed under us (the client first): nothing to watch any more

@@ -28,7 +28,7 @@ def describe(order: pb.DeliveryOrder) -> str:
 
 
 def same(a: pb.DeliveryOrder, b: pb.DeliveryOrder) -> bool:
-    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+    return bool(a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True))
 
 
 def other_job_name(job: str, order: pb.DeliveryOrder) -> str:

@@ -26,8 +26,9 @@ T = 30.0  # lease timeout
 HEARTBEAT = T / 3
 
 
-def task(lease: Lease, records: int = 10) -> TaskRef:
-    return TaskRef(lease[0], lease[1], "shard", 0, 1, records, lease=lease[2])
+def task(lease: Lease, records: int = 10, skip: int = 0) -> TaskRef:
+    """The task of `lease`: `records` to read after the first `skip` (a resumed partition)."""
+    return TaskRef(lease[0], lease[1], "shard", 0, 1, skip + records, skip=skip, lease=lease[2])
 
 
 def test_a_started_lease_is_never_given_back_and_a_given_back_one_never_starts() -> None:

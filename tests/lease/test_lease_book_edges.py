@@ -7,8 +7,8 @@ boundaries it does not reach (issue 36: `python tools/mutation.py lease/book.py`
 from __future__ import annotations
 
 import pytest
+from test_lease_book import HEARTBEAT, T, task
 
-from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import (
     COALESCE_S,
     LEASE_HORIZON_S,
@@ -18,18 +18,10 @@ from trainfeed.lease.book import (
     PROGRESS_INTERVAL_S,
     PROGRESS_MIN_RECORDS,
     Answer,
-    Lease,
     LeaseBook,
     Outcome,
     Report,
 )
-
-T = 30.0  # lease timeout
-HEARTBEAT = T / 3
-
-
-def task(lease: Lease, records: int = 10, skip: int = 0) -> TaskRef:
-    return TaskRef(lease[0], lease[1], "shard", 0, 1, skip + records, skip=skip, lease=lease[2])
 
 
 def finish_at(book: LeaseBook, times: list[float]) -> None:

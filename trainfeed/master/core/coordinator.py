@@ -986,8 +986,8 @@ class Coordinator:
     def live_window_s(self) -> float:
         """How recently a worker must have called to count as live: three lease timeouts (its
         leases expired long before). The one window of the live count, the session cap and
-        the forgetting of silent sessions."""
-        return 3 * self.config.lease_timeout_s
+        the forgetting of silent sessions, and the window of `silent` (liveness)."""
+        return liveness.SESSION_LEASES * self.config.lease_timeout_s
 
     def count_live_workers(self, job: Job, now: float) -> int:
         """Workers heard from within the live window, counted now."""

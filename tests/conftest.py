@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -225,6 +227,53 @@ def _join_xdist_group(item: pytest.Item) -> None:
             f"cannot put {item.nodeid} in xdist group {suffix[1:]!r} with this pytest and "
             "pytest-xdist: run with -n 0, or see pytest-dev/pytest-xdist#1386 for a fix"
         )
+
+
+# --- threads a test leaves running -------------------------------------------------------
+#
+# A reader a test forgets to close keeps its session threads retrying a master that is gone,
+# logging "master unreachable" into later tests of the same worker (the third fresh-clone CI
+# run of c5a5e75 failed on such a line in another test's caplog). Each test that leaves a
+# trainfeed thread running after its teardown gets a warning naming the threads, which the
+# run's warnings summary shows, also under xdist.
+
+#: How long a module's threads get to end after its last teardown before they count as left
+#: running (a module-scoped fixture may hold a reader over several tests: checked per module).
+THREAD_GRACE_S = 5.0
+
+
+def _trainfeed_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("trainfeed-") and t.is_alive()}
+
+
+#: Module node id -> the trainfeed threads alive before its first test's set-up.
+_THREADS_BEFORE: dict[str, set[threading.Thread]] = {}
+
+
+def _module_of(item: pytest.Item | None) -> str | None:
+    return None if item is None else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _THREADS_BEFORE.setdefault(_module_of(item) or "", _trainfeed_threads())
+
+
+@pytest.hookimpl(trylast=True)  # after the module's fixtures were torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    module = _module_of(item) or ""
+    if _module_of(nextitem) == module:
+        return
+    before = _THREADS_BEFORE.pop(module, set())
+    deadline = time.monotonic() + THREAD_GRACE_S
+    left = _trainfeed_threads() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = {t for t in left if t.is_alive()}
+    if left:
+        item.warn(pytest.PytestWarning(
+            f"{module} left {len(left)} trainfeed thread(s) running after its last teardown: "
+            f"{', '.join(sorted(t.name for t in left))} (a reader or session not closed?)"))
 
 
 # --- small datasets -------------------------------------------------------------------------

@@ -45,9 +45,12 @@ EARLIER = "earlier"
 # 600 records in 60 partitions of 10: the readers below take 45 of them, so none waits for
 # another's partitions at an epoch's tail.
 RECORDS = 600
+# A fast reader trains 0.3 s per batch: beside `stress-ng --cpu 8 --io 2 --vm 2` (load ~22 on 2
+# cores) a batch of these photos took over 0.05 s to read, and readers training 0.05 s per batch
+# were flagged input-bound (INPUT_BOUND_FLAG: over half their time waiting) with the slow one.
 READERS = {  # name -> (seconds per partition read, seconds of training per batch, batches)
-    "fast-a": (0.0, 0.05, 40),
-    "fast-b": (0.0, 0.05, 40),
+    "fast-a": (0.0, 0.3, 40),
+    "fast-b": (0.0, 0.3, 40),
     "slow": (0.6, 0.05, 0),  # never pauses: a trainer stopped is not waiting for data
 }
 

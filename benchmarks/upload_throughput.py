@@ -28,7 +28,10 @@ CPU-second (what a core does: the figure that load on a shared machine moves lea
 per core of the machine; and user-space CPU milliseconds per image (`user ms/image`: the kernel's
 share of the CPU, copying pages into the page cache, moved 5x between passes of the same `cp` on
 a shared virtual machine, user space far less). The machine's load average before each run is
-recorded.
+recorded. Each method's busy cores (of those it asked for: 1 for `cp` and `--processes 1`, else
+the machine's) and the foreign load over its run (sync excluded) are printed; a ratio to `cp`
+counts only the passes where both sides were fair (benchmarks/fairness.py), else it reads "not
+comparable (why)".
 
     python benchmarks/upload_throughput.py --images 3000 --passes 3
     python benchmarks/upload_throughput.py --methods cp upload --images 10000
@@ -50,6 +53,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fairness import PassMeter, cores_asked, pass_ratios_text, side_of
 from make_imagenet_like import ensure_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +68,13 @@ METHODS: dict[str, list[str] | None] = {
     "resized": ["--max-side", "256", "--jpeg-restarts"],
     "cli-start": ["--help"],
 }
+
+
+def cores_of(method: str) -> float:
+    """The cores a method is set up to use (benchmarks/fairness.py's verdict): `cp` and the
+    one-process uploads one, the others a process per core."""
+    single = method in ("cp", "cli-start") or "--processes" in (METHODS[method] or [])
+    return cores_asked(1 if single else os.cpu_count() or 1)
 
 
 def command(method: str, list_path: str, out: str) -> list[str]:
@@ -102,8 +113,11 @@ def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    run = subprocess.run(command(method, list_path, out), capture_output=True, text=True,
-                         cwd=tree, env=tree_env(tree))
+    # The fairness window is the method's own run (sync, waiting on the disk, keeps no core
+    # busy and would make every side look starved).
+    with PassMeter(cores_of(method)) as meter:
+        run = subprocess.run(command(method, list_path, out), capture_output=True, text=True,
+                             cwd=tree, env=tree_env(tree))
     synced = time.perf_counter()
     subprocess.run(["sync"], check=True)
     seconds = time.perf_counter() - started
@@ -118,30 +132,38 @@ def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
     return {"method": label, "tree": tree, "seconds": seconds,
             "sync_seconds": started + seconds - synced, "cpu_seconds": cpu,
             "user_seconds": user, "load_before": load,
+            **{k: v for k, v in meter.load(label).as_dict().items() if k != "side"},
             "source_bytes": source_bytes, "stored_bytes": stored}
 
 
 def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any]]:
     cores = os.cpu_count() or 1
-    by_pass: dict[int, float] = {r["pass"]: r["seconds"] for r in rows if r["method"] == "cp"}
-    cpu_by_pass = {r["pass"]: r["cpu_seconds"] for r in rows if r["method"] == "cp"}
+    cp_by_pass = {r["pass"]: r for r in rows if r["method"] == "cp"}
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         seconds = statistics.median(r["seconds"] for r in mine)
         cpu = statistics.median(r["cpu_seconds"] for r in mine)
-        ratios = [r["seconds"] / by_pass[r["pass"]] for r in mine if r["pass"] in by_pass]
-        cpu_ratios = [r["cpu_seconds"] / cpu_by_pass[r["pass"]] for r in mine
-                      if cpu_by_pass.get(r["pass"])]
+        # Each pass's ratio with both sides' loads: printed only from fair passes.
+        pairs = [(r, cp_by_pass[r["pass"]]) for r in mine
+                 if r["pass"] in cp_by_pass and method != "cp" and "cores_busy" in r]
+        sides = [[side_of(cp, 1), side_of(r, cores_of(method.split("@")[0]))]
+                 for r, cp in pairs]
+        ratios = [(r["seconds"] / cp["seconds"], s) for (r, cp), s in zip(pairs, sides)]
+        cpu_ratios = [(r["cpu_seconds"] / cp["cpu_seconds"], s)
+                      for (r, cp), s in zip(pairs, sides) if cp["cpu_seconds"]]
         out.append({
             "method": method, "seconds": round(seconds, 2),
             "images_per_s": round(images / seconds),
             "mb_per_s": round(mine[0]["source_bytes"] / seconds / 1e6, 1),
-            "vs_cp": round(statistics.median(ratios), 2) if ratios else None,
+            "vs_cp": pass_ratios_text(ratios) if ratios else None,
+            "cores_busy": round(statistics.median(r["cores_busy"] for r in mine), 2),
+            "cores_asked": mine[0]["cores_asked"],
+            "foreign_cores": round(statistics.median(r["foreign_cores"] for r in mine), 2),
             "sync_seconds": round(statistics.median(r["sync_seconds"] for r in mine), 2),
             "cpu_seconds": round(cpu, 2),
             "user_seconds": round(statistics.median(r["user_seconds"] for r in mine), 2),
-            "cpu_vs_cp": round(statistics.median(cpu_ratios), 2) if cpu_ratios else None,
+            "cpu_vs_cp": pass_ratios_text(cpu_ratios) if cpu_ratios else None,
             "cpu_ms_per_image": round(cpu / images * 1000, 3),
             "images_per_cpu_s": round(images / cpu) if cpu else None,
             "images_per_s_per_core": round(images / seconds / cores),
@@ -153,10 +175,10 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
 
 
 def render(summary: Sequence[dict[str, Any]]) -> str:
-    head = ("| method | s | images/s | MB/s in | × cp+sync | sync s | CPU s | CPU × cp | "
-            "CPU ms/image | "
-            "images/CPU-s | images/s/core | user ms/image | stored MB | load |")
-    lines = [head, "|---|" + "---:|" * 13]
+    head = ("| method | s | images/s | MB/s in | × cp+sync, fair passes | sync s | CPU s | "
+            "CPU × cp, fair passes | CPU ms/image | images/CPU-s | images/s/core | "
+            "user ms/image | stored MB | load | cores busy (asked) | foreign cores |")
+    lines = [head, "|---|" + "---:|" * 15]
     for s in summary:
         lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
                      f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
@@ -165,7 +187,8 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
                      f"{s['cpu_vs_cp'] if s['cpu_vs_cp'] is not None else ''} | "
                      f"{s['cpu_ms_per_image']} | {s['images_per_cpu_s']} | "
                      f"{s['images_per_s_per_core']} | {s['user_ms_per_image']} | "
-                     f"{s['stored_mb']} | {s['load_before']} |")
+                     f"{s['stored_mb']} | {s['load_before']} | "
+                     f"{s['cores_busy']} ({s['cores_asked']:g}) | {s['foreign_cores']} |")
     return "\n".join(lines)
 
 

@@ -128,6 +128,20 @@ def pass_ratios_text(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> str:
     return f"{statistics.median(fair):.2f}x ({each})"
 
 
+def fair_median(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> float | None:
+    """The median ratio of the fair passes, or None when no pass was fair (for JSON: the
+    number a table prints with `pass_ratios_text`)."""
+    fair = [r for r, sides in passes if verdict(sides) is None]
+    return statistics.median(fair) if fair else None
+
+
+def pass_records(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> list[dict[str, Any]]:
+    """Every pass's ratio with its verdict and loads, for a results file (the table prints
+    only the fair ones)."""
+    return [{"ratio": round(r, 4), "fair": verdict(sides) is None, "why": verdict(sides),
+             "sides": [s.as_dict() for s in sides]} for r, sides in passes]
+
+
 def machine_busy_s() -> float:
     """Busy CPU seconds of the whole machine since boot, from /proc/stat's first line: every
     field but idle and iowait (guest time is already inside user and nice, so it is left out)."""

@@ -53,7 +53,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fairness import PassMeter, cores_asked, pass_ratios_text, side_of
+from fairness import (
+    PassMeter,
+    cores_asked,
+    fair_median,
+    pass_ratios_text,
+    pass_records,
+    side_of,
+)
 from make_imagenet_like import ensure_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,7 +151,8 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
         mine = [r for r in rows if r["method"] == method]
         seconds = statistics.median(r["seconds"] for r in mine)
         cpu = statistics.median(r["cpu_seconds"] for r in mine)
-        # Each pass's ratio with both sides' loads: printed only from fair passes.
+        # Each pass's ratio with both sides' loads: printed only from fair passes; `cp` is
+        # its own baseline (1.0).
         pairs = [(r, cp_by_pass[r["pass"]]) for r in mine
                  if r["pass"] in cp_by_pass and method != "cp" and "cores_busy" in r]
         sides = [[side_of(cp, 1), side_of(r, cores_of(method.split("@")[0]))]
@@ -152,18 +160,24 @@ def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any
         ratios = [(r["seconds"] / cp["seconds"], s) for (r, cp), s in zip(pairs, sides)]
         cpu_ratios = [(r["cpu_seconds"] / cp["cpu_seconds"], s)
                       for (r, cp), s in zip(pairs, sides) if cp["cpu_seconds"]]
+        fair, cpu_fair = fair_median(ratios), fair_median(cpu_ratios)
+        own = method == "cp"
         out.append({
             "method": method, "seconds": round(seconds, 2),
             "images_per_s": round(images / seconds),
             "mb_per_s": round(mine[0]["source_bytes"] / seconds / 1e6, 1),
-            "vs_cp": pass_ratios_text(ratios) if ratios else None,
+            "vs_cp": 1.0 if own else round(fair, 2) if fair is not None else None,
+            "vs_cp_text": "1.0" if own else pass_ratios_text(ratios) if ratios else "",
+            "vs_cp_passes": pass_records(ratios),
             "cores_busy": round(statistics.median(r["cores_busy"] for r in mine), 2),
             "cores_asked": mine[0]["cores_asked"],
             "foreign_cores": round(statistics.median(r["foreign_cores"] for r in mine), 2),
             "sync_seconds": round(statistics.median(r["sync_seconds"] for r in mine), 2),
             "cpu_seconds": round(cpu, 2),
             "user_seconds": round(statistics.median(r["user_seconds"] for r in mine), 2),
-            "cpu_vs_cp": pass_ratios_text(cpu_ratios) if cpu_ratios else None,
+            "cpu_vs_cp": 1.0 if own else round(cpu_fair, 2) if cpu_fair is not None else None,
+            "cpu_vs_cp_text": ("1.0" if own else pass_ratios_text(cpu_ratios) if cpu_ratios
+                               else ""),
             "cpu_ms_per_image": round(cpu / images * 1000, 3),
             "images_per_cpu_s": round(images / cpu) if cpu else None,
             "images_per_s_per_core": round(images / seconds / cores),
@@ -181,10 +195,10 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
     lines = [head, "|---|" + "---:|" * 15]
     for s in summary:
         lines.append(f"| {s['method']} | {s['seconds']} | {s['images_per_s']} | "
-                     f"{s['mb_per_s']} | {s['vs_cp'] if s['vs_cp'] is not None else ''} | "
+                     f"{s['mb_per_s']} | {s['vs_cp_text']} | "
                      f"{s['sync_seconds']} | "
                      f"{s['cpu_seconds']} | "
-                     f"{s['cpu_vs_cp'] if s['cpu_vs_cp'] is not None else ''} | "
+                     f"{s['cpu_vs_cp_text']} | "
                      f"{s['cpu_ms_per_image']} | {s['images_per_cpu_s']} | "
                      f"{s['images_per_s_per_core']} | {s['user_ms_per_image']} | "
                      f"{s['stored_mb']} | {s['load_before']} | "

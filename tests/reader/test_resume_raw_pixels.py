@@ -22,7 +22,7 @@ N = 60
 
 
 @pytest.fixture(scope="module")
-def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
+def raw_storage(tmp_path_factory: pytest.TempPathFactory) -> str:
     """60 photos stored at most 32 px, every one as raw pixels (32² ≥ any stored size)."""
     root = tmp_path_factory.mktemp("raw-resume")
     listing = photo_list(root / "source", count=N)
@@ -34,7 +34,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize("sampling", [{}, {"shuffle_buffer": 1000}])
-def test_a_raw_dataset_resumes_mid_epoch_exactly_once(storage: str,
+def test_a_raw_dataset_resumes_mid_epoch_exactly_once(raw_storage: str,
                                                       sampling: dict[str, Any]) -> None:
     pipeline = PipelineOptions.from_keywords(
         decode=True, image_size=(16, 16), batch_size=BATCH, random_flip=True,
@@ -42,7 +42,7 @@ def test_a_raw_dataset_resumes_mid_epoch_exactly_once(storage: str,
 
     def make(state: dict[str, Any] | None) -> Reader:
         return dist.reader("raw", state=state, pipeline=pipeline,
-                           source=LocalSource(storage, seed=7, prefetch_partitions=2))
+                           source=LocalSource(raw_storage, seed=7, prefetch_partitions=2))
 
     def units(reader: Reader) -> Any:
         return iter(reader())
@@ -58,11 +58,11 @@ def test_a_raw_dataset_resumes_mid_epoch_exactly_once(storage: str,
     assert saw and after
 
 
-def test_every_record_of_the_resume_dataset_is_raw(storage: str) -> None:
+def test_every_record_of_the_resume_dataset_is_raw(raw_storage: str) -> None:
     """The round trip above read raw records (not JPEGs the threshold let through)."""
     import pyarrow.parquet as pq
 
-    store = open_storage(storage)
+    store = open_storage(raw_storage)
     for shard in read_manifest(store, "raw").shards:
         images = pq.read_table(store.path("raw", shard.path))["image"].to_pylist()
         assert all(raw.is_raw(image) for image in images)

@@ -147,3 +147,17 @@ def test_check_images_names_a_raw_record_whose_length_disagrees(tmp_path: Path) 
     assert (f"{listing}:2: {folder / 'cut.raw'}: raw pixel record declares 10x12x3 (376 bytes "
             f"with its header) but holds 369 bytes: truncated") in run.stderr, run.stderr
     assert "1 file(s) named in" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_manifest_whose_version_and_raw_pixels_disagree_is_refused(
+        uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    """Version 2 is exactly a dataset with raw records: a version-1 manifest naming raw pixels
+    (which readers before version 2 would open and feed to a JPEG decoder), or a version 2
+    without them, is a damaged manifest, named."""
+    _, storage = uploaded
+    body = json.loads(Path(open_storage(storage).path("raw", "manifest.json")).read_bytes())
+    for version, extra in ((1, body["extra"]), (2, {})):
+        damaged = json.dumps({**body, "version": version, "extra": extra}).encode()
+        with pytest.raises(CorruptDatasetError, match=f"here: unreadable manifest: manifest "
+                                                      f"version {version} "):
+            manifest_format.Manifest.from_json(damaged, where="here")

@@ -94,14 +94,51 @@ def command(method: str, list_path: str, out: str) -> list[str]:
             "bench", "--storage", out, "--no-progress", *(METHODS[method] or [])]
 
 
+def files_of(folder: str) -> list[str]:
+    return [os.path.join(parent, name) for parent, _, names in os.walk(folder) for name in names]
+
+
 def warm(folder: str) -> int:
     """Reads every file of `folder` (page cache); returns their bytes."""
     total = 0
-    for parent, _, files in os.walk(folder):
-        for name in files:
-            with open(os.path.join(parent, name), "rb") as f:
-                total += len(f.read())
+    for path in files_of(folder):
+        with open(path, "rb") as f:
+            total += len(f.read())
     return total
+
+
+def cool(folder: str) -> int:
+    """Drops `folder`'s files from the page cache (clean pages only: call after `sync`) by
+    posix_fadvise(DONTNEED), which needs no privilege, where `echo 3 >
+    /proc/sys/vm/drop_caches` is refused (a container); returns their bytes."""
+    total = 0
+    for path in files_of(folder):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            total += os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return total
+
+
+def cached_share(folder: str) -> float:
+    """The share of `folder`'s bytes in the page cache: each file read with RWF_NOWAIT, which
+    returns what is cached (from the start) and never waits on the disk, nor reads ahead."""
+    cached = total = 0
+    for path in files_of(folder):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            total += size
+            buffer = bytearray(size)
+            try:
+                cached += os.preadv(fd, [buffer], 0, os.RWF_NOWAIT)
+            except BlockingIOError:
+                pass
+        finally:
+            os.close(fd)
+    return cached / total if total else 1.0
 
 
 def tree_env(tree: str) -> dict[str, str]:
@@ -111,12 +148,16 @@ def tree_env(tree: str) -> dict[str, str]:
 
 
 def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
-            label: str | None = None) -> dict[str, Any]:
+            label: str | None = None, cache: str = "warm") -> dict[str, Any]:
+    """One run of `method`, its source `cache`: "warm" (every file read first) or "cold"
+    (every file dropped from the page cache first, see `cool`)."""
     label = label or method
     out = os.path.join(scratch, f"out-{label.replace('@', '-')}")
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(["sync"], check=True)
-    source_bytes = warm(os.path.dirname(list_path))
+    source = os.path.dirname(list_path)
+    source_bytes = warm(source) if cache == "warm" else cool(source)
+    cached = cached_share(source)
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -140,7 +181,8 @@ def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
             "sync_seconds": started + seconds - synced, "cpu_seconds": cpu,
             "user_seconds": user, "load_before": load,
             **{k: v for k, v in meter.load(label).as_dict().items() if k != "side"},
-            "source_bytes": source_bytes, "stored_bytes": stored}
+            "source_bytes": source_bytes, "stored_bytes": stored, "cache": cache,
+            "source_cached": round(cached, 3)}
 
 
 def summarize(rows: Sequence[dict[str, Any]], images: int) -> list[dict[str, Any]]:
@@ -214,6 +256,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", default=DEFAULT_ROOT,
                    help="folder for the photos and the copies (default: %(default)s)")
     p.add_argument("--json", help="write the rows and summary here")
+    p.add_argument("--cache", choices=("warm", "cold", "both"), default="warm",
+                   help="the source's page cache before each run: warm (read first), cold "
+                        "(dropped by posix_fadvise DONTNEED), or both, each pass running every "
+                        "method warm then cold (default warm)")
     p.add_argument("--compare", metavar="PATH",
                    help="also run each trainfeed method with the checkout at PATH, interleaved "
                         "(reported as METHOD@NAME)")
@@ -241,21 +287,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(args.root, exist_ok=True)
     list_path = ensure_dataset(os.path.join(args.root, f"photos-{args.images}"), args.images)
     scratch = tempfile.mkdtemp(prefix="runs-", dir=args.root)
+    caches = ("warm", "cold") if args.cache == "both" else (args.cache,)
     rows = []
     try:
         for number in range(args.passes):
-            for method, tree, label in runs(args.methods, args.compare, number):
-                row = run_one(method, list_path, scratch, tree, label)
-                row["pass"] = number
-                rows.append(row)
-                print(f"pass {number} {label}: {row['seconds']:.2f} s "
-                      f"(sync {row['sync_seconds']:.2f} s) "
-                      f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
-                      file=sys.stderr, flush=True)
+            for cache in caches:
+                for method, tree, label in runs(args.methods, args.compare, number):
+                    row = run_one(method, list_path, scratch, tree, label, cache)
+                    row["pass"] = number
+                    rows.append(row)
+                    print(f"pass {number} {label} ({cache}, {row['source_cached']:.0%} of the "
+                          f"source cached): {row['seconds']:.2f} s "
+                          f"(sync {row['sync_seconds']:.2f} s) "
+                          f"(CPU {row['cpu_seconds']:.2f} s, load {row['load_before']:.1f})",
+                          file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    summary = summarize(rows, args.images)
-    print(render(summary))
+    summary = []
+    for cache in caches:
+        mine = summarize([r for r in rows if r["cache"] == cache], args.images)
+        summary.extend({**s, "cache": cache} for s in mine)
+        print(f"\nsource {cache} in the page cache before each run:\n{render(mine)}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": {"cores": os.cpu_count(), "platform": platform.platform(),

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from fairness import PassMeter, SideLoad, cores_asked, ratio_text
 from make_dataset import ensure_dataset
 from proc_stats import process_cpu_s
 from read_throughput import DEFAULT_DATA, DEFAULT_ROOT
@@ -71,6 +72,7 @@ DEFAULT_IMBALANCED_DATA = os.path.join(DEFAULT_ROOT, "imbalanced")
 PEERS = {"plain-loop": ["plain"], "tf.data": ["tfdata"],
          "tf.data service (2 workers)": ["tfdata-service", "--workers", "2"]}
 ROWS = (*PEERS, "trainfeed-local", "trainfeed-dist")
+ONE_CORE = ("plain-loop",)  # a Python loop; every other row's threads or workers fill the machine
 PIPELINE = PipelineOptions(decode=DecodeOptions(True, normalizing_const=255.0),
                            labels=LabelOptions(one_hot=True))
 
@@ -214,23 +216,35 @@ def ensure_uploaded(data_dir: str, storage: str) -> tuple[int, int]:
     return len(labels), sum(labels)
 
 
+def side(name: str, r: dict[str, Any]) -> SideLoad:
+    """A row's load: its measured pass's busy cores, and the foreign load over its whole run
+    (rows written before `foreign_cores` was recorded count as unmeasured: 0)."""
+    return SideLoad(name, r.get("cores_asked") or cores_asked(1 if name in ONE_CORE else
+                                                              os.cpu_count() or 1),
+                    r["cpu_s"] / r["seconds"], r.get("foreign_cores", 0.0))
+
+
+def vs(name: str, r: dict[str, Any], base_name: str, base: dict[str, Any]) -> str:
+    """The row's rate over `base`'s, printed only when both were fair (benchmarks/fairness.py)."""
+    if "seconds" not in base or name == base_name:
+        return "-"
+    ratio = (r["samples"] / r["seconds"]) / (base["samples"] / base["seconds"])
+    return ratio_text(ratio, [side(base_name, base), side(name, r)])
+
+
 def render(rows: dict[str, dict[str, Any]], cores: int) -> str:
-    base = rows.get("plain-loop", {})
-    base_rate = base["samples"] / base["seconds"] if "seconds" in base else None
-    tf = rows.get("tf.data", {})
-    tf_rate = tf["samples"] / tf["seconds"] if "seconds" in tf else None
+    base, tf = rows.get("plain-loop", {}), rows.get("tf.data", {})
     out = ["| method | images/s | vs plain loop | vs tuned tf.data | cores busy (of "
-           f"{cores}) | CPU µs/image | s | every pass s | check |",
-           "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+           f"{cores}; asked) | foreign cores | CPU µs/image | s | every pass s | check |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, r in rows.items():
         if "error" in r:
-            out.append(f"| {name} | not run: {r['error']} | | | | | | | |")
+            out.append(f"| {name} | not run: {r['error']} | | | | | | | | |")
             continue
-        rate = r["samples"] / r["seconds"]
-        vs_base = f"{rate / base_rate:.2f}x" if base_rate else "-"
-        vs_tf = f"{rate / tf_rate:.2f}x" if tf_rate else "-"
-        out.append(f"| {name} | {rate:,.0f} | {vs_base} | {vs_tf} | "
-                   f"{r['cpu_s'] / r['seconds']:.2f} | {r['cpu_s'] / r['samples'] * 1e6:,.0f} | "
+        rate, me = r["samples"] / r["seconds"], side(name, r)
+        out.append(f"| {name} | {rate:,.0f} | {vs(name, r, 'plain-loop', base)} | "
+                   f"{vs(name, r, 'tf.data', tf)} | {me.cores_busy:.2f} ({me.cores_asked:g}) | "
+                   f"{me.foreign_cores:.2f} | {r['cpu_s'] / r['samples'] * 1e6:,.0f} | "
                    f"{r['seconds']:.2f} | {', '.join(f'{s:.2f}' for s in r['runs_s'])} | "
                    f"{r['check']} |")
     return "\n".join(out)
@@ -242,13 +256,17 @@ def run(args: argparse.Namespace) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for name in args.rows:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        if name in PEERS:
-            rows[name] = run_peer(args, PEERS[name])
-        else:
-            r = run_local(args) if name == "trainfeed-local" else run_dist(args)
-            r["check"] = ("ok" if (r.pop("samples_check", r["samples"]), r.pop("label_sum"))
-                          == (records, checksum) else "MISMATCH")
-            rows[name] = r
+        # The foreign load over the row's whole run (its children's CPU out of the machine's).
+        with PassMeter(cores_asked(1 if name in ONE_CORE else os.cpu_count() or 1)) as meter:
+            if name in PEERS:
+                r = run_peer(args, PEERS[name])
+            else:
+                r = run_local(args) if name == "trainfeed-local" else run_dist(args)
+                r["check"] = ("ok" if (r.pop("samples_check", r["samples"]), r.pop("label_sum"))
+                              == (records, checksum) else "MISMATCH")
+        load = meter.load(name)
+        rows[name] = {**r, "cores_asked": load.cores_asked,
+                      "foreign_cores": round(load.foreign_cores, 3)}
     cores = os.cpu_count() or 1
     table = render(rows, cores)
     print(table)

@@ -58,6 +58,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from fairness import cores_asked, pass_ratios_text, side_of, verdict
 from imagenet_like import measure, timed_window, wait_quiet, warm
 from imagenet_methods import BATCH, OPS, SIZE, read_list, trainfeed_batches
 from make_imagenet_like import LIST_NAME, ensure_dataset
@@ -350,8 +351,10 @@ def run_one(args: argparse.Namespace, dataset: dict[str, Any]) -> dict[str, Any]
     warm(files_of(dataset["path"]))
     cmd = [sys.executable, HERE, "_method", method, "--input", dataset["dataset"],
            "--storage", args.storage, "--warmup", str(args.warmup), "--images", str(args.images)]
+    # FFCV's Loader runs cpu_count workers; trainfeed's local reader decodes on every core.
     row: dict[str, Any] = {"method": method, "ops": METHODS[method],
-                           "standin": dataset["standin"], **quiet}
+                           "standin": dataset["standin"], "cores_asked": cores_asked(
+                               os.cpu_count() or 1), **quiet}
     return {**row, **measure(cmd, args.timeout)}
 
 
@@ -373,18 +376,22 @@ def median_rows(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      "cores_busy": statistics.median(r["cores_busy"] for r in rs),
                      "foreign": statistics.median(r["foreign_cores"] for r in rs),
                      "load": statistics.median(r["loadavg_1m"] for r in rs),
+                     "cores_asked": rs[0].get("cores_asked") or os.cpu_count() or 1,
                      "standin": rs[0]["standin"]}
             for method, rs in groups.items()}
 
 
-def pass_ratios(rows: Sequence[dict[str, Any]], method: str) -> list[float]:
-    """`method`'s rate over FFCV's, pass by pass (each pass measured both, back to back)."""
-    by_pass: dict[int, dict[str, float]] = {}
+def pass_ratios(rows: Sequence[dict[str, Any]], method: str) -> list[tuple[float, list[Any]]]:
+    """`method`'s rate over FFCV's, pass by pass (each pass measured both, back to back), each
+    with both sides' loads (benchmarks/fairness.py judges whether the pass was fair)."""
+    by_pass: dict[int, dict[str, dict[str, Any]]] = {}
     for r in rows:
         if "rate" in r:
-            by_pass.setdefault(r["pass"], {})[r["method"]] = r["rate"]
-    return [p[method] / p[BASELINE] for _, p in sorted(by_pass.items())
-            if method in p and BASELINE in p]
+            by_pass.setdefault(r["pass"], {})[r["method"]] = r
+    cores = os.cpu_count() or 1
+    return [(p[method]["rate"] / p[BASELINE]["rate"],
+             [side_of(p[BASELINE], cores), side_of(p[method], cores)])
+            for _, p in sorted(by_pass.items()) if method in p and BASELINE in p]
 
 
 def render(rows: Sequence[dict[str, Any]], datasets: Sequence[dict[str, Any]],
@@ -393,9 +400,10 @@ def render(rows: Sequence[dict[str, Any]], datasets: Sequence[dict[str, Any]],
     base = med.get(BASELINE, {}).get("rate")
     lines = ["", "train workload (RandomResizedCrop 224 + flip, uint8, batch 256), warm page "
                  "cache:", "",
-             "| method | images/s median (min-max) | n | × FFCV (per pass) | CPU ms/image | "
-             "cores busy | load avg 1m | foreign cores |",
+             "| method | images/s median (min-max) | n | × FFCV, fair passes (per pass) | "
+             "CPU ms/image | cores busy (asked) | load avg 1m | foreign cores |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    unfair: set[tuple[int, str]] = set()
     for method in METHODS:
         m = med.get(method)
         label = method + (" (stand-in)" if m and m["standin"] else "")
@@ -407,12 +415,15 @@ def render(rows: Sequence[dict[str, Any]], datasets: Sequence[dict[str, Any]],
             if errors:
                 lines.append(f"| {method} | failed: {errors[0][:80]} | | | | | | |")
             continue
-        per_pass = pass_ratios(rows, method)
-        ratio = (f"{m['rate'] / base:.2f}x ({', '.join(f'{r:.2f}' for r in per_pass)})"
-                 if base and method != BASELINE else "-")
+        per_pass = pass_ratios(rows, method) if base and method != BASELINE else []
+        ratio = pass_ratios_text(per_pass)
         lines.append(f"| {label} | {m['rate']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f}) | "
-                     f"{m['n']} | {ratio} | {m['cpu_ms']:.2f} | {m['cores_busy']:.2f} | "
-                     f"{m['load']:.2f} | {m['foreign']:.2f} |")
+                     f"{m['n']} | {ratio} | {m['cpu_ms']:.2f} | {m['cores_busy']:.2f} "
+                     f"({m['cores_asked']:g}) | {m['load']:.2f} | {m['foreign']:.2f} |")
+        unfair.update({(k, why) for k, (_, sides) in enumerate(per_pass)
+                       if (why := verdict(sides)) is not None})
+    if unfair:
+        lines += ["", *(f"- pass {k}: not comparable ({why})" for k, why in sorted(unfair))]
     if any(m["standin"] for m in med.values()):
         lines += ["", f"(stand-in): {STANDIN_NOTE.split(': ', 1)[1]}."]
     photos = next((d for d in datasets if d["method"] == "(the photos)"), None)

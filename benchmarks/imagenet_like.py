@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from fairness import cores_asked, pass_ratios_text, side_of
 from imagenet_methods import (
     BATCH,
     DATASET,
@@ -65,6 +66,26 @@ from stop_cleanly import exit_cleanly_on_signals
 HERE = os.path.abspath(__file__)
 H100_IMAGES_PER_S = 3000  # ResNet-50 training with mixed precision on one H100 (assumed)
 BASELINES = ("tfdata", "dali")
+# The cores each method is set up to use (benchmarks/fairness.py's verdict): the plain Pillow
+# loop runs in one thread; every other method's workers or threads fill the machine.
+ONE_CORE = ("plain",)
+
+
+def cores_of(method: str) -> float:
+    return cores_asked(1 if method in ONE_CORE else os.cpu_count() or 1)
+
+
+def pass_ratio(rows: Sequence[dict[str, Any]], key: tuple[str, str, bool], base: str) -> str:
+    """The method's rate over `base`'s, pass by pass, printed only from fair passes."""
+    workload, method, cold = key
+    by_pass: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if "rate" in r and r["workload"] == workload and r["cold"] == cold:
+            by_pass.setdefault(r["pass"], {})[r["method"]] = r
+    passes = [(p[method]["rate"] / p[base]["rate"],
+               [side_of(p[base], cores_of(base)), side_of(p[method], cores_of(method))])
+              for _, p in sorted(by_pass.items()) if method in p and base in p]
+    return pass_ratios_text(passes)
 
 
 # -- inside a method's process ------------------------------------------------------------------
@@ -263,7 +284,8 @@ def run_one(args: argparse.Namespace, method: str, workload: str, cold: bool,
            "--storage", args.storage, "--warmup", "1" if cold else str(args.warmup),
            "--images", str(args.images)]
     row: dict[str, Any] = {"method": method, "workload": workload, "cold": cold,
-                           "ops": OPS[method][workload], **quiet}
+                           "ops": OPS[method][workload], "cores_asked": cores_of(method),
+                           **quiet}
     return {**row, **measure(cmd, args.timeout)}
 
 
@@ -399,11 +421,11 @@ def render(rows: Sequence[dict[str, Any]], ceilings: Sequence[dict[str, Any]]) -
         if not keys:
             continue
         lines += ["", f"{'cold page cache' if cold else 'warm page cache'}:", "",
-                  "| workload | method | images/s median (min-max) | n | × tf.data | × DALI | "
+                  "| workload | method | images/s median (min-max) | n | × tf.data, fair passes | "
+                  "× DALI, fair passes | "
                   "CPU ms/image | cores busy | cores per H100 | load avg 1m | foreign cores |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for workload in WORKLOADS:
-            base = {b: med.get((workload, b, cold), {}).get("rate") for b in BASELINES}
             for method in METHODS:
                 m = med.get((workload, method, cold))
                 if m is None:
@@ -413,8 +435,8 @@ def render(rows: Sequence[dict[str, Any]], ceilings: Sequence[dict[str, Any]]) -
                         lines.append(f"| {workload} | {method} | failed: {errors[0][:80]} "
                                      "| | | | | | | | |")
                     continue
-                ratio = {b: (f"{m['rate'] / base[b]:.2f}x" if base[b] else "-")
-                         for b in BASELINES}
+                ratio = {b: pass_ratio(rows, (workload, method, cold), b) if b != method
+                         else "-" for b in BASELINES}
                 lines.append(
                     f"| {workload} | {method} | {m['rate']:,.0f} ({m['min']:,.0f}-"
                     f"{m['max']:,.0f}) | {m['n']} | {ratio['tfdata']} | {ratio['dali']} | "

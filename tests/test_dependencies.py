@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # tests/ and benchmarks/ import each other's modules by file name (pytest's rootdir insertion,
 # a script's own folder), so each folder is a root of its own for deptry.
 SCRIPT_ROOTS = ("tests", "tests/integration", "tests/ingest", "tests/lease", "tests/master",
-                "tests/security", "benchmarks")
+                "tests/reader", "tests/security", "benchmarks")
 
 
 def deptry(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

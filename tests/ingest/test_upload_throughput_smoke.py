@@ -29,6 +29,13 @@ def test_upload_throughput_prints_its_table_and_writes_its_json(tmp_path: Path) 
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["cp", "upload", "restarts"]
     written = json.loads((tmp_path / "out.json").read_text())
     summary = {s["method"]: s for s in written["summary"]}
-    assert summary["cp"]["vs_cp"] == 1.0 and summary["upload"]["vs_cp"] > 0
+    assert summary["cp"]["vs_cp"] == 1.0
+    # The ratio counts only from a fair pass (benchmarks/fairness.py): a number, or "not
+    # comparable (why)" on a loaded machine; every pass's ratio and loads are in the JSON.
+    upload = summary["upload"]
+    assert (upload["vs_cp"] is not None and upload["vs_cp"] > 0) or \
+        upload["vs_cp_text"].startswith("not comparable ("), upload
+    assert upload["vs_cp_passes"][0]["ratio"] > 0
+    assert 0 < upload["vs_cp_passes"][0]["sides"][1]["cores_busy"] <= (os.cpu_count() or 1) + 0.2
     assert summary["upload"]["cpu_seconds"] > 0  # the packers' CPU is counted (forked children)
     assert written["images"] == 12 and len(written["rows"]) == 3

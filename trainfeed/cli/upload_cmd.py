@@ -121,6 +121,12 @@ def add_upload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", type=quality, default=DEFAULT_RESIZE_QUALITY, metavar="Q",
                    help=f"JPEG quality of images re-encoded by --max-side (default "
                         f"{DEFAULT_RESIZE_QUALITY}, FFCV's)")
+    p.add_argument("--raw-below", type=at_least(1), metavar="PIXELS",
+                   help="store images of at most PIXELS pixels (height x width, after "
+                        "--max-side) as raw uint8 RGB pixels instead of JPEG: 3 bytes a pixel, "
+                        "read without a decode (FFCV stores half its 256-px images so); "
+                        "recorded in the manifest, which only trainfeed releases that read "
+                        "raw pixels open (default: never)")
     p.add_argument("--processes", type=at_least(1), default=DEFAULT_PROCESSES, metavar="N",
                    help=f"packing processes (default: one per core, {DEFAULT_PROCESSES} here); "
                         f"the output does not depend on it")
@@ -137,7 +143,8 @@ def options_from(args: argparse.Namespace) -> UploadOptions:
         allow_outside=args.allow_outside, allow_hard_links=args.allow_hard_links,
         max_record_bytes=args.max_record_bytes,
         row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts,
-        processes=args.processes, max_side=args.max_side, quality=args.quality)
+        processes=args.processes, max_side=args.max_side, quality=args.quality,
+        raw_below=args.raw_below)
 
 
 def upload_arguments(args: argparse.Namespace) -> list[str]:
@@ -147,7 +154,8 @@ def upload_arguments(args: argparse.Namespace) -> list[str]:
            *(["--columns", args.columns] if args.columns else []),
            "--max-record-bytes", str(args.max_record_bytes),
            "--rows-per-group", str(args.rows_per_group), "--quality", str(args.quality),
-           *(["--max-side", str(args.max_side)] if args.max_side else [])]
+           *(["--max-side", str(args.max_side)] if args.max_side else []),
+           *(["--raw-below", str(args.raw_below)] if args.raw_below else [])]
     flags = {"--skip-missing": args.skip_missing, "--check-images": args.check_images,
              "--no-comments": args.no_comments, "--allow-outside": args.allow_outside,
              "--allow-hard-links": args.allow_hard_links,
@@ -169,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"skipped (missing): {line}")  # a line of the list, shown visibly
     resumed = f", resumed after {result.resumed_shards} shard(s)" if result.resumed_shards else ""
     print(f"published {result.dataset!r}: {result.num_records} records, "
-          f"{result.num_bytes / 1e6:.1f} MB in {result.num_shards} shard(s) at {result.url} "
+          f"{result.num_bytes / 1e6:.1f} MB of payload, {result.stored_bytes / 1e6:.1f} MB on "
+          f"disk, in {result.num_shards} shard(s) at {result.url} "
           f"in {result.seconds:.1f} s{resumed}"
           + (f"; {len(result.skipped)} missing file(s) skipped" if result.skipped else "")
           + (f"; version {result.version}" if result.version > 1 else ""))

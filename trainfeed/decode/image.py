@@ -11,6 +11,8 @@
    - simplejpeg (the whole JPEG, DCT-scaled the same way) where the region decoder was not built
      or refuses the file (CMYK, damage);
    - Pillow, at full size, for PNG, GIF, BMP, TIFF, WebP and the JPEGs both refuse;
+   - no decoder for a raw pixel record (`upload --raw-below`, trainfeed.decode.raw): its shape
+     is checked against its length and the budget, and the window is a view of its bytes;
 4. resize the window (a view, never copied) straight into `out` with the one resizer (OpenCV,
    trainfeed.decode.resize), mirrored if the plan says so, then colour-jitter it in place.
 Every step but the header and the plan runs without the GIL.
@@ -29,7 +31,7 @@ import math
 import numpy as np
 import simplejpeg
 
-from trainfeed.decode import roi
+from trainfeed.decode import raw, roi
 from trainfeed.decode.crops import Plan, Window
 from trainfeed.decode.jitter import color_jitter
 from trainfeed.decode.pixel_budget import (
@@ -43,6 +45,7 @@ from trainfeed.decode.resize import resize_into
 from trainfeed.errors import PixelBudgetError
 
 WHOLE = Plan()  # the whole image, as it is: what `decode_whole` decodes
+RAW = "raw pixels"  # the "decoder" of a raw pixel record
 
 
 def decode_into(data: bytes | memoryview, plan: Plan, out: np.ndarray,
@@ -50,7 +53,8 @@ def decode_into(data: bytes | memoryview, plan: Plan, out: np.ndarray,
     """Decodes `data`, keeps `plan.window(height, width)` of it and resizes that into `out`
     ((h, w, C) uint8, C 3 for RGB or 1 for grey), mirrored and jittered as `plan` says.
     `max_pixels`: the pixel budget (default: $TRAINFEED_MAX_IMAGE_PIXELS, read now). Returns
-    the decoder that made the pixels ("libjpeg-turbo region", "simplejpeg" or "pillow").
+    the decoder that made the pixels ("libjpeg-turbo region", "simplejpeg", "pillow" or
+    "raw pixels").
 
     Thread-safe; `out` is written only after its image decoded.
 
@@ -74,14 +78,21 @@ def decode_whole(data: bytes | memoryview, channels: int = 3,
     without the region decoder (whose pixels live in a scratch buffer) or a resize. Raises as
     `decode_into` does."""
     budget = max_pixels if max_pixels is not None else max_image_pixels()
-    return _decode(data, WHOLE, None, channels, budget)
+    image, decoder = _decode(data, WHOLE, None, channels, budget)
+    if decoder == RAW:  # a view of the record's (read-only) bytes: a copy of its own
+        image = image.copy()
+    return image, decoder
 
 
 def _decode(data: bytes | memoryview, plan: Plan, target: tuple[int, int] | None,
             channels: int, budget: int) -> tuple[np.ndarray, str]:
     """The plan's window of `data`, decoded at the smallest scale that still covers `target`
     (height, width; None: at full scale, in an array of its own), and its decoder. The chain
-    of decoders, written once: the region decoder, simplejpeg, Pillow."""
+    of decoders, written once: the region decoder, simplejpeg, Pillow (and none for a raw
+    pixel record)."""
+    if raw.is_raw(data):
+        image = _channels(raw.pixels(data, budget), channels)
+        return _cut(image, plan.window(image.shape[0], image.shape[1])), RAW
     size = header_size(data) if is_jpeg(data) else None
     if size is not None:  # else not a JPEG, or no frame header: Pillow says what it can
         check_pixels(*size, budget)  # before any decoder, fallbacks included
@@ -120,6 +131,18 @@ def _decode_jpeg(data: bytes | memoryview, plan: Plan, size: tuple[int, int],
     except ValueError:
         return None
     return _cut(image, window), "simplejpeg"
+
+
+def _channels(image: np.ndarray, channels: int) -> np.ndarray:
+    """`image` with `channels` channels, converted as Pillow converts a decoded image (RGB to
+    grey by ITU-R 601-2 luma, grey to RGB by copying), so that a raw record gives the pixels
+    its image stored losslessly (a PNG) would."""
+    if image.shape[2] == channels:
+        return image
+    if channels == 3:
+        return np.repeat(image, 3, axis=2)
+    from PIL import Image
+    return np.asarray(Image.fromarray(image).convert("L"))[:, :, None]
 
 
 def _cut(image: np.ndarray, window: Window) -> np.ndarray:

@@ -286,12 +286,26 @@ class ImageDecoder:
 
     def _run(self, work: Callable[[int, int], None], n: int, chunk: int | None = None) -> None:
         """work(start, stop) over 0..n in chunks of `chunk` (default: one contiguous chunk per
-        thread), on the pool, or inline for small batches."""
+        thread), on the pool, or inline for small batches.
+
+        At most one pool task per thread: each task takes the next chunk of a shared queue until
+        none is left, so a thread that drew cheap images still takes more. A task per chunk (32
+        for a batch of 256) cost a future, a wake-up of the waiting thread and a lock hand-off
+        each, all under the GIL: py-spy --gil put that at 0.6x the decode threads' own Python
+        work on the 256-px train read (issue 39, item 2)."""
         if self._pool is None or n < MIN_PARALLEL:
             work(0, n)
-        else:
-            step = chunk or -(-n // self.threads)
-            list(self._pool.map(lambda s: work(s, min(n, s + step)), range(0, n, step)))
+            return
+        step = chunk or -(-n // self.threads)
+        starts = iter(range(0, n, step))  # next() on a range iterator is atomic under the GIL
+
+        def drain() -> None:
+            for start in starts:
+                work(start, min(n, start + step))
+
+        tasks = [self._pool.submit(drain) for _ in range(min(self.threads, -(-n // step)))]
+        for task in tasks:
+            task.result()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -38,7 +38,14 @@ MANIFEST_NAME = "manifest.json"
 # The folder of the immutable per-version manifests: versions/<n>.json.
 VERSIONS_DIR = "versions"
 FORMAT = "trainfeed.dataset"
+# The manifest format's version: 1, or 2 for a dataset with raw pixel records (`extra` has
+# RAW_PIXELS: `upload --raw-below`), which readers before version 2 cannot read: they refuse
+# it by its version ("manifest version 2, this trainfeed reads 1") instead of handing raw
+# records to a JPEG decoder. A dataset without raw records stays version 1, readable by all.
 VERSION = 1
+RAW_PIXELS_VERSION = 2
+READABLE_VERSIONS = (VERSION, RAW_PIXELS_VERSION)
+RAW_PIXELS = "raw_pixels"
 # Dataset kinds beyond uploaded lists: records are MADlib-style buffers (trainfeed.preprocess),
 # or rows of a SQL query read from its database in hash buckets (trainfeed.sql.dataset).
 PACKED_KIND = "packed"
@@ -127,7 +134,7 @@ class Manifest:
         infers without them (`dataset_version` 1, `next_id` of `id_limit`, `versions` of
         `history`): a dataset never appended to is read by trainfeed releases before versions
         too, which refuse a manifest with keys they do not know."""
-        body = {"format": FORMAT, "version": VERSION, **asdict(self)}
+        body = {"format": FORMAT, "version": self.format_version, **asdict(self)}
         if self.dataset_version == 1:
             del body["dataset_version"]
         if self.next_id is None or self.next_id == self.num_records + len(self.skipped):
@@ -138,6 +145,12 @@ class Manifest:
             del body["class_values"]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
+    @property
+    def format_version(self) -> int:
+        """The manifest format version its bytes carry: RAW_PIXELS_VERSION for a dataset with
+        raw pixel records, which older readers must refuse, else VERSION."""
+        return RAW_PIXELS_VERSION if RAW_PIXELS in self.extra else VERSION
+
     @classmethod
     def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
         try:
@@ -145,8 +158,15 @@ class Manifest:
             if raw.pop("format", None) != FORMAT:
                 raise ValueError(f"not a {FORMAT} manifest")
             version = raw.pop("version", None)
-            if version != VERSION:
-                raise ValueError(f"manifest version {version!r}, this trainfeed reads {VERSION}")
+            if version not in READABLE_VERSIONS:
+                raise ValueError(f"manifest version {version!r}, this trainfeed reads "
+                                 f"{', '.join(map(str, READABLE_VERSIONS))}: upgrade trainfeed "
+                                 f"to read this dataset")
+            if (version == RAW_PIXELS_VERSION) != (RAW_PIXELS in raw.get("extra", {})):
+                raise ValueError(f"manifest version {version} "
+                                 f"{'without' if version == RAW_PIXELS_VERSION else 'with'} "
+                                 f"extra.{RAW_PIXELS}: version {RAW_PIXELS_VERSION} is exactly "
+                                 f"a dataset with raw pixel records")
             raw["fields"] = tuple(FieldSpec(**f) for f in raw["fields"])
             raw["shards"] = tuple(
                 ShardInfo(**{**s, "row_groups": tuple(RowGroupInfo(**g) for g in s["row_groups"])})

@@ -171,6 +171,8 @@ def _fingerprint(parsed: ParsedList, list_bytes: bytes, stats: list, options: Up
         layout += ("jpeg restarts",)
     if options.max_side is not None:
         layout += (f"max side {options.max_side} q{options.quality}",)
+    if options.raw_below is not None:
+        layout += (f"raw below {options.raw_below}",)
     digest.update(repr(layout).encode())
     digest.update(repr(stats).encode())
     return digest.hexdigest()

@@ -72,6 +72,10 @@ class UploadOptions:
     # FFCV's ImageNet recipe stores at most 256 px). None keeps every file's bytes.
     max_side: int | None = None
     quality: int = DEFAULT_RESIZE_QUALITY
+    # Store images of at most this many pixels (height x width, after max_side) as raw uint8
+    # RGB pixels instead of their encoded bytes (trainfeed.decode.raw): readers crop them
+    # without a decode. None (the default, until a measurement says otherwise): never.
+    raw_below: int | None = None
     # Add the list to the published dataset as its next version (trainfeed.ingest.publish):
     # its shards are kept, never rewritten; the list must have the dataset's fields.
     append: bool = False
@@ -87,6 +91,9 @@ class UploadOptions:
         if self.append and self.overwrite:
             raise ValueError("UploadOptions: append and overwrite exclude each other (append "
                              "keeps the dataset's records, overwrite replaces them)")
+        if self.raw_below is not None and self.raw_below < 1:
+            raise ValueError(f"UploadOptions.raw_below must be ≥ 1 pixel (or None to store "
+                             f"no raw pixels), got {self.raw_below}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"UploadOptions.quality must be a JPEG quality in 1..100, got "
                              f"{self.quality}")
@@ -94,4 +101,4 @@ class UploadOptions:
     @property
     def transforms(self) -> bool:
         """Whether stored bytes may differ from the files' (so sizes are known only after)."""
-        return self.jpeg_restarts or self.max_side is not None
+        return self.jpeg_restarts or self.max_side is not None or self.raw_below is not None

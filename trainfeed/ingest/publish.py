@@ -21,6 +21,7 @@ from trainfeed.errors import AppendMismatchError
 from trainfeed.formats.labels import NUMERIC_ORDER, label_order, sorted_labels
 from trainfeed.formats.manifest import (
     MANIFEST_NAME,
+    RAW_PIXELS,
     VERSIONS_DIR,
     FieldSpec,
     Manifest,
@@ -104,12 +105,13 @@ def check_appendable(base: Manifest, inputs: Inputs, fields: tuple[FieldSpec, ..
     if label != base.label_field:
         raise AppendMismatchError(f"{where}: its label field is {label!r}, the dataset's "
                                   f"{base.label_field!r}")
-    stored = {k: base.extra[k] for k in extra.keys() | {"resized"} if k in base.extra}
+    stored = {k: base.extra[k] for k in extra.keys() | {"resized", RAW_PIXELS}
+              if k in base.extra}
     if stored != extra:
         raise AppendMismatchError(
             f"{where}: the dataset's images were stored with {stored or 'no transform'}, this "
-            f"upload would store {extra or 'no transform'}; use the dataset's --max-side and "
-            f"--quality")
+            f"upload would store {extra or 'no transform'}; use the dataset's --max-side, "
+            f"--quality and --raw-below")
 
 
 def build_manifest(dataset: str, inputs: Inputs, fields: tuple[FieldSpec, ...],

@@ -83,6 +83,9 @@ class UploadResult:
     resumed_shards: int
     seconds: float
     version: int = 1  # the dataset's version published (or found published)
+    # Bytes of the shard files this upload wrote (Parquet: payload, ids, labels, metadata):
+    # its size on disk, which --max-side and --raw-below change (0 when nothing was written).
+    stored_bytes: int = 0
 
 
 def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
@@ -132,7 +135,8 @@ def upload(list_path: str, dataset: str, storage: Storage | str | None = None,
                       len(manifest.shards), manifest.num_bytes, None)
     return UploadResult(dataset, folder.url, manifest.num_records, manifest.num_bytes,
                         len(manifest.shards), inputs.skipped, False, resumed,
-                        time.monotonic() - started, manifest.dataset_version)
+                        time.monotonic() - started, manifest.dataset_version,
+                        sum(s.shard.num_bytes for s in shards))
 
 
 def _check_still_free(store: Storage, folder: Storage, dataset: str, inputs: Inputs) -> None:

@@ -51,8 +51,9 @@ MAX_DECODERS = 1000
 
 UP, DOWN, HOLD = "up", "down", "hold"
 # The reason codes (Prometheus label values): why a decision was taken.
+# ("api-error": the shell, trainfeed.cluster.decoders, could not read or patch the pool.)
 REASONS = ("input-bound", "idle", "below-min", "above-max", "cooldown", "at-max", "at-min",
-           "not-busy", "steady", "no-figures")
+           "not-busy", "steady", "no-figures", "api-error")
 
 
 @dataclass(frozen=True)

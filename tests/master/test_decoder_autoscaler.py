@@ -1,0 +1,109 @@
+"""The decoders' autoscaler (trainfeed.master.serve.decoder_autoscaler) against the stand-in
+Kubernetes API server of tests/cluster/apiserver.py: a fake, because no real API server runs
+where these tests do. The real `kubernetes` client makes its real calls (read and JSON-patch of
+the Deployment `trainfeed submit --decoders` made); the fake stores what they set."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster.apiserver import FakeApiServer
+
+from trainfeed.cli.main import main
+from trainfeed.master.core.decoder_scaling import UP_INPUT_BOUND
+from trainfeed.master.serve.decoder_autoscaler import STEP_S, DecoderAutoscaler
+
+NS = "team-a"
+COOLDOWN_S = 60.0
+SUBMIT = ["submit", "--name", "resnet", "--image", "reg/trainfeed-torch:0.1.0", "--workers", "2",
+          "--dataset", "flowers", "--storage-pvc", "datasets", "--decoders", "1:8", "--",
+          "python", "train.py"]
+
+
+@pytest.fixture
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path, namespace=NS)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        assert main(SUBMIT) == 0
+        yield server
+
+
+def replicas(kube: FakeApiServer) -> int:
+    return int(kube.objects("deployments", NS)["resnet-decoders"]["spec"]["replicas"])
+
+
+class SimulatedJob:
+    """Two trainers that would take 2.5 decoders' output: with n decoders they get
+    min(n, 2.5) / 2.5 of the data they want (input-bound 60 % with one), and the decoders are
+    busy min(2.5, n) / n of their time. Stopped trainers report nothing; idle decoders 0."""
+
+    DEMAND = 2.5
+
+    def __init__(self) -> None:
+        self.running = True
+
+    def share(self, n: int) -> float:
+        return 1 - min(n, self.DEMAND) / self.DEMAND
+
+    def figures(self, n: int) -> tuple[dict[str, list[float]], list[float]]:
+        if not self.running:
+            return {}, [0.0] * n
+        return ({"resnet": [self.share(n)] * 2},
+                [min(self.DEMAND, n) / n] * n)
+
+
+def test_an_input_bound_job_is_scaled_up_until_fed_then_down_when_it_stops(
+        kube: FakeApiServer) -> None:
+    job = SimulatedJob()
+    assert replicas(kube) == 1 and job.share(1) == pytest.approx(0.6)
+    sizes, changes_at = [1], []
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:
+        now = 1000.0
+        for step in range(40):  # 10 minutes of STEP_S steps
+            now += STEP_S
+            if step == 20:
+                job.running = False
+            n = replicas(kube)
+            decision = scaler.step(now, *job.figures(n))
+            assert decision.before == n
+            if decision.changes:
+                changes_at.append(now)
+                sizes.append(replicas(kube))
+                assert replicas(kube) == decision.replicas
+            if step == 19:  # before the trainers stop: fed
+                assert job.share(replicas(kube)) < UP_INPUT_BOUND
+                assert scaler.last is not None and scaler.last.reason == "steady"
+    # 1 -> 2 (the estimate 1 / 0.4 = 3, at most double) -> 3 (2 / 0.8), then back to the minimum.
+    assert sizes == [1, 2, 3, 1]
+    assert all(b - a >= COOLDOWN_S for a, b in zip(changes_at, changes_at[1:]))
+    patches = [r for r in kube.requests if r[0] == "PATCH" and "/deployments/" in r[1]]
+    assert len(patches) == 3
+    assert all(p[1].endswith("/deployments/resnet-decoders")
+               and p[2] == "application/json-patch+json" for p in patches)
+    view = scaler.view()
+    assert view["bounds"] == "1:8" and view["decision"]["reason"] == "at-min"  # type: ignore
+
+
+def test_bounds_follow_the_deployments_annotation(kube: FakeApiServer) -> None:
+    deployment = kube.objects("deployments", NS)["resnet-decoders"]
+    deployment["metadata"]["annotations"]["trainfeed.io/decoders"] = "1:2"
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=0.0) as scaler:
+        for now in range(5):
+            scaler.step(float(now), {"resnet": [0.9]}, [1.0] * replicas(kube))
+        assert replicas(kube) == 2 and scaler.last is not None
+        assert scaler.last.reason == "at-max"
+        # `kubectl scale` past the bounds is brought back.
+        deployment["spec"]["replicas"] = 7
+        assert scaler.step(10.0, {}, [0.9] * 7).reason == "above-max"
+        assert replicas(kube) == 2
+
+
+def test_an_api_refusal_is_a_held_decision_not_an_exception(kube: FakeApiServer) -> None:
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:
+        del kube.store[("deployments", NS, "resnet-decoders")]
+        decision = scaler.step(0.0, {"resnet": [0.6]}, [1.0])
+        assert (decision.action, decision.reason) == ("hold", "api-error")
+        assert "resnet-decoders" in decision.detail
+        assert scaler.scaler.last_change is None  # nothing changed: no cooldown

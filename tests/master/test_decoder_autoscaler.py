@@ -107,3 +107,26 @@ def test_an_api_refusal_is_a_held_decision_not_an_exception(kube: FakeApiServer)
         assert (decision.action, decision.reason) == ("hold", "api-error")
         assert "resnet-decoders" in decision.detail
         assert scaler.scaler.last_change is None  # nothing changed: no cooldown
+
+
+def test_the_last_decision_is_exported_as_metrics(kube: FakeApiServer) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from trainfeed.master.serve.metrics import JobDecoders, MasterCollector
+
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:
+        scaler.step(0.0, {"resnet": [0.6, 0.6]}, [1.0])
+        registry = CollectorRegistry()
+        registry.register(MasterCollector(
+            lambda: [], decoders=lambda: [JobDecoders(scaler.job, scaler.last)]  # type: ignore
+            if scaler.last else []))
+        value = registry.get_sample_value
+        assert value("trainfeed_decoders", {"job": "resnet"}) == 2
+        assert value("trainfeed_decoders_busy", {"job": "resnet"}) == 1.0
+        assert value("trainfeed_decoders_scaling",
+                     {"job": "resnet", "action": "up", "reason": "input-bound"}) == 1
+        scaler.step(1.0, {"resnet": [0.6, 0.6]}, [1.0, 1.0])
+        assert value("trainfeed_decoders_scaling",
+                     {"job": "resnet", "action": "hold", "reason": "cooldown"}) == 1
+        assert value("trainfeed_decoders_scaling",
+                     {"job": "resnet", "action": "up", "reason": "input-bound"}) is None

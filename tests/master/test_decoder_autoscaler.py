@@ -22,7 +22,9 @@ SUBMIT = ["submit", "--name", "resnet", "--image", "reg/trainfeed-torch:0.1.0", 
 
 
 @pytest.fixture
-def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+def decoders_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    """The fake API server, holding a job submitted with `--decoders 1:8` (not
+    tests/cluster/test_jobs.py's `kube`, which holds nothing)."""
     with FakeApiServer() as server:
         monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path, namespace=NS)))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -55,7 +57,8 @@ class SimulatedJob:
 
 
 def test_an_input_bound_job_is_scaled_up_until_fed_then_down_when_it_stops(
-        kube: FakeApiServer) -> None:
+        decoders_job: FakeApiServer) -> None:
+    kube = decoders_job
     job = SimulatedJob()
     assert replicas(kube) == 1 and job.share(1) == pytest.approx(0.6)
     sizes, changes_at = [1], []
@@ -86,7 +89,8 @@ def test_an_input_bound_job_is_scaled_up_until_fed_then_down_when_it_stops(
     assert view["bounds"] == "1:8" and view["decision"]["reason"] == "at-min"  # type: ignore
 
 
-def test_bounds_follow_the_deployments_annotation(kube: FakeApiServer) -> None:
+def test_bounds_follow_the_deployments_annotation(decoders_job: FakeApiServer) -> None:
+    kube = decoders_job
     deployment = kube.objects("deployments", NS)["resnet-decoders"]
     deployment["metadata"]["annotations"]["trainfeed.io/decoders"] = "1:2"
     with DecoderAutoscaler.in_cluster("resnet", cooldown_s=0.0) as scaler:
@@ -100,7 +104,8 @@ def test_bounds_follow_the_deployments_annotation(kube: FakeApiServer) -> None:
         assert replicas(kube) == 2
 
 
-def test_an_api_refusal_is_a_held_decision_not_an_exception(kube: FakeApiServer) -> None:
+def test_an_api_refusal_is_a_held_decision_not_an_exception(decoders_job: FakeApiServer) -> None:
+    kube = decoders_job
     with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:
         del kube.store[("deployments", NS, "resnet-decoders")]
         decision = scaler.step(0.0, {"resnet": [0.6]}, [1.0])
@@ -109,7 +114,8 @@ def test_an_api_refusal_is_a_held_decision_not_an_exception(kube: FakeApiServer)
         assert scaler.scaler.last_change is None  # nothing changed: no cooldown
 
 
-def test_the_last_decision_is_exported_as_metrics(kube: FakeApiServer) -> None:
+@pytest.mark.usefixtures("decoders_job")
+def test_the_last_decision_is_exported_as_metrics() -> None:
     from prometheus_client import CollectorRegistry
 
     from trainfeed.master.serve.metrics import JobDecoders, MasterCollector

@@ -11,8 +11,10 @@ import pytest
 from cluster.apiserver import FakeApiServer
 
 from trainfeed.cli.main import main
-from trainfeed.master.core.decoder_scaling import UP_INPUT_BOUND
+from trainfeed.master.core.decoder_scaling import UP_INPUT_BOUND, trainer_shares
+from trainfeed.master.core.reader_stats import ReaderBoard
 from trainfeed.master.serve.decoder_autoscaler import STEP_S, DecoderAutoscaler
+from trainfeed.v1 import master_pb2 as pb
 
 NS = "team-a"
 COOLDOWN_S = 60.0
@@ -39,21 +41,27 @@ def replicas(kube: FakeApiServer) -> int:
 class SimulatedJob:
     """Two trainers that would take 2.5 decoders' output: with n decoders they get
     min(n, 2.5) / 2.5 of the data they want (input-bound 60 % with one), and the decoders are
-    busy min(2.5, n) / n of their time. Stopped trainers report nothing; idle decoders 0."""
+    busy min(2.5, n) / n of their time. The trainers' readers send their summaries to the
+    master's real ReaderBoard, as they do with their calls; stopped ones send nothing, and idle
+    decoders report 0."""
 
     DEMAND = 2.5
 
     def __init__(self) -> None:
         self.running = True
+        self.board = ReaderBoard()
 
     def share(self, n: int) -> float:
         return 1 - min(n, self.DEMAND) / self.DEMAND
 
-    def figures(self, n: int) -> tuple[dict[str, list[float]], list[float]]:
-        if not self.running:
-            return {}, [0.0] * n
-        return ({"resnet": [self.share(n)] * 2},
-                [min(self.DEMAND, n) / n] * n)
+    def figures(self, now: float, n: int) -> tuple[dict[str, list[float]], list[float]]:
+        if self.running:
+            for worker in ("trainer-0", "trainer-1"):
+                self.board.record("resnet", worker, pb.ReaderStats(
+                    wall_s=STEP_S, input_wait_s=self.share(n) * STEP_S, records=100), now)
+        shares = trainer_shares(self.board.views("resnet", now))
+        busy = min(self.DEMAND, n) / n if self.running else 0.0
+        return ({"resnet": shares} if shares else {}), [busy] * n
 
 
 def test_an_input_bound_job_is_scaled_up_until_fed_then_down_when_it_stops(
@@ -69,7 +77,7 @@ def test_an_input_bound_job_is_scaled_up_until_fed_then_down_when_it_stops(
             if step == 20:
                 job.running = False
             n = replicas(kube)
-            decision = scaler.step(now, *job.figures(n))
+            decision = scaler.step(now, *job.figures(now, n))
             assert decision.before == n
             if decision.changes:
                 changes_at.append(now)

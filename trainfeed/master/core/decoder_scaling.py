@@ -28,8 +28,10 @@ decisions to the Kubernetes Deployment.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from trainfeed.master.core.reader_stats import RECENT_S, ReaderView
 
 # The issue's thresholds. A trainer waiting over a tenth of its time loses a tenth of its GPU;
 # under that, a few per cent of waiting is the normal jitter of a prefetch queue.
@@ -126,6 +128,14 @@ class Decision:
         return {"at": self.at, "action": self.action, "before": self.before,
                 "replicas": self.replicas, "reason": self.reason, "detail": self.detail,
                 "decoders_busy": round(self.busy, 4), "input_bound": round(self.input_bound, 4)}
+
+
+def trainer_shares(views: Iterable[ReaderView]) -> list[float]:
+    """The input-bound shares of a job's trainers from the master's reader board
+    (`ReaderBoard.views(job, now)`): those heard from within RECENT_S only. A reader quiet for
+    longer has no current figures (its window is empty, its share reads 0): counting it would
+    pull its job's mean down, and a job whose trainers stopped must count as having none."""
+    return [v.input_bound for v in views if v.last_contact_s <= RECENT_S]
 
 
 def _job_share(shares: Sequence[float]) -> float:

@@ -13,7 +13,7 @@ from cluster.apiserver import FakeApiServer
 from trainfeed.cli.main import main
 from trainfeed.master.core.decoder_scaling import UP_INPUT_BOUND, trainer_shares
 from trainfeed.master.core.reader_stats import ReaderBoard
-from trainfeed.master.serve.decoder_autoscaler import STEP_S, DecoderAutoscaler
+from trainfeed.master.serve.decoder_autoscaler import MAX_DETAIL, STEP_S, DecoderAutoscaler
 from trainfeed.v1 import master_pb2 as pb
 
 NS = "team-a"
@@ -112,6 +112,24 @@ def test_bounds_follow_the_deployments_annotation(decoders_job: FakeApiServer) -
         assert replicas(kube) == 2
 
 
+@pytest.mark.parametrize("text", ["x", "0:4", "3:2", "1:100000", "9" * 5000, "1:2:3"])
+def test_an_annotation_that_is_no_bounds_is_ignored(decoders_job: FakeApiServer, text: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The annotation is anyone's who may annotate Deployments in the namespace: what is not
+    MIN:MAX within 1..1000 leaves the bounds as they were, and is logged shortened."""
+    kube = decoders_job
+    deployment = kube.objects("deployments", NS)["resnet-decoders"]
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=0.0) as scaler:
+        scaler.step(0.0, {}, [0.7])
+        assert str(scaler.scaler.bounds) == "1:8"
+        deployment["metadata"]["annotations"]["trainfeed.io/decoders"] = text
+        with caplog.at_level("WARNING", logger="trainfeed.master.serve.decoder_autoscaler"):
+            for now in range(1, 6):
+                scaler.step(float(now), {"resnet": [0.9]}, [1.0] * replicas(kube))
+        assert str(scaler.scaler.bounds) == "1:8" and 1 < replicas(kube) <= 8
+        assert "ignored" in caplog.text and len(caplog.text) < 1000 * len(caplog.records)
+
+
 def test_an_api_refusal_is_a_held_decision_not_an_exception(decoders_job: FakeApiServer) -> None:
     kube = decoders_job
     with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:
@@ -119,6 +137,7 @@ def test_an_api_refusal_is_a_held_decision_not_an_exception(decoders_job: FakeAp
         decision = scaler.step(0.0, {"resnet": [0.6]}, [1.0])
         assert (decision.action, decision.reason) == ("hold", "api-error")
         assert "resnet-decoders" in decision.detail
+        assert len(decision.detail) <= MAX_DETAIL
         assert scaler.scaler.last_change is None  # nothing changed: no cooldown
 
 

@@ -76,10 +76,14 @@ class Bounds:
         """`"N"` (a fixed size) or `"MIN:MAX"`; a ValueError naming the text otherwise."""
         low, colon, high = text.partition(":")
         try:
+            if len(text) > 16:  # "1000:1000" is 9; a longer text is no bounds (nor 5,000 digits)
+                raise ValueError
             bounds = (int(low), int(high)) if colon else (int(low), int(low))
         except ValueError:
-            raise ValueError(f"--decoders {text!r}: expected N, MIN:MAX or auto, e.g. 4 or "
-                             f"1:8") from None
+            # (Shortened: the text may come from a Deployment's annotation, anyone's who may
+            # annotate Deployments in the namespace.)
+            raise ValueError(f"--decoders {text[:40]!r}: expected N, MIN:MAX or auto, e.g. 4 "
+                             f"or 1:8") from None
         return cls(*bounds)
 
     @property

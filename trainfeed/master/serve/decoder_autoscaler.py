@@ -38,6 +38,9 @@ from trainfeed.master.core.decoder_scaling import (
 
 logger = logging.getLogger(__name__)
 
+# The most of an API error's text a decision keeps (the server's message can be long, and the
+# status page shows it).
+MAX_DETAIL = 300
 # How often the master should step: a few times per cooldown, and no more often than the
 # readers send their figures (at least every lease_timeout / 3, 10 s by default).
 STEP_S = 15.0
@@ -106,7 +109,8 @@ class DecoderAutoscaler:
 
     def _failed(self, now: float, replicas: int, error: ClusterError) -> Decision:
         logger.warning("decoders of job %s: %s", self.job, error)
-        decision = Decision(now, HOLD, replicas, replicas, "api-error", str(error), 0.0, 0.0)
+        decision = Decision(now, HOLD, replicas, replicas, "api-error",
+                            str(error)[:MAX_DETAIL], 0.0, 0.0)
         if self.last is not None:  # keep the figures the page showed
             decision = dataclasses.replace(decision, busy=self.last.busy,
                                            input_bound=self.last.input_bound)

@@ -188,7 +188,9 @@ def test_submit_dry_run_with_decoders_validates(flags: list[str], scaler: list[s
 @pytest.mark.parametrize("flags, why", [
     (["--decoders", "0"], "1 <= MIN"), (["--decoders", "4:2"], "1 <= MIN"),
     (["--decoders", "many"], "expected N, MIN:MAX or auto"),
-    (["--decoders", "1:4"], "give -n NAMESPACE")])
+    (["--decoders", "1:4"], "give -n NAMESPACE"),
+    (["--decoders", "2", "--decoder-cpu", "lots"], "--decoder-cpu: 'lots' is not a Kubernetes "
+                                                   "quantity")])
 def test_submit_refuses_bad_decoders(flags: list[str], why: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     from trainfeed.cli.main import main

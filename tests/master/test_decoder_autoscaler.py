@@ -130,6 +130,17 @@ def test_an_annotation_that_is_no_bounds_is_ignored(decoders_job: FakeApiServer,
         assert "ignored" in caplog.text and len(caplog.text) < 1000 * len(caplog.records)
 
 
+def test_a_deployment_without_bounds_is_held_at_its_size(decoders_job: FakeApiServer) -> None:
+    kube = decoders_job
+    deployment = kube.objects("deployments", NS)["resnet-decoders"]
+    del deployment["metadata"]["annotations"]["trainfeed.io/decoders"]
+    deployment["spec"]["replicas"] = 3
+    with DecoderAutoscaler.in_cluster("resnet", cooldown_s=0.0) as scaler:
+        assert scaler.step(0.0, {"resnet": [0.9]}, [1.0] * 3).reason == "at-max"
+        assert scaler.step(1.0, {}, [0.0] * 3).reason == "at-min"
+        assert replicas(kube) == 3
+
+
 def test_an_api_refusal_is_a_held_decision_not_an_exception(decoders_job: FakeApiServer) -> None:
     kube = decoders_job
     with DecoderAutoscaler.in_cluster("resnet", cooldown_s=COOLDOWN_S) as scaler:

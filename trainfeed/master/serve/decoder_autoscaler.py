@@ -30,6 +30,7 @@ from trainfeed.errors import ClusterError
 from trainfeed.master.core.decoder_scaling import (
     DEFAULT_COOLDOWN_S,
     HOLD,
+    MAX_DECODERS,
     Bounds,
     Decision,
     DecoderScaler,
@@ -52,7 +53,8 @@ class DecoderAutoscaler:
     Args:
         cluster: the namespace the job runs in.
         job: the job's name (its decoders' Deployment is `<job>-decoders`).
-        bounds: used until the Deployment's annotation gives others (and if it goes).
+        bounds: used while the Deployment has no annotation; without either, the pool is held
+            at the size it has (a Deployment `submit` did not make is not resized by guess).
         cooldown_s: no two changes closer than this.
     """
 
@@ -61,6 +63,7 @@ class DecoderAutoscaler:
         self.cluster = cluster
         self.job = job
         self.deployment = ObjectNames(job).decoders
+        self._configured = bounds
         self.scaler = DecoderScaler(bounds or Bounds(1, 1), cooldown_s)
         self.last: Decision | None = None
 
@@ -97,15 +100,19 @@ class DecoderAutoscaler:
     def _read(self) -> int:
         """The Deployment's replicas; its annotation's bounds become the scaler's."""
         obj = self.cluster.read_deployment(self.job, self.deployment)
+        replicas = int(obj.get("spec", {}).get("replicas") or 0)
         text = (obj.get("metadata", {}).get("annotations") or {}).get(DECODERS_ANNOTATION)
-        if text is not None:
+        if text is None:
+            size = min(max(1, replicas), MAX_DECODERS)
+            self.scaler.bounds = self._configured or Bounds(size, size)
+        else:
             try:
                 self.scaler.bounds = Bounds.parse(text)
             except ValueError as e:
                 logger.warning("Deployment %s: annotation %s=%r ignored (%s); keeping %s",
                                self.deployment, DECODERS_ANNOTATION, text[:40], e,
                                self.scaler.bounds)
-        return int(obj.get("spec", {}).get("replicas") or 0)
+        return replicas
 
     def _failed(self, now: float, replicas: int, error: ClusterError) -> Decision:
         logger.warning("decoders of job %s: %s", self.job, error)

@@ -29,7 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 _PATH = re.compile(r"^/(api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
 _KINDS = {"secrets": "Secret", "services": "Service", "persistentvolumeclaims":
           "PersistentVolumeClaim", "deployments": "Deployment", "jobs": "Job", "pods": "Pod",
-          "events": "Event"}
+          "events": "Event", "serviceaccounts": "ServiceAccount", "roles": "Role",
+          "rolebindings": "RoleBinding"}
 
 
 class FakeApiServer:

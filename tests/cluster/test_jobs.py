@@ -170,6 +170,26 @@ def test_delete_removes_every_object_of_the_job_and_only_those(
     assert "no trainfeed job 'resnet' in namespace 'team-a'" in capsys.readouterr().err
 
 
+def test_decoders_are_submitted_owned_by_the_workers_and_deleted_with_the_job(
+        kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: `--decoders MIN:MAX` adds the decoders' Deployment and Service and the master's
+    ServiceAccount, Role and RoleBinding; all go with the job."""
+    assert main([*SUBMIT[:-3], "--decoders", "2:6", *SUBMIT[-3:]]) == 0
+    decoders = kube.objects("deployments", NS)["resnet-decoders"]
+    assert decoders["spec"]["replicas"] == 2
+    assert decoders["metadata"]["ownerReferences"][0]["name"] == "resnet-workers"
+    role = kube.objects("roles", NS)["resnet-decoders"]
+    assert role["rules"][0]["resourceNames"] == ["resnet-decoders"]
+    binding = kube.objects("rolebindings", NS)["resnet-decoders"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "resnet-master",
+                                    "namespace": NS}]
+    master = kube.objects("deployments", NS)["resnet-master"]["spec"]["template"]["spec"]
+    assert master["serviceAccountName"] == "resnet-master"
+    assert main(["delete", "resnet"]) == 0
+    assert "RoleBinding/resnet-decoders" in capsys.readouterr().out
+    assert kube.store == {}
+
+
 def test_status_shows_pods_and_fails_on_image_pull_problems(
         kube: FakeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(SUBMIT) == 0

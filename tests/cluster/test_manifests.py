@@ -100,13 +100,20 @@ def test_rbac_grants_what_the_cli_calls() -> None:
                for r in rule["resources"] for v in rule["verbs"]}
     plural = {"Secret": ("", "secrets"), "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
               "Service": ("", "services"), "Deployment": ("apps", "deployments"),
-              "Job": ("batch", "jobs")}
+              "Job": ("batch", "jobs"), "ServiceAccount": ("", "serviceaccounts"),
+              "Role": ("rbac.authorization.k8s.io", "roles"),
+              "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings")}
     for kind in KINDS:
         group, resource = plural[kind]
         for verb in ("create", "list", "delete"):
             assert (group, resource, verb) in granted, (kind, verb)
     needed = {("batch", "jobs", "get"), ("batch", "jobs", "patch"), ("", "secrets", "get"),
               ("", "pods", "list"), ("", "events", "list")}
+    # What the master's Role of `--decoders MIN:MAX` grants: the submitter must hold it too.
+    scaler = job_objects(JobSpec(**{**EXAMPLE.__dict__, "decoders": (1, 4)}), token="")
+    role = next(o for o in scaler if o["kind"] == "Role")
+    needed |= {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
     assert needed <= granted
 
 
@@ -132,6 +139,66 @@ def test_submit_dry_run_output_validates(flags: list[str], tmp_path: Path) -> No
     job = docs[-1]["spec"]["template"]["spec"]["containers"][0]
     assert job["command"] == ["python", "train.py", "--lr", "0.1"]
     assert docs[-1]["spec"]["parallelism"] == 4
+
+
+DECODER_DRY_RUNS = {
+    "fixed pool": (["--decoders", "3"], []),
+    "autoscaled pool": (["--decoders", "1:8", "-n", "team-a"],
+                        ["ServiceAccount", "Role", "RoleBinding"]),
+    "auto, s3": (["--decoders", "auto", "-n", "team-a", "--storage", "s3://bucket/prefix",
+                  "--s3-secret", "s3", "--decoder-cpu", "8", "--toleration",
+                  "nvidia.com/gpu:NoSchedule"], ["ServiceAccount", "Role", "RoleBinding"]),
+}
+
+
+@pytest.mark.parametrize("flags, scaler", DECODER_DRY_RUNS.values(),
+                         ids=DECODER_DRY_RUNS.keys())
+def test_submit_dry_run_with_decoders_validates(flags: list[str], scaler: list[str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: the decoders' Deployment and Service (and, when the master scales them, its
+    ServiceAccount, Role and RoleBinding) pass the strict schema."""
+    from trainfeed.cli.main import main
+
+    storage = [] if "--storage" in flags else ["--storage-pvc", "datasets"]
+    assert main(["submit", "--name", "resnet", "--image", "reg/t:1", "--workers", "4",
+                 "--dataset", "flowers", *storage, *flags, "--dry-run", "--", "python",
+                 "train.py"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["kind"] for d in docs] == ["Secret", "PersistentVolumeClaim", *scaler, "Service",
+                                         "Deployment", "Service", "Deployment", "Job"]
+    for doc in docs:
+        validate(doc, "submit --dry-run " + " ".join(flags))
+    decoders = docs[-2]
+    assert decoders["metadata"]["name"] == "resnet-decoders"
+    container = decoders["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:3] == ["decoder", "--listen", "0.0.0.0:50052"]
+    assert container["args"][3] == "--storage"
+    # The master's token, from the job's Secret, as the master gets it.
+    token = next(e for e in container["env"] if e["name"] == "TRAINFEED_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "resnet-trainfeed-auth",
+                                                  "key": "token"}
+    master = docs[-4]["spec"]["template"]["spec"]
+    assert master["automountServiceAccountToken"] is bool(scaler)
+    low, high = decoders["metadata"]["annotations"]["trainfeed.io/decoders"].split(":")
+    assert decoders["spec"]["replicas"] == int(low)
+    if "auto" in flags:
+        assert (low, high) == ("1", "4")  # one per training process at most
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--decoders", "0"], "1 <= MIN"), (["--decoders", "4:2"], "1 <= MIN"),
+    (["--decoders", "many"], "expected N, MIN:MAX or auto"),
+    (["--decoders", "1:4"], "give -n NAMESPACE"),
+    (["--decoders", "2", "--decoder-cpu", "lots"], "--decoder-cpu: 'lots' is not a Kubernetes "
+                                                   "quantity")])
+def test_submit_refuses_bad_decoders(flags: list[str], why: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfeed.cli.main import main
+
+    assert main(["submit", "--name", "resnet", "--image", "reg/t:1", "--workers", "4",
+                 "--dataset", "flowers", "--storage-pvc", "d", *flags, "--dry-run", "--",
+                 "true"]) != 0
+    assert why in capsys.readouterr().err
 
 
 def test_dry_run_tokens_are_fresh_and_strong(capsys: pytest.CaptureFixture[str]) -> None:

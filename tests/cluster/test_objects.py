@@ -292,3 +292,53 @@ def test_image_pull_secrets_reach_every_pod() -> None:
     assert "imagePullSecrets" not in pod(build()["Job"])
     with pytest.raises(ValueError, match="--image-pull-secret: invalid object name 'a b'"):
         build(image_pull_secrets=("a b",))
+
+
+def _decoders(**changes: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    base: dict[str, Any] = dict(
+        name="resnet", image="reg/trainfeed-torch:0.1.0", workers=3, dataset="public/flowers",
+        command=("python", "train.py"), namespace="ml", storage_pvc="datasets")
+    objs = job_objects(JobSpec(**{**base, **changes}), TOKEN)
+    return objs, next(o for o in objs if o["metadata"]["name"] == "resnet-decoders"
+                      and o["kind"] == "Deployment")
+
+
+def test_decoder_pods_are_locked_down_and_read_the_storage_with_the_masters_token() -> None:
+    """Issue 37: decoders check trainers' job tokens as the master does (so they hold the
+    master's token), read the datasets read-only, and get no Kubernetes API token."""
+    objs, deployment = _decoders(decoders=(3, 3), decoder_cpu="6")
+    spec = pod(deployment)
+    assert deployment["spec"]["replicas"] == 3
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["args"] == ["decoder", "--listen", "0.0.0.0:50052", "--storage", "/data"]
+    assert env_of(container)["TRAINFEED_TOKEN"] == {"secretKeyRef": {
+        "name": "resnet-trainfeed-auth", "key": "token"}}
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
+    assert container["resources"]["requests"]["cpu"] == "6"
+    assert "cpu" not in container["resources"]["limits"]
+    # A fixed pool: nothing may call the API, the master's pod included.
+    assert not {"ServiceAccount", "Role", "RoleBinding"} & {o["kind"] for o in objs}
+    master = next(o for o in objs if o["metadata"]["name"] == "resnet-master"
+                  and o["kind"] == "Deployment")
+    assert pod(master)["automountServiceAccountToken"] is False
+
+
+def test_an_autoscaled_pool_lets_the_master_patch_that_deployment_only() -> None:
+    objs, deployment = _decoders(decoders=(2, 9))
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["metadata"]["annotations"]["trainfeed.io/decoders"] == "2:9"
+    role = next(o for o in objs if o["kind"] == "Role")
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"],
+                              "resourceNames": ["resnet-decoders"], "verbs": ["get", "patch"]}]
+    master = next(o for o in objs if o["metadata"]["name"] == "resnet-master"
+                  and o["kind"] == "Deployment")
+    assert pod(master)["serviceAccountName"] == "resnet-master"
+    # The workers still get no API token.
+    workers = next(o for o in objs if o["kind"] == "Job")
+    assert pod(workers)["automountServiceAccountToken"] is False
+    with pytest.raises(ValueError, match="--decoders 3:2"):
+        _decoders(decoders=(3, 2))

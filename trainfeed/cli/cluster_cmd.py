@@ -29,6 +29,7 @@ from trainfeed.cluster.objects import job_objects
 from trainfeed.cluster.spec import (
     CHECKPOINT_MOUNT,
     DECODE_THREAD_MEMORY_MI,
+    DECODER_PORT,
     DEFAULT_DECODE_THREADS,
     DEFAULT_TTL_AFTER_FINISHED_S,
     GRPC_PORT,
@@ -42,6 +43,7 @@ from trainfeed.cluster.spec import (
 )
 from trainfeed.errors import ClusterError, ConfigurationError, TrainfeedError
 from trainfeed.lease.client import MasterClient
+from trainfeed.master.core.decoder_scaling import Bounds
 from trainfeed.names import validate_job_name
 from trainfeed.security import load_token
 
@@ -157,6 +159,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"get TRAINFEED_CHECKPOINT_DIR={CHECKPOINT_MOUNT}/JOB, where the script "
                         f"saves its model and reader.state_dict() and finds them when the job is "
                         f"submitted again")
+    p.add_argument("--decoders", metavar="N|MIN:MAX|auto",
+                   help=f"remote decode: a pool of `trainfeed decoder` pods (a "
+                        f"Deployment, and a Service JOB-decoders:{DECODER_PORT}) that decode "
+                        f"for the trainers; N runs N of them; MIN:MAX lets the master scale "
+                        f"them within those bounds (up while trainers wait for data and the "
+                        f"decoders are busy, down when they idle: docs/cluster.md, \"Remote "
+                        f"decode sizing\"), with a ServiceAccount and Role that let it patch "
+                        f"that Deployment only; auto is 1:R, R the job's training processes "
+                        f"(one decoder pod per GPU at most). Default: none, trainers decode")
+    p.add_argument("--decoder-cpu", default="4", metavar="Q",
+                   help="CPU request per decoder pod, the cores it decodes on (default 4: about "
+                        "4,800 train-crop images/s of decode alone, docs/cluster.md)")
     add_image_pull_secret_option(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the objects as YAML (token included: treat it as a secret) and "
@@ -217,6 +231,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_delete)
 
 
+def _decoders(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--decoders as (MIN, MAX); `auto` is one decoder up to one per training process."""
+    text = args.decoders
+    if text is None:
+        return None
+    if text == "auto":
+        ranks = max(1, args.workers) * max(1, args.gpus_per_worker)
+        return 1, max(2, ranks)
+    bounds = Bounds.parse(text)
+    return bounds.low, bounds.high
+
+
 def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
     try:
         return JobSpec(
@@ -231,7 +257,8 @@ def _spec(args: argparse.Namespace, namespace: str | None) -> JobSpec:
             decode_threads=args.decode_threads, ttl_after_finished_s=args.ttl_after_finished,
             sync=args.sync, rendezvous_port=args.rendezvous_port,
             checkpoint_pvc=args.checkpoint_pvc,
-            image_pull_secrets=tuple(args.image_pull_secrets))
+            image_pull_secrets=tuple(args.image_pull_secrets),
+            decoders=_decoders(args), decoder_cpu=args.decoder_cpu)
     except TrainfeedError:
         raise
     except ValueError as e:
@@ -264,9 +291,14 @@ def _port_forward_hint(job: str, namespace: str) -> str:
 def run_submit(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(TOKEN_BYTES)
     if args.dry_run:  # no kubeconfig needed, not even the kubernetes package
+        spec = _spec(args, args.namespace)
+        if spec.decoders_autoscaled and spec.namespace is None:
+            # `kubectl apply -n NS` places objects, not the namespace a RoleBinding names.
+            raise ClusterError(f"--dry-run --decoders {args.decoders}: give -n NAMESPACE; the "
+                               f"RoleBinding that lets the master scale the decoders names "
+                               f"its ServiceAccount with its namespace")
         # Data for kubectl, not a message: the URLs given go out as given (cli.redacting).
-        unredacted(sys.stdout).write(_dump_yaml(job_objects(_spec(args, args.namespace),
-                                                            token)))
+        unredacted(sys.stdout).write(_dump_yaml(job_objects(spec, token)))
         return 0
     spec = _spec(args, args.namespace)  # every flag checked before any cluster call
     api = connect(args.context, advice=NO_CLUSTER_ADVICE["submit"])

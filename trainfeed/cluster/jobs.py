@@ -28,6 +28,10 @@ T = TypeVar("T")
 KINDS = {
     "Secret": ("CoreV1Api", "secret"),
     "PersistentVolumeClaim": ("CoreV1Api", "persistent_volume_claim"),
+    # The master's API access when it scales the decoders (objects.scaler_objects).
+    "ServiceAccount": ("CoreV1Api", "service_account"),
+    "Role": ("RbacAuthorizationV1Api", "role"),
+    "RoleBinding": ("RbacAuthorizationV1Api", "role_binding"),
     "Service": ("CoreV1Api", "service"),
     "Deployment": ("AppsV1Api", "deployment"),
     "Job": ("BatchV1Api", "job"),
@@ -184,6 +188,17 @@ class Cluster:
         self._call(f"scale Job {name}", job, self._method("patch", "Job"), name,
                    self.namespace, patch, _content_type="application/json-patch+json")
         return int(spec.get("parallelism") or 0)
+
+    def read_deployment(self, job: str, name: str) -> Obj:
+        return self._to_dict(self._call(f"read Deployment {name}", job,
+                                        self._method("read", "Deployment"), name,
+                                        self.namespace))
+
+    def set_replicas(self, job: str, name: str, replicas: int) -> None:
+        """Sets a Deployment's spec.replicas (the decoders': trainfeed.cluster.decoders)."""
+        patch = [{"op": "replace", "path": "/spec/replicas", "value": replicas}]
+        self._call(f"scale Deployment {name}", job, self._method("patch", "Deployment"), name,
+                   self.namespace, patch, _content_type="application/json-patch+json")
 
     # -- delete -----------------------------------------------------------------------------
     def _delete(self, job: str, kind: str, name: str) -> None:

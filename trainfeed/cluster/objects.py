@@ -6,7 +6,9 @@ objects for an example job (a test keeps them equal).
 
 Security choices, the same for every pod: a non-root uid (the image's `trainfeed` user), no
 privilege escalation, no capabilities, the runtime's seccomp profile, and no Kubernetes API token
-mounted (neither the master nor the workers call the Kubernetes API).
+mounted (neither the workers nor the decoders call the Kubernetes API; the master does only when
+it scales the decoders, `--decoders MIN:MAX`, through its own ServiceAccount, whose Role lets it
+read and patch that one Deployment and nothing else).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from trainfeed.cluster.spec import (
     COMPONENT_LABEL,
     DATA_MOUNT,
     DATASET_ANNOTATION,
+    DECODER_PORT,
     GRPC_PORT,
     JOB_LABEL,
     JOB_TOKEN_KEY,
@@ -41,6 +44,12 @@ BACKOFF_LIMIT_PER_INDEX = 3
 # a guard against a leak, not a sizing (metadata of very large datasets lives in memory).
 MASTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
                     "limits": {"cpu": "2", "memory": "1Gi"}}
+# A decoder holds a few requests in flight (encoded records and their decoded arrays: a 256-image
+# batch of 224 x 224 x 3 is 38 MB) per core; the limit guards against a leak.
+DECODER_MEMORY = {"requests": "2Gi", "limits": "4Gi"}
+# The annotation of the decoders' Deployment that bounds its size: "MIN:MAX" (the master's
+# autoscaler reads it there, so `kubectl annotate` changes the bounds of a running job).
+DECODERS_ANNOTATION = "trainfeed.io/decoders"
 # PyTorch DataLoader workers pass batches through /dev/shm, which container runtimes cap at 64Mi
 # by default ("bus error" in the trainer); a memory-backed emptyDir lifts the cap.
 SHM_SIZE = "2Gi"
@@ -160,6 +169,13 @@ def _grpc_probe(**timing: int) -> Obj:
     return {"grpc": {"port": GRPC_PORT}, **timing}
 
 
+def _master_account(spec: JobSpec) -> Obj:
+    """Where the master's pod gets a Kubernetes API token: only when it scales the decoders."""
+    if not spec.decoders_autoscaled:
+        return {"automountServiceAccountToken": False}
+    return {"serviceAccountName": spec.names.master, "automountServiceAccountToken": True}
+
+
 def master_deployment(spec: JobSpec) -> Obj:
     data_volumes, data_mounts = _data_volume(spec)
     container: Obj = {
@@ -194,7 +210,7 @@ def master_deployment(spec: JobSpec) -> Obj:
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
-                    "automountServiceAccountToken": False,
+                    **_master_account(spec),
                     "enableServiceLinks": False,
                     "securityContext": _pod_security(),
                     **pull_secrets(spec.image_pull_secrets),
@@ -343,9 +359,91 @@ def _sync_failure_policy() -> Obj:
     }
 
 
+def decoders_service(spec: JobSpec) -> Obj:
+    """The decode workers behind one address (`<job>-decoders:DECODER_PORT`): any decoder
+    serves any trainer, so a ClusterIP spreads connections (issue 37)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(spec, spec.names.decoders, "decoders"),
+            "spec": {"type": "ClusterIP", "selector": selector_labels(spec.name, "decoders"),
+                     "ports": [{"name": "decode", "port": DECODER_PORT, "targetPort": "decode",
+                                "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}]}}
+
+
+def decoders_deployment(spec: JobSpec) -> Obj:
+    """The stateless decode workers (issue 37): `trainfeed decoder`, reading the job's storage
+    with the master's token (they check trainers' job tokens as the master does). Their
+    replicas start at MIN; with MIN < MAX the master patches them (DECODERS_ANNOTATION)."""
+    assert spec.decoders is not None
+    data_volumes, data_mounts = _data_volume(spec)
+    container: Obj = {
+        "name": "decoder",
+        "image": spec.image,
+        "args": ["decoder", "--listen", f"0.0.0.0:{DECODER_PORT}", "--storage",
+                 spec.storage_url],
+        "env": _storage_env(spec),
+        "ports": [{"name": "decode", "containerPort": DECODER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 20,
+                          "failureThreshold": 3},
+        # No CPU limit: throttling stalls decoding; the request reserves the cores.
+        "resources": {"requests": {"cpu": spec.decoder_cpu,
+                                   "memory": DECODER_MEMORY["requests"]},
+                      "limits": {"memory": DECODER_MEMORY["limits"]}},
+        "securityContext": _container_security(read_only_root=True),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *data_mounts],
+    }
+    if spec.s3_secret:
+        container["envFrom"] = _env_from(spec)
+    metadata = _meta(spec, spec.names.decoders, "decoders")
+    low, high = spec.decoders
+    metadata["annotations"][DECODERS_ANNOTATION] = f"{low}:{high}"
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        **pull_secrets(spec.image_pull_secrets),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *data_volumes],
+    }
+    if spec.tolerations:  # decoders may share the workers' (GPU) nodes' spare cores
+        pod_spec["tolerations"] = [t.to_dict() for t in spec.tolerations]
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
+        "spec": {
+            "replicas": low,
+            "selector": {"matchLabels": selector_labels(spec.name, "decoders")},
+            "template": {"metadata": {"labels": labels(spec, "decoders")}, "spec": pod_spec},
+        },
+    }
+
+
+def scaler_objects(spec: JobSpec) -> list[Obj]:
+    """What lets the master scale the decoders and do nothing else with the API: its
+    ServiceAccount, a Role to read and patch the decoders' Deployment (that one, by name), and
+    the binding of the two."""
+    name = spec.names.decoders
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": _meta(spec, spec.names.master, "master"),
+               "automountServiceAccountToken": False}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(spec, name, "master"),
+            "rules": [{"apiGroups": ["apps"], "resources": ["deployments"],
+                       "resourceNames": [name], "verbs": ["get", "patch"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": _meta(spec, name, "master"),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": spec.names.master,
+                             **({"namespace": spec.namespace} if spec.namespace else {})}]}
+    return [account, role, binding]
+
+
 def job_objects(spec: JobSpec, token: str) -> list[Obj]:
     """Every object of the job, in the order they are created: what a pod refers to first."""
     sync = [workers_service(spec)] if spec.sync else []
-    return [token_secret(spec, token), state_claim(spec), master_service(spec),
-            master_deployment(spec), *sync, workers_job(spec)]
+    scaler = scaler_objects(spec) if spec.decoders_autoscaled else []
+    decoders = ([decoders_service(spec), decoders_deployment(spec)]
+                if spec.decoders is not None else [])
+    return [token_secret(spec, token), state_claim(spec), *scaler, master_service(spec),
+            master_deployment(spec), *decoders, *sync, workers_job(spec)]
 

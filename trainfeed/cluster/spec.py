@@ -17,6 +17,8 @@ from trainfeed.redaction import redact_url
 # The ports the image's master listens on (the contract with `trainfeed master`).
 GRPC_PORT = 50051
 METRICS_PORT = 9090
+# The port of the decode workers (`trainfeed decoder --listen 0.0.0.0:DECODER_PORT`), issue 37.
+DECODER_PORT = 50052
 # Where the pods see things.
 DATA_MOUNT = "/data"  # the shared dataset volume (--storage-pvc)
 STATE_DIR = "/var/lib/trainfeed"  # the master's state PVC
@@ -41,7 +43,7 @@ JOB_LABEL = "trainfeed.io/job"
 DATASET_ANNOTATION = "trainfeed.io/dataset"
 
 _SUFFIXES = {"master": "-master", "state": "-master-state", "workers": "-workers",
-             "auth": "-trainfeed-auth"}
+             "auth": "-trainfeed-auth", "decoders": "-decoders"}
 # Kubernetes names of Services, Jobs and label values are DNS-1123 labels of at most 63
 # characters; the longest suffix above must still fit.
 MAX_JOB_NAME = 63 - max(len(s) for s in _SUFFIXES.values())
@@ -117,6 +119,15 @@ class ObjectNames:
     @property
     def auth(self) -> str:
         return self.job + _SUFFIXES["auth"]
+
+    @property
+    def decoders(self) -> str:
+        """The decode workers' Deployment and Service (issue 37)."""
+        return self.job + _SUFFIXES["decoders"]
+
+    @property
+    def decoders_address(self) -> str:
+        return f"{self.decoders}:{DECODER_PORT}"
 
     @property
     def master_address(self) -> str:
@@ -212,6 +223,13 @@ class JobSpec:
     checkpoint_pvc: str | None = None
     # Secrets of type kubernetes.io/dockerconfigjson for private registries, given to every pod.
     image_pull_secrets: tuple[str, ...] = ()
+    # Remote decode (issue 37): the decode workers' pool size (MIN, MAX): equal for a fixed one,
+    # MIN < MAX for one the master scales (trainfeed.master.core.decoder_scaling, which the CLI
+    # parses `--decoders` with); None runs no decoders (trainers decode).
+    decoders: tuple[int, int] | None = None
+    # CPU per decoder pod: its decode threads (`trainfeed decoder` decodes on every core it
+    # has); docs/cluster.md, "Remote decode sizing", says how many a GPU needs.
+    decoder_cpu: str = "4"
 
     def __post_init__(self) -> None:
         validate_cluster_job_name(self.name)
@@ -239,12 +257,16 @@ class JobSpec:
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")
+        if self.decoders is not None and not 1 <= self.decoders[0] <= self.decoders[1]:
+            raise ValueError(f"--decoders {self.decoders[0]}:{self.decoders[1]}: expected "
+                             f"1 <= MIN <= MAX")
         self._check_resources()
         self._check_storage()
 
     def _check_resources(self) -> None:
         """The quantities and the names of the objects the pods refer to (claims, Secrets)."""
         for what, quantity in (("--worker-cpu", self.cpus_per_worker),
+                               ("--decoder-cpu", self.decoder_cpu),
                                ("--worker-memory", self.memory_per_worker),
                                ("state size", self.state_size)):
             if quantity is not None and not _QUANTITY.fullmatch(quantity):
@@ -298,6 +320,11 @@ class JobSpec:
     def storage_url(self) -> str:
         """The storage URL as the pods see it."""
         return self.storage or DATA_MOUNT
+
+    @property
+    def decoders_autoscaled(self) -> bool:
+        """The master scales the decoders (MIN < MAX), and so needs the Kubernetes API."""
+        return self.decoders is not None and self.decoders[0] < self.decoders[1]
 
     @property
     def checkpoint_dir(self) -> str | None:

@@ -36,6 +36,13 @@ since this master started, sent with their calls:
   `trainfeed_readers_input_bound`: readers whose share is over half; `trainfeed_readers_silent`:
   reader sessions not heard from for a lease timeout (their leases expire), within three
   (trainfeed.master.core.liveness): a session is alive or silent, never both.
+
+The decoders' autoscaler (issue 37; trainfeed.master.serve.decoder_autoscaler), per job whose
+decoders the master scales: `trainfeed_decoders` (the size it last set or found),
+`trainfeed_decoders_busy` (their mean busy share, 0..1) and
+`trainfeed_decoders_scaling{job,action,reason}` 1 for its last decision (action up, down or
+hold; reason one of trainfeed.master.core.decoder_scaling.REASONS, the status page has the
+sentence).
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainfeed.errors import ConfigurationError
+from trainfeed.master.core.decoder_scaling import Decision
 from trainfeed.master.core.jobs import JobStats
 from trainfeed.master.core.reader_stats import FIELDS
 from trainfeed.master.serve.status_page import MAX_FORM_BYTES
@@ -95,6 +103,14 @@ class JobReaders:
     readers_silent: int
 
 
+@dataclass(frozen=True)
+class JobDecoders:
+    """One job's last decoder scaling decision, for the exporter."""
+
+    job: str
+    decision: Decision
+
+
 class MasterCollector:
     """Builds the per-job metrics from `stats()` at each scrape.
 
@@ -107,10 +123,12 @@ class MasterCollector:
 
     def __init__(self, stats: Callable[[], Sequence[JobStats]],
                  rejected_calls: Callable[[], int] | None = None,
-                 readers: Callable[[], Sequence[JobReaders]] | None = None):
+                 readers: Callable[[], Sequence[JobReaders]] | None = None,
+                 decoders: Callable[[], Sequence[JobDecoders]] | None = None):
         self._stats = stats
         self._rejected_calls = rejected_calls
         self._readers = readers
+        self._decoders = decoders
 
     def describe(self) -> Iterator[Metric]:
         # Without this the registry would call collect() (and so the master) when registering.
@@ -139,6 +157,10 @@ class MasterCollector:
             f.input_bound.add_metric([r.job], r.input_bound)
             f.readers_input_bound.add_metric([r.job], r.readers_input_bound)
             f.readers_silent.add_metric([r.job], r.readers_silent)
+        for d in self._decoders() if self._decoders is not None else ():
+            f.decoders.add_metric([d.job], d.decision.replicas)
+            f.decoders_busy.add_metric([d.job], d.decision.busy)
+            f.decoders_scaling.add_metric([d.job, d.decision.action, d.decision.reason], 1)
         yield from f.all()
 
 
@@ -187,12 +209,22 @@ class _Families:
         self.readers_silent = GaugeMetricFamily(
             "trainfeed_readers_silent", "Reader sessions not heard from for a lease timeout",
             labels=job)
+        self.decoders = GaugeMetricFamily(
+            "trainfeed_decoders", "Decode workers of the job's pool, as its autoscaler last "
+            "set or found them", labels=job)
+        self.decoders_busy = GaugeMetricFamily(
+            "trainfeed_decoders_busy", "Mean share of their time the job's decoders were busy, "
+            "at the autoscaler's last decision", labels=job)
+        self.decoders_scaling = GaugeMetricFamily(
+            "trainfeed_decoders_scaling", "The autoscaler's last decision (1): its action "
+            "(up, down, hold) and reason", labels=["job", "action", "reason"])
 
     def all(self) -> list[Metric]:
         families = [self.info, self.epoch, self.partitions, self.tasks, self.progress,
                     self.workers, self.expired, self.records, self.bytes, self.refused,
                     *self.reader.values(), self.input_bound, self.readers_input_bound,
-                    self.readers_silent]
+                    self.readers_silent, self.decoders, self.decoders_busy,
+                    self.decoders_scaling]
         return [*families, self.rejected] if self.auth else families
 
 

@@ -67,6 +67,7 @@ class _Decoder:
     client: flight.FlightClient | None = None
     outstanding: int = 0
     asked: int = 0
+    served: int = 0  # calls answered whole
     down_until: float = 0.0
 
 
@@ -100,10 +101,10 @@ class DecoderPool:
         with self._lock:
             return sum(d.down_until <= now for d in self._decoders.values())
 
-    def asked(self) -> dict[str, int]:
-        """Calls sent to each decoder so far (tests, status)."""
+    def served(self) -> dict[str, int]:
+        """Calls each decoder answered whole so far (tests, status)."""
         with self._lock:
-            return {a: d.asked for a, d in self._decoders.items()}
+            return {a: d.served for a, d in self._decoders.items()}
 
     def _take(self) -> _Decoder | None:
         now = time.monotonic()
@@ -120,9 +121,11 @@ class DecoderPool:
                 chosen.client = flight.connect(f"grpc://{chosen.address}")
             return chosen
 
-    def _give(self, decoder: _Decoder, failed: bool) -> None:
+    def _give(self, decoder: _Decoder, failed: bool, served: bool = False) -> None:
+        client = None
         with self._lock:
             decoder.outstanding -= 1
+            decoder.served += served
             if failed:
                 decoder.down_until = time.monotonic() + DOWN_S
                 client, decoder.client = decoder.client, None
@@ -165,7 +168,7 @@ class DecoderPool:
             except BaseException:
                 self._give(decoder, failed=False)
                 raise
-            self._give(decoder, failed=False)
+            self._give(decoder, failed=False, served=True)
             return got
 
     def _call(self, decoder: _Decoder, request: DecodeRequest) -> Any:

@@ -136,6 +136,13 @@ class DecodeRequest:
             if not isinstance(text, str) or not text or len(text) > 1024:
                 raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
                                           f"characters")
+        for name, value in (("version", self.version), ("shuffle_seed", self.shuffle_seed)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
+                                          f"{str(value)[:100]!r}")
+        for name, names in (("fields", self.fields), ("image_fields", self.image_fields)):
+            if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
+                raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
         if not isinstance(self.decode, dict):
             raise DecoderRefusedError("decode must be an object of DecodeOptions' fields")
         if self.records > MAX_RECORDS or self.num_records > MAX_RECORDS:

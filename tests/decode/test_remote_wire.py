@@ -64,3 +64,14 @@ def test_a_bad_control_message_is_refused(data: bytes) -> None:
 def test_control_messages_parse() -> None:
     assert parse_control(b'{"credit": 4}') == {"credit": 4}
     assert parse_control(None) == {}
+
+
+def test_pixels_of_another_size_from_a_decoder_are_refused() -> None:
+    import pyarrow as pa
+
+    from trainfeed.decode.remote.client import received_pixels
+    column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(12), 2,
+                                                  [None, pa.py_buffer(bytes(24))])
+    assert received_pixels(column, (2, 2, 3)).images.shape == (2, 2, 2, 3)
+    with pytest.raises(DecoderRefusedError, match="images of 12 bytes"):
+        received_pixels(column, (2, 2, 1))

@@ -300,3 +300,29 @@ def test_calls_in_flight_per_client_are_bounded(storage: str) -> None:
                 with contextlib.suppress(flight.FlightError):  # the decoder's "closed" answer
                     writer.close()
             client.close()
+
+
+def test_every_other_flight_method_is_refused_plainly(storage: str) -> None:
+    """Only DoExchange serves; the rest answer so, with no traceback quoted, and only after
+    the token check."""
+    with DecoderProcess(storage, TOKEN) as decoder:
+        client = flight.connect(f"grpc://{decoder.address}")
+        good = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+        calls = {
+            "ListFlights": lambda o: list(client.list_flights(options=o)),
+            "GetFlightInfo": lambda o: client.get_flight_info(
+                flight.FlightDescriptor.for_command(b"x"), o),
+            "DoGet": lambda o: client.do_get(flight.Ticket(b"x"), o).read_all(),
+            "DoAction": lambda o: list(client.do_action(flight.Action("x", b""), o)),
+            "ListActions": lambda o: client.list_actions(o),
+        }
+        try:
+            for name, call in calls.items():
+                with pytest.raises(flight.FlightUnauthenticatedError):
+                    call(flight.FlightCallOptions())
+                with pytest.raises(flight.FlightServerError) as refused:
+                    call(good)
+                assert "serves DoExchange (decode requests) only" in str(refused.value), name
+                assert "Traceback" not in str(refused.value), name
+        finally:
+            client.close()

@@ -127,6 +127,29 @@ class DecoderServer(flight.FlightServerBase):
         with self._lock:
             self.records_sent += sent
 
+    # Every other Flight method: refused without pyarrow's default answer, which quotes a
+    # Python traceback to the caller.
+    def list_flights(self, context: Any, criteria: Any) -> Any:
+        raise _only_exchange()
+
+    def get_flight_info(self, context: Any, descriptor: Any) -> Any:
+        raise _only_exchange()
+
+    def get_schema(self, context: Any, descriptor: Any) -> Any:
+        raise _only_exchange()
+
+    def do_get(self, context: Any, ticket: Any) -> Any:
+        raise _only_exchange()
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise _only_exchange()
+
+    def do_action(self, context: Any, action: Any) -> Any:
+        raise _only_exchange()
+
+    def list_actions(self, context: Any) -> Any:
+        raise _only_exchange()
+
     def close(self) -> None:
         self.shutdown()
         self.decoders.close()
@@ -143,6 +166,10 @@ def _credit(reader: flight.MetadataRecordBatchReader) -> int:
         raise DecoderRefusedError("a trainer sends only credit, no record batches")
     metadata = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else None
     return parse_control(metadata).get("credit", 0)
+
+
+def _only_exchange() -> flight.FlightServerError:
+    return _refused("a trainfeed decoder serves DoExchange (decode requests) only")
 
 
 def _refused(message: str) -> flight.FlightServerError:

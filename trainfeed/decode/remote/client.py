@@ -300,9 +300,14 @@ def received_pixels(column: pa.ChunkedArray | pa.Array,
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     n = len(array)
     size = int(np.prod(shape))
+    if array.type.byte_width != size:  # a decoder answering with other options
+        raise DecoderRefusedError(f"a decoder sent images of {array.type.byte_width} bytes; "
+                                  f"this reader's are {shape} ({size} bytes)")
     data = array.buffers()[1]
     images = (np.frombuffer(data, np.uint8, count=n * size, offset=array.offset * size)
               .reshape(n, *shape) if n else np.empty((0, *shape), np.uint8))
+    if not images.flags.writeable:  # as received (no shuffle took rows): local batches are
+        images = images.copy()      # writable, and torch.from_numpy warns on read-only ones
     if not array.null_count:
         return DecodedBatch(images, np.ones(n, dtype=bool), ())
     ok = array.is_valid().to_numpy(zero_copy_only=False)

@@ -90,8 +90,13 @@ def test_a_remote_pass_equals_a_local_pass_byte_for_byte(storage: str, remote: A
                                pipeline=options), 2)
     with DecoderProcess(storage, TOKEN) as one, DecoderProcess(storage, TOKEN) as two:
         remote(one.address, two.address)
-        got = passes(dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
-                                 pipeline=options), 2)
+        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
+                             pipeline=options)
+        pool = reader._pipeline.remote.pool
+        got = passes(reader, 2)
+    # Every call answered whole the first time (none cut off and asked again).
+    assert pool.failed() == {one.address: 0, two.address: 0}
+    assert sum(pool.served().values()) >= 10
     assert len(got) == len(local) == 20
     for (epoch, ids, images), (_, want_ids, want) in zip(got, local):
         assert (ids == want_ids).all(), f"epoch {epoch}: another order"

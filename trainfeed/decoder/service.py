@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
+    MAX_RECORDS,
     DecodeRequest,
     DecoderRefusedError,
     end_message,
@@ -38,6 +39,8 @@ __all__ = ["DecoderServer"]
 
 # A refused call is logged once per this many seconds (a misconfigured trainer retries).
 LOG_EVERY_S = 60.0
+# Credit messages read after the end before the call ends anyway: one per chunk sent at most.
+MAX_CREDIT_MESSAGES = MAX_RECORDS + 1
 
 
 class _TokenCheck(flight.ServerMiddlewareFactory):
@@ -124,6 +127,14 @@ class DecoderServer(flight.FlightServerBase):
             credit -= 1
             sent += batch.num_rows
         writer.write_metadata(end_message(sent))
+        # Returning now would drop what is still queued to send (the last chunks, the end
+        # message: seen with pyarrow 26's Flight server when the trainer's credit messages are
+        # unread, and the trainer then asked again for nothing): wait until it closes its side.
+        for _ in range(MAX_CREDIT_MESSAGES):
+            try:
+                _credit(reader)
+            except DecoderRefusedError:
+                break
         with self._lock:
             self.records_sent += sent
 

@@ -68,6 +68,7 @@ class _Decoder:
     outstanding: int = 0
     asked: int = 0
     served: int = 0  # calls answered whole
+    failed: int = 0  # calls cut off (the decoder died, or the stream broke)
     down_until: float = 0.0
 
 
@@ -106,6 +107,11 @@ class DecoderPool:
         with self._lock:
             return {a: d.served for a, d in self._decoders.items()}
 
+    def failed(self) -> dict[str, int]:
+        """Calls of each decoder cut off so far (tests, status)."""
+        with self._lock:
+            return {a: d.failed for a, d in self._decoders.items()}
+
     def _take(self) -> _Decoder | None:
         now = time.monotonic()
         with self._lock:
@@ -126,6 +132,7 @@ class DecoderPool:
         with self._lock:
             decoder.outstanding -= 1
             decoder.served += served
+            decoder.failed += failed
             if failed:
                 decoder.down_until = time.monotonic() + DOWN_S
                 client, decoder.client = decoder.client, None
@@ -199,6 +206,7 @@ class DecoderPool:
                             raise DecoderRefusedError(
                                 f"decoder {decoder.address} sent {sent} records and said "
                                 f"{end}; the request asked for {expected}")
+                        _finish(writer, reader)
                         return
             finally:
                 try:
@@ -226,6 +234,17 @@ class DecoderPool:
                 d.client = None
         for client in clients:
             client.close()
+
+
+def _finish(writer: flight.FlightStreamWriter, reader: flight.FlightStreamReader) -> None:
+    """Closes the trainer's side and reads the call's status: the decoder waits for the close
+    before it ends the call (trainfeed.decoder.service)."""
+    writer.done_writing()
+    try:
+        while True:
+            reader.read_chunk()
+    except StopIteration:
+        pass
 
 
 class _Died(Exception):

@@ -136,10 +136,10 @@ class DecodeRequest:
             if not isinstance(text, str) or not text or len(text) > 1024:
                 raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
                                           f"characters")
-        for name, value in (("version", self.version), ("shuffle_seed", self.shuffle_seed)):
-            if value is not None and (type(value) is not int or value < 0):
+        for name, optional in (("version", self.version), ("shuffle_seed", self.shuffle_seed)):
+            if optional is not None and (type(optional) is not int or optional < 0):
                 raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
-                                          f"{str(value)[:100]!r}")
+                                          f"{str(optional)[:100]!r}")
         for name, names in (("fields", self.fields), ("image_fields", self.image_fields)):
             if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
                 raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")

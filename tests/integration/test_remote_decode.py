@@ -45,7 +45,8 @@ from trainfeed.reader.options import (
 from trainfeed.security import job_token
 from trainfeed.storage import open_storage
 
-pytestmark = pytest.mark.integration
+# Each test starts decoder processes (a second or more each on the shared CI machine).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOKEN = "decoder-test-token-0123456789"
 SIZE = (24, 24)

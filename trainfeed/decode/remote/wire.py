@@ -7,10 +7,11 @@ records in delivery order: `_id`, the small fields as stored, and each image fie
 `fixed_size_binary(H*W*C)` uint8 pixels (null: a record that failed to decode under "skip").
 The stream ends with a metadata-only message `{"end": records}`.
 
-Flight was chosen by measurement (benchmarks/remote_decode.py --transport): receiving 64-image
-chunks of 224x224x3 on one core cost the trainer 0.12-0.14 ms of CPU per image over Flight and
-0.17-0.18 ms over gRPC streaming of raw bytes (Python's gRPC copies each message into a bytes
-object; Flight hands Arrow the received buffers).
+Flight was chosen by measurement (benchmarks/remote_decode.py --transport, 2026-11-29, a shared
+2-core machine at load 18-21): receiving 64-image chunks of 224x224x3 on one core cost the
+trainer 0.11-0.16 ms of CPU per image over Flight and 0.17-0.21 ms over gRPC streaming of raw
+bytes, in four runs (Python's gRPC copies each message into a bytes object; Flight hands Arrow
+the received buffers).
 """
 from __future__ import annotations
 

@@ -267,7 +267,9 @@ def test_a_job_token_made_from_the_decoders_token_is_admitted(storage: str,
     ({"decode": {"enabled": True, "image_size": [5000, 5000]}}, "outside the bound"),
     ({"dataset": "../elsewhere"}, "dataset '../elsewhere'"),
     ({"shard": "../../outside.parquet"}, "refused unopened"),
-], ids=["chunk", "records", "image-bytes", "dataset-path", "shard-path"])
+    # Not a bound, a request it cannot serve: answered once, with the reason, not retried.
+    ({"skip": 20, "stop": 30}, "the decoder failed: CheckpointError: partition 0 of epoch 0"),
+], ids=["chunk", "records", "image-bytes", "dataset-path", "shard-path", "past-the-end"])
 def test_a_request_over_the_bounds_is_refused_with_the_reason(storage: str, changes: Any,
                                                               message: str) -> None:
     with DecoderProcess(storage, TOKEN) as decoder:

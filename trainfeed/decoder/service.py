@@ -99,6 +99,15 @@ class DecoderServer(flight.FlightServerBase):
             raise _refused(str(e)) from None
         except DecodeError as e:
             raise flight.FlightServerError(str(e), extra_info=b"decode") from None
+        except flight.FlightError:
+            raise
+        except OSError as e:  # storage trouble: another decoder may read it (the trainer asks)
+            logger.warning("decode request failed reading storage: %s", e)
+            raise flight.FlightServerError(f"reading storage failed: {e}",
+                                           extra_info=b"retry") from None
+        except Exception as e:  # a bug, or a request it cannot serve: never a traceback out
+            logger.exception("decode request failed")
+            raise _refused(f"the decoder failed: {type(e).__name__}: {e}") from None
         finally:
             with self._lock:
                 self._calls[peer] -= 1

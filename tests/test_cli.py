@@ -12,7 +12,7 @@ from trainfeed.cli.main import build_parser, main
 
 COMMANDS = ["upload", "master", "ls", "info", "publish-builtin", "demo", "preprocess",
             "sql", "health", "submit", "scale", "status", "delete", "doctor", "token",
-            "submit-upload", "upload-slice", "upload-commit"]
+            "submit-upload", "upload-slice", "upload-commit", "decoder"]
 
 
 @pytest.mark.slow

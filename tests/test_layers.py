@@ -71,6 +71,7 @@ def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
 CORE = "The master's core does no I/O: no gRPC, event loop, HTTP server, journal writer or store"
 INGEST = "Ingest writes datasets: it imports no reader, lease or master"
 SQL = "SQL sources sit under the read side: they import no reader, io, lease, master or ingest"
+DECODER = "The decode service serves the read side and is never imported by it, nor by the master"
 # One bad module per new contract (issue 36): the contract it breaks, and the import line that
 # the report must name.
 PROBES = [
@@ -89,6 +90,10 @@ PROBES = [
     ("trainfeed.sql.layer_probe", "from trainfeed.reader.checks import check_int\n",
      SQL,
      "trainfeed.sql.layer_probe -> trainfeed.reader.checks"),
+    # issue 37: the read side reaches decode workers through trainfeed.decode.remote only.
+    ("trainfeed.reader.layer_probe", "from trainfeed.decoder.work import Datasets\n",
+     DECODER,
+     "trainfeed.reader.layer_probe -> trainfeed.decoder.work"),
 ]
 
 

@@ -32,6 +32,8 @@ __all__ = [
     "CHECKPOINT_DIR",
     "CUDA_VISIBLE_DEVICES",
     "DATASET",
+    "DECODE",
+    "DECODERS",
     "GPUS",
     "JOB",
     "JOB_COMPLETION_INDEX",
@@ -166,6 +168,24 @@ def _devices(value: str) -> tuple[str, ...]:
     return tuple(d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1")
 
 
+def _decode_where(value: str) -> str:
+    where = value.strip().lower() or "local"
+    if where not in ("local", "remote"):
+        raise ValueError("expected `local` or `remote`")
+    return where
+
+
+def _addresses(value: str) -> tuple[str, ...]:
+    """`host:port` addresses, comma-separated."""
+    addresses = tuple(a.strip() for a in value.split(",") if a.strip())
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected host:port addresses separated by commas, got "
+                             f"{address!r}")
+    return addresses
+
+
 def _lower(value: str) -> str:
     return value.strip().lower() or "text"
 
@@ -240,6 +260,13 @@ TLS_SERVER_NAME: Setting[str | None] = Setting(
     "TRAINFEED_TLS_SERVER_NAME", None, _text,
     "readers: the name to check in the master's certificate when the address is not one it "
     "holds")
+DECODE: Setting[str] = Setting(
+    "TRAINFEED_DECODE", "local", _decode_where,
+    "`remote`: readers that decode images send partitions to the decoders of "
+    "TRAINFEED_DECODERS (`trainfeed decoder`) and receive pixels")
+DECODERS: Setting[tuple[str, ...]] = Setting(
+    "TRAINFEED_DECODERS", (), _addresses,
+    "with TRAINFEED_DECODE=remote: the decoders' `host:port` addresses, comma-separated")
 LOG_FORMAT: Setting[str] = Setting(
     "TRAINFEED_LOG_FORMAT", "text", _lower,
     "`json` for one JSON object per log line (or `trainfeed --log-format json`)")
@@ -278,7 +305,8 @@ JOB_COMPLETION_INDEX: Setting[int | None] = Setting(
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in (
     STORAGE, MASTER, JOB, TRAIN_LOCAL, STATE, S3_ENDPOINT, AWS_ENDPOINT_URL, MASTER_GIVE_UP_S,
     MAX_IMAGE_PIXELS, GPUS, CUDA_VISIBLE_DEVICES, WORKER_NAME, DATASET, CHECKPOINT_DIR, TOKEN,
-    TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, LOG_FORMAT, KUBECONFIG, WORLD_SIZE,
+    TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, TLS_SERVER_NAME, DECODE, DECODERS, LOG_FORMAT,
+    KUBECONFIG, WORLD_SIZE,
     RANK, LOCAL_WORLD_SIZE, TF_CONFIG, SLURM_NTASKS, SLURM_PROCID, JOB_COMPLETION_INDEX)}
 
 

@@ -33,7 +33,7 @@ COMMAND_MODULES: dict[str, str] = {
     "submit": "cluster_cmd", "scale": "cluster_cmd", "status": "cluster_cmd",
     "delete": "cluster_cmd", "submit-upload": "submit_upload_cmd",
     "upload-slice": "submit_upload_cmd", "upload-commit": "submit_upload_cmd",
-    "doctor": "doctor_cmd", "token": "token_cmd",
+    "doctor": "doctor_cmd", "token": "token_cmd", "decoder": "decoder_cmd",
 }
 
 
@@ -60,6 +60,7 @@ COMMAND_HELP: dict[str, str] = {
     "upload-commit": "publish an upload packed as slices, once every slice is done",
     "doctor": "show versions, decoders, extras and settings (paste into bug reports)",
     "token": "print a token that opens one job only",
+    "decoder": "run a decode worker (trainers with TRAINFEED_DECODE=remote send it partitions)",
 }
 
 # Commands whose process uses numpy only to move bytes, never for linear algebra: numpy's

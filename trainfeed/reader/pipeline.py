@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.decode.pixels import DecodedBatch, ImageDecoder, binary_views
+from trainfeed.decode.remote.client import DecoderPool, RemoteLoad, received_pixels
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
 from trainfeed.io.load import Load
@@ -30,7 +31,8 @@ from trainfeed.reader.backends import PassStream
 from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_loader
 from trainfeed.reader.label_ids import check_pin, delivered
 from trainfeed.reader.labels import ClassIndex
-from trainfeed.reader.options import MODES, PipelineOptions
+from trainfeed.reader.options import MODES, DecodeOptions, PipelineOptions
+from trainfeed.reader.remote_decode import request_template
 from trainfeed.reader.resample import Resampler, ratio_factors
 from trainfeed.reader.transforms import Augmentor, load_transformer
 from trainfeed.storage import Storage
@@ -73,11 +75,24 @@ class RecordNames(Sequence[str]):
         return self._name(index)
 
 
+def image_decoder(decode: DecodeOptions, mode: str, threads: int | None = None,
+                  max_pixels: int | None = None) -> ImageDecoder:
+    """The decoder a pipeline with these options runs in `mode` (`threads`: instead of the
+    options' own; `max_pixels`: the pixel budget, default $TRAINFEED_MAX_IMAGE_PIXELS). A decode
+    worker builds its decoders here too (trainfeed.decoder.work): remote and local decode are
+    one code."""
+    return ImageDecoder(decode.image_size, decode.channels,
+                        threads if threads is not None else decode.threads, decode.errors,
+                        decode.crop, crops=decode.crop_options(mode), max_pixels=max_pixels)
+
+
 class Pipeline:
     """Turns one pass's partitions into batches (dicts of arrays keyed by field name)."""
 
     def __init__(self, options: PipelineOptions, manifest: Manifest, seed: int,
-                 dataset_folder: Storage):
+                 dataset_folder: Storage, decoders: DecoderPool | None = None):
+        """`decoders`: decode workers that read and decode each partition (remote decode,
+        trainfeed.reader.remote_decode); None: read and decode here."""
         self.options = options
         self.seed = seed
         self.fields = manifest.field_names
@@ -103,11 +118,11 @@ class Pipeline:
             weights = ratio_factors(manifest.label_histogram, options.labels.class_weights)
             self.class_weights = np.array([weights.get(c, 0.0) for c in self.classes.values],
                                           dtype=np.float32)
-        decode = options.decode
-        self.decoder = (ImageDecoder(decode.image_size, decode.channels, decode.threads,
-                                     decode.errors, decode.crop,
-                                     crops=decode.crop_options(options.mode))
-                        if decode.enabled else None)
+        self.decoder = (image_decoder(options.decode, options.mode)
+                        if options.decode.enabled else None)
+        self.remote = (RemoteLoad(decoders, request_template(options, manifest, seed,
+                                                             self.image_fields))
+                       if decoders is not None and self.image_fields else None)
         self.decode_failures = 0
         self.records_decoded = 0  # and the seconds it took: reader.stats() (issue 29)
         self.decode_s = 0.0
@@ -161,15 +176,12 @@ class Pipeline:
         keep = np.ones(table.num_rows, dtype=bool)
         out: Batch = {}
         for name in self.image_fields:
-            assert self.decoder is not None
-            blobs = binary_views(table.column(name))  # zero-copy (trainfeed.decode.pixels)
             started = time.perf_counter()
-            decoded = self.decoder.decode(blobs, RecordNames(where, len(blobs)),
-                                          ids=table.column(ID_COLUMN).to_numpy(),
-                                          seed=self.seed, epoch=epoch, ragged=ragged)
+            decoded = self._decode(table.column(name), table.column(ID_COLUMN).to_numpy(),
+                                   where, epoch, ragged)
             with self._failures_lock:  # pieces convert on two threads (see `_converters`)
-                self.decode_failures += len(decoded.errors)
-                self.records_decoded += len(blobs)
+                self.decode_failures += int(np.count_nonzero(~decoded.ok))
+                self.records_decoded += len(decoded.ok)
                 self.decode_s += time.perf_counter() - started
             if decoded.errors:
                 for message in decoded.errors[:3]:
@@ -194,6 +206,19 @@ class Pipeline:
             out = {k: v[keep] for k, v in out.items()}
         return out, keep
 
+    def _decode(self, column: pa.ChunkedArray, ids: np.ndarray, where: Callable[[int], str],
+                epoch: int, ragged: bool) -> DecodedBatch:
+        """One image field of a batch decoded here, or as a decode worker sent it (pixels in
+        a fixed-size binary column: see trainfeed.decode.remote)."""
+        if pa.types.is_fixed_size_binary(column.type):
+            h, w = self.options.decode.image_size or (0, 0)
+            return received_pixels(column, (h, w, self.options.decode.channels))
+        assert self.decoder is not None
+        blobs = binary_views(column)  # zero-copy (trainfeed.decode.pixels)
+        return self.decoder.decode(blobs, RecordNames(where, len(blobs)),
+                                   ids=ids, seed=self.seed, epoch=epoch,
+                                   ragged=ragged)
+
     # -- the pass ----------------------------------------------------------------------------
     @property
     def order(self) -> str:
@@ -201,7 +226,10 @@ class Pipeline:
         return delivery_order(self.options, self.seed)
 
     def loader(self) -> Load:
-        """How the prefetcher reads a partition: resampled, in delivery order, minus its skip."""
+        """How the prefetcher reads a partition: resampled, in delivery order, minus its skip
+        (through decode workers, decoded there, with remote decode)."""
+        if self.remote is not None:
+            return self.remote
         return partition_loader(self.selector, self.seed if self.options.shuffles else None)
 
     def _cutter(self, batch_size: int) -> Cutter:

@@ -26,6 +26,7 @@ from trainfeed.reader.label_ids import check_saved
 from trainfeed.reader.meter import Counters, ReaderFigures, ReaderMeter
 from trainfeed.reader.pipeline import Pipeline, PipelineOptions, delivery_order
 from trainfeed.reader.position import ReaderPosition
+from trainfeed.reader.remote_decode import decoder_pool
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 
@@ -82,6 +83,8 @@ class Reader:
         self._connected: Backend | None = None  # made on first use: see _backend
         self.options = options or PipelineOptions()
         self._built: Pipeline | None = None  # made on first use: see _pipeline
+        # TRAINFEED_DECODE=remote: decode workers (options they cannot run refused now).
+        self._decoders = decoder_pool(self.options) if self.options.active else None
         self._lock = threading.Lock()
         self.name = name
         self.mode = mode
@@ -212,7 +215,7 @@ class Reader:
         with self._lock:
             if self._built is None:
                 self._built = Pipeline(self.options, backend.manifest, backend.seed,
-                                       backend.dataset_folder)
+                                       backend.dataset_folder, self._decoders)
             return self._built
 
     def output_spec(self) -> dict[str, tuple[tuple[int | None, ...], Any]]:
@@ -365,6 +368,8 @@ class Reader:
                 self._built.close()
         if backend is not None:
             backend.close()
+        if self._decoders is not None:
+            self._decoders.close()
 
     def __enter__(self) -> Reader:
         return self

@@ -1,0 +1,312 @@
+"""Remote decode (issue 37): the trainer's CPU per image, local against remote, and what the
+transport costs.
+
+Three measurements, in one run, on ImageNet-like JPEGs (benchmarks/make_imagenet_like.py) with
+the train workload (224x224 uint8, RandomResizedCrop + flip):
+
+1. **transport** (`--transport`): one 64-image chunk of 224x224x3 after another, server on core 1,
+   client on core 0; the client's CPU per image and per MB over Arrow Flight DoExchange-style
+   streams (`do_get`) and over gRPC streaming of raw bytes. This chose the transport.
+2. **trainer CPU per image**: a trainer process pinned to core 0 (`taskset -c 0`) reads one
+   epoch through `dist.reader` (batches of 64) decoding locally (one decode thread), then with
+   `TRAINFEED_DECODE=remote` and one decoder pinned to core 1 (`--threads 1`); its own CPU
+   seconds (getrusage, every thread) per image.
+3. **transport overhead**: the decoder's own rate with its output discarded (the decode work of
+   `trainfeed.decoder.work` on core 1, nothing sent) against the images/s a client on core 0
+   receives from the decoder on core 1 (the pool's fetch, batches discarded).
+
+    python benchmarks/remote_decode.py --images 1500 --json remote_decode.json
+
+Figures depend on the machine and on what else runs on it: the JSON records both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+IMAGE = (224, 224)
+BATCH = 64
+TOKEN = "remote-decode-benchmark-token-0"
+TRAIN = dict(decode=True, image_size=IMAGE, random_resized_crop=((0.08, 1.0), (3 / 4, 4 / 3)),
+             random_flip=True)
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- 1. transport --------------------------------------------------------------------------
+CHUNK_BYTES = BATCH * IMAGE[0] * IMAGE[1] * 3
+
+
+def _payload() -> bytes:
+    return np.random.default_rng(0).integers(0, 255, CHUNK_BYTES, dtype=np.uint8).tobytes()
+
+
+def _grpc_server(port: int, chunks: int) -> None:
+    from concurrent import futures
+
+    import grpc
+    os.sched_setaffinity(0, {1})
+    payload = _payload()
+
+    def stream(requests: Any, context: Any) -> Any:
+        next(requests)
+        for _ in range(chunks):
+            yield payload
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Raw", {"Stream": grpc.stream_stream_rpc_method_handler(stream)})
+    server = grpc.server(futures.ThreadPoolExecutor(2),
+                         options=[("grpc.max_send_message_length", 64 << 20)])
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+def _flight_server(port: int, chunks: int) -> None:
+    import pyarrow as pa
+    import pyarrow.flight as flight
+    os.sched_setaffinity(0, {1})
+    size = IMAGE[0] * IMAGE[1] * 3
+    array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(size), BATCH,
+                                                 [None, pa.py_buffer(_payload())])
+    batch = pa.record_batch([array], names=["image"])
+
+    class Server(flight.FlightServerBase):  # type: ignore[misc]
+        def do_get(self, context: Any, ticket: Any) -> Any:
+            return flight.GeneratorStream(batch.schema, (batch for _ in range(chunks)))
+    Server(f"grpc://127.0.0.1:{port}").serve()
+
+
+def _receive_grpc(port: int) -> int:
+    import grpc
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}",
+                                    options=[("grpc.max_receive_message_length", 64 << 20)])
+    grpc.channel_ready_future(channel).result(30)
+    images = 0
+    for message in channel.stream_stream("/bench.Raw/Stream")(iter([b"go"])):
+        images += len(np.frombuffer(message, np.uint8).reshape(-1, *IMAGE, 3))
+    channel.close()
+    return images
+
+
+def _receive_flight(port: int) -> int:
+    import pyarrow.flight as flight
+    client = flight.connect(f"grpc://127.0.0.1:{port}")
+    client.wait_for_available(30)
+    images = 0
+    for chunk in client.do_get(flight.Ticket(b"go")):
+        data = chunk.data.column(0).buffers()[1]
+        images += len(np.frombuffer(data, np.uint8).reshape(-1, *IMAGE, 3))
+    client.close()
+    return images
+
+
+def transport(chunks: int, repeats: int) -> dict[str, Any]:
+    """Client CPU per image and per MB for each transport (best of `repeats`)."""
+    from peers import free_port  # benchmarks/ is on sys.path (run as a script)
+    os.sched_setaffinity(0, {0})
+    out: dict[str, Any] = {}
+    spawn = multiprocessing.get_context("spawn")
+    for name, server, receive in (("flight", _flight_server, _receive_flight),
+                                  ("grpc-raw-bytes", _grpc_server, _receive_grpc)):
+        port = free_port()
+        proc = spawn.Process(target=server, args=(port, chunks), daemon=True)
+        proc.start()
+        try:
+            runs = []
+            for _ in range(repeats):
+                wall, cpu = time.perf_counter(), cpu_s()
+                images = receive(port)
+                wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
+                runs.append({"images": images, "images_per_s": images / wall,
+                             "ms_per_image": cpu / images * 1e3,
+                             "ms_per_mb": cpu / (images * CHUNK_BYTES / BATCH / 1e6) * 1e3})
+            out[name] = min(runs, key=lambda r: r["ms_per_image"])
+        finally:
+            proc.kill()
+            proc.join(10)
+    return out
+
+
+# --- 2 and 3: the roles run in pinned child processes ------------------------------------
+def role_trainer(storage: str) -> dict[str, Any]:
+    """One epoch through dist.reader (TRAINFEED_DECODE from the environment)."""
+    from trainfeed import LocalSource, dist
+    from trainfeed.reader.options import BatchOptions, DecodeOptions, PipelineOptions
+    options = PipelineOptions(decode=DecodeOptions(
+        enabled=True, image_size=IMAGE, random_resized_crop=TRAIN["random_resized_crop"],
+        random_flip=True, threads=1), batch=BatchOptions(size=BATCH))
+    reader = dist.reader("imagenet", source=LocalSource(storage=storage, seed=1),
+                         pipeline=options)
+    images = 0
+    wall, cpu = time.perf_counter(), cpu_s()
+    for batch in reader():
+        images += len(batch["_id"])
+    wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
+    reader.close()
+    return {"images": images, "images_per_s": images / wall, "ms_per_image": cpu / images * 1e3}
+
+
+def _requests(storage: str) -> list[Any]:
+    """Every row group of the dataset as a train request for records [0, n)."""
+    from trainfeed.decode.remote.client import RequestTemplate
+    from trainfeed.decode.remote.wire import chunk_records
+    from trainfeed.formats.manifest import read_manifest
+    from trainfeed.io.prefetch import TaskRef
+    from trainfeed.storage import open_storage
+    manifest = read_manifest(open_storage(storage), "imagenet")
+    template = RequestTemplate(
+        dataset="imagenet", version=manifest.dataset_version, shuffle_seed=None, seed=1,
+        mode="train", fields=tuple(manifest.field_names), image_fields=("image",),
+        decode={"enabled": True, "image_size": list(IMAGE), "random_flip": True,
+                "random_resized_crop": [list(p) for p in TRAIN["random_resized_crop"]]},
+        max_pixels=89_478_485, chunk=chunk_records(IMAGE[0] * IMAGE[1] * 3))
+    requests = []
+    for shard in manifest.shards:
+        for k, group in enumerate(shard.row_groups):
+            task = TaskRef(0, len(requests), shard.path, k, k + 1, group.num_rows)
+            requests.append(template.request(task, 0, group.num_rows))
+    return requests
+
+
+def role_discard(storage: str) -> dict[str, Any]:
+    """The decoder's work (read, order, decode, pack) for every row group, output dropped."""
+    from trainfeed.decoder.work import Datasets, Decoders, decoded_chunks
+    from trainfeed.storage import open_storage
+    datasets, decoders = Datasets(open_storage(storage)), Decoders(1)
+    images = 0
+    wall = time.perf_counter()
+    for request in _requests(storage):
+        for batch in decoded_chunks(request, datasets, decoders):
+            images += batch.num_rows
+    wall = time.perf_counter() - wall
+    decoders.close()
+    return {"images": images, "images_per_s": images / wall}
+
+
+def role_receive(storage: str) -> dict[str, Any]:
+    """The same requests fetched from the decoder at $TRAINFEED_DECODERS, batches dropped."""
+    from trainfeed.decode.remote.client import DecoderPool
+    pool = DecoderPool(os.environ["TRAINFEED_DECODERS"].split(","), TOKEN)
+    images = 0
+    wall, cpu = time.perf_counter(), cpu_s()
+    for request in _requests(storage):
+        images += sum(b.num_rows for b in pool.fetch(request))
+    wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
+    pool.close()
+    return {"images": images, "images_per_s": images / wall, "ms_per_image": cpu / images * 1e3}
+
+
+ROLES = {"trainer": role_trainer, "discard": role_discard, "receive": role_receive}
+
+
+def run_role(role: str, storage: str, core: int, env: dict[str, str] | None = None
+             ) -> dict[str, Any]:
+    """`role` in a child process pinned to `core` with taskset; its JSON answer."""
+    result = subprocess.run(
+        ["taskset", "-c", str(core), sys.executable, __file__, "--role", role,
+         "--storage", storage], capture_output=True, text=True, timeout=3600,
+        env={**os.environ, **(env or {})})
+    if result.returncode != 0:
+        raise RuntimeError(f"role {role} failed:\n{result.stderr[-3000:]}")
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def pipeline(storage: str) -> dict[str, Any]:
+    from trainfeed.decoder.process import DecoderProcess
+    local_env = {"TRAINFEED_DECODE": "local"}
+    out: dict[str, Any] = {"local": run_role("trainer", storage, 0, local_env),
+                           "discard": run_role("discard", storage, 1)}
+    with DecoderProcess(storage, TOKEN, threads=1, prefix=["taskset", "-c", "1"]) as decoder:
+        remote_env = {"TRAINFEED_DECODE": "remote", "TRAINFEED_DECODERS": decoder.address,
+                      "TRAINFEED_TOKEN": TOKEN}
+        out["remote"] = run_role("trainer", storage, 0, remote_env)
+        out["receive"] = run_role("receive", storage, 0, remote_env)
+    return out
+
+
+def make_storage(images: int, workdir: str) -> str:
+    sys.path.insert(0, HERE)
+    from make_imagenet_like import ensure_dataset
+
+    from trainfeed.upload import UploadOptions, upload
+    listing = ensure_dataset(os.path.join(workdir, "images"), images)
+    storage = os.path.join(workdir, "storage")
+    if not os.path.exists(os.path.join(storage, "imagenet")):
+        upload(listing, "imagenet", storage, UploadOptions(row_group_rows=256), progress=False)
+    return storage
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=1500, help="ImageNet-like JPEGs (default 1500)")
+    p.add_argument("--workdir", help="where images and the dataset go (default: a temporary "
+                                     "folder, deleted)")
+    p.add_argument("--chunks", type=int, default=150,
+                   help="64-image chunks per transport run (default 150)")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--transport", action="store_true", help="measure the transports only")
+    p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    p.add_argument("--storage", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.role:
+        print(json.dumps(ROLES[a.role](a.storage)))
+        return 0
+    if len(os.sched_getaffinity(0)) < 2:
+        print("needs two cores (trainer on core 0, decoder on core 1)", file=sys.stderr)
+        return 2
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "settings": {"images": a.images, "image": IMAGE, "batch": BATCH, "workload": TRAIN}}
+    report["transport"] = transport(a.chunks, 2)
+    print("| transport | images/s | client CPU per image | per MB |")
+    print("|---|---:|---:|---:|")
+    for name, r in report["transport"].items():
+        print(f"| {name} | {r['images_per_s']:.0f} | {r['ms_per_image']:.3f} ms "
+              f"| {r['ms_per_mb']:.3f} ms |")
+    if not a.transport:
+        with tempfile.TemporaryDirectory() as tmp:
+            storage = make_storage(a.images, a.workdir or tmp)
+            figures = pipeline(storage)
+        report["pipeline"] = figures
+        local, remote = figures["local"], figures["remote"]
+        print(f"\ntrainer CPU per image (core 0): local {local['ms_per_image']:.3f} ms "
+              f"({local['images_per_s']:.0f} images/s), remote {remote['ms_per_image']:.3f} ms "
+              f"({remote['images_per_s']:.0f} images/s): "
+              f"{local['ms_per_image'] / remote['ms_per_image']:.1f}x less")
+        receive, discard = figures["receive"], figures["discard"]
+        print(f"transport: received {receive['images_per_s']:.0f} images/s (client CPU "
+              f"{receive['ms_per_image']:.3f} ms/image) of the decoder's "
+              f"{discard['images_per_s']:.0f} images/s discarded locally: "
+              f"{receive['images_per_s'] / discard['images_per_s']:.0%}")
+    report["machine"]["load_avg_after"] = os.getloadavg()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""Remote decode (issue 37) against real `trainfeed decoder` processes on loopback.
+
+A remote-decoded pass equals a local-decoded one byte for byte (train crops and flips, and the
+validation centre crop); decoders SIGKILLed again and again while readers lease from a real
+master lose and repeat nothing; a decoder that comes up mid-read takes requests; what remote
+decode cannot run is refused when the reader is made, naming the option; calls without the
+token, or over a request bound, are refused with the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+from integration.services import free_port
+
+from trainfeed import LocalSource, MasterSource, dist
+from trainfeed.decode.remote import client as remote_client
+from trainfeed.decode.remote.client import DecoderPool, RequestTemplate
+from trainfeed.decode.remote.wire import (
+    MAX_CALLS_PER_CLIENT,
+    MAX_CHUNK_RECORDS,
+    MAX_RECORDS,
+    DecodeRequest,
+    DecoderRefusedError,
+)
+from trainfeed.decoder.process import DecoderProcess
+from trainfeed.errors import AuthenticationError, ConfigurationError
+from trainfeed.formats.manifest import read_manifest
+from trainfeed.io.prefetch import TaskRef
+from trainfeed.master.serve.process import MasterProcess
+from trainfeed.reader.options import (
+    BatchOptions,
+    DecodeOptions,
+    PipelineOptions,
+    SamplingOptions,
+)
+from trainfeed.security import job_token
+from trainfeed.storage import open_storage
+
+# Each test starts decoder processes (a second or more each on the shared CI machine).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOKEN = "decoder-test-token-0123456789"
+SIZE = (24, 24)
+TRAIN = PipelineOptions(
+    decode=DecodeOptions(enabled=True, image_size=SIZE,
+                         random_resized_crop=((0.08, 1.0), (3 / 4, 4 / 3)), random_flip=True),
+    batch=BatchOptions(size=10), sampling=SamplingOptions(shuffle_buffer=30))
+VALIDATION = PipelineOptions(
+    decode=DecodeOptions(enabled=True, image_size=SIZE, resize_shorter=28),
+    batch=BatchOptions(size=10), mode="validation")
+
+
+@pytest.fixture
+def remote(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Sets TRAINFEED_DECODE=remote with the given decoders (and the token) for new readers."""
+    def use(*addresses: str, token: str | None = TOKEN) -> None:
+        monkeypatch.setenv("TRAINFEED_DECODE", "remote")
+        monkeypatch.setenv("TRAINFEED_DECODERS", ",".join(addresses))
+        monkeypatch.delenv("TRAINFEED_TOKEN_FILE", raising=False)
+        if token is None:
+            monkeypatch.delenv("TRAINFEED_TOKEN", raising=False)
+        else:
+            monkeypatch.setenv("TRAINFEED_TOKEN", token)
+    return use
+
+
+def passes(reader: Any, epochs: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(epoch, ids, images) of every batch of `epochs` passes (copies)."""
+    out = []
+    try:
+        for epoch in range(epochs):
+            out += [(epoch, b["_id"].copy(), b["image"].copy()) for b in reader()]
+    finally:
+        reader.close()
+    return out
+
+
+@pytest.mark.parametrize("options", [TRAIN, VALIDATION], ids=["train", "validation"])
+def test_a_remote_pass_equals_a_local_pass_byte_for_byte(storage: str, remote: Any,
+                                                         options: PipelineOptions) -> None:
+    local = passes(dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
+                               pipeline=options), 2)
+    with DecoderProcess(storage, TOKEN) as one, DecoderProcess(storage, TOKEN) as two:
+        remote(one.address, two.address)
+        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
+                             pipeline=options)
+        pool = reader._pipeline.remote.pool
+        got = passes(reader, 2)
+    # Every call answered whole the first time (none cut off and asked again).
+    assert pool.failed() == {one.address: 0, two.address: 0}
+    assert sum(pool.served().values()) >= 10
+    assert len(got) == len(local) == 20
+    for (epoch, ids, images), (_, want_ids, want) in zip(got, local):
+        assert (ids == want_ids).all(), f"epoch {epoch}: another order"
+        assert images.dtype == want.dtype and images.shape == want.shape
+        assert images.tobytes() == want.tobytes(), f"epoch {epoch}: other pixels"
+    if options is TRAIN:  # the crops are random: epochs differ, so the test can fail
+        assert got[0][2].tobytes() != got[10][2].tobytes()
+
+
+def local_pixels(storage: str, epochs: int) -> dict[tuple[int, int], bytes]:
+    """Each (epoch, record)'s train pixels, decoded locally (crops are seeded per record, so
+    any reader's order gives the same pixels for a record)."""
+    return {(epoch, int(i)): image.tobytes()
+            for epoch, ids, images in passes(
+                dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
+                            pipeline=TRAIN), epochs)
+            for i, image in zip(ids, images)}
+
+
+def test_records_come_exactly_once_while_decoders_are_killed(storage: str,
+                                                             remote: Any) -> None:
+    """Three decoders, one SIGKILLed (and restarted on its port) every ~0.2 s, two readers
+    leasing from a master: every record of three epochs exactly once, each with its local
+    pixels."""
+    want = local_pixels(storage, 3)
+    decoders = [DecoderProcess(storage, TOKEN) for _ in range(3)]
+    done = threading.Event()
+    kills = Counter[int]()
+
+    def killer() -> None:
+        rng = random.Random(0)
+        while not done.wait(0.2):
+            k = rng.randrange(3)
+            decoders[k].kill()
+            kills[k] += 1
+            decoders[k] = DecoderProcess(storage, TOKEN, port=decoders[k].port)
+    thread = threading.Thread(target=killer, daemon=True)
+    try:
+        with MasterProcess(storage, token=TOKEN) as master:
+            remote(*(d.address for d in decoders), token=job_token(TOKEN, "killed"))
+            source = MasterSource(master.address, "killed", seed=7)
+            reader = dist.reader("flowers", source=source, pipeline=TRAIN)
+            thread.start()
+            got = passes(reader, 3)
+    finally:
+        done.set()
+        thread.join(30)
+        for d in decoders:
+            d.stop()
+    seen = Counter((epoch, int(i)) for epoch, ids, _ in got for i in ids)
+    assert set(seen) == set(want), "records lost or invented"
+    assert max(seen.values()) == 1, "a record came twice"
+    for epoch, ids, images in got:
+        for i, image in zip(ids, images):
+            assert image.tobytes() == want[(epoch, int(i))], f"record {i} of epoch {epoch}"
+    assert sum(kills.values()) >= 1
+
+
+def first_partition(storage: str) -> TaskRef:
+    """Partition 0 of epoch 0 of "flowers": the first row group of its shard (10 records)."""
+    shard = read_manifest(open_storage(storage), "flowers").shards[0].path
+    return TaskRef(0, 0, shard, 0, 1, 10)
+
+
+def a_request(storage: str, **changes: Any) -> DecodeRequest:
+    """Validation records [0, 10) of partition 0, 10 a chunk, with `changes`."""
+    template = RequestTemplate(
+        dataset="flowers", version=None, shuffle_seed=None, seed=0, mode="validation",
+        fields=("image", "label"), image_fields=("image",),
+        decode={"enabled": True, "image_size": SIZE, "resize_shorter": 28},
+        max_pixels=1 << 24, chunk=10)
+    request = template.request(first_partition(storage), 0, 10)
+    return DecodeRequest(**{**request.__dict__, **changes})
+
+
+def test_a_segment_goes_on_from_the_last_record_received(storage: str,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The decoder serving a segment dies after two chunks of one record: the rest comes from
+    the other one, and the records equal an undisturbed fetch's."""
+    request = a_request(storage, shuffle_seed=7, seed=7, mode="train", skip=2, stop=9, chunk=1,
+                        decode={"enabled": True, "image_size": SIZE, "random_flip": True,
+                                "random_resized_crop": [[0.08, 1], [0.75, 1.3]]})
+    with DecoderProcess(storage, TOKEN) as first, DecoderProcess(storage, TOKEN) as second:
+        pool = DecoderPool([first.address], TOKEN)
+        undisturbed = pool.fetch(request)
+        pool.add(second.address)
+        call = DecoderPool._call
+
+        def dying(self: DecoderPool, decoder: Any, rest: DecodeRequest) -> Iterator[Any]:
+            for n, batch in enumerate(call(self, decoder, rest)):
+                yield batch
+                if decoder.address == first.address and n == 1:
+                    first.kill()  # mid-stream: two records received, credit for more
+        monkeypatch.setattr(DecoderPool, "_call", dying)
+        got = pool.fetch(request)
+        pool.close()
+    rows = [r for b in got for r in b.to_pylist()]
+    assert rows == [r for b in undisturbed for r in b.to_pylist()]
+    assert len(rows) == 7
+
+
+def test_a_decoder_that_comes_up_mid_read_takes_requests(storage: str, remote: Any,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Two decoders listed, the second not yet started: the first serves; once the second is
+    up (and its DOWN_S pause is over) the next epoch's requests go to both."""
+    with DecoderProcess(storage, TOKEN) as first:
+        late_port = free_port()
+        remote(first.address, f"127.0.0.1:{late_port}")
+        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=7),
+                             pipeline=TRAIN)
+        try:
+            assert sum(len(b["_id"]) for b in reader()) == 100
+            with DecoderProcess(storage, TOKEN, port=late_port) as late:
+                time.sleep(remote_client.DOWN_S)
+                assert sum(len(b["_id"]) for b in reader()) == 100
+                pipeline = reader._pipeline
+                assert pipeline.remote is not None
+                served = pipeline.remote.pool.served()
+        finally:
+            reader.close()
+    assert served[late.address] > 0, served
+    assert served[first.address] > 0, served
+
+
+def test_options_remote_decode_cannot_run_are_refused_at_creation(storage: str,
+                                                                  remote: Any) -> None:
+    remote("127.0.0.1:1")
+    local = LocalSource(storage=storage)
+    with pytest.raises(ConfigurationError, match="image_size=None"):
+        dist.reader("flowers", source=local, pipeline=PipelineOptions(
+            decode=DecodeOptions(enabled=True), batch=BatchOptions(size=10)))
+    with pytest.raises(ConfigurationError, match="resample='uniform'"):
+        dist.reader("flowers", source=local, pipeline=PipelineOptions(
+            decode=DecodeOptions(enabled=True, image_size=SIZE), batch=BatchOptions(size=10),
+            sampling=SamplingOptions(resample="uniform")))
+    remote()
+    with pytest.raises(ConfigurationError, match="TRAINFEED_DECODERS=host:port"):
+        dist.reader("flowers", source=local, pipeline=TRAIN)
+
+
+@pytest.mark.parametrize("token", [None, "not-the-decoders-token-0000", job_token("other", "j")],
+                         ids=["missing", "wrong", "job-token-of-another-master"])
+def test_a_call_without_the_token_is_refused(storage: str, remote: Any,
+                                             token: str | None) -> None:
+    with DecoderProcess(storage, TOKEN) as decoder:
+        remote(decoder.address, token=token)
+        reader = dist.reader("flowers", source=LocalSource(storage=storage), pipeline=TRAIN)
+        with pytest.raises(AuthenticationError, match="refused the token"):
+            passes(reader, 1)
+
+
+def test_a_job_token_made_from_the_decoders_token_is_admitted(storage: str,
+                                                              remote: Any) -> None:
+    with DecoderProcess(storage, TOKEN) as decoder:
+        remote(decoder.address, token=job_token(TOKEN, "some-job"))
+        got = passes(dist.reader("flowers", source=LocalSource(storage=storage),
+                                 pipeline=TRAIN), 1)
+    assert sum(len(ids) for _, ids, _ in got) == 100
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"chunk": MAX_CHUNK_RECORDS + 1}, f"outside the bound \\[1, {MAX_CHUNK_RECORDS}\\]"),
+    ({"num_records": MAX_RECORDS + 1, "stop": MAX_RECORDS + 1},
+     f"over the bound of {MAX_RECORDS} records per request"),
+    ({"decode": {"enabled": True, "image_size": [5000, 5000]}}, "outside the bound"),
+    ({"dataset": "../elsewhere"}, "dataset '../elsewhere'"),
+    ({"shard": "../../outside.parquet"}, "refused unopened"),
+    # Not a bound, a request it cannot serve: answered once, with the reason, not retried.
+    ({"skip": 20, "stop": 30}, "the decoder failed: CheckpointError: partition 0 of epoch 0"),
+], ids=["chunk", "records", "image-bytes", "dataset-path", "shard-path", "past-the-end"])
+def test_a_request_over_the_bounds_is_refused_with_the_reason(storage: str, changes: Any,
+                                                              message: str) -> None:
+    with DecoderProcess(storage, TOKEN) as decoder:
+        pool = DecoderPool([decoder.address], TOKEN)
+        try:
+            assert len(pool.fetch(a_request(storage))[0]) == 10  # the request as made is served
+            with pytest.raises(DecoderRefusedError, match=message):
+                pool.fetch(a_request(storage, **changes))
+        finally:
+            pool.close()
+
+
+def test_calls_in_flight_per_client_are_bounded(storage: str) -> None:
+    """A client holding MAX_CALLS_PER_CLIENT calls open (no credit granted) is refused one
+    more, with the bound named."""
+    with DecoderProcess(storage, TOKEN) as decoder:
+        client = flight.connect(f"grpc://{decoder.address}")
+        options = flight.FlightCallOptions(
+            headers=[(b"authorization", f"Bearer {TOKEN}".encode())], timeout=60)
+        command = flight.FlightDescriptor.for_command(a_request(storage).encode())
+        held = [client.do_exchange(command, options) for _ in range(MAX_CALLS_PER_CLIENT)]
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # the held calls reach the decoder in their own time
+                writer, reader = client.do_exchange(command, options)
+                writer.write_metadata(b'{"credit": 1}')
+                try:
+                    reader.read_chunk()
+                except flight.FlightServerError as e:
+                    assert f"the bound is {MAX_CALLS_PER_CLIENT} per client" in str(e)
+                    break
+                assert time.monotonic() < deadline, "never refused"
+                writer.close()
+        finally:
+            for writer, _ in held:
+                with contextlib.suppress(flight.FlightError):  # the decoder's "closed" answer
+                    writer.close()
+            client.close()
+
+
+def test_every_other_flight_method_is_refused_plainly(storage: str) -> None:
+    """Only DoExchange serves; the rest answer so, with no traceback quoted, and only after
+    the token check."""
+    with DecoderProcess(storage, TOKEN) as decoder:
+        client = flight.connect(f"grpc://{decoder.address}")
+        good = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+        calls = {
+            "ListFlights": lambda o: list(client.list_flights(options=o)),
+            "GetFlightInfo": lambda o: client.get_flight_info(
+                flight.FlightDescriptor.for_command(b"x"), o),
+            "DoGet": lambda o: client.do_get(flight.Ticket(b"x"), o).read_all(),
+            "DoAction": lambda o: list(client.do_action(flight.Action("x", b""), o)),
+            "ListActions": lambda o: client.list_actions(o),
+        }
+        try:
+            for name, call in calls.items():
+                with pytest.raises(flight.FlightUnauthenticatedError):
+                    call(flight.FlightCallOptions())
+                with pytest.raises(flight.FlightServerError) as refused:
+                    call(good)
+                assert "serves DoExchange (decode requests) only" in str(refused.value), name
+                assert "Traceback" not in str(refused.value), name
+        finally:
+            client.close()

@@ -1,0 +1,73 @@
+"""`trainfeed decoder`: a stateless decode worker for trainers that decode remotely (issue 37)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.errors import ConfigurationError
+from trainfeed.security import (
+    HOW_TO_MAKE_A_TOKEN,
+    MIN_TOKEN_CHARS,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    load_token,
+)
+
+logger = logging.getLogger(__name__)
+
+HELP = "run a decode worker (trainers with TRAINFEED_DECODE=remote send it partitions)"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "decoder", help=HELP,
+        description="Read partitions of a storage's datasets and decode them for trainers "
+                    "(TRAINFEED_DECODE=remote, TRAINFEED_DECODERS=host:port,... on the "
+                    "trainers): the same crops, flips and seeds as local decode, streamed as "
+                    "uint8 pixels over Arrow Flight. Stateless: start and stop any number. "
+                    f"Every call must carry the job's token (${TOKEN_ENV}, or the file named "
+                    f"by ${TOKEN_FILE_ENV}: the master's token, which also admits the job "
+                    "tokens made from it), unless --insecure.")
+    add_storage_options(p)
+    p.add_argument("--listen", metavar="HOST:PORT", default="0.0.0.0:50052",
+                   help="address to listen on (default 0.0.0.0:50052; port 0 picks a free one, "
+                        "printed at start)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="decode threads (default: this process's cores)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve without a token: anyone who can reach the port can read the "
+                        "storage's datasets through it")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfeed.decoder.service import DecoderServer  # Flight: only for this command
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigurationError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. "
+                                 f"0.0.0.0:50052")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
+    found = load_token()
+    if args.insecure and found:
+        raise ConfigurationError(f"--insecure and a token ({found[1]}) exclude each other: "
+                                 f"drop --insecure to require the token, or unset it")
+    if not args.insecure and not found:
+        raise ConfigurationError(
+            f"no token: a decoder requires one. Set ${TOKEN_ENV} (or ${TOKEN_FILE_ENV}) to the "
+            f"master's token, made e.g. with {HOW_TO_MAKE_A_TOKEN}; or pass --insecure")
+    token = found[0] if found else None
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        logger.warning("the token is only %d characters long: a short token can be guessed; "
+                       "make one with %s", len(token), HOW_TO_MAKE_A_TOKEN)
+    server = DecoderServer(f"grpc://{host}:{port}", storage_from(args), token, args.threads)
+    print(f"trainfeed decoder listening on {host}:{server.port} (pid {os.getpid()})",
+          flush=True)
+    try:
+        server.serve()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,333 @@
+"""The trainer's side of remote decode: a partition's records, decoded by decode workers.
+
+`DecoderPool` holds a static list of decoders (discovery through the master comes later) and
+sends each request to the one with the fewest calls outstanding (ties: the one asked least).
+`RemoteLoad` is the pass's `Load` (trainfeed.io.load): it cuts a task's records into up to one
+segment per decoder, fetches the segments at once, and returns them joined, in delivery order,
+the image fields as fixed-size binary pixels (`received_pixels` turns them into the arrays local
+decode makes). A decoder that dies mid-segment loses nothing: the rest of the segment, from the
+last record received, goes to another decoder, which decodes it to the same bytes (crops are
+seeded per record).
+
+Thread-safety: a pool is shared by a reader's passes and their segment threads (one lock);
+`close()` is idempotent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from trainfeed.decode.pixels import DecodedBatch
+from trainfeed.decode.remote.wire import (
+    MAX_CREDIT,
+    DecodeRequest,
+    DecoderRefusedError,
+    credit_message,
+    parse_control,
+)
+from trainfeed.errors import AuthenticationError, DecodeError, TrainfeedError
+from trainfeed.io.partition_reader import PartitionReader
+from trainfeed.io.prefetch import TaskRef
+from trainfeed.security import AUTH_METADATA_KEY, BEARER_SCHEME
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DecoderPool", "DecodersUnavailableError", "RemoteLoad", "received_pixels"]
+
+# Chunks granted ahead (the decoder decodes while earlier chunks travel): 4 x ~8 MB in flight
+# per segment, half the wire bound (MAX_CREDIT).
+CREDIT = min(4, MAX_CREDIT)
+# A decoder that failed a call is not asked again for this long (unless all are down).
+DOWN_S = 1.0
+# Without a record received from any decoder for this long, the task fails (the master gives
+# it to another reader; a local pass ends with the error).
+GIVE_UP_S = 60.0
+# A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
+CALL_TIMEOUT_S = 120.0
+
+
+class DecodersUnavailableError(TrainfeedError, ConnectionError):
+    """No decoder answered for GIVE_UP_S (a ConnectionError: a master-fed pass reports the
+    task failed and goes on; see trainfeed.lease.tasks)."""
+
+
+@dataclass
+class _Decoder:
+    address: str
+    client: flight.FlightClient | None = None
+    outstanding: int = 0
+    asked: int = 0
+    served: int = 0  # calls answered whole
+    failed: int = 0  # calls cut off (the decoder died, or the stream broke)
+    down_until: float = 0.0
+
+
+class DecoderPool:
+    """Decode workers by address ("host:port"), the least loaded asked first."""
+
+    def __init__(self, addresses: Sequence[str], token: str | None,
+                 give_up_s: float = GIVE_UP_S):
+        if not addresses:
+            raise ValueError("remote decode needs at least one decoder address (host:port)")
+        self._lock = threading.Lock()
+        self._decoders = {a: _Decoder(a) for a in addresses}
+        self._headers = ([(AUTH_METADATA_KEY.encode(), f"{BEARER_SCHEME} {token}".encode())]
+                         if token else [])
+        self.give_up_s = give_up_s
+        self.closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        with self._lock:
+            return list(self._decoders)
+
+    def add(self, address: str) -> None:
+        """A decoder that joined (it takes requests from the next one on)."""
+        with self._lock:
+            self._decoders.setdefault(address, _Decoder(address))
+
+    def live(self) -> int:
+        """Decoders not marked down now."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(d.down_until <= now for d in self._decoders.values())
+
+    def served(self) -> dict[str, int]:
+        """Calls each decoder answered whole so far (tests, status)."""
+        with self._lock:
+            return {a: d.served for a, d in self._decoders.items()}
+
+    def failed(self) -> dict[str, int]:
+        """Calls of each decoder cut off so far (tests, status)."""
+        with self._lock:
+            return {a: d.failed for a, d in self._decoders.items()}
+
+    def _take(self) -> _Decoder | None:
+        now = time.monotonic()
+        with self._lock:
+            if self.closed:
+                raise ValueError("the decoder pool is closed")
+            up = [d for d in self._decoders.values() if d.down_until <= now]
+            if not up:
+                return None
+            chosen = min(up, key=lambda d: (d.outstanding, d.asked))
+            chosen.outstanding += 1
+            chosen.asked += 1
+            if chosen.client is None:
+                chosen.client = flight.connect(f"grpc://{chosen.address}")
+            return chosen
+
+    def _give(self, decoder: _Decoder, failed: bool, served: bool = False) -> None:
+        client = None
+        with self._lock:
+            decoder.outstanding -= 1
+            decoder.served += served
+            decoder.failed += failed
+            if failed:
+                decoder.down_until = time.monotonic() + DOWN_S
+                client, decoder.client = decoder.client, None
+        if failed and client is not None:
+            try:
+                client.close()
+            except Exception:  # a connection to a dead decoder may fail to close
+                pass
+
+    def fetch(self, request: DecodeRequest) -> list[pa.RecordBatch]:
+        """The request's records, from whichever decoders answer: on a decoder's death the
+        rest (from the last record received) is asked of another. Raises DecoderRefusedError
+        (a request no decoder would serve), DecodeError (a record that cannot be decoded,
+        under "raise"), AuthenticationError (a token refused), DecodersUnavailableError."""
+        got: list[pa.RecordBatch] = []
+        received = 0
+        progress_at = time.monotonic()
+        while True:
+            rest = dataclasses.replace(request, skip=request.skip + received)
+            decoder = self._take()
+            if decoder is None:
+                if time.monotonic() - progress_at > self.give_up_s:
+                    raise DecodersUnavailableError(
+                        f"no decoder of {self.addresses} answered for {self.give_up_s:g} s "
+                        f"(partition {request.partition} of epoch {request.epoch}): start "
+                        f"`trainfeed decoder`s, or unset TRAINFEED_DECODE to decode locally")
+                time.sleep(DOWN_S / 4)
+                continue
+            before = received
+            try:
+                for batch in self._call(decoder, rest):
+                    got.append(batch)
+                    received += batch.num_rows
+                    progress_at = time.monotonic()
+            except _Died as e:
+                self._give(decoder, failed=True)
+                logger.info("decoder %s failed after %d of %d records (%s); asking another for "
+                            "the rest", decoder.address, received - before, rest.records, e)
+                continue
+            except BaseException:
+                self._give(decoder, failed=False)
+                raise
+            self._give(decoder, failed=False, served=True)
+            return got
+
+    def _call(self, decoder: _Decoder, request: DecodeRequest) -> Any:
+        """One DoExchange: yields the record batches; raises _Died if the decoder went away."""
+        assert decoder.client is not None
+        options = flight.FlightCallOptions(headers=self._headers, timeout=CALL_TIMEOUT_S)
+        expected = request.records
+        try:
+            writer, reader = decoder.client.do_exchange(
+                flight.FlightDescriptor.for_command(request.encode()), options)
+            try:
+                writer.write_metadata(credit_message(CREDIT))
+                sent = 0
+                while True:
+                    try:
+                        chunk = reader.read_chunk()
+                    except StopIteration:
+                        raise _Died(f"the stream ended after {sent} of {expected} records") \
+                            from None
+                    if chunk.data is not None:
+                        writer.write_metadata(credit_message(1))
+                        sent += chunk.data.num_rows
+                        yield chunk.data  # an empty one too: it carries the schema
+                    end = parse_control(chunk.app_metadata.to_pybytes()
+                                        if chunk.app_metadata is not None else None).get("end")
+                    if end is not None:
+                        if end != sent or sent != expected:
+                            raise DecoderRefusedError(
+                                f"decoder {decoder.address} sent {sent} records and said "
+                                f"{end}; the request asked for {expected}")
+                        _finish(writer, reader)
+                        return
+            finally:
+                try:
+                    writer.close()
+                except flight.FlightError:
+                    pass
+        except flight.FlightUnauthenticatedError as e:
+            raise AuthenticationError(f"decoder {decoder.address} refused the token: "
+                                      f"{_message(e)}") from None
+        except flight.FlightServerError as e:
+            kind = bytes(e.extra_info or b"")
+            if kind == b"refused":
+                raise DecoderRefusedError(f"decoder {decoder.address}: {_message(e)}") from None
+            if kind == b"decode":
+                raise DecodeError(_message(e)) from None
+            raise _Died(_message(e)) from None
+        except (flight.FlightError, OSError, pa.ArrowException) as e:
+            raise _Died(_message(e)) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            clients = [d.client for d in self._decoders.values() if d.client is not None]
+            for d in self._decoders.values():
+                d.client = None
+        for client in clients:
+            client.close()
+
+
+def _finish(writer: flight.FlightStreamWriter, reader: flight.FlightStreamReader) -> None:
+    """Closes the trainer's side and reads the call's status: the decoder waits for the close
+    before it ends the call (trainfeed.decoder.service)."""
+    writer.done_writing()
+    try:
+        while True:
+            reader.read_chunk()
+    except StopIteration:
+        pass
+
+
+class _Died(Exception):
+    """A decoder went away mid-call (connection lost, stream cut, internal error)."""
+
+
+def _message(error: BaseException) -> str:
+    """A Flight error's own message, without gRPC's debug context."""
+    return str(error).split(". Detail:", 1)[0].split(". gRPC client debug context", 1)[0]
+
+
+@dataclass(frozen=True)
+class RequestTemplate:
+    """What every request of one pipeline shares (DecodeRequest less the task)."""
+
+    dataset: str
+    version: int | None
+    shuffle_seed: int | None
+    seed: int
+    mode: str
+    fields: tuple[str, ...]
+    image_fields: tuple[str, ...]
+    decode: dict[str, Any]
+    max_pixels: int
+    chunk: int
+
+    def request(self, task: TaskRef, skip: int, stop: int) -> DecodeRequest:
+        return DecodeRequest(
+            dataset=self.dataset, version=self.version, epoch=task.epoch,
+            partition=task.partition, shard=task.shard, row_group_start=task.row_group_start,
+            row_group_stop=task.row_group_stop, num_records=task.num_records,
+            row_start=task.row_start, skip=skip, stop=stop, shuffle_seed=self.shuffle_seed,
+            seed=self.seed, mode=self.mode, fields=self.fields,
+            image_fields=self.image_fields, decode=self.decode,
+            max_pixels=self.max_pixels, chunk=self.chunk)
+
+
+class RemoteLoad:
+    """A pass's `Load` through decoders: a task's records [skip, stop) in delivery order, cut
+    into up to one segment per live decoder (at least a chunk each), fetched at once."""
+
+    def __init__(self, pool: DecoderPool, template: RequestTemplate):
+        self.pool = pool
+        self.template = template
+
+    def __call__(self, reader: PartitionReader, task: TaskRef) -> pa.Table:
+        start, end = task.skip, task.stop or task.num_records
+        if end <= start:
+            end = start  # an empty request still checks the task against the decoder
+        count = max(1, min(self.pool.live(), -(-(end - start) // self.template.chunk)))
+        bounds = np.linspace(start, end, count + 1).round().astype(int).tolist()
+        requests = [self.template.request(task, a, b) for a, b in zip(bounds, bounds[1:])]
+        if len(requests) == 1:
+            batches = self.pool.fetch(requests[0])
+        else:
+            with ThreadPoolExecutor(len(requests), thread_name_prefix="trainfeed-remote") as ex:
+                batches = [b for part in ex.map(self.pool.fetch, requests) for b in part]
+        if not batches:
+            return _empty(self.template)
+        return pa.Table.from_batches(batches)
+
+
+def _empty(template: RequestTemplate) -> pa.Table:
+    """A table of no rows (schema-less tasks are rare: a task with nothing left to deliver)."""
+    return pa.table({"_id": pa.array([], pa.int64())})
+
+
+def received_pixels(column: pa.ChunkedArray | pa.Array,
+                    shape: tuple[int, int, int]) -> DecodedBatch:
+    """A column of decoded pixels (fixed-size binary, null: failed under "skip") as the
+    DecodedBatch local decode makes: the images of the rows that decoded, and which did."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(array)
+    size = int(np.prod(shape))
+    if array.type.byte_width != size:  # a decoder answering with other options
+        raise DecoderRefusedError(f"a decoder sent images of {array.type.byte_width} bytes; "
+                                  f"this reader's are {shape} ({size} bytes)")
+    data = array.buffers()[1]
+    images = (np.frombuffer(data, np.uint8, count=n * size, offset=array.offset * size)
+              .reshape(n, *shape) if n else np.empty((0, *shape), np.uint8))
+    if not images.flags.writeable:  # as received (no shuffle took rows): local batches are
+        images = images.copy()      # writable, and torch.from_numpy warns on read-only ones
+    if not array.null_count:
+        return DecodedBatch(images, np.ones(n, dtype=bool), ())
+    ok = array.is_valid().to_numpy(zero_copy_only=False)
+    return DecodedBatch(images[ok], ok, ())

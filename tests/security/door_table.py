@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 SECURITY_DOC = REPO / "docs" / "security.md"
 HEADING = "## Doors"
 COLUMNS = ("door", "kind", "who can send it", "bound", "escaped or confined how", "test")
-KINDS = ("grpc", "session", "http", "file", "cli/env", "text")
+# k8s: an object the master reads back from the Kubernetes API (the decoder autoscaler).
+KINDS = ("grpc", "session", "http", "file", "cli/env", "text", "k8s")
 TODO = "TODO"
 _CODE = re.compile(r"`([^`]+)`")
 _SEPARATOR = re.compile(r"<br\s*/?>|,")

@@ -124,6 +124,10 @@ class DecodeRequest:
     def check(self) -> None:
         """Raises DecoderRefusedError unless the request keeps the bounds (types included:
         a request comes from the network)."""
+        self._check_types()
+        self._check_bounds()
+
+    def _check_types(self) -> None:
         ints = {"epoch": self.epoch, "partition": self.partition,
                 "row_group_start": self.row_group_start, "row_group_stop": self.row_group_stop,
                 "num_records": self.num_records, "row_start": self.row_start,
@@ -146,6 +150,8 @@ class DecodeRequest:
                 raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
         if not isinstance(self.decode, dict):
             raise DecoderRefusedError("decode must be an object of DecodeOptions' fields")
+
+    def _check_bounds(self) -> None:
         if self.records > MAX_RECORDS or self.num_records > MAX_RECORDS:
             raise DecoderRefusedError(
                 f"request for {max(self.records, self.num_records)} records is over the bound "

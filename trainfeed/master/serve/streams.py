@@ -100,6 +100,8 @@ class Streams:
         self.core = shell.core
         self.status_code = status_code  # the servicer's one table of refusals
         self.refusals = refusals
+        # Seconds a grant asked without a long-poll took (the metrics' lease-grant histogram).
+        self.on_grant: Callable[[float], None] = lambda seconds: None
         self._open: dict[tuple[str, str], _Outbox] = {}  # the session's stream for its events
 
     def deliver(self, told: list[Told]) -> None:
@@ -224,8 +226,11 @@ class Streams:
         """Answers a `get_tasks` once durable, long-polling (up to its `wait_ms`, at most
         MAX_WAIT_MS) while the coordinator hands back an Ask; refused, with `grant_refused`
         (its status code's name, then why)."""
+        started = time.perf_counter()
         try:
             event = await self._long_poll(job, worker, message)
+            if not message.get_tasks.wait_ms:
+                self.on_grant(time.perf_counter() - started)
         except self.refusals as e:
             self.shell.flush()  # (what it changed is made durable, not waited for)
             why = e.message if isinstance(e, CallError) else str(e)

@@ -409,7 +409,7 @@ class SessionStream:
         return bool(self._call.cancel())
 
 
-class _Refused(grpc.RpcError):
+class _Refused(grpc.RpcError):  # type: ignore[misc]
     """A `grant_refused` answer (or a stream ended unanswered), raised as a refused call (its
     text starts with the status code's name), so that `_call` handles it as one."""
 

@@ -21,7 +21,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import grpc
@@ -113,7 +113,7 @@ class Streams:
                 outbox.tell(t.event)
 
     async def serve(self, requests: AsyncIterator[pb.SessionMessage],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEvent]:
+                    context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.WatchEvent, None]:
         """One Session stream: its opening, then answers and events until either side ends."""
         opening = await anext(aiter(requests), None)
         if opening is None:

@@ -272,6 +272,7 @@ async def _worker(index: int, stub: Any, worker_id: str, secret: str, cfg: dict[
         await asyncio.sleep(random.uniform(0, think_s))
     epoch, wait_ms, warm = -1, 0, False
     held: list[Any] = []
+    stream: _GrantStream | None = None
     statuses = {pb.GetTasksResponse.TASKS: "tasks", pb.GetTasksResponse.WAIT: "wait",
                 pb.GetTasksResponse.EPOCH_DONE: "epoch_done"}
     while time.monotonic() < shared.stop_at:
@@ -284,11 +285,12 @@ async def _worker(index: int, stub: Any, worker_id: str, secret: str, cfg: dict[
                 lease=task.lease)
                 for task in held]
             # Like a reader: it holds nothing but the tasks it reports (reconcile costs too).
-            request = pb.GetTasksRequest(job=cfg["job"], worker_id=worker_id, epoch=epoch,
-                                         max_tasks=cfg["tasks_per_call"], wait_ms=wait_ms,
-                                         reports=reports, reconcile=True,
-                                         session_secret=secret)
-            call = stub.GetTasks
+            request = pb.GetTasksRequest(epoch=epoch, max_tasks=cfg["tasks_per_call"],
+                                         wait_ms=wait_ms, reports=reports, reconcile=True)
+            if stream is None:  # (protocol 3: a reader's grants ride its Session stream)
+                stream = _GrantStream(stub, pb.WatchRequest(
+                    job=cfg["job"], worker_id=worker_id, session_secret=secret))
+            call = stream.ask
         start = time.perf_counter()
         if wait_ms == 0:
             shared.in_flight[index] = start
@@ -324,6 +326,41 @@ async def _worker(index: int, stub: Any, worker_id: str, secret: str, cfg: dict[
             shared.errors.append(f"unexpected GetTasks answer: {status}")
             return
         shared.max_epoch = max(shared.max_epoch, epoch)
+
+
+class _GrantStream:
+    """A worker's Session stream, asked for tasks one `get_tasks` at a time (`ask`, awaited as
+    a GetTasks call was)."""
+
+    def __init__(self, stub: Any, opening: Any):
+        from trainfeed.v1 import master_pb2 as pb
+
+        self._pb = pb
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._outbox.put_nowait(pb.SessionMessage(open=opening))
+        self._call = stub.Session(self._messages())
+        self._seq = 0
+
+    async def _messages(self) -> Any:
+        while True:
+            message = await self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    async def ask(self, request: Any, timeout: float) -> Any:
+        import grpc
+
+        self._seq += 1
+        self._outbox.put_nowait(self._pb.SessionMessage(seq=self._seq, get_tasks=request))
+        while True:
+            event = await asyncio.wait_for(self._call.read(), timeout)
+            if event is grpc.aio.EOF:
+                raise RuntimeError("the master ended the Session stream")
+            if event.answers == self._seq:
+                if event.grant_refused:
+                    raise RuntimeError(f"get_tasks refused: {event.grant_refused}")
+                return event.grant
 
 
 async def _recv(conn: multiprocessing.connection.Connection, timeout_s: float,

@@ -16,9 +16,12 @@ Still 2: grants on the Session stream (`get_tasks` messages answered with WatchE
 issue 28) are offered by the master in its Session stream's first event (`grants`): a reader uses
 them only when offered, a master that offers them still answers GetTasks calls and plain
 messages, and no existing field changed meaning.
+3 — issue 36: one conversation. The GetTasks, Report and Watch rpcs are gone: after OpenJob a
+reader speaks only on its Session stream (and LeaveJob); a refused report no longer refuses its
+message (the answer lists it), and a broken stream is reopened with the same secret.
 """
 from __future__ import annotations
 
 __all__ = ["PROTOCOL_VERSION"]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3

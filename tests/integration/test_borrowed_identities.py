@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
-from integration.raw_calls import open_request
+from integration.raw_calls import exchange, open_request, session_open
 
 from trainfeed import MasterSource, dist
 from trainfeed.errors import AuthenticationError, JobError
@@ -118,6 +118,19 @@ def stub_of(channel: grpc.Channel) -> master_pb2_grpc.MasterStub:
     return master_pb2_grpc.MasterStub(channel)
 
 
+def on_session(stub: master_pb2_grpc.MasterStub, worker: str, secret: str
+               ) -> Callable[..., pb.WatchEvent]:
+    """A call of session `worker` (opened with `secret`) as protocol 3 makes it: one message on
+    a Session stream (raw_calls.exchange)."""
+    def call(message: pb.SessionMessage, timeout: float) -> pb.WatchEvent:
+        return exchange(stub, session_open("j", worker, secret), message, None, timeout)
+    return call
+
+
+def report(**fields: Any) -> pb.SessionMessage:
+    return pb.SessionMessage(seq=1, report=pb.ReportRequest(**fields))
+
+
 def attempt(call: Callable[..., Any], request: Any) -> tuple[grpc.StatusCode, str]:
     """The status (OK if accepted) and error text of a call: forgeries are collected during the
     pass and judged after it, so that where one is accepted the test shows what it cost."""
@@ -155,9 +168,8 @@ def test_a_forged_released_is_refused(storage: str) -> None:
                                          consumed=PARTITIONS) for (e, p), t in leases.items()]
                 # No secret, the attacker's own session's secret, a made-up one.
                 for secret in ("", getattr(own, "session_secret", ""), "0" * 32):
-                    answers.append(attempt(stub.Report, with_fields(pb.ReportRequest(
-                        job="j", worker_id=victim.worker, reports=reports),
-                        session_secret=secret)))
+                    answers.append(attempt(on_session(stub, victim.worker, secret),
+                                           report(reports=reports)))
         exactly_once(got)
         assert {code for code, _ in answers} == {grpc.StatusCode.PERMISSION_DENIED}, answers
 
@@ -230,12 +242,11 @@ def test_refusals_name_no_holder_and_no_token(storage: str) -> None:
             assert all(t > 1 << 32 for _, t in theirs.values()), theirs
             reports = [pb.TaskReport(epoch=e, partition=p, outcome=pb.TaskReport.DONE, lease=7)
                        for e, p in theirs]
-            error = refused(stub.Report, with_fields(pb.ReportRequest(
-                job="j", worker_id=own.worker_id, reports=reports),
-                session_secret=getattr(own, "session_secret", "")))
-            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
+            answer = on_session(stub, own.worker_id, own.session_secret)(
+                report(reports=reports), 30)
+            assert answer.refused_count == len(reports), answer
             status = stub.GetJobStatus(pb.GetJobStatusRequest(job="j"), timeout=30)
-            said = (error.details() or "") + str(status)
+            said = str(answer) + str(status)
         time.sleep(0.2)  # the master's log lines of the refusal are in
         log = "".join(master.log)
         for worker, token in theirs.values():
@@ -266,17 +277,18 @@ def test_huge_worker_names_are_refused_and_the_master_stays_small(storage: str) 
             warm_up = Counter(attempt(stub.OpenJob, open_request(
                 job="j", dataset="flowers", worker_name=f"warm-up{i}{name}"))[0]
                 for i in range(50))
+            warm_up += Counter(attempt(on_session(stub, f"warm-up{i}{name}", ""), report())[0]
+                               for i in range(50))  # (a stream's buffers are others)
             before_rss, before_log = rss_bytes(master.proc.pid), len("".join(master.log))
             codes: Counter[grpc.StatusCode] = Counter()
             for i in range(100):
                 for call, request in (
                         (stub.OpenJob, open_request(job="j", dataset="flowers",
                                                          worker_name=f"{i}{name}")),
-                        (stub.Report, with_fields(pb.ReportRequest(
-                            job="j", worker_id=f"{i}{name}", reports=[pb.TaskReport(
-                                epoch=0, partition=0, outcome=pb.TaskReport.DONE, lease=1)]),
-                            session_secret=getattr(own, "session_secret", ""))),
-                        (stub.Report, pb.ReportRequest(job="j", worker_id=f"{i}{name}"))):
+                        (on_session(stub, f"{i}{name}", own.session_secret),
+                         report(reports=[pb.TaskReport(epoch=0, partition=0,
+                                                       outcome=pb.TaskReport.DONE, lease=1)])),
+                        (on_session(stub, f"{i}{name}", ""), report())):
                     try:
                         call(request, timeout=30)
                         codes[grpc.StatusCode.OK] += 1
@@ -287,7 +299,8 @@ def test_huge_worker_names_are_refused_and_the_master_stays_small(storage: str) 
             logged = len("".join(master.log)) - before_log
             print(f"300 calls with 1 MiB names: {codes}; master RSS +{grown / MIB:.1f} MiB, "
                   f"log +{logged} bytes")
-            assert warm_up == {grpc.StatusCode.INVALID_ARGUMENT: 50}, warm_up
+            assert warm_up == {grpc.StatusCode.INVALID_ARGUMENT: 50,
+                               grpc.StatusCode.PERMISSION_DENIED: 50}, warm_up
             assert codes == {grpc.StatusCode.INVALID_ARGUMENT: 100,
                              grpc.StatusCode.PERMISSION_DENIED: 200}, codes
             # Before issue 25: +427 MiB of RSS and +100 MB of log for the same calls here. Now
@@ -328,13 +341,10 @@ def test_sessions_outlive_a_master_restart(storage: str, tmp_path: Any) -> None:
     with MasterProcess(storage, state=state) as master, \
             grpc.insecure_channel(master.address) as channel:
         stub = stub_of(channel)
-        got = stub.GetTasks(pb.GetTasksRequest(job="j", worker_id=opened.worker_id, epoch=0,
-                                               max_tasks=1,
-                                               session_secret=opened.session_secret), timeout=30)
+        get_tasks = pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(epoch=0, max_tasks=1))
+        got = on_session(stub, opened.worker_id, opened.session_secret)(get_tasks, 30).grant
         assert got.status == pb.GetTasksResponse.TASKS
-        error = refused(stub.GetTasks, pb.GetTasksRequest(job="j", worker_id=opened.worker_id,
-                                                          epoch=0, max_tasks=1,
-                                                          session_secret="0" * 32))
+        error = refused(on_session(stub, opened.worker_id, "0" * 32), get_tasks)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert opened.session_secret not in "".join(master.log)
 

@@ -1,16 +1,19 @@
-"""Hostile calls against a real master process with the generated stubs (issue 14): reports
+"""Hostile messages against a real master process with the generated stubs (issue 14): reports
 from a worker that never opened the job, for another worker's partitions, with wrong or stale
-fencing tokens, for partitions and epochs that cannot exist. Each is refused with the status the
-protocol names and changes nothing (the job status is identical before and after), refusals are
-counted in the metrics and logged with a rate limit; an honest reader carries on. (Calls as a
-worker without its session secret: tests/integration/test_borrowed_identities.py.)"""
+fencing tokens, for partitions and epochs that cannot exist. A session without its secret gets no
+stream (PERMISSION_DENIED); a report not from the lease holder with its token is refused (protocol
+3: listed in the answer's `refused`, the message's other parts served) and changes nothing (the
+job status is identical before and after, but for what a grant leased), refusals are counted in
+the metrics and logged with a rate limit; what cannot exist is INVALID_ARGUMENT and ends the
+stream; an honest reader carries on. (Calls as a worker without its session secret:
+tests/integration/test_borrowed_identities.py.)"""
 from __future__ import annotations
 
 import time
 
 import grpc
 import pytest
-from integration.raw_calls import open_request
+from integration.raw_calls import exchange, open_request, session_open
 from test_master_metrics import scrape, value
 
 from trainfeed.lease.client import MasterClient
@@ -20,7 +23,6 @@ from trainfeed.v1 import master_pb2_grpc
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 10  # the `storage` fixture: 100 records, 10 partitions of 10
-REFUSED_TRAILER = "trainfeed-refused-bin"
 DONE, FAILED, PROGRESS = pb.TaskReport.DONE, pb.TaskReport.FAILED, pb.TaskReport.PROGRESS
 
 
@@ -38,12 +40,16 @@ def refusal(call: grpc.UnaryUnaryMultiCallable, request: object) -> grpc.RpcErro
     return caught.value
 
 
-def refused_in(error: grpc.RpcError) -> list[tuple[int, int, int]]:
-    for key, data in error.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == REFUSED_TRAILER:
-            return [(t.epoch, t.partition, t.lease)
-                    for t in pb.RefusedReports.FromString(data).reports]
-    return []
+def after_grant(status: pb.JobStatus, n: int) -> pb.JobStatus:
+    """`status` (but for the refusal counter) after a grant of `n` more partitions."""
+    copy = unchanged(status)
+    copy.todo -= n
+    copy.pending += n
+    return copy
+
+
+def triples(tasks: object) -> list[tuple[int, int, int]]:
+    return [(t.epoch, t.partition, t.lease) for t in tasks]  # type: ignore[attr-defined]
 
 
 def test_reports_not_from_the_lease_holder_are_refused_and_change_nothing(storage: str) -> None:
@@ -75,48 +81,51 @@ def test_reports_not_from_the_lease_holder_are_refused_and_change_nothing(storag
                                  for t in mine]),
             ("wrong token", owner, [pb.TaskReport(epoch=0, partition=t.partition, outcome=DONE,
                                                   lease=t.lease + 1000) for t in mine]),
+            ("another partition's", owner, [pb.TaskReport(
+                epoch=0, partition=never[0], outcome=DONE, lease=mine[1].lease)]),
             # PROGRESS on partitions the sender does not hold (all their records: the next
             # holder would skip them all).
             ("progress", other, [pb.TaskReport(epoch=0, partition=p, outcome=PROGRESS,
                                                consumed=10, lease=1) for p in range(10)]),
-            # One valid DONE among hostile ones: the call is refused whole.
-            ("mixed", owner, [done(mine[0]), pb.TaskReport(epoch=0, partition=never[0],
-                                                           outcome=DONE, lease=mine[1].lease)]),
         ]
-        refused = 0
+        refused = 0  # (counted: all but progress, which may race another message's DONE)
         for what, worker, reports in hostile:
-            secret = client.secret("j", worker)  # (the stranger has none)
-            for call, request in ((stub.Report, pb.ReportRequest(
-                    job="j", worker_id=worker, reports=reports, session_secret=secret)),
-                    (stub.GetTasks, pb.GetTasksRequest(job="j", worker_id=worker, epoch=0,
-                                                       max_tasks=5, reports=reports,
-                                                       session_secret=secret))):
-                error = refusal(call, request)
-                if not secret:  # a worker id no OpenJob gave: refused before any report
+            opening = session_open("j", worker, client.secret("j", worker))  # (stranger: none)
+            for message in (pb.SessionMessage(seq=1, report=pb.ReportRequest(reports=reports)),
+                            pb.SessionMessage(seq=2, get_tasks=pb.GetTasksRequest(
+                                epoch=0, max_tasks=1, reports=reports))):
+                if not opening.session_secret:  # a worker id no OpenJob gave: no stream
+                    with pytest.raises(grpc.RpcError) as caught:
+                        exchange(stub, opening, message)
+                    error = caught.value
                     assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (what, error)
                     assert unchanged(client.job_status("j")) == unchanged(before), what
                     continue
-                assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, (what, error)
-                listed = refused_in(error)
-                assert listed and set(listed) <= {(r.epoch, r.partition, r.lease)
-                                                  for r in reports}, what
-                refused += len(listed)
-                assert unchanged(client.job_status("j")) == unchanged(before), what
-        # One call carrying 100,000 such reports (the issue's: the next epoch delivered 0).
+                answer = exchange(stub, opening, message)
+                assert answer.refused_count == len(reports), (what, answer)
+                assert triples(answer.refused) == triples(reports), what
+                refused += sum(r.outcome != PROGRESS for r in reports)
+                granted = len(answer.grant.tasks)
+                if message.HasField("get_tasks"):  # the grant lists them as revoked too
+                    assert triples(answer.grant.revoked) == triples(reports), what
+                    assert not answer.grant_refused and granted == 1, (what, answer)
+                after = client.job_status("j")
+                assert unchanged(after) == after_grant(before, granted), what
+                before = after
+        # One message carrying 100,000 such reports (the issue's: the next epoch delivered 0).
         flood = [pb.TaskReport(epoch=0, partition=i % PARTITIONS, outcome=PROGRESS,
                                consumed=10, lease=i + 7) for i in range(100_000)]
-        error = refusal(stub.Report, pb.ReportRequest(job="j", worker_id=owner, reports=flood,
-                                                      session_secret=client.secret("j", owner)))
-        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert 0 < len(refused_in(error)) < len(flood)  # the trailer lists the first ones
-        refused += len(flood)
+        answer = exchange(stub, session_open("j", owner, client.secret("j", owner)),
+                          pb.SessionMessage(seq=1, report=pb.ReportRequest(reports=flood)))
+        assert answer.refused_count == len(flood)
+        assert 0 < len(answer.refused) < len(flood)  # the answer lists the first ones
         after = client.job_status("j")
         assert unchanged(after) == unchanged(before)
-        assert after.reports_refused == refused > 100_000
+        assert after.reports_refused == refused >= 10
         assert value(scrape(master), "trainfeed_reports_refused_total", job="j") == refused
 
-        # The honest client, in the same mixed situation, drops the refused report, retries
-        # the rest at once and learns it as revoked.
+        # The honest client, with a valid DONE beside a refused one: the DONE is taken, and the
+        # refused report's lease comes back as revoked.
         stale = pb.TaskReport(epoch=0, partition=never[0], outcome=DONE, lease=mine[1].lease)
         answer = client.report("j", owner, [done(mine[0]), stale],
                                held=[(0, t.partition, t.lease) for t in mine[1:]])
@@ -158,20 +167,29 @@ def test_partitions_and_epochs_that_cannot_exist_are_invalid_arguments(storage: 
             pb.TaskReport(epoch=-1, partition=0, outcome=DONE, lease=1),
             pb.TaskReport(epoch=0, partition=0, lease=1),  # no outcome
         ]
-        requests: list[tuple[grpc.UnaryUnaryMultiCallable, object]] = []
-        secret = client.secret("j", worker)
+        messages: list[pb.SessionMessage] = []
         for r in bad_reports:
-            requests += [(stub.Report, pb.ReportRequest(job="j", worker_id=worker, reports=[r],
-                                                        session_secret=secret)),
-                         (stub.GetTasks, pb.GetTasksRequest(job="j", worker_id=worker, epoch=1,
-                                                            max_tasks=1, reports=[r],
-                                                            session_secret=secret))]
+            messages += [pb.SessionMessage(seq=1, report=pb.ReportRequest(reports=[r])),
+                         pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(
+                             epoch=1, max_tasks=1, reports=[r]))]
         for epoch in (2**63 - 1, 2, -2, -(2**63)):
-            requests.append((stub.GetTasks, pb.GetTasksRequest(job="j", worker_id=worker,
-                                                               epoch=epoch, max_tasks=1,
-                                                               session_secret=secret)))
-        requests.append((stub.Report, pb.ReportRequest(job="j", worker_id=worker, held=[
-            pb.HeldTask(epoch=0, partition=2**32 - 1, lease=1)], session_secret=secret)))
+            messages.append(pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(
+                epoch=epoch, max_tasks=1)))
+        messages.append(pb.SessionMessage(seq=1, report=pb.ReportRequest(held=[
+            pb.HeldTask(epoch=0, partition=2**32 - 1, lease=1)])))
+        opening = session_open("j", worker, client.secret("j", worker))
+        for message in messages:
+            # A refused `get_tasks` is answered `grant_refused`; any other refusal ends the
+            # stream with its status.
+            try:
+                answer = exchange(stub, opening, message)
+                code, text = answer.grant_refused.split(": ", 1)
+            except grpc.RpcError as e:
+                code, text = e.code().name, e.details() or ""
+            assert code == "INVALID_ARGUMENT", (message, code, text)
+            assert "Traceback" not in text
+            assert client.job_status("j") == before, message
+        requests: list[tuple[grpc.UnaryUnaryMultiCallable, object]] = []
         credential = opened.resume_credential
         for resume in (pb.ResumePosition(epoch=0, worker_id=worker, done=[2**32 - 1],
                                          credential=credential),

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from certs import CertificateAuthority
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from integration.raw_calls import open_request
+from integration.raw_calls import call, open_request, session_open
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainfeed import MasterSource, dist
@@ -81,9 +81,11 @@ def test_calls_without_or_with_a_wrong_token_are_refused_and_change_nothing(
         # reported done, handed back, or its worker gone.
         calls: list[tuple[str, object]] = [
             ("OpenJob", open_request(job="intruder", dataset="flowers")),
-            ("GetTasks", pb.GetTasksRequest(job="j", worker_id=opened.worker_id, epoch=0,
-                                            max_tasks=5, reports=done)),
-            ("Report", pb.ReportRequest(job="j", worker_id=opened.worker_id, reports=done)),
+            ("Session", (session_open("j", opened.worker_id, opened.session_secret),
+                         pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(
+                             epoch=0, max_tasks=5, reports=done)))),
+            ("Session", (session_open("j", opened.worker_id, opened.session_secret),
+                         pb.SessionMessage(seq=1, report=pb.ReportRequest(reports=done)))),
             ("LeaveJob", pb.LeaveJobRequest(job="j", worker_id=opened.worker_id)),
             ("GetJobStatus", pb.GetJobStatusRequest(job="j")),
         ]
@@ -95,7 +97,7 @@ def test_calls_without_or_with_a_wrong_token_are_refused_and_change_nothing(
                                        ((("authorization", token),), "is not this master's")):
                 for name, request in calls:
                     with pytest.raises(grpc.RpcError) as refusal:
-                        getattr(stub, name)(request, timeout=5, metadata=metadata)
+                        call(stub, name, request, timeout=5, metadata=metadata)
                     assert refusal.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
                     assert expected in refusal.value.details(), name
                     refused += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from integration.raw_calls import open_request
+from integration.raw_calls import call, open_request, session_open
 
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.serve.process import MasterProcess
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.integration
 LIMIT = 64 << 10  # the smallest limit the master takes
 
 
-def code_of(call: grpc.UnaryUnaryMultiCallable, request: object) -> grpc.StatusCode:
+def code_of(stub: master_pb2_grpc.MasterStub, name: str, request: object) -> grpc.StatusCode:
     try:
-        call(request, timeout=5)
+        call(stub, name, request, timeout=5)
     except grpc.RpcError as e:
         return e.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
@@ -37,20 +37,20 @@ def test_requests_over_the_configured_size_limit_are_refused_without_a_change(
         done = [pb.TaskReport(epoch=0, partition=t.partition, outcome=pb.TaskReport.DONE,
                               lease=t.lease)
                 for t in leased.tasks]
-        assert code_of(stub.OpenJob, open_request(
+        assert code_of(stub, "OpenJob", open_request(
             job="k", dataset="flowers", worker_name=big)) == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert code_of(stub.GetTasks, pb.GetTasksRequest(
-            job="j", worker_id=worker, epoch=0, max_tasks=1,
-            session_secret=client.secret("j", worker),
+        assert code_of(stub, "Session", (session_open("j", worker, client.secret("j", worker)),
+                                         pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(
+            epoch=0, max_tasks=1,
             reports=[*done, pb.TaskReport(epoch=0, partition=9, reason=big,
-                                          outcome=pb.TaskReport.FAILED)])
+                                          outcome=pb.TaskReport.FAILED)])))
         ) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert client.job_status("j") == before  # the DONE reports were not applied
-        assert code_of(stub.GetJobStatus, pb.GetJobStatusRequest(job="k")) == \
+        assert code_of(stub, "GetJobStatus", pb.GetJobStatusRequest(job="k")) == \
             grpc.StatusCode.NOT_FOUND
         # Under the limit the same kind of request is served (but for the name's own limit,
         # 256 bytes: tests/integration/test_borrowed_identities.py).
-        assert code_of(stub.OpenJob, open_request(
+        assert code_of(stub, "OpenJob", open_request(
             job="k", dataset="flowers", worker_name="x" * 256)) == grpc.StatusCode.OK
 
 
@@ -60,14 +60,14 @@ def test_every_rpc_refuses_invalid_job_and_dataset_names(storage: str) -> None:
         for bad in ("", "../x", "a/b", "..", "-lead", "x" * 129, "a b", "ä"):
             requests = {
                 "OpenJob": open_request(job=bad, dataset="flowers"),
-                "GetTasks": pb.GetTasksRequest(job=bad, worker_id="w", epoch=-1, max_tasks=1),
-                "Report": pb.ReportRequest(job=bad, worker_id="w"),
+                "Session": (session_open(bad, "w", "", exchange=False), pb.SessionMessage(
+                    seq=1, get_tasks=pb.GetTasksRequest(epoch=-1, max_tasks=1))),
                 "LeaveJob": pb.LeaveJobRequest(job=bad, worker_id="w"),
                 "GetJobStatus": pb.GetJobStatusRequest(job=bad),
             }
             for name, request in requests.items():
                 with pytest.raises(grpc.RpcError) as refusal:
-                    getattr(stub, name)(request, timeout=5)
+                    call(stub, name, request, timeout=5)
                 assert refusal.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, bad)
                 assert "invalid job name" in refusal.value.details(), (name, bad)
         # Dataset names are only ever given to OpenJob.

@@ -67,10 +67,10 @@ def test_an_epoch_read_shows_in_the_metrics(storage: str) -> None:
         method = "trainfeed.v1.Master/"
         assert value(during, "trainfeed_rpc_duration_seconds_count",
                      method=method + "OpenJob") == 1
-        calls = value(during, "trainfeed_rpc_duration_seconds_count", method=method + "GetTasks")
-        assert calls > 0
-        assert value(during, "trainfeed_rpc_duration_seconds_bucket", method=method + "GetTasks",
-                     le="+Inf") == calls
+        grants = value(during, "trainfeed_lease_grant_duration_seconds_count")
+        assert grants > 0  # (the reader's grants, on its Session stream)
+        assert value(during, "trainfeed_lease_grant_duration_seconds_bucket",
+                     le="+Inf") == grants
         assert value(after, "trainfeed_rpc_duration_seconds_count",
                      method=method + "LeaveJob") == 1
         # An --insecure master refuses no token, and so exports no count of refusals.

@@ -1,8 +1,8 @@
-"""Watch over the wire (issue 28): one stream per reader session, authenticated by its secret,
-carrying leases taken from the session and the end of an epoch as they happen; and a reader of
-another protocol version refused at OpenJob naming both versions. Session: the same stream plus
-the reader's heartbeats and progress as messages, which renew its leases as they arrive (the
-stream's mere liveness renews nothing)."""
+"""The Session stream over the wire (issues 28, 36): one stream per reader session, authenticated
+by its secret, carrying leases taken from the session and the end of an epoch as they happen; and
+a reader of another protocol version refused at OpenJob naming both versions. The reader's
+heartbeats and progress are messages of it, which renew its leases as they arrive (the stream's
+mere liveness renews nothing); its end is not the reader leaving (a reconnect finds its leases)."""
 from __future__ import annotations
 
 import queue
@@ -16,7 +16,7 @@ from sample_data import make_image_list
 from test_push_watch import calls
 from test_stream_grants import read_events
 
-from trainfeed.lease.client import MasterClient, session_message
+from trainfeed.lease.client import MasterClient, SessionStream, session_message, tasks_request
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.upload import UploadOptions, upload
@@ -38,9 +38,10 @@ def master(tmp_path: Path) -> MasterProcess:
 
 
 def stream(stub: master_pb2_grpc.MasterStub, request: pb.WatchRequest
-           ) -> tuple[queue.Queue[pb.WatchEvent | grpc.RpcError], grpc.Future]:
-    """The stream's events (or its error) on a queue, read by a thread."""
-    call = stub.Watch(request, timeout=30)
+           ) -> tuple[queue.Queue[pb.WatchEvent | grpc.RpcError], SessionStream]:
+    """A Session stream opened with `request` on a bare stub: its events (or its error) on a
+    queue, read by a thread."""
+    call = SessionStream(stub, None, request, timeout=30)
     return read_events(call), call
 
 
@@ -199,3 +200,29 @@ def test_a_session_stream_without_the_session_secret_is_refused(master: MasterPr
         assert isinstance(error, grpc.RpcError)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         call.cancel()
+
+
+def test_a_streams_end_is_not_the_reader_leaving(master: MasterProcess) -> None:
+    """A reader whose stream broke reconnects with the same secret: its leases are still its
+    own (a heartbeat on the new stream lists them and nothing is revoked), until they time
+    out."""
+    with MasterClient(master.address, give_up_s=10) as client:
+        worker = client.open_job("train", "flowers", seed=0).worker_id
+        events, call = session_stream(client, worker)
+        assert isinstance(events.get(timeout=10), pb.WatchEvent)  # open
+        call.send(pb.SessionMessage(seq=1, get_tasks=tasks_request(
+            0, 2, 0, [], [], 0, (), None, None)))
+        mine = list(answer(events, 1).grant.tasks)
+        assert len(mine) == 2
+        call.cancel()  # the stream breaks
+        events, call = session_stream(client, worker)
+        try:
+            assert isinstance(events.get(timeout=10), pb.WatchEvent)  # open again
+            call.send(heartbeat(1, mine))
+            renewed = answer(events, 1)
+            assert not renewed.revoked and not renewed.refused, renewed
+            status = client.job_status("train")
+            assert status.pending == 2 and status.todo == PARTITIONS - 2, status
+        finally:
+            call.cancel()
+

@@ -188,7 +188,7 @@ def test_a_master_of_another_protocol_version_is_named() -> None:
                 client.open_job("j", "flowers", 0)
         [request] = servicer.requests
         assert isinstance(request, pb.OpenJobRequest)
-        assert request.protocol_version == PROTOCOL_VERSION == 2
+        assert request.protocol_version == PROTOCOL_VERSION == 3
     finally:
         server.stop(0)
 

@@ -3,10 +3,10 @@
 Each `Rank` is what a `dist.reader(..., sync=True)` process does, reduced to its pure parts: the
 real `LeaseBook` (trainfeed.lease.book), its calls built as the session builds them (reports
 drained, held leases listed, `max_records` = the quota still needed), a trainer that takes the
-records of its kept tasks in order, and the client's retry of a call without the reports the
-master refused. Calls are objects: a test decides when each one reaches the `Coordinator` and when
-its answer reaches the rank, so that it can put them in any order the network and a loaded machine
-could (a call drained before another but arriving after it).
+records of its kept tasks in order, and the client's handling of refused reports (their leases
+dropped as revoked). Calls are Session messages, as objects: a test decides when each one reaches
+the `Coordinator` and when its answer reaches the rank, so that it can put them in any order the
+network and a loaded machine could (a call drained before another but arriving after it).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import Answer, LeaseBook, Report
 from trainfeed.lease.session import answer_of, leases, to_message
 from trainfeed.lease.tasks import _task
-from trainfeed.master.core.coordinator import REFUSED_TRAILER, Coordinator
-from trainfeed.master.core.jobs import FailedPrecondition, Job, MasterConfig
+from trainfeed.master.core.coordinator import Coordinator
+from trainfeed.master.core.jobs import Job, MasterConfig
 from trainfeed.master.core.ledger import Ledger
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
@@ -61,37 +61,23 @@ class Call:
 
     rank: Rank
     kind: str  # "get_tasks" or "report"
-    request: pb.GetTasksRequest | pb.ReportRequest
+    request: pb.GetTasksRequest | pb.ReportRequest  # a `get_tasks` or a `report` message
     sent: list[Report]
     made_at: float
-    response: pb.GetTasksResponse | pb.ReportResponse | None = None
+    response: pb.GetTasksResponse | pb.WatchEvent | None = None
 
     def arrive(self, now: float) -> None:
-        """The master serves the call (the client retries at once without refused reports,
-        as MasterClient._fenced does, and lists those as revoked)."""
+        """The master takes the message (its refused reports' leases come back in the answer's
+        `revoked`, as MasterClient lists them)."""
         rank, core, job = self.rank, self.rank.core, self.rank.job
-        refused: list[pb.HeldTask] = []
-        while True:
-            try:
-                if isinstance(self.request, pb.GetTasksRequest):
-                    response: pb.GetTasksResponse | pb.ReportResponse = serve_get_tasks(
-                        core, job, self.request, now)
-                else:
-                    response, _ = core.report(job, self.request, now)
-                break
-            except FailedPrecondition as e:
-                trailer = dict(e.trailer)[REFUSED_TRAILER]
-                assert isinstance(trailer, bytes)
-                gone = pb.RefusedReports.FromString(trailer).reports
-                names = {(t.epoch, t.partition, t.lease) for t in gone}
-                kept = [r for r in self.request.reports
-                        if (r.epoch, r.partition, r.lease) not in names]
-                assert len(kept) < len(self.request.reports), e.message
-                refused.extend(gone)
-                del self.request.reports[:]
-                self.request.reports.extend(kept)
-        response.revoked.extend(refused)
-        self.response = response
+        if isinstance(self.request, pb.GetTasksRequest):
+            self.response = serve_get_tasks(core, job, rank.worker, self.request, now)
+        else:
+            answer, _ = core.handle(job, rank.worker, pb.SessionMessage(
+                seq=1, report=self.request), now)
+            assert isinstance(answer, pb.WatchEvent)
+            answer.revoked.extend(answer.refused)
+            self.response = answer
         rank.arrived += 1
 
     def answer(self, now: float) -> None:
@@ -156,9 +142,9 @@ class Rank:
         reports = self.book.drain()
         held, begun = self.book.held_now()
         request = pb.GetTasksRequest(
-            job="j", worker_id=self.worker, session_secret=self.secret, epoch=self.epoch,
-            max_tasks=max_tasks, reports=[to_message(r) for r in reports], reconcile=True,
-            held=held_tasks(held, begun), max_records=max(0, self.need), sync=self.sync)
+            epoch=self.epoch, max_tasks=max_tasks, reports=[to_message(r) for r in reports],
+            reconcile=True, held=held_tasks(held, begun), max_records=max(0, self.need),
+            sync=self.sync)
         self.getting = Call(self, "get_tasks", request, reports, now)
         return self.getting
 
@@ -167,8 +153,7 @@ class Rank:
         a Session message is served the same way)."""
         reports = self.book.drain()
         held, begun = self.book.held_now()
-        request = pb.ReportRequest(job="j", worker_id=self.worker, session_secret=self.secret,
-                                   reports=[to_message(r) for r in reports],
+        request = pb.ReportRequest(reports=[to_message(r) for r in reports],
                                    held=held_tasks(held, begun), sync=self.sync)
         return Call(self, "report", request, reports, now)
 
@@ -236,15 +221,14 @@ def held_tasks(held: list[tuple[int, int, int]], begun: set[tuple[int, int, int]
             for e, p, t in held]
 
 
-def serve_get_tasks(core: Coordinator, job: Job, request: pb.GetTasksRequest, now: float
-                    ) -> pb.GetTasksResponse:
-    """What MasterServicer.GetTasks does, without its long-poll (wait_ms 0)."""
-    held, revoked, _, stopped = core.begin_get_tasks(job, request, now)
-    if stopped is not None:
-        return stopped
-    epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
-    result, _ = core.lease(job, request, epoch, now)
-    return core.end_get_tasks(job, request, held, revoked, result, epoch, now)
+def serve_get_tasks(core: Coordinator, job: Job, worker: str, request: pb.GetTasksRequest,
+                    now: float) -> pb.GetTasksResponse:
+    """A `get_tasks` message as the master's stream serves it, without its long-poll (wait_ms
+    0): the grant."""
+    assert not request.wait_ms
+    answer, _ = core.handle(job, worker, pb.SessionMessage(seq=1, get_tasks=request), now)
+    assert isinstance(answer, pb.WatchEvent) and answer.HasField("grant"), answer
+    return answer.grant
 
 
 def duplicates(ranks: list[Rank], epoch: int) -> list[tuple[tuple[int, int, int], int]]:

@@ -1,12 +1,13 @@
 """The master's pure core (trainfeed.master.core.coordinator), with time as an argument and no gRPC:
-what a watching session is told (issue 28), the protocol version, and refusals as CallErrors."""
+what a watching session is told (issue 28), the protocol version, and refusals as CallErrors. Each
+Session message goes through `Coordinator.handle`, as the shell hands it over (`send`)."""
 from __future__ import annotations
 
 import pytest
 
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
 from trainfeed.master.core import coordinator
-from trainfeed.master.core.coordinator import Coordinator
+from trainfeed.master.core.coordinator import Answer, Coordinator
 from trainfeed.master.core.jobs import (
     FailedPrecondition,
     Job,
@@ -58,14 +59,41 @@ def join(core: Coordinator, job: Job, now: float = 0.0) -> tuple[str, str]:
     return response.worker_id, response.session_secret
 
 
+def send(core: Coordinator, job: Job, worker: str, message: pb.SessionMessage, now: float
+         ) -> tuple[Answer, bool]:
+    """A message of `worker`'s stream, as the shell hands it to the core: its answer, and
+    whether it changed the ledger (journaled ops). Its events stay queued for `events`."""
+    job.ledger.take_journal()
+    answer, told = core.handle(job, worker, message, now)
+    core.news.pending.extend(told)
+    return answer, bool(job.ledger.take_journal())
+
+
+def events(core: Coordinator, key: tuple[str, str]) -> list[pb.WatchEvent]:
+    """The events told to session `key` (its stream's) since last taken."""
+    mine = [t.event for t in core.news.pending if (t.job, t.worker) == key]
+    core.news.pending = [t for t in core.news.pending if (t.job, t.worker) != key]
+    return mine
+
+
 def lease(core: Coordinator, job: Job, worker: str, secret: str, n: int, now: float,
           **kw: object) -> pb.GetTasksResponse:
-    request = pb.GetTasksRequest(job="j", worker_id=worker, session_secret=secret, epoch=0,
-                                 max_tasks=n, **kw)  # type: ignore[arg-type]
-    held, revoked, _, stopped = core.begin_get_tasks(job, request, now)
-    assert stopped is None
-    result, _ = core.lease(job, request, 0, now)
-    return core.end_get_tasks(job, request, held, revoked, result, 0, now)
+    """A `get_tasks` without a long-poll: its grant. (`secret`: checked when a stream opens.)"""
+    request = pb.GetTasksRequest(epoch=0, max_tasks=n, **kw)  # type: ignore[arg-type]
+    answer, _ = send(core, job, worker, pb.SessionMessage(seq=1, get_tasks=request), now)
+    assert isinstance(answer, pb.WatchEvent) and answer.answers == 1
+    assert not answer.grant.superseded and not answer.grant.group_broken
+    return answer.grant
+
+
+def report(core: Coordinator, job: Job, worker: str, now: float, **kw: object
+           ) -> tuple[pb.WatchEvent, bool]:
+    """A heartbeat that waits for its answer (seq 1): the answer, and whether it changed the
+    ledger."""
+    answer, changed = send(core, job, worker, pb.SessionMessage(
+        seq=1, report=pb.ReportRequest(**kw)), now)  # type: ignore[arg-type]
+    assert isinstance(answer, pb.WatchEvent) and answer.answers == 1
+    return answer, changed
 
 
 def drain(core: Coordinator, job: Job, worker: str, secret: str, now: float
@@ -78,12 +106,13 @@ def drain(core: Coordinator, job: Job, worker: str, secret: str, now: float
 
 
 def watch(core: Coordinator, job: Job, worker: str, secret: str) -> tuple[str, str]:
-    return core.watch(job, pb.WatchRequest(job="j", worker_id=worker, session_secret=secret))
+    return core.open_stream(job, pb.WatchRequest(job="j", worker_id=worker,
+                                                 session_secret=secret))
 
 
 def test_a_reader_of_another_protocol_is_refused_naming_both_versions(
         core: Coordinator) -> None:
-    for version in (1, PROTOCOL_VERSION + 1):
+    for version in (*range(1, PROTOCOL_VERSION), PROTOCOL_VERSION + 1):
         with pytest.raises(FailedPrecondition, match=rf"speaks wire protocol {version}, this "
                                                      rf"master speaks {PROTOCOL_VERSION}"):
             core.check_open(open_request(version), None)
@@ -116,8 +145,6 @@ def test_a_give_back_reaches_a_watching_holder_at_once_and_only_once(
     slow, slow_secret = join(core, job)
     fast, fast_secret = join(core, job)
     key = watch(core, job, slow, slow_secret)
-    told: list[tuple[str, str]] = []
-    core.on_event = lambda j, w: told.append((j, w))
     job.stealing.rates.add(slow, 1, 0.0)  # slow: 1 record/s; fast: 100
     job.stealing.rates.add(slow, 1, 1.0)
     job.stealing.rates.add(fast, 100, 0.0)
@@ -126,19 +153,18 @@ def test_a_give_back_reaches_a_watching_holder_at_once_and_only_once(
     assert len(got.tasks) == PARTITIONS // 2  # a fair share
     answer = drain(core, job, fast, fast_secret, 1.0)  # the rest, then nothing: it asks
     assert answer.status == pb.GetTasksResponse.WAIT
-    events = core.take_events(key)
-    asked = [t for e in events for t in e.give_back]
-    assert asked and told and set(told) == {("j", slow)}
+    told = [t.worker for t in core.news.pending]
+    asked = [t for e in events(core, key) for t in e.give_back]
+    assert asked and told and set(told) == {slow}
     tokens = {t.partition: t.lease for t in got.tasks}
     assert all(t.epoch == 0 and tokens[t.partition] == t.lease for t in asked)
-    # The slow reader's next call does not ask it again (it was told on its stream).
+    # The slow reader's next message is not asked again (it was told on its stream).
     held = [pb.HeldTask(epoch=0, partition=t.partition, lease=t.lease) for t in got.tasks]
-    response, _ = core.report(job, pb.ReportRequest(job="j", worker_id=slow,
-                                                    session_secret=slow_secret, held=held), 1.5)
+    response, _ = report(core, job, slow, 1.5, held=held)
     assert not response.give_back
 
 
-def test_a_reader_that_does_not_watch_is_asked_on_its_next_call(core: Coordinator) -> None:
+def test_a_reader_without_a_stream_is_asked_in_its_next_answer(core: Coordinator) -> None:
     job = new_job(core)
     slow, slow_secret = join(core, job)
     fast, fast_secret = join(core, job)
@@ -149,9 +175,9 @@ def test_a_reader_that_does_not_watch_is_asked_on_its_next_call(core: Coordinato
     got = lease(core, job, slow, slow_secret, PARTITIONS, 1.0)
     drain(core, job, fast, fast_secret, 1.0)
     held = [pb.HeldTask(epoch=0, partition=t.partition, lease=t.lease) for t in got.tasks]
-    response, _ = core.report(job, pb.ReportRequest(job="j", worker_id=slow,
-                                                    session_secret=slow_secret, held=held), 1.5)
-    assert response.give_back  # polling still works for readers that do not watch
+    response, _ = report(core, job, slow, 1.5, held=held)
+    assert response.give_back  # (a stream broken meanwhile loses no ask)
+    assert not core.news.pending
 
 
 def test_expired_leases_and_the_end_of_an_epoch_are_pushed(core: Coordinator) -> None:
@@ -161,9 +187,9 @@ def test_expired_leases_and_the_end_of_an_epoch_are_pushed(core: Coordinator) ->
     a_key, b_key = watch(core, job, a, a_secret), watch(core, job, b, b_secret)
     mine = lease(core, job, a, a_secret, PARTITIONS, 0.0).tasks
     core.expire_leases(TIMEOUT + 1)  # a went quiet
-    revoked = [t for e in core.take_events(a_key) for t in e.revoked]
+    revoked = [t for e in events(core, a_key) for t in e.revoked]
     assert {(t.partition, t.lease) for t in revoked} == {(t.partition, t.lease) for t in mine}
-    assert not core.take_events(b_key)
+    assert not events(core, b_key)
     now = TIMEOUT + 2
     while True:
         got = lease(core, job, b, b_secret, PARTITIONS, now)
@@ -171,12 +197,11 @@ def test_expired_leases_and_the_end_of_an_epoch_are_pushed(core: Coordinator) ->
             break
         reports = [pb.TaskReport(epoch=0, partition=t.partition, lease=t.lease,
                                  outcome=pb.TaskReport.DONE) for t in got.tasks]
-        _, changed = core.report(job, pb.ReportRequest(
-            job="j", worker_id=b, session_secret=b_secret, reports=reports), now)
+        _, changed = report(core, job, b, now, reports=reports)
         assert changed
     assert job.ledger.complete
     for key in (a_key, b_key):
-        assert [e.epoch_complete for e in core.take_events(key)
+        assert [e.epoch_complete for e in events(core, key)
                 if e.epoch_complete or not (e.revoked or e.give_back)] == [0]
 
 
@@ -189,9 +214,9 @@ def test_a_superseded_reader_is_told_with_its_leases(core: Coordinator) -> None:
     credential = job.sessions.resume_credential(old)
     core.open_session(job, open_request(resume=pb.ResumePosition(
         epoch=0, worker_id=old, credential=credential)), 1.0)
-    events = core.take_events(key)
-    assert any("restored from this reader's checkpoint" in e.superseded for e in events)
-    revoked = {(t.partition, t.lease) for e in events for t in e.revoked}
+    told = events(core, key)
+    assert any("restored from this reader's checkpoint" in e.superseded for e in told)
+    revoked = {(t.partition, t.lease) for e in told for t in e.revoked}
     assert revoked == {(t.partition, t.lease) for t in mine}
     assert opened.worker_id != old
 
@@ -200,9 +225,9 @@ def test_metrics_are_read_from_the_coordinator(core: Coordinator) -> None:
     job = new_job(core)
     worker, secret = join(core, job)
     got = lease(core, job, worker, secret, 1, 0.0).tasks[0]
-    core.report(job, pb.ReportRequest(job="j", worker_id=worker, session_secret=secret, reports=[
+    report(core, job, worker, 0.5, reports=[
         pb.TaskReport(epoch=0, partition=got.partition, lease=got.lease,
-                      outcome=pb.TaskReport.DONE)]), 0.5)
+                      outcome=pb.TaskReport.DONE)])
     [stats] = core.job_stats(1.0)
     assert (stats.records_served, stats.done, stats.workers_alive) == (RECORDS, 1, 1)
     assert not hasattr(job, "records_served")

@@ -9,6 +9,7 @@ import pytest
 from sample_data import make_image_list
 
 from trainfeed.formats.manifest import Manifest, read_manifest
+from trainfeed.master.core import answers
 from trainfeed.master.core.ledger import Ledger
 from trainfeed.master.serve.service import Job, MasterConfig, MasterServicer
 from trainfeed.master.stores import open_state_store
@@ -49,7 +50,7 @@ def test_a_job_saved_before_slices_keeps_its_whole_row_group_partitions(
     leased = sorted(job.ledger.pending)
     assert len(leased) == 3
     for p in leased:  # the leased ids still name whole row group p
-        task = master.core.task(job, 0, p)
+        task = answers.task(job, 0, p)
         assert (task.row_group_start, task.row_group_stop, task.row_start,
                 task.num_records) == (p, p + 1, 0, 20)
 

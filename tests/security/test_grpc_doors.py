@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from integration.raw_calls import open_request
+from integration.raw_calls import exchange, open_request, session_open
 from integration.test_borrowed_identities import MIB, exactly_once, honest_pass, rss_bytes
 from integration.test_master_metrics import scrape, value
 
@@ -209,9 +209,9 @@ def test_a_nan_summary_sent_to_a_real_master_never_reaches_its_metrics(storage: 
         hostile.input_wait_s = math.nan
         hostile.decode_s = -5.0
         for stats in (hostile, good_summary()):
-            stub.GetTasks(pb.GetTasksRequest(
-                job="j", worker_id=opened.worker_id, epoch=0, max_tasks=0, wait_ms=0,
-                session_secret=opened.session_secret, stats=stats), timeout=30)
+            exchange(stub, session_open("j", opened.worker_id, opened.session_secret),
+                     pb.SessionMessage(seq=1, get_tasks=pb.GetTasksRequest(
+                         epoch=0, max_tasks=0, wait_ms=0, stats=stats)))
         deadline = time.monotonic() + 30  # the figures are read on the master's loop
         samples = scrape(master)
         while ("trainfeed_reader_records_total", frozenset({("job", "j")})) not in samples \

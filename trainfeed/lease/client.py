@@ -13,12 +13,18 @@ later call of that worker id carries it (issue 25: a job token alone must not le
 another reader).
 
 Versions: OpenJob carries PROTOCOL_VERSION; a master speaking another one refuses with
-FAILED_PRECONDITION naming both, raised as ProtocolVersionError. A master from before versioning
-answers 0 and is not refused here: it lacks only Watch, which the session does without (polling).
+FAILED_PRECONDITION naming both, raised as ProtocolVersionError.
 
-Fencing: reports carry their lease's token. When the master refuses some (FAILED_PRECONDITION: this
-reader no longer holds their lease), the call is retried at once without them, and the answer's
-`revoked` lists them, so the caller drops their undelivered records like any other revoked lease.
+One conversation (protocol 3): after OpenJob a session speaks on its Session stream (`session`,
+which the reader keeps open) and LeaveJob. `get_tasks`, `report` and `watch` are that conversation
+in short: the first two open an `exchange` stream with the session's secret, send one message,
+take its answer and close it (retried as a call is; an exchange takes none of the session's events
+and leaves its own stream open), and `watch` opens the session's stream for its events.
+
+Fencing: reports carry their lease's token. The master applies a message's reports from the
+holder with its token and lists the others (`refused`); the answers `get_tasks` and `report`
+return list them in `revoked` too, so the caller drops their undelivered records like any other
+revoked lease.
 """
 from __future__ import annotations
 
@@ -29,9 +35,10 @@ import queue
 import random
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -79,8 +86,6 @@ CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS))
 # The longest worker name the master accepts (trainfeed.master.core.sessions.MAX_WORKER_NAME_BYTES).
 WORKER_NAME_MAX_BYTES = 256
-# The master lists refused reports here (trainfeed.master.serve.service.REFUSED_TRAILER).
-REFUSED_TRAILER = "trainfeed-refused-bin"
 # How gRPC reports, under UNAVAILABLE, that this client rejected the master's certificate.
 # (A master that refuses this client's certificate just closes the connection: "Socket closed".)
 _TLS_REFUSED = re.compile(r"verification check failed|certificate", re.IGNORECASE)
@@ -110,7 +115,7 @@ RANK_RETRY_S = 0.5
 # "WRONG_VERSION_NUMBER"), as opposed to a master that is not there ("Connection refused").
 _TLS_MISMATCH = re.compile(r"socket closed|handshake|ssl|tls|wrong_version|end of file",
                            re.IGNORECASE)
-# How often a cancellable call (a long-poll) checks whether its caller gave up on it.
+# How often a cancellable exchange (a long-poll) checks whether its caller gave up on it.
 CANCEL_CHECK_S = 0.1
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,35 +209,10 @@ class MasterClient:
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
-    def _fenced(self, method: Callable[..., T], request: pb.GetTasksRequest | pb.ReportRequest,
-                timeout: float) -> T:
-        """`_call`, retried at once without the reports the master refused; the answer's
-        `revoked` then also lists those."""
-        refused: list[pb.HeldTask] = []
-        while True:
-            try:
-                response = self._call(method, request, timeout)
-            except _Refused as e:
-                gone = {(t.epoch, t.partition, t.lease) for t in e.refused}
-                kept = [r for r in request.reports
-                        if (r.epoch, r.partition, r.lease) not in gone]
-                if len(kept) == len(request.reports):  # refused what we did not send?
-                    raise JobError(f"master {self.address}: FAILED_PRECONDITION: "
-                                   f"{e.details}") from None
-                refused.extend(e.refused)
-                del request.reports[:]
-                request.reports.extend(kept)
-                continue
-            response.revoked.extend(refused)  # type: ignore[attr-defined]
-            return response
-
     def _refusal(self, error: grpc.RpcError, details: str | None) -> None:
         """Raises what a FAILED_PRECONDITION answer refused, where its trailers or text say
-        (refused reports, another protocol version, a taken rank, another delivery order);
-        returns for any other, which the caller raises as a plain JobError."""
-        refused = _refused(error)
-        if refused:
-            raise _Refused(refused, details) from None
+        (another protocol version, a taken rank, another delivery order); returns for any
+        other, which the caller raises as a plain JobError."""
         kind = _trailer(error, REFUSAL_TRAILER)
         if kind == PROTOCOL_REFUSAL or (kind is None and _VERSION_TEXT.search(details or "")):
             raise self._version_error(error, details) from None
@@ -309,56 +289,68 @@ class MasterClient:
                   sync: pb.SyncGroup | None = None,
                   stats: pb.ReaderStats | None = None,
                   abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
-        """Leases tasks. `held`, when given, is every (epoch, partition, lease) the caller holds:
-        the master then hands back any other lease it has on the caller (see the proto), and
-        the answer's `revoked` lists those of them that are not the caller's any more.
-        `started`: those of `held` the caller's trainer has begun (never asked back).
-        `max_records` > 0: no more tasks than cover that many records (a synchronous quota).
-        `stats`: the reader's figures since its last summary (issue 29), riding on the call.
-        `abandoned`: checked every CANCEL_CHECK_S while the call is in flight; once true, the
-        call is cancelled and CallCancelled raised (a long-poll need not run its course)."""
+        """Leases tasks (a `get_tasks` exchange). `held`, when given, is every (epoch,
+        partition, lease) the caller holds: the master then hands back any other lease it has on
+        the caller (see the proto), and the answer's `revoked` lists those of them that are not
+        the caller's any more, and the leases of refused `reports`. `started`: those of `held`
+        the caller's trainer has begun (never asked back). `max_records` > 0: no more tasks
+        than cover that many records (a synchronous quota). `stats`: the reader's figures since
+        its last summary (issue 29). `abandoned`: checked every CANCEL_CHECK_S while the
+        exchange is in flight; once true, it is cancelled and CallCancelled raised (a long-poll
+        need not run its course)."""
         request = tasks_request(epoch, max_tasks, wait_ms, reports, held, max_records, started,
                                 sync, stats)
         return self.call_get_tasks(job, worker, request, abandoned)
 
     def call_get_tasks(self, job: str, worker: str, request: pb.GetTasksRequest,
                        abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
-        """`request` (see `tasks_request`) as a GetTasks call of `worker`'s session."""
-        method: Callable[..., pb.GetTasksResponse] = self._stub.GetTasks
-        if abandoned is not None:
-            method = _cancellable(self._stub.GetTasks, abandoned)
-        request.job, request.worker_id = job, worker
-        request.session_secret = self.secret(job, worker)
-        return self._fenced(method, request, CALL_TIMEOUT_S + request.wait_ms / 1000)
+        """`request` (see `tasks_request`) as a `get_tasks` exchange of `worker`'s session."""
+        answer = self._exchange(job, worker, pb.SessionMessage(seq=1, get_tasks=request),
+                                CALL_TIMEOUT_S + request.wait_ms / 1000, abandoned)
+        answer.grant.revoked.extend(answer.refused)
+        return answer.grant
 
     def report(self, job: str, worker: str, reports: Iterable[pb.TaskReport] = (),
                held: Iterable[tuple[int, int, int]] = (),
                started: Collection[tuple[int, int, int]] = (),
                sync: pb.SyncGroup | None = None,
-               stats: pb.ReaderStats | None = None) -> pb.ReportResponse:
-        """Sends reports and renews this worker's leases; the answer's `revoked` lists the
-        (epoch, partition, lease) of `held` that are not the caller's any more. `started` and
-        `stats` as for `get_tasks`."""
-        method: Callable[..., pb.ReportResponse] = self._stub.Report
-        return self._fenced(method, pb.ReportRequest(
-            job=job, worker_id=worker, session_secret=self.secret(job, worker),
-            reports=list(reports), held=_held_tasks(held, started), sync=sync, stats=stats),
-            CALL_TIMEOUT_S)
+               stats: pb.ReaderStats | None = None) -> pb.WatchEvent:
+        """Sends reports and renews this worker's leases (a heartbeat exchange); the answer's
+        `revoked` lists the (epoch, partition, lease) of `held` that are not the caller's any
+        more, and those of refused `reports` (also in `refused`). `started` and `stats` as for
+        `get_tasks`."""
+        answer = self._exchange(job, worker, session_message(1, reports, held, started, sync,
+                                                             stats), CALL_TIMEOUT_S)
+        answer.revoked.extend(answer.refused)
+        return answer
 
-    def watch(self, job: str, worker: str) -> WatchStream:
-        """Opens the session's Watch stream: what the master tells this reader between its own
-        calls (give-backs, revocations, epoch ends, group changes). Not retried: the caller
-        reopens a broken stream (see WorkerSession), and `cancel()` ends it."""
-        return self._stub.Watch(  # type: ignore[no-any-return]
-            pb.WatchRequest(job=job, worker_id=worker, session_secret=self.secret(job, worker)),
-            metadata=self._metadata)
+    def watch(self, job: str, worker: str) -> SessionStream:
+        """Opens the session's stream for what the master tells this reader between its own
+        messages (give-backs, revocations, epoch ends, group changes); its first event is the
+        stream's opening. Not retried: the caller reopens a broken stream, and `cancel()` ends
+        it."""
+        return self.session(job, worker)
 
-    def session(self, job: str, worker: str) -> SessionStream:
-        """Opens the session's Session stream: Watch, plus this reader's heartbeats and progress
-        as messages (`SessionStream.send`) instead of Report calls. Not retried: the caller
-        reopens a broken stream; a master without it answers UNIMPLEMENTED (use `watch`)."""
+    def session(self, job: str, worker: str, exchange: bool = False) -> SessionStream:
+        """Opens the session's Session stream: its heartbeats, progress and requests for tasks
+        as messages (`SessionStream.send`), and the master's answers and events. Not retried:
+        the caller reopens a broken stream with the same secret. `exchange`: a stream for a few
+        messages of this client's own, told none of the session's events."""
         return SessionStream(self._stub, self._metadata, pb.WatchRequest(
-            job=job, worker_id=worker, session_secret=self.secret(job, worker)))
+            job=job, worker_id=worker, session_secret=self.secret(job, worker),
+            exchange=exchange))
+
+    def _exchange(self, job: str, worker: str, message: pb.SessionMessage, timeout: float,
+                  abandoned: Callable[[], bool] | None = None) -> pb.WatchEvent:
+        """`message` (its `seq` set) on an `exchange` stream of `worker`'s session: its answer,
+        retried like a call (a refused `get_tasks` raises as a refused call would)."""
+        def exchange(request: pb.SessionMessage, timeout: float, metadata: object
+                     ) -> pb.WatchEvent:
+            stream = SessionStream(self._stub, metadata, pb.WatchRequest(
+                job=job, worker_id=worker, session_secret=self.secret(job, worker),
+                exchange=True), timeout)
+            return _answer_of(stream, request, abandoned)
+        return self._call(exchange, message, timeout)
 
     def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
         method: Callable[..., pb.LeaveJobResponse] = self._stub.LeaveJob
@@ -380,28 +372,16 @@ class MasterClient:
         self.close()
 
 
-class WatchStream(Protocol):
-    """A Watch call in flight (a grpc server-streaming call): iterate it for events."""
-
-    def __iter__(self) -> Iterator[pb.WatchEvent]: ...
-
-    def initial_metadata(self) -> object:
-        """Blocks until the master accepted the stream (or the call ended)."""
-        ...
-
-    def cancel(self) -> bool: ...
-
-
 class SessionStream:
     """A Session call in flight: `send` queues a message for the master (never blocks), and
     iterating it yields the master's events. gRPC's blocking API takes the messages from a
     queue on a thread of its own. Thread-safe; `cancel()` ends the call and is idempotent."""
 
     def __init__(self, stub: master_pb2_grpc.MasterStub, metadata: object,
-                 opening: pb.WatchRequest):
+                 opening: pb.WatchRequest, timeout: float | None = None):
         self._outbox: queue.SimpleQueue[pb.SessionMessage | None] = queue.SimpleQueue()
         self._outbox.put(pb.SessionMessage(open=opening))
-        self._call = stub.Session(self._messages(), metadata=metadata)
+        self._call = stub.Session(self._messages(), metadata=metadata, timeout=timeout)
         self.cancelled = False
 
     def _messages(self) -> Iterator[pb.SessionMessage]:
@@ -429,34 +409,58 @@ class SessionStream:
         return bool(self._call.cancel())
 
 
-def _cancellable(method: grpc.UnaryUnaryMultiCallable,
-                 abandoned: Callable[[], bool]) -> Callable[..., pb.GetTasksResponse]:
-    """`method`, called as a future that is cancelled once `abandoned()` (checked every
-    CANCEL_CHECK_S); raises CallCancelled then."""
-    def call(request: object, timeout: float, metadata: object) -> pb.GetTasksResponse:
+class _Refused(grpc.RpcError):  # type: ignore[misc]
+    """A `grant_refused` answer (or a stream ended unanswered), raised as a refused call (its
+    text starts with the status code's name), so that `_call` handles it as one."""
+
+    def __init__(self, text: str):
+        name, _, why = text.partition(": ")
+        self._code = getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
+        self._details = why if self._code is not grpc.StatusCode.UNKNOWN else text
+        super().__init__(text)
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def _answer_of(stream: SessionStream, message: pb.SessionMessage,
+               abandoned: Callable[[], bool] | None) -> pb.WatchEvent:
+    """Sends `message` on `stream` and returns its answer, then ends the stream. With
+    `abandoned`, checked every CANCEL_CHECK_S: once true, the stream is cancelled and
+    CallCancelled raised."""
+    done = threading.Event()
+    if abandoned is not None:
         if abandoned():
-            raise CallCancelled("the call was given up before it was made")
-        future = method.future(request, timeout=timeout, metadata=metadata)
-        while True:
-            try:
-                return future.result(timeout=CANCEL_CHECK_S)  # type: ignore[no-any-return]
-            except grpc.FutureTimeoutError:
+            stream.cancel()
+            raise CallCancelled("the exchange was given up before it was made")
+
+        def watch() -> None:
+            while not done.wait(CANCEL_CHECK_S):
                 if abandoned():
-                    future.cancel()
-                    raise CallCancelled("the call was cancelled: its caller gave up on it") \
-                        from None
-            except grpc.FutureCancelledError:
-                raise CallCancelled("the call was cancelled") from None
-    return call
-
-
-class _Refused(Exception):
-    """The master refused some of a call's reports (FAILED_PRECONDITION): not this reader's."""
-
-    def __init__(self, refused: list[pb.HeldTask], details: str | None):
-        super().__init__(details)
-        self.refused = refused
-        self.details = details
+                    stream.cancel()
+                    return
+        threading.Thread(target=watch, name="trainfeed-exchange-cancel", daemon=True).start()
+    try:
+        stream.send(message)
+        for event in stream:
+            if event.answers == message.seq:
+                if event.grant_refused:
+                    raise _Refused(event.grant_refused)
+                return event
+        raise _Refused("UNAVAILABLE: the master ended the stream before it answered")
+    except grpc.RpcError as e:
+        if abandoned is not None and abandoned() and not isinstance(e, _Refused):
+            raise CallCancelled("the exchange was cancelled: its caller gave up on it") from None
+        raise
+    finally:
+        done.set()
+        stream.cancel()
 
 
 class _RankTaken(Exception):
@@ -480,15 +484,6 @@ def _trailer(error: grpc.RpcError, key: str) -> str | None:
 def wall_clock(unix: float) -> str:
     """A wall-clock time for a log line: 23:05:17."""
     return time.strftime("%H:%M:%S", time.localtime(unix))
-
-
-def _refused(error: grpc.RpcError) -> list[pb.HeldTask]:
-    """The reports a FAILED_PRECONDITION answer lists in its REFUSED_TRAILER metadata."""
-    trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == REFUSED_TRAILER and isinstance(value, bytes):
-            return list(pb.RefusedReports.FromString(value).reports)
-    return []
 
 
 def session_message(seq: int, reports: Iterable[pb.TaskReport],

@@ -108,7 +108,7 @@ def leases(tasks: Sequence[pb.HeldTask]) -> tuple[Lease, ...]:
     return tuple((t.epoch, t.partition, t.lease) for t in tasks)
 
 
-def answer_of(response: pb.GetTasksResponse | pb.ReportResponse) -> Answer:
+def answer_of(response: pb.GetTasksResponse | pb.WatchEvent) -> Answer:
     return Answer(leases(response.revoked), leases(response.give_back), response.revoked_why,
                   response.group_broken, response.superseded)
 

@@ -186,16 +186,8 @@ class TaskReport(_message.Message):
     lease: int
     def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., outcome: _Optional[_Union[TaskReport.Outcome, str]] = ..., reason: _Optional[str] = ..., consumed: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
-class RefusedReports(_message.Message):
-    __slots__ = ("reports",)
-    REPORTS_FIELD_NUMBER: _ClassVar[int]
-    reports: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    def __init__(self, reports: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ...) -> None: ...
-
 class GetTasksRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "session_secret", "sync", "stats")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("epoch", "max_tasks", "wait_ms", "reports", "reconcile", "held", "max_records", "sync", "stats")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -203,11 +195,8 @@ class GetTasksRequest(_message.Message):
     RECONCILE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
-    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    worker_id: str
     epoch: int
     max_tasks: int
     wait_ms: int
@@ -215,10 +204,9 @@ class GetTasksRequest(_message.Message):
     reconcile: bool
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
     max_records: int
-    session_secret: str
     sync: SyncGroup
     stats: ReaderStats
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., reconcile: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., max_records: _Optional[int] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
 
 class HeldTask(_message.Message):
     __slots__ = ("epoch", "partition", "lease", "started")
@@ -293,38 +281,16 @@ class FailedPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., reason: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "reports", "held", "session_secret", "sync", "stats")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("reports", "held", "sync", "stats")
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
-    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    worker_id: str
     reports: _containers.RepeatedCompositeFieldContainer[TaskReport]
     held: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    session_secret: str
     sync: SyncGroup
     stats: ReaderStats
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., session_secret: _Optional[str] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
-
-class ReportResponse(_message.Message):
-    __slots__ = ("current_epoch", "revoked", "give_back", "group_broken", "revoked_why", "superseded")
-    CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
-    REVOKED_FIELD_NUMBER: _ClassVar[int]
-    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
-    GROUP_BROKEN_FIELD_NUMBER: _ClassVar[int]
-    REVOKED_WHY_FIELD_NUMBER: _ClassVar[int]
-    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
-    current_epoch: int
-    revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
-    group_broken: str
-    revoked_why: str
-    superseded: str
-    def __init__(self, current_epoch: _Optional[int] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., group_broken: _Optional[str] = ..., revoked_why: _Optional[str] = ..., superseded: _Optional[str] = ...) -> None: ...
+    def __init__(self, reports: _Optional[_Iterable[_Union[TaskReport, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., sync: _Optional[_Union[SyncGroup, _Mapping]] = ..., stats: _Optional[_Union[ReaderStats, _Mapping]] = ...) -> None: ...
 
 class LeaveJobRequest(_message.Message):
     __slots__ = ("job", "worker_id", "session_secret")
@@ -381,14 +347,16 @@ class JobStatus(_message.Message):
     def __init__(self, job: _Optional[str] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., num_partitions: _Optional[int] = ..., todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., workers: _Optional[int] = ..., failed_reasons: _Optional[_Iterable[str]] = ..., records_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., reports_refused: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job", "worker_id", "session_secret")
+    __slots__ = ("job", "worker_id", "session_secret", "exchange")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker_id: str
     session_secret: str
-    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    exchange: bool
+    def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., exchange: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
     __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused", "refused_count")

@@ -39,16 +39,6 @@ class MasterStub:
                 request_serializer=trainfeed_dot_v1_dot_master__pb2.OpenJobRequest.SerializeToString,
                 response_deserializer=trainfeed_dot_v1_dot_master__pb2.OpenJobResponse.FromString,
                 _registered_method=True)
-        self.GetTasks = channel.unary_unary(
-                '/trainfeed.v1.Master/GetTasks',
-                request_serializer=trainfeed_dot_v1_dot_master__pb2.GetTasksRequest.SerializeToString,
-                response_deserializer=trainfeed_dot_v1_dot_master__pb2.GetTasksResponse.FromString,
-                _registered_method=True)
-        self.Report = channel.unary_unary(
-                '/trainfeed.v1.Master/Report',
-                request_serializer=trainfeed_dot_v1_dot_master__pb2.ReportRequest.SerializeToString,
-                response_deserializer=trainfeed_dot_v1_dot_master__pb2.ReportResponse.FromString,
-                _registered_method=True)
         self.LeaveJob = channel.unary_unary(
                 '/trainfeed.v1.Master/LeaveJob',
                 request_serializer=trainfeed_dot_v1_dot_master__pb2.LeaveJobRequest.SerializeToString,
@@ -58,11 +48,6 @@ class MasterStub:
                 '/trainfeed.v1.Master/GetJobStatus',
                 request_serializer=trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.SerializeToString,
                 response_deserializer=trainfeed_dot_v1_dot_master__pb2.JobStatus.FromString,
-                _registered_method=True)
-        self.Watch = channel.unary_stream(
-                '/trainfeed.v1.Master/Watch',
-                request_serializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
-                response_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
                 _registered_method=True)
         self.Session = channel.stream_stream(
                 '/trainfeed.v1.Master/Session',
@@ -76,21 +61,6 @@ class MasterServicer:
 
     def OpenJob(self, request, context):
         """Joins (or creates) a job reading a dataset. Returns the worker's id and where the data is.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def GetTasks(self, request, context):
-        """Leases up to max_tasks tasks of an epoch; may wait up to wait_ms for tasks to free up.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Report(self, request, context):
-        """Reports finished or failed tasks and renews the caller's leases (the heartbeat); the answer
-        lists which of the caller's held tasks are no longer its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,27 +80,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Watch(self, request, context):
-        """One stream per reader session, for what the master must tell a reader between its own calls:
-        give-backs, revocations, the end of an epoch and sync-group changes. A reader holding leases
-        it has not started waits on this stream instead of polling. A broken stream (a restarted
-        master) is reopened by the reader; the fencing rules do not depend on it.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Session(self, request_iterator, context):
-        """Watch, plus the reader's own messages on the same stream (issue 28): heartbeats and progress
-        (with ReaderStats) become messages of one long-lived call instead of unary Report calls. The
-        first SessionMessage names the session (`open`, as a WatchRequest); the master renews the
-        session's leases on each later message it receives (never on the stream's mere liveness: a
-        frozen reader sends none, and its leases expire), and answers each one that has a `seq` with
-        a WatchEvent whose `answers` is that seq, once the message's changes are durable (so a DONE
-        may ride a message with a seq, as on a Report call). A master without this rpc answers
-        UNIMPLEMENTED; the reader then uses Watch and unary Reports. A master whose first event says
-        `grants` also answers GetTasks asked on the stream (`get_tasks`): a partition then costs
-        stream messages, not a unary call.
+        """The one conversation of a reader session after OpenJob (issues 28, 36). The first
+        SessionMessage names the session (`open`: job, worker id, session secret; PERMISSION_DENIED
+        without the secret). Then the reader sends heartbeats and progress (`report`, with ReaderStats)
+        and asks for tasks (`get_tasks`, answered as WatchEvent.grant); the master renews the session's
+        leases on each message it receives (never on the stream's mere liveness: a frozen reader sends
+        none, and its leases expire), and answers each one that has a `seq` with a WatchEvent whose
+        `answers` is that seq, once the message's changes are durable. Between answers it pushes what
+        the reader must be told: give-backs, revocations, the end of an epoch, sync-group changes,
+        being superseded. A broken stream is reopened with the same secret (the fencing rules do not
+        depend on it); its end is not the reader leaving: its leases run until they time out, or until
+        LeaveJob.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -144,16 +105,6 @@ def add_MasterServicer_to_server(servicer, server):
                     request_deserializer=trainfeed_dot_v1_dot_master__pb2.OpenJobRequest.FromString,
                     response_serializer=trainfeed_dot_v1_dot_master__pb2.OpenJobResponse.SerializeToString,
             ),
-            'GetTasks': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetTasks,
-                    request_deserializer=trainfeed_dot_v1_dot_master__pb2.GetTasksRequest.FromString,
-                    response_serializer=trainfeed_dot_v1_dot_master__pb2.GetTasksResponse.SerializeToString,
-            ),
-            'Report': grpc.unary_unary_rpc_method_handler(
-                    servicer.Report,
-                    request_deserializer=trainfeed_dot_v1_dot_master__pb2.ReportRequest.FromString,
-                    response_serializer=trainfeed_dot_v1_dot_master__pb2.ReportResponse.SerializeToString,
-            ),
             'LeaveJob': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaveJob,
                     request_deserializer=trainfeed_dot_v1_dot_master__pb2.LeaveJobRequest.FromString,
@@ -163,11 +114,6 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.GetJobStatus,
                     request_deserializer=trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.FromString,
                     response_serializer=trainfeed_dot_v1_dot_master__pb2.JobStatus.SerializeToString,
-            ),
-            'Watch': grpc.unary_stream_rpc_method_handler(
-                    servicer.Watch,
-                    request_deserializer=trainfeed_dot_v1_dot_master__pb2.WatchRequest.FromString,
-                    response_serializer=trainfeed_dot_v1_dot_master__pb2.WatchEvent.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -202,60 +148,6 @@ class Master:
             '/trainfeed.v1.Master/OpenJob',
             trainfeed_dot_v1_dot_master__pb2.OpenJobRequest.SerializeToString,
             trainfeed_dot_v1_dot_master__pb2.OpenJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GetTasks(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/trainfeed.v1.Master/GetTasks',
-            trainfeed_dot_v1_dot_master__pb2.GetTasksRequest.SerializeToString,
-            trainfeed_dot_v1_dot_master__pb2.GetTasksResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Report(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/trainfeed.v1.Master/Report',
-            trainfeed_dot_v1_dot_master__pb2.ReportRequest.SerializeToString,
-            trainfeed_dot_v1_dot_master__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -310,33 +202,6 @@ class Master:
             '/trainfeed.v1.Master/GetJobStatus',
             trainfeed_dot_v1_dot_master__pb2.GetJobStatusRequest.SerializeToString,
             trainfeed_dot_v1_dot_master__pb2.JobStatus.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Watch(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/trainfeed.v1.Master/Watch',
-            trainfeed_dot_v1_dot_master__pb2.WatchRequest.SerializeToString,
-            trainfeed_dot_v1_dot_master__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

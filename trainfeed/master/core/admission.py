@@ -226,3 +226,32 @@ def holdings(job: Job, now: float, caller: str) -> list[pb.Holding]:
                    for worker in first]
         job.holdings_cache = (now, ledger.epoch, holders)
     return [h for h in holders if h.worker != caller][:MAX_HOLDERS]
+
+
+def note_ahead(ahead: dict[str, tuple[int, set[int], bool]], job: Job, worker: str) -> str:
+    """A synchronous rank asks for the next epoch while the current one is open: it had its
+    whole quota of this one. Once every rank of the group has, with no lease out, what is left
+    in todo is work no rank's quota asks for, and the epoch can never end: a fault of the quota
+    accounting (the ranks' own logs say only that they wait). Returns, once per epoch, an error
+    naming the records left ("" otherwise), so that such a hang names its cause. `ahead`: job ->
+    (its epoch, the ranks that asked ahead in it, whether it was told)."""
+    members, ledger = job.members, job.ledger
+    rank = members.rank_of(worker) if members is not None else None
+    if members is None or rank is None:
+        return ""
+    epoch, ranks, logged = ahead.get(job.name, (ledger.epoch, set(), False))
+    if epoch != ledger.epoch:
+        epoch, ranks, logged = ledger.epoch, set(), False
+    ranks.add(rank)
+    stuck = (not logged and len(ranks) >= members.world_size and not ledger.pending
+             and bool(ledger.todo))
+    ahead[job.name] = (epoch, ranks, logged or stuck)
+    if not stuck:
+        return ""
+    left = sorted(ledger.todo)
+    return (f"every rank of the synchronous group (world size {members.world_size}) had its "
+            f"quota of epoch {epoch} and asks for the next, but the epoch keeps "
+            f"{sum(ledger.remaining(p) for p in left)} record(s) in todo that no rank's quota "
+            f"asks for (partitions {left[:10]}{' …' if len(left) > 10 else ''}): it cannot "
+            f"end, and the ranks wait. This is a fault of the master's quota accounting; "
+            f"restart the group from a checkpoint (reader.state_dict()) and report it")

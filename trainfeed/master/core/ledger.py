@@ -271,17 +271,22 @@ class Ledger:
         if not free:
             return LeaseResult(LeaseStatus.WAIT, self.epoch)
         share = own + -(-(len(free) - own) // max(1, sharers))
-        count = min(len(free), max(1, min(max_tasks, share)))
-        if max_records > 0 and self.sizes is not None:
-            budget, limit = max_records, count
-            count = 0
-            while count < limit and budget > 0:
-                budget -= self.remaining(free[count])
-                count += 1
+        count = self._within(free, min(len(free), max(1, min(max_tasks, share))), max_records)
         taken = [free[i] for i in range(count)]
         self._apply(["L", worker, taken])
         self._set_deadline(worker, now + lease_timeout)
         return LeaseResult(LeaseStatus.TASKS, self.epoch, tuple(taken))
+
+    def _within(self, free: Sequence[int], count: int, max_records: int) -> int:
+        """How many of the first `count` of `free` a lease takes when it may cover at most
+        `max_records` records still to deliver (0: no bound, or sizes unknown)."""
+        if max_records <= 0 or self.sizes is None:
+            return count
+        budget, limit, count = max_records, count, 0
+        while count < limit and budget > 0:
+            budget -= self.remaining(free[count])
+            count += 1
+        return count
 
     def report_done(self, epoch: int, partition: int, worker: str = "") -> bool:
         """Marks a partition of `epoch` done, whoever reports it (a late report of an expired
@@ -444,6 +449,14 @@ class Ledger:
         vouched: dict[int, int] = {}
         for p in sorted(p for p in keep_done if p in ours and p not in self.done):
             vouched[p] = self.progress.get(p, 0)  # claimed whole: as far as reports showed
+        cut += self._vouch_positions(positions, ours, vouched)
+        return keep, vouched, sorted(set(cut))
+
+    def _vouch_positions(self, positions: Mapping[int, int], ours: set[int],
+                         vouched: dict[int, int]) -> list[int]:
+        """Adds to `vouched` each position of a partition in `ours` (not vouched already), cut
+        to the records reported consumed (a done partition's: any); returns those cut."""
+        cut = []
         for p, n in sorted(positions.items()):
             if p not in ours or p in vouched:
                 continue
@@ -451,7 +464,7 @@ class Ledger:
             vouched[p] = min(n, known)
             if n > known:
                 cut.append(p)
-        return keep, vouched, sorted(set(cut))
+        return cut
 
     def held_by(self, worker: str) -> list[int]:
         return list(self.by_worker.get(worker, ()))

@@ -20,9 +20,10 @@ Exported (per job unless said otherwise):
   partition's lease with that token (a reader that lost its lease, or a hostile call);
 - `trainfeed_rpc_duration_seconds{method}` (histogram, all jobs): time in the handler, long-polls
   included; `trainfeed_rpc_unauthenticated_total` (all jobs): calls refused for their token;
-- `trainfeed_lease_grant_duration_seconds` (histogram, all jobs): GetTasks calls that asked not
-  to long-poll (`wait_ms` 0, what a reader sends but at an epoch's tail): the master's own
-  latency in granting leases, with no wait for others' partitions in it.
+- `trainfeed_lease_grant_duration_seconds` (histogram, all jobs): `get_tasks` messages of the
+  Session streams that asked not to long-poll (`wait_ms` 0, what a reader sends but at an epoch's
+  tail): the master's own latency in granting leases, durability included, with no wait for
+  others' partitions in it (observed by trainfeed.master.serve.streams).
 
 What the readers measured (issue 29; trainfeed.reader.meter), summed over a job's readers
 since this master started, sent with their calls:
@@ -75,7 +76,6 @@ TASK_STATES = ("todo", "pending", "done", "failed")
 
 Continuation = Callable[[grpc.HandlerCallDetails], Any]
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-GRANT_METHOD = "trainfeed.v1.Master/GetTasks"
 # The help of each reader figure's counter (pb.ReaderStats' fields): trainfeed_reader_<name>.
 READER_COUNTERS = {
     "wall_s": ("wall_seconds", "Wall time the readers' summaries cover, since their trainers' "
@@ -230,16 +230,17 @@ class _Families:
 
 class RpcLatencyInterceptor(grpc.aio.ServerInterceptor):
     """Observes the handler time of every unary call in `trainfeed_rpc_duration_seconds`,
-    labelled by method ("trainfeed.v1.Master/GetTasks"). Streaming calls (the health Watch)
-    pass through untimed. Wrapped handlers are made once per method, not per call."""
+    labelled by method ("trainfeed.v1.Master/OpenJob"). Streaming calls (Session, the health
+    Watch) pass through untimed; `grants` times a Session stream's grants (streams.Streams).
+    Wrapped handlers are made once per method, not per call."""
 
     def __init__(self, registry: CollectorRegistry):
         self.histogram = Histogram("trainfeed_rpc_duration_seconds",
                                    "Time the master spent answering a call, by method",
                                    ["method"], registry=registry, buckets=RPC_BUCKETS)
         self.grants = Histogram("trainfeed_lease_grant_duration_seconds",
-                                "Time the master spent answering GetTasks calls that asked not "
-                                "to long-poll (wait_ms 0)", registry=registry,
+                                "Time the master spent answering get_tasks messages that asked "
+                                "not to long-poll (wait_ms 0)", registry=registry,
                                 buckets=RPC_BUCKETS)
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -259,17 +260,13 @@ class RpcLatencyInterceptor(grpc.aio.ServerInterceptor):
     def _timed(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary
         observe = self.histogram.labels(method).observe
-        grant = self.grants.observe if method == GRANT_METHOD else None
 
         async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             try:
                 return await behavior(request, context)
             finally:
-                took = time.perf_counter() - started
-                observe(took)
-                if grant is not None and request.wait_ms == 0:
-                    grant(took)
+                observe(time.perf_counter() - started)
         return grpc.unary_unary_rpc_method_handler(
             timed, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)

@@ -184,7 +184,9 @@ def _interceptors(options: ServerOptions, auth: TokenInterceptor | None,
     if auth is not None:  # first: a refused call reaches nothing else
         interceptors.append(auth)
     if options.metrics_port is not None:
-        interceptors.append(RpcLatencyInterceptor(registry))
+        latency = RpcLatencyInterceptor(registry)
+        interceptors.append(latency)
+        servicer.streams.on_grant = latency.grants.observe
         loop = asyncio.get_running_loop()
         registry.register(MasterCollector(
             lambda: _on_loop(loop, servicer.job_stats),

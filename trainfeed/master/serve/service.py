@@ -3,26 +3,25 @@
 What the shell does, and nothing else: it reads the clock and the call's scope, calls the
 coordinator, maps its refusals to status codes (STATUS_CODES, the one table), hands the ledgers'
 ops to the journal writer (trainfeed.master.serve.journal) and answers only once they are
-durable, holds long-polls and Watch streams open, and reads manifests off the event loop.
+durable, holds long-polls and Session streams open, and reads manifests off the event loop.
 
 Runs on one asyncio event loop, so the coordinator needs no locks. The journal writer commits the
 ops of every call of a tick in one store transaction, off the loop; each job is snapshotted once
 its journal is about twice as long as it has partitions (so replaying a journal after a restart
 costs about as much as reading a snapshot, and a snapshot's O(partitions) cost is amortized over
-as many calls). GetTasks long-polls: when the epoch's remaining partitions are leased to others it
-waits (up to the caller's `wait_ms`) for a change (a report, an expiry, a leave) instead of making
-readers spin. Watch (issue 28) streams to a reader session what it must be told between its own
-calls (give-backs, revocations, the end of an epoch, a broken group, being superseded); Session
-is Watch plus the reader's heartbeats and progress as messages on the same call (unary calls cost
-the master about 0.7-1.5 ms each, a stream message a fraction of that); a reader also asks for its
-leases on it (`get_tasks`, answered through the very path of a GetTasks call, long-polls included,
-once durable).
+as many calls). After OpenJob a reader session speaks one conversation, its Session stream (issue
+36; unary calls cost the master about 0.7-1.5 ms each, a stream message a fraction of that): its
+heartbeats and progress, its requests for tasks (`get_tasks`), and what it must be told between
+its own messages (give-backs, revocations, the end of an epoch, a broken group, being superseded).
+A `get_tasks` long-polls: when the epoch's remaining partitions are leased to others it waits (up
+to the message's `wait_ms`) for a change (a report, an expiry, a leave) instead of making readers
+spin.
 
 Trust: a report counts only from the partition's current lease holder with the lease's fencing
-token (Ledger.check_report). A call carrying any other report is refused whole with
-FAILED_PRECONDITION (the refused reports listed in its trailing metadata, counted, logged with a
-rate limit) and changes nothing; partition ids and epochs that cannot exist get INVALID_ARGUMENT.
-Every call of a reader session carries the secret its OpenJob gave it
+token (Ledger.check_report). Any other report is refused: it changes nothing, the answer lists it
+(`refused`; a grant's `revoked`), and it is counted and logged with a rate limit; partition ids and
+epochs that cannot exist get INVALID_ARGUMENT. Every stream of a reader session (and its LeaveJob)
+carries the secret its OpenJob gave it
 (trainfeed.master.core.sessions), else PERMISSION_DENIED; a call may be restricted to one job by
 its token (trainfeed.master.serve.auth).
 No answer or log line names another session's secret or lease token. A reader of another wire
@@ -36,7 +35,6 @@ leases of live readers that had no way to renew them.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import secrets
@@ -66,40 +64,30 @@ from trainfeed.master.core.jobs import (
     PermissionDenied,
     ResourceExhausted,
 )
-from trainfeed.master.core.ledger import LeaseStatus
 from trainfeed.master.core.reader_stats import ReaderBoard
-from trainfeed.master.core.sessions import clip
 from trainfeed.master.serve import auth
 from trainfeed.master.serve.journal import JournalWriter
+from trainfeed.master.serve.streams import (
+    MAX_GRANTS_IN_FLIGHT,
+    MAX_UNSENT_ANSWERS,
+    MAX_WAIT_MS,
+    Streams,
+)
 from trainfeed.master.stores import StateStore
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
 
-__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "MAX_WAIT_MS", "RESTART_GRACE_LEASES", "STATUS_CODES",
+__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "MAX_GRANTS_IN_FLIGHT", "MAX_UNSENT_ANSWERS", "MAX_WAIT_MS",
+           "RESTART_GRACE_LEASES", "STATUS_CODES",
            "Job", "JobStats", "MasterConfig", "MasterServicer"]
 
 logger = logging.getLogger(__name__)
 
-# Upper bound of one long-poll: short enough that a reader notices a dead master quickly.
-MAX_WAIT_MS = 5000
 # Progress that no reader waits for (unanswered Session messages) reaches the journal writer at
 # most this long after it came (then durable a journal tick later): 200 readers' progress is then
 # ~20 hand-overs a second, not 200. A master killed meanwhile loses at most this much progress,
 # which a reader re-delivers (the contract: progress at most PROGRESS_INTERVAL_S old).
 PROGRESS_JOURNAL_S = 0.05
-# GetTasks asked on one Session stream and not yet answered (`get_tasks` messages, each a task of
-# its own while it long-polls). A reader asks one at a time (its producer); past this bound a
-# stream flooding the master with long-polls gets `grant_refused` (RESOURCE_EXHAUSTED) at once
-# instead of a task each: the bound a unary call gets from HTTP/2's concurrent-stream limit.
-MAX_GRANTS_IN_FLIGHT = 8
-# Answers of one Session stream not yet sent (queued for the writer, or long-polling `get_tasks`):
-# while this many are unsent the master takes no more of the stream's messages, so that HTTP/2
-# flow control holds back a client that writes but never reads, instead of the master queueing
-# an answer per message without end (issue 35: +285 MB in 45 s). Backpressure, not a refusal: an
-# honest reader reads its answers and has a few unanswered at once (a heartbeat, a grant or two),
-# so it never waits on this; a reader that stalls a while is slowed, not cut off. Each answer is
-# at most a few KiB (coordinator.MAX_REFUSED_LISTED), so a stream holds at most ~1 MiB.
-MAX_UNSENT_ANSWERS = 64
 # The one table of refusals -> status codes (looked up along the exception's class hierarchy).
 STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -151,15 +139,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.store = store
         self.core = Coordinator(config)
         self.core.on_change = self._wake
-        self.core.on_event = self._wake_watch
+        self.streams = Streams(self, status_code, _REFUSALS)
         self.journal = JournalWriter(store, on_leadership_lost)
         # Manifest reads in flight for jobs being created, so that workers joining a new job
         # at once share one read instead of each reading a (possibly large) manifest again.
         self._manifest_reads: dict[tuple[str, str, int | None],
                                   asyncio.Future[Manifest]] = {}
-        # Long-polls wait on their job's event; each Watch stream on its own.
+        # Long-polls wait on their job's event.
         self._changed: dict[str, asyncio.Event] = {}
-        self._watchers: dict[tuple[str, str], asyncio.Event] = {}
         # Jobs whose unanswered progress is handed to the journal writer soon (_submit_soon).
         self._submit_due: set[str] = set()
         # Set by the server when calls carry tokens: a job token's call may touch its job only.
@@ -205,6 +192,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         for: no call waits on it)."""
         for job in self.core.expire_leases(time.time()):
             self._submit(job)
+        self.streams.deliver(self.core.news.take())
 
     def job_stats(self) -> list[JobStats]:
         """Every job's figures, read from the coordinator at scrape time (on the event loop)."""
@@ -234,7 +222,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         job.journal_ops += len(ops)
         return ops, None
 
-    async def _durable(self, job: Job, snapshot: bool = False) -> None:
+    async def durable(self, job: Job, snapshot: bool = False) -> None:
         """Returns once the job's changes are durable (raises LeadershipError, StateStoreError:
         the call fails UNAVAILABLE and the reader retries)."""
         ops, state = self._entry(job)
@@ -249,7 +237,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except StateStoreError as e:
             logger.error("job %r: %s", job.name, e)
 
-    def _submit_soon(self, job: Job) -> None:
+    def submit_soon(self, job: Job) -> None:
         """Hands the job's ops to the journal writer within PROGRESS_JOURNAL_S, with whatever
         else changed meanwhile: unanswered progress (each reader's, every second) is one
         hand-over per job per tick, not one per message (each woke the writer thread)."""
@@ -269,7 +257,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if event is not None:
             event.set()
 
-    async def _wait_changed(self, job: str, timeout: float) -> None:
+    async def wait_changed(self, job: str, timeout: float) -> None:
         event = self._changed.get(job)
         if event is None:
             event = self._changed[job] = asyncio.Event()
@@ -278,12 +266,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except asyncio.TimeoutError:
             pass
 
-    def _wake_watch(self, job: str, worker: str) -> None:
-        event = self._watchers.get((job, worker))
-        if event is not None:
-            event.set()
-
-    def _scope(self, context: grpc.aio.ServicerContext) -> str | None:
+    def scope(self, context: grpc.aio.ServicerContext) -> str | None:
         """The one job this call's token may touch; None: any (the master's own token)."""
         if not self.job_scoped:
             return None
@@ -293,7 +276,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_answers
     async def OpenJob(self, request: pb.OpenJobRequest,
                       context: grpc.aio.ServicerContext) -> pb.OpenJobResponse:
-        rules = self.core.check_open(request, self._scope(context))
+        rules = self.core.check_open(request, self.scope(context))
         job = self.core.jobs.get(request.job)
         if job is None:
             manifest = await self._read_manifest(request.job, request.dataset,
@@ -302,10 +285,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if job is None:
                 job = self.core.create_job(request, manifest, rules,
                                            secrets.token_bytes(TOKEN_KEY_BYTES))
-                await self._durable(job, snapshot=True)
+                await self.durable(job, snapshot=True)
         response, changed = self.core.open_session(job, request, time.time())
+        self.streams.deliver(self.core.news.take())
         if changed:
-            await self._durable(job)
+            await self.durable(job)
         return response
 
     async def _read_manifest(self, job: str, dataset: str, version: int | None) -> Manifest:
@@ -321,229 +305,27 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return await asyncio.shield(reading)
 
     @_answers
-    async def GetTasks(self, request: pb.GetTasksRequest,
-                       context: grpc.aio.ServicerContext) -> pb.GetTasksResponse:
-        return await self._grant(self.core.job(request.job, self._scope(context)), request)
-
-    async def _grant(self, job: Job, request: pb.GetTasksRequest) -> pb.GetTasksResponse:
-        """A GetTasks, asked by a call or on a Session stream (`get_tasks`): checks, applies
-        its reports, leases (long-polling up to `wait_ms`), and returns once durable."""
-        core = self.core
-        held, revoked, changed, stopped = core.begin_get_tasks(job, request, time.time())
-        if stopped is not None:
-            if changed:
-                await self._durable(job)
-            return stopped
-        epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + min(request.wait_ms, MAX_WAIT_MS) / 1000
-        while True:
-            now = time.time()
-            result, leased = core.lease(job, request, epoch, now)
-            if changed or leased:
-                await self._durable(job)
-                if leased:
-                    self._wake(job.name)
-                changed = False
-            if (result.status is not LeaseStatus.WAIT or loop.time() >= give_up
-                    or core.group_waits(job, request.worker_id, now)):
-                break
-            await self._wait_changed(job.name, give_up - loop.time())
-        return core.end_get_tasks(job, request, held, revoked, result, epoch, time.time())
-
-    @_answers
-    async def Report(self, request: pb.ReportRequest,
-                     context: grpc.aio.ServicerContext) -> pb.ReportResponse:
-        job = self.core.job(request.job, self._scope(context))
-        response, changed = self.core.report(job, request, time.time())
-        if changed:
-            await self._durable(job)
-        return response
-
-    @_answers
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
-        job = self.core.job(request.job, self._scope(context))
+        job = self.core.job(request.job, self.scope(context))
         response, changed = self.core.leave(job, request, time.time())
         if changed:
-            await self._durable(job)
+            await self.durable(job)
         return response
 
     @_answers
     async def GetJobStatus(self, request: pb.GetJobStatusRequest,
                            context: grpc.aio.ServicerContext) -> pb.JobStatus:
-        return self.core.status(self.core.job(request.job, self._scope(context)), time.time())
-
-    async def Watch(self, request: pb.WatchRequest,
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEvent]:
-        """One stream per reader session: its events as they arise. A second stream of the
-        same session ends the first; the stream ends when the master stops."""
-        try:
-            job = self.core.job(request.job, self._scope(context))
-            key = self.core.watch(job, request)
-        except CallError as e:
-            await context.abort(status_code(e), e.message, trailing_metadata=e.trailer)
-            return
-        wake = self._replace_watcher(key)
-        try:
-            # The first event: the stream is open (the reader may stop polling), and the epoch.
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch)
-            while True:
-                await wake.wait()
-                wake.clear()
-                if self._watchers.get(key) is not wake:
-                    return
-                for event in self.core.take_events(key):
-                    yield event
-        finally:
-            self._drop_watcher(key, wake)
-
-    def _replace_watcher(self, key: tuple[str, str]) -> asyncio.Event:
-        """Registers a new stream of a reader session (Watch or Session) and returns the event
-        that wakes it. An older stream of the same session is woken: it sees it was replaced
-        and ends (a reconnecting reader never has two streams told the same thing)."""
-        old = self._watchers.get(key)
-        wake = self._watchers[key] = asyncio.Event()
-        if old is not None:
-            old.set()
-        return wake
-
-    def _drop_watcher(self, key: tuple[str, str], wake: asyncio.Event) -> None:
-        """Forgets a stream that ended, unless a newer one of the session replaced it."""
-        if self._watchers.get(key) is wake:
-            del self._watchers[key]
-            self.core.unwatch(key)
+        return self.core.status(self.core.job(request.job, self.scope(context)), time.time())
 
     async def Session(self, requests: AsyncIterator[pb.SessionMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEvent]:
-        """Watch, plus the session's heartbeats and progress as messages of the same call: a
-        reader that only heartbeats and reports progress costs stream messages, not calls.
-        Each message renews the session's leases when it arrives (the stream's liveness alone
-        renews nothing); one with a `seq` is answered once its changes are durable. Its first
-        message names the session (PERMISSION_DENIED without its secret)."""
-        opening = await anext(aiter(requests), None)
-        if opening is None:
-            return
+        """The one conversation of a reader session after OpenJob (trainfeed.master.serve.
+        streams): its heartbeats, progress and requests for tasks, each answered once its
+        changes are durable, and the session's events between them."""
+        stream = self.streams.serve(requests, context)
         try:
-            job = self.core.job(opening.open.job, self._scope(context))
-            key = self.core.watch(job, opening.open)
-        except CallError as e:
-            await context.abort(status_code(e), e.message, trailing_metadata=e.trailer)
-            return
-        wake = self._replace_watcher(key)
-        outbox = _Outbox(wake)
-        reading = asyncio.ensure_future(self._read_session(job, opening.open, requests, outbox))
-        try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
-            while True:
-                await wake.wait()
-                wake.clear()
-                if self._watchers.get(key) is not wake:
-                    return
-                while outbox.answers:
-                    yield outbox.answers.popleft()
-                    outbox.sent()
-                for event in self.core.take_events(key):
-                    yield event
-                if reading.done():
-                    error = None if reading.cancelled() else reading.exception()
-                    if error is not None and not isinstance(error, _REFUSALS):
-                        logger.error("job %r: the Session stream of %s failed: %r", job.name,
-                                     clip(key[1]), error)
-                    if isinstance(error, _REFUSALS):
-                        self.flush()
-                        await context.abort(
-                            status_code(error),
-                            error.message if isinstance(error, CallError) else str(error),
-                            trailing_metadata=error.trailer if isinstance(error, CallError)
-                            else ())
-                    return  # the reader closed its side
+            async for event in stream:
+                yield event
         finally:
-            reading.cancel()
-            self._drop_watcher(key, wake)
-
-    async def _read_session(self, job: Job, opening: pb.WatchRequest,
-                            requests: AsyncIterator[pb.SessionMessage], outbox: _Outbox) -> None:
-        """Takes a Session stream's messages as they come, while fewer than MAX_UNSENT_ANSWERS
-        of its answers are unsent; queues the answers in `outbox` (which wakes the writer,
-        Session). Ends when the reader closes its side, or raises a refusal. A `get_tasks`
-        message is a GetTasks of the stream's session, answered on the stream (each in a task of
-        its own, so that a long-poll holds up none of the later messages; they end with the
-        stream)."""
-        worker = opening.worker_id
-        granting: set[asyncio.Task[None]] = set()
-        messages = aiter(requests)
-        try:
-            while True:
-                await outbox.room.acquire()  # (released once this message's answer is sent)
-                message = await anext(messages, None)
-                if message is None:
-                    return
-                if message.HasField("get_tasks"):
-                    if len(granting) >= MAX_GRANTS_IN_FLIGHT:
-                        outbox.put(pb.WatchEvent(
-                            current_epoch=job.ledger.epoch, answers=message.seq,
-                            grant_refused=f"RESOURCE_EXHAUSTED: {len(granting)} GetTasks asked "
-                                          f"on this stream are still unanswered (at most "
-                                          f"{MAX_GRANTS_IN_FLIGHT}); make this one as a call"))
-                        continue
-                    task = asyncio.ensure_future(
-                        self._grant_on_stream(job, opening, message, outbox))
-                    granting.add(task)
-                    task.add_done_callback(granting.discard)
-                    continue
-                answer, changed = self.core.session_message(job, worker, message, time.time())
-                if changed:
-                    if answer is None:
-                        self._submit_soon(job)  # nobody waits for it: durable soon
-                    else:
-                        await self._durable(job)
-                if answer is None:
-                    outbox.room.release()
-                else:
-                    outbox.put(answer)
-        finally:
-            for task in granting:
-                task.cancel()
-            outbox.wake.set()
-
-    async def _grant_on_stream(self, job: Job, opening: pb.WatchRequest,
-                               message: pb.SessionMessage, outbox: _Outbox) -> None:
-        """Answers a Session message's `get_tasks` as the GetTasks call it stands for (the
-        stream's session; the same checks, fencing and durability), or, refused, with
-        `grant_refused`: the reader then makes the call, and handles its refusal as ever."""
-        request = pb.GetTasksRequest()
-        request.CopyFrom(message.get_tasks)
-        request.job, request.worker_id = job.name, opening.worker_id
-        request.session_secret = opening.session_secret
-        try:
-            grant = await self._grant(job, request)
-            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
-                                  grant=grant)
-        except _REFUSALS as e:
-            self.flush()  # (as a refused call: what it changed is made durable, not waited for)
-            why = e.message if isinstance(e, CallError) else str(e)
-            event = pb.WatchEvent(current_epoch=job.ledger.epoch, answers=message.seq,
-                                  grant_refused=f"{status_code(e).name}: {why}")
-        outbox.put(event)
-
-
-class _Outbox:
-    """The answers of one Session stream waiting for its writer, and the room left for more
-    (MAX_UNSENT_ANSWERS): the stream's reader takes a slot before it takes a message, and the
-    writer gives it back once the message's answer is sent (at once if it needs none). Local to
-    the stream, so that all it holds goes when the stream ends or is cancelled."""
-
-    def __init__(self, wake: asyncio.Event):
-        self.answers: collections.deque[pb.WatchEvent] = collections.deque()
-        self.room = asyncio.Semaphore(MAX_UNSENT_ANSWERS)
-        self.wake = wake
-
-    def put(self, answer: pb.WatchEvent) -> None:
-        """Queues an answer (its message's slot is taken) and wakes the writer."""
-        self.answers.append(answer)
-        self.wake.set()
-
-    def sent(self) -> None:
-        """An answer went out: its slot is free for the next message."""
-        self.room.release()
+            await stream.aclose()  # (its cleanup runs now, not when it is collected)

@@ -57,6 +57,9 @@ ANSWER_TIMEOUT_S = 5.0
 # A request for tasks the master refused for its load (RESOURCE_EXHAUSTED: too many asked on the
 # stream at once) is asked again after this long.
 REFUSED_RETRY_S = 0.1
+# What is left to send when a pass is abandoned or the session closes is given up after this
+# long without a stream that answers (the leases then expire on the master): close() returns.
+HAND_BACK_S = CALL_TIMEOUT_S
 
 # The reader's figures since its last summary (issue 29), attached to every message it answers.
 StatsHook = Callable[[], "pb.ReaderStats | None"]
@@ -456,8 +459,9 @@ class WorkerSession:
             self._hand_back("after an abandoned pass")
 
     def _hand_back(self, when: str) -> None:
+        deadline = time.monotonic() + HAND_BACK_S
         try:
-            self.send()
+            self.send(given_up=lambda: time.monotonic() > deadline)
             released = self.client.leave_job(self.job, self.worker).released_tasks
         except Exception as e:  # the master or the channel is gone: the leases then expire
             logger.warning("could not hand tasks back %s: %s", when, e)

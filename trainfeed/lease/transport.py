@@ -54,10 +54,10 @@ WAIT_LOG_EVERY_S = 30.0
 # How often a waiting caller checks whether it gave up (a long-poll of an abandoned pass).
 CHECK_S = 0.1
 # A stream refused with one of these is not reopened: no retry changes the master's answer (the
-# job is gone, the session's secret is not the master's, the token is refused).
+# job is gone, the session's secret is not the master's, the token is refused, no Session rpc).
 _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
-          grpc.StatusCode.INVALID_ARGUMENT)
+          grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
 EventHook = Callable[[pb.WatchEvent], None]
 

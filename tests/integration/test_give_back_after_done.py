@@ -40,7 +40,7 @@ def test_a_lease_whose_done_is_unconfirmed_is_not_given_back(tmp_path: Path) -> 
     with MasterProcess(storage) as master:
         session = WorkerSession(MasterClient(master.address, give_up_s=60), "train", "flowers",
                                 seed=0).open()
-        dataset = Dataset(session.dataset, session.field_names, session.binary_fields)
+        dataset = Dataset.joined(session.opened)
         stream = prefetched(LeasedTasks(session, JOIN_CURRENT_EPOCH, lambda epoch: None),
                             dataset, plain_load, 2, "test-fetch")
         parts: list[LoadedPartition] = []

@@ -7,12 +7,10 @@ its `grant` (as the GetTasks call did); every other event carries it in its own 
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import Answer, Lease, Outcome, Report
-from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
 
 _OUTCOMES = {Outcome.DONE: pb.TaskReport.DONE, Outcome.FAILED: pb.TaskReport.FAILED,
@@ -42,7 +40,3 @@ def answer_of(event: pb.WatchEvent) -> Answer:
                   news.revoked_why, news.group_broken, news.superseded,
                   event.epoch_complete if event.epoch_complete > 0 else None)
 
-
-def dataset_folder(opened: pb.OpenJobResponse) -> Storage:
-    """The dataset's folder, where the master's OpenJob answer says it is."""
-    return Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))

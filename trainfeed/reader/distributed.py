@@ -15,7 +15,6 @@ from trainfeed.io.load import Load, plain_load
 from trainfeed.io.partition_reader import ReadStats
 from trainfeed.io.prefetch import prefetch_depth
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.messages import dataset_folder
 from trainfeed.lease.session import JOIN_CURRENT_EPOCH, StatsHook, WorkerSession
 from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.reader.backends import (
@@ -97,9 +96,7 @@ class DistributedBackend:
                 raise type(e)(f"{e}. {_saved_classes(self._resume)}") from None
             raise
         opened = session.opened
-        dataset = Dataset(dataset_folder(opened), tuple(f.name for f in opened.fields),
-                          tuple(f.name for f in opened.fields if f.type == "binary"),
-                          version=opened.dataset_version or None)
+        dataset = Dataset.joined(opened)
         if self._resume is not None:  # the job's version (0: a master before versions)
             if self._resume.class_values:  # class ids first, as a local reader's
                 check_restored_classes(self._resume, dataset.manifest, self._pinned)

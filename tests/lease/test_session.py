@@ -32,7 +32,7 @@ from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
 from trainfeed.lease import transport as transport_module
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
-from trainfeed.lease.session import WorkerSession
+from trainfeed.lease.session import Join, WorkerSession
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
@@ -180,7 +180,7 @@ def test_building_a_session_or_reader_connects_nothing(tmp_path: Path) -> None:
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     with MasterProcess(storage) as master, MasterClient(master.address) as client:
         threads = ours()
-        session = WorkerSession(client, "j", "flowers", seed=0)
+        session = WorkerSession(client, Join("j", "flowers"))
         reader = dist.reader("flowers", source=MasterSource(master.address, "j"))
         assert reader.epoch is None  # it used to join the job
         reader.state_dict()
@@ -219,7 +219,7 @@ def test_a_reader_with_unstarted_leases_sends_nothing_and_hears_pushed_news(
         fake: tuple[FakeMaster, str]) -> None:
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
             lease_two(session, servicer)
             wait_until(lambda: not session._resync)
@@ -249,7 +249,7 @@ def test_a_stream_the_master_ends_is_reopened_and_told_the_leases_held(
     then it is quiet again. No call of another dialect is made meanwhile."""
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
             lease_two(session, servicer)
             servicer.events.put(_CLOSE)  # the master ends the stream
@@ -271,7 +271,7 @@ def test_stats_ride_on_every_request_and_heartbeat(fake: tuple[FakeMaster, str])
     servicer, address = fake
     figures = iter(range(1, 1000))
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0,
+        session = WorkerSession(client, Join("j", "flowers"),
                                 stats=lambda: pb.ReaderStats(batches=next(figures))).open()
         try:
             lease_two(session, servicer)
@@ -290,7 +290,7 @@ def test_a_broken_group_or_a_supersession_pushed_on_the_stream_ends_the_passes(
         fake: tuple[FakeMaster, str]) -> None:
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
             wait_until(lambda: session.transport.up)
             servicer.events.put(pb.WatchEvent(superseded="reader w2 restored from w1"))
@@ -315,7 +315,7 @@ def test_an_unanswered_heartbeat_reopens_the_stream_and_goes_again(
     server, address = serve(servicer)
     try:
         with MasterClient(address) as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            session = WorkerSession(client, Join("j", "flowers")).open()
             try:
                 lease_two(session, servicer)
                 servicer.mute = True
@@ -349,7 +349,7 @@ def test_a_stream_refused_for_its_session_ends_the_passes_naming_the_master() ->
     server, address = serve(servicer)
     try:
         with MasterClient(address) as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            session = WorkerSession(client, Join("j", "flowers")).open()
             try:
                 with pytest.raises(JobError, match=r"refused the Session stream.*"
                                                    r"PERMISSION_DENIED: no such session"):
@@ -374,7 +374,7 @@ def test_reopened_session_streams_leave_no_thread_behind(
     server, address = serve(servicer)
     try:
         with MasterClient(address) as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
+            session = WorkerSession(client, Join("j", "flowers")).open()
             try:
                 wait_until(lambda: servicer.calls["Session"] >= 5)
                 threads = threading.active_count()

@@ -34,6 +34,7 @@ producer loop (trainfeed.reader.producer) drives.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -65,6 +66,21 @@ HAND_BACK_S = CALL_TIMEOUT_S
 StatsHook = Callable[[], "pb.ReaderStats | None"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Join:
+    """What a reader joins its job with (OpenJob; see MasterClient.open_job): the reader's
+    source (trainfeed.reader.sources.MasterSource, checked there), as the wire says it."""
+
+    job: str
+    dataset: str
+    seed: int = 0
+    distribution_rules: str = ""  # "": the dataset's own, else "all"
+    resume: pb.ResumePosition | None = None  # a restored reader's rewind
+    sync: pb.SyncGroup | None = None  # a synchronous rank's group
+    order: pb.DeliveryOrder | None = None  # what shapes the reader's delivery order
+    dataset_version: int = 0  # the version to read (0: the job's)
+
+
 class WorkerSession:
     """A reader's membership in a job: its worker id, its lease book, its stream, its reporter.
 
@@ -75,19 +91,14 @@ class WorkerSession:
     Args:
         stats: called before each answered message; what it returns rides on it (`stats`,
             issue 29). None: no stats. Settable later (`session.stats = ...`).
-        dataset_version: the version to read (0: the job's; trainfeed.formats.manifest).
     """
 
-    def __init__(self, client: MasterClient, job: str, dataset: str, seed: int,
-                 distribution_rules: str = "", resume: pb.ResumePosition | None = None,
-                 sync: pb.SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
-                 stats: StatsHook | None = None, dataset_version: int = 0):
+    def __init__(self, client: MasterClient, join: Join, stats: StatsHook | None = None):
         self.client = client
-        self._join = (job, dataset, seed, distribution_rules, resume, sync, order,
-                      dataset_version)
-        self.job = job
+        self.join = join
+        self.job = join.job
         # A synchronous rank's group, sent with every message (a restarted master learns it).
-        self.sync = sync
+        self.sync = join.sync
         self.stats = stats
         self._opened: pb.OpenJobResponse | None = None
         self.book: LeaseBook | None = None
@@ -116,7 +127,9 @@ class WorkerSession:
                 return self
             if self._closed:
                 raise ValueError(f"session of job {self.job!r} is closed")
-            opened = self.client.open_job(*self._join)
+            j = self.join
+            opened = self.client.open_job(j.job, j.dataset, j.seed, j.distribution_rules,
+                                          j.resume, j.sync, j.order, j.dataset_version)
             if opened.resume_cut:
                 logger.warning("the master resumed %d partition(s) of the checkpoint where the "
                                "master's records of its progress left them, not where the "

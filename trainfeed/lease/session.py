@@ -102,8 +102,7 @@ class WorkerSession:
         self.stats = stats
         self._opened: pb.OpenJobResponse | None = None
         self.book: LeaseBook | None = None
-        # Guards the book, _fetching, _stopping and _resync; notified when one changes (and by
-        # the transport when its stream comes up, breaks, or answers).
+        # Guards the book and the flags below; notified when one changes (and by the transport).
         self._cond = threading.Condition()
         self._open_lock = threading.Lock()
         self._fetching = False  # a producer runs and will ask for tasks soon (not long-polling)
@@ -206,27 +205,24 @@ class WorkerSession:
             self._queued(first)
 
     def _queued(self, first: bool) -> None:
-        """A report was queued. Under `_cond`. While the producer fetches it carries reports
-        itself: the reporter is woken only to start the COALESCE_S clock on the first pending
-        report, not for each one (that would churn threads and the GIL on the hot path)."""
+        """A report was queued (under `_cond`). While the producer fetches, it carries them:
+        the reporter is woken only for the first (its COALESCE_S clock), not for each."""
         if first or not self._fetching:
             self._cond.notify_all()
 
     def claim(self, task: TaskRef) -> bool:
-        """The trainer is about to get records of `task`: from now on its lease is never given
-        back. Returns True instead if the lease was lost (revoked, or given back before): its
-        records must then be dropped, also those already in the batch buffer (see
-        `lease_lost`)."""
+        """The trainer is about to get records of `task`: its lease is never given back from
+        now on. Returns True instead if the lease was lost: its records, also those in the
+        batch buffer, must be dropped (see `lease_lost`)."""
         if self.lease_lost(task):
             return True
         with self._cond:
             return self._book().claim(lease_of(task))
 
     def lease_lost(self, task: TaskRef) -> bool:
-        """Whether the master took `task`'s lease away, so that its records not yet handed to
-        the trainer must be dropped (another reader delivers them). Past the time the lease is
-        sure to live (this process was frozen, or the master unreachable), first confirms with
-        a heartbeat: blocks until the master answers."""
+        """Whether the master took `task`'s lease away (its records not yet handed over are
+        dropped: another reader delivers them). Past the time the lease is sure to live (a
+        frozen process, an unreachable master), a heartbeat's answer confirms it first."""
         if self.broken is not None:
             raise self.broken
         lease = lease_of(task)
@@ -241,13 +237,11 @@ class WorkerSession:
             return book.lost(lease)
 
     def flush(self, epoch: int = -1, positions: dict[int, int] | None = None) -> None:
-        """Sends every queued report and the progress not yet sent, now, and waits for the
-        answer: a checkpoint taken after it resumes exactly (the master lets a resume claim
-        only what reports showed consumed). `positions` (partition -> records of it the trainer
-        had, of `epoch`) may be ahead of the progress noted so far (the batcher notes it every
-        few records): it is sent too, for the leases still held. A master that cannot be
-        reached only costs exactness: logged, not raised (a resume then repeats the unsent
-        part). Nothing before the session opened (it owes nothing)."""
+        """Sends the queued reports and progress now, with `positions` (partition -> records of
+        `epoch` the trainer had; ahead of the noted progress), and waits for the answer, so
+        that a checkpoint taken after it resumes exactly. An unreachable master only costs
+        exactness (logged: a resume repeats the unsent part). Nothing before the session
+        opened."""
         if self.book is None:
             return
         with self._cond:
@@ -276,15 +270,12 @@ class WorkerSession:
             sent_at = time.monotonic()
             message = session_message(0, [to_message(r) for r in reports], held, begun,
                                       self.sync, _figures(self.stats))
-            event: pb.WatchEvent | None = None
+            event, sent = None, False
             try:
                 if answered:
                     event = self.transport.ask(message, 0.0, ANSWER_TIMEOUT_S, "a heartbeat",
                                                given_up)
                 sent = event is not None if answered else self.transport.post(message)
-            except BaseException:
-                sent = False
-                raise
             finally:
                 if not sent:
                     with self._cond:  # (progress too, as plain reports: the master keeps the max)
@@ -296,11 +287,10 @@ class WorkerSession:
 
     def get_tasks(self, epoch: int, max_tasks: int, wait_ms: int, max_records: int,
                   abandoned: Callable[[], bool] | None = None) -> pb.GetTasksResponse:
-        """Asks for tasks on the stream, carrying the queued reports; the grants, revocations
-        and give-back asks of the answer are in the book when it returns. Raises the group's
-        break or the supersession it announced. Given up (CallCancelled) once `abandoned()` or
-        the session closes: the reports stay queued, and a grant made meanwhile is handed back
-        by the LeaveJob of end_pass_early or close."""
+        """Asks for tasks on the stream with the queued reports; the answer's grants and news
+        are in the book when it returns. Raises the group's break or a supersession. Given up
+        (CallCancelled) once `abandoned()` or closing: the reports stay queued, and a grant
+        made meanwhile goes back with the LeaveJob of end_pass_early or close."""
         book = self._book()
 
         def given_up() -> bool:
@@ -333,10 +323,9 @@ class WorkerSession:
             return event.grant
 
     def _grant_refused(self, why: str, had_reports: bool, given_up: Callable[[], bool]) -> None:
-        """A request for tasks the master refused, changing nothing. Its reports go first on
-        their own (the answer lists those refused, dropped as revoked leases), and the request
-        goes again without them; for the master's load, again after REFUSED_RETRY_S. Raises
-        any other refusal."""
+        """A request for tasks the master refused, changing nothing: its reports go on their
+        own (the answer lists those refused, dropped as revoked leases) before it goes again;
+        one refused for the master's load goes again after REFUSED_RETRY_S; others raise."""
         if had_reports:
             logger.debug("the master refused a request for tasks with reports (%s); sending "
                          "the reports on their own first", why)
@@ -413,8 +402,7 @@ class WorkerSession:
             self._cond.notify_all()
 
     def keep(self, tasks: list[TaskRef]) -> list[TaskRef]:
-        """Newly granted tasks as this pass delivers them (a synchronous rank keeps only what
-        its quota needs and hands the rest back at once: see LeaseBook.keep)."""
+        """Granted tasks as the pass delivers them (a synchronous rank's cut to its quota)."""
         with self._cond:
             book, now = self._book(), time.monotonic()
             first = not book.reports
@@ -440,9 +428,7 @@ class WorkerSession:
         book = self._book()
         heartbeat = max(0.05, book.lease_timeout_s / 3)
         while True:
-            with self._cond:
-                # Sleep until reports need sending alone or a heartbeat is due; every notify
-                # re-computes how long that is.
+            with self._cond:  # until reports must go alone or a heartbeat is due
                 while not self._stopping:
                     due = 0.0 if self._resync else book.send_in(time.monotonic(),
                                                                  self._fetching, heartbeat)
@@ -456,18 +442,16 @@ class WorkerSession:
                 self._resync = False
             try:
                 self.send(answered, given_up=lambda: self._stopping)
-            except CallCancelled:
-                return  # closing: close() sends what is left
-            except Exception as e:  # the stream is gone for good (unreachable, refused)
-                self.error = self.error or e
+            except Exception as e:  # closing (close() sends the rest), or the stream is gone
+                if not isinstance(e, CallCancelled):
+                    self.error = self.error or e
                 return
             if self.broken is not None:
                 return  # the group is over: nothing to renew
 
     # -- the end ------------------------------------------------------------------------------
     def end_pass_early(self) -> None:
-        """After a pass was abandoned mid-way: send reports, hand unconsumed tasks back. Nothing
-        once the session is closed (its close did it; a pass ended after that has no channel)."""
+        """After a pass was abandoned mid-way: sends reports, hands leases back (not closed)."""
         if not self._closed and self._opened is not None:
             self._hand_back("after an abandoned pass")
 

@@ -8,6 +8,7 @@ end-to-end tests are tests/integration/test_push_watch.py and test_stream_grants
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from sample_data import make_image_list
 from trainfeed import (
     JobError,
     MasterSource,
+    MasterUnavailableError,
     ProtocolVersionError,
     SupersededError,
     SyncGroupBrokenError,
@@ -381,6 +383,42 @@ def test_reopened_session_streams_leave_no_thread_behind(
                 opened = servicer.calls["Session"]
                 wait_until(lambda: servicer.calls["Session"] >= opened + 30)
                 assert threading.active_count() <= threads + 3
+            finally:
+                session.close()
+    finally:
+        server.stop(0)
+
+
+def test_a_stream_that_stays_down_says_why_and_until_when_then_gives_up(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No silent waits (issue 26): a stream the master keeps refusing as UNAVAILABLE (a master
+    restarting) is reopened with backoff, logged with why and until when once it was down
+    WAIT_LOG_S; after the client's give-up time the session's passes end, naming the master."""
+    monkeypatch.setattr(transport_module, "WAIT_LOG_S", 0.3)
+
+    class Restarting(FakeMaster):
+        def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                    context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+            self._count("Session", next(request_iterator).open)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the master is restarting")
+            yield pb.WatchEvent()  # (unreached: makes this a generator)
+
+    servicer = Restarting()
+    server, address = serve(servicer)
+    try:
+        with MasterClient(address, give_up_s=1.5) as client:
+            session = WorkerSession(client, Join("j", "flowers")).open()
+            try:
+                with pytest.raises(MasterUnavailableError, match=rf"master {address} "
+                                   r"unreachable for \d+ s \(UNAVAILABLE: the master is "
+                                   r"restarting\).*TRAINFEED_MASTER_GIVE_UP_S=1.5"):
+                    session.get_tasks(0, 1, 0, 0)
+                assert servicer.calls["Session"] >= 3  # reopened, with backoff
+                assert re.search(r"the Session stream to master \S+ is down for \d+ s "
+                                 r"\(UNAVAILABLE: the master is restarting\); reopening it "
+                                 r"until \d\d:\d\d:\d\d", caplog.text), caplog.text
+                with pytest.raises(MasterUnavailableError):
+                    session.check()
             finally:
                 session.close()
     finally:

@@ -59,7 +59,7 @@ _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
           grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
-EventHook = Callable[[pb.WatchEvent], None]
+EventHook = Callable[[pb.WatchEvent], object]
 
 
 class Transport:

@@ -1,15 +1,12 @@
 """Push, not poll (issue 28), end to end: real readers against a real master process.
 
-- A reader holding leases its trainer has not started makes no GetTasks or Report calls (it used
-  to call every 0.25 s, STEAL_POLL_S, so that a give-back could reach it): counted by the
+- A reader holding leases its trainer has not started makes no calls at all (it used to call
+  every 0.25 s so that a give-back could reach it; since issue 36 it makes no call but OpenJob
+  and LeaveJob: it leases, reports and heartbeats on its Session stream): counted by the
   master's own call metrics over 3 s.
-- A give-back still reaches that idle reader, through its Watch stream: another reader that ran
-  out of work gets the partitions the idle one held, while the idle one makes no more calls
-  than the give-back's own report.
-
-These need the master's side of Watch (the fleet work of issue 28). Against a master without
-it, the reader falls back to polling (tests/lease/test_session.py), and these fail: they are
-marked as expected failures, strictly, until the master implements Watch.
+- A give-back still reaches that idle reader, pushed on its Session stream: another reader that
+  ran out of work gets the partitions the idle one held, and no reader makes a call for it.
+- A consuming reader's heartbeats and progress are messages of its stream.
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from trainfeed import (
     SyncGroupBrokenError,
     dist,
 )
+from trainfeed.errors import CallCancelled
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
@@ -423,3 +424,25 @@ def test_a_stream_that_stays_down_says_why_and_until_when_then_gives_up(
                 session.close()
     finally:
         server.stop(0)
+
+
+def test_a_client_closed_under_the_session_ends_its_stream_quietly(
+        fake: tuple[FakeMaster, str], caplog: pytest.LogCaptureFixture) -> None:
+    """Its client closed first (a process going down; tests that play a killed reader do it):
+    the stream is not reopened again and again against a closed channel, nothing is logged as
+    a master that is down, and what waits on the stream raises."""
+    servicer, address = fake
+    client = MasterClient(address)
+    session = WorkerSession(client, Join("j", "flowers")).open()
+    try:
+        wait_until(lambda: session.transport.up)
+        client.close()
+        wait_until(lambda: session.transport.error is not None)
+        opened = servicer.calls["Session"]
+        time.sleep(0.5)
+        assert servicer.calls["Session"] == opened
+        with pytest.raises(CallCancelled, match="was closed"):
+            session.get_tasks(0, 1, 0, 0)
+        assert "is down for" not in caplog.text
+    finally:
+        session.close()

@@ -134,7 +134,8 @@ class Transport:
                 self._once()
                 self._down_why = "the master ended it"
             except grpc.RpcError as e:
-                if self._stop.is_set():
+                if self._stop.is_set() or self.client.closed:
+                    self._closed_under_us()
                     return
                 if e.code() in _FATAL:
                     self._fail(self._refusal(e))
@@ -142,7 +143,8 @@ class Transport:
                 self._down_why = f"{e.code().name}: {e.details()}"
             except Exception as e:
                 if self._stop.is_set() or self.client.closed:
-                    return  # closed under us (the client first): nothing to keep open
+                    self._closed_under_us()
+                    return
                 logger.exception("the Session stream failed; reopening it")
                 self._down_why = repr(e)
             if time.monotonic() - opened_at >= HEALTHY_S:
@@ -230,6 +232,15 @@ class Transport:
                                        f"Session stream (UNAUTHENTICATED: {details})")
         return JobError(f"master {self.client.address} refused the Session stream of reader "
                         f"{self.worker!r} in job {self.job!r}: {code.name}: {details}")
+
+    def _closed_under_us(self) -> None:
+        """Closed, or its client first (a process dying): nothing to keep open, nothing to
+        log; what waits on the stream raises."""
+        with self._cond:
+            if not self._stop.is_set():
+                self.error = CallCancelled(f"the client of master {self.client.address} was "
+                                           f"closed: this reader's Session stream is over")
+            self._cond.notify_all()
 
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)

@@ -130,7 +130,8 @@ def stream_messages(readers: list[Any]) -> dict[str, int]:
     sessions = [getattr(getattr(r, "_backend", None) or getattr(r, "backend", None),
                         "session", None) for r in list(readers)]
     return {"grants": sum(getattr(s, "grants_on_stream", 0) for s in sessions),
-            "own": sum(getattr(s, "stream_messages", 0) for s in sessions)}
+            "own": sum(getattr(getattr(s, "transport", None), "messages", 0)  # (issue 36)
+                       or getattr(s, "stream_messages", 0) for s in sessions)}
 
 
 # -- the data set and the master -------------------------------------------------------------------

@@ -18,7 +18,7 @@ from sample_data import make_image_list
 from trainfeed.io.load import plain_load
 from trainfeed.io.prefetch import LoadedPartition
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.session import JOIN_CURRENT_EPOCH, WorkerSession
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH, Join, WorkerSession
 from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.reader.producer import Dataset, prefetched
@@ -38,9 +38,9 @@ def test_a_lease_whose_done_is_unconfirmed_is_not_given_back(tmp_path: Path) -> 
     storage = str(tmp_path / "storage")
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     with MasterProcess(storage) as master:
-        session = WorkerSession(MasterClient(master.address, give_up_s=60), "train", "flowers",
-                                seed=0).open()
-        dataset = Dataset(session.dataset, session.field_names, session.binary_fields)
+        session = WorkerSession(MasterClient(master.address, give_up_s=60),
+                                Join("train", "flowers")).open()
+        dataset = Dataset.joined(session.opened)
         stream = prefetched(LeasedTasks(session, JOIN_CURRENT_EPOCH, lambda epoch: None),
                             dataset, plain_load, 2, "test-fetch")
         parts: list[LoadedPartition] = []

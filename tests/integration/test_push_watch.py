@@ -1,15 +1,12 @@
 """Push, not poll (issue 28), end to end: real readers against a real master process.
 
-- A reader holding leases its trainer has not started makes no GetTasks or Report calls (it used
-  to call every 0.25 s, STEAL_POLL_S, so that a give-back could reach it): counted by the
+- A reader holding leases its trainer has not started makes no calls at all (it used to call
+  every 0.25 s so that a give-back could reach it; since issue 36 it makes no call but OpenJob
+  and LeaveJob: it leases, reports and heartbeats on its Session stream): counted by the
   master's own call metrics over 3 s.
-- A give-back still reaches that idle reader, through its Watch stream: another reader that ran
-  out of work gets the partitions the idle one held, while the idle one makes no more calls
-  than the give-back's own report.
-
-These need the master's side of Watch (the fleet work of issue 28). Against a master without
-it, the reader falls back to polling (tests/lease/test_session.py), and these fail: they are
-marked as expected failures, strictly, until the master implements Watch.
+- A give-back still reaches that idle reader, pushed on its Session stream: another reader that
+  ran out of work gets the partitions the idle one held, and no reader makes a call for it.
+- A consuming reader's heartbeats and progress are messages of its stream.
 """
 from __future__ import annotations
 
@@ -75,7 +72,7 @@ def stalled(master: MasterProcess,
         batches = iter(reader.column_batches(1))
         ids = next(batches)["_id"].tolist()
         session = session_of(reader)
-        wait_until(lambda: session.watching, 10, "the reader watches its stream")
+        wait_until(lambda: session.transport.up, 10, "the reader's Session stream is up")
         wait_until(lambda: len(session.held()) >= 2, 10, "the reader leased ahead")
     except BaseException:
         reader.close()
@@ -89,13 +86,9 @@ def test_a_reader_with_unstarted_leases_makes_no_calls(master: MasterProcess) ->
         time.sleep(1.5)  # the one record's progress goes (PROGRESS_INTERVAL_S)
         assert any(lease not in session.book.started  # type: ignore[union-attr]
                    for lease in ((*key, token) for key, token in session.held().items()))
-        before = calls(master)
-        assert before.get("OpenJob", 0) >= 1, before  # (the metric counts this reader's)
         time.sleep(3.0)
-        after = calls(master)
-        # (Protocol 3 has no unary lease call: the stream's messages are not counted here, and
-        # no call of any kind may come.)
-        assert after == before, f"calls in 3 s: {before} -> {after}"
+        # It leased on its stream and holds its leases there: no call but its OpenJob.
+        assert calls(master) == {"OpenJob": 1.0}, calls(master)
     finally:
         batches.close()  # type: ignore[attr-defined]
         reader.close()
@@ -104,16 +97,6 @@ def test_a_reader_with_unstarted_leases_makes_no_calls(master: MasterProcess) ->
 def test_a_give_back_reaches_an_idle_reader_through_the_stream(master: MasterProcess) -> None:
     holder, batches, mine, session = stalled(master, "steal")
     time.sleep(1.5)  # its lease depth topped up, its progress sent: from now on it is idle
-    # The holder's calls from now on: (method, whether it carried reports).
-    made: list[tuple[str, bool]] = []
-    client = session.client
-    for name in ("report", "get_tasks"):
-        def counting(*args: Any, _call: Any = getattr(client, name), _name: str = name,
-                     **kwargs: Any) -> Any:
-            # (report(job, worker, reports, ...); any get_tasks call fails the test)
-            made.append((_name, _name == "report" and bool(list(args[2]))))
-            return _call(*args, **kwargs)
-        setattr(client, name, counting)
     got: list[int] = []
     thief = dist.reader("flowers", source=MasterSource(master.address, "steal",
                                                            prefetch_partitions=2))
@@ -135,9 +118,10 @@ def test_a_give_back_reaches_an_idle_reader_through_the_stream(master: MasterPro
         wait_until(lambda: session.book is not None and bool(session.book.given), 20,
                    "the holder gave a lease back")
         time.sleep(1.5)  # it still holds unstarted leases: a polling reader calls 6 times
-        # It makes no calls at all: its hand-backs (RELEASED reports) ride its Session stream
-        # as answered messages, as each is asked.
-        assert made == [], made
+        # No reader makes calls at all: the holder's hand-backs (RELEASED reports) ride its
+        # Session stream as answered messages, as each is asked.
+        made = calls(master)
+        assert not any(made.get(m, 0) for m in ("GetTasks", "Report", "Watch")), made
         # The holder's trainer goes on: the epoch completes, every record exactly once.
         for batch in batches:
             mine.extend(batch["_id"].tolist())
@@ -165,8 +149,8 @@ def test_a_consuming_reader_heartbeats_and_reports_progress_on_its_stream(
         try:
             next(batches)
             session = session_of(reader)
-            wait_until(lambda: session._carrier is not None, 10, "the Session stream is up")
-            carrier = session._carrier
+            wait_until(lambda: session.transport.up, 10, "the Session stream is up")
+            carrier = session.transport._stream
             assert carrier is not None
             sent: list[pb.SessionMessage] = []
             send = carrier.send

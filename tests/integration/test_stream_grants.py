@@ -5,7 +5,9 @@ that a partition costs stream messages instead of a unary call (protocol 3 has n
 - With the stream up, a reader's passes open no other stream (the master's own call metrics),
   long-polls at the epoch's tail included, and deliver every record exactly once.
 - A stream that keeps breaking (cancelled every few hundred ms, grants in flight with it) is
-  replaced, and the reader still delivers every record exactly once.
+  reopened, with no call of another dialect, and every record is still delivered exactly once;
+  so is a master killed mid-epoch and restarted on its state (the master's side of the stream
+  breaks: issue 36).
 - Over the wire: a `get_tasks` message is answered with a grant whose leases are the session's
   (a heartbeat with its token is taken); a report on another session's token in it is refused:
   listed (`refused`, and the grant's `revoked`), it changes nothing.
@@ -22,11 +24,12 @@ from typing import Any
 
 import grpc
 import pytest
+from integration.services import free_port
 from sample_data import make_image_list
 from test_push_watch import calls, session_of, wait_until
 
 from trainfeed import MasterSource, dist
-from trainfeed.lease import session as session_module
+from trainfeed.lease import transport as transport_module
 from trainfeed.lease.client import MasterClient, tasks_request
 from trainfeed.lease.session import WorkerSession
 from trainfeed.master.serve.process import MasterProcess
@@ -68,7 +71,7 @@ def first_batch(reader: Any, got: Counter[tuple[int, int]]
     for record in first["_id"].tolist():
         got[(epoch, int(record))] += 1
     session = session_of(reader)
-    wait_until(lambda: session._grants, 10, "the master said it grants on the stream")
+    wait_until(lambda: session.transport.up, 10, "the Session stream is up")
     return batches, epoch, session
 
 
@@ -102,10 +105,10 @@ def test_a_reader_with_its_stream_up_makes_no_get_tasks_calls(master4: MasterPro
     assert_exactly_once(got, 3)
 
 
-def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
+def test_a_breaking_stream_is_reopened_and_delivers_exactly_once(
         master4: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.05)
-    monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(transport_module, "RETRY_MIN_S", 0.05)
+    monkeypatch.setattr(transport_module, "RETRY_MAX_S", 0.2)
     reader = dist.reader("flowers", source=MasterSource(master4.address, "breaking",
                                                         prefetch_partitions=2))
     got: Counter[tuple[int, int]] = Counter()
@@ -114,13 +117,13 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
 
     def breaker() -> None:  # cancels the reader's Session stream every 0.15-0.3 s
         while not stop.wait(0.15 + 0.15 * (breaks[0] % 2)):
-            carrier = session._carrier
-            if carrier is not None:
-                carrier.cancel()
+            if session.transport.up:
+                session.transport.reconnect()
                 breaks[0] += 1
 
     try:
         batches, epoch, session = first_batch(reader, got)
+        before = calls(master4)
         thread = threading.Thread(target=breaker, daemon=True)
         thread.start()
         for batch in batches:
@@ -130,15 +133,51 @@ def test_a_breaking_stream_falls_back_to_calls_and_delivers_exactly_once(
         read_epochs(reader, 2, got, between=lambda: time.sleep(0.02))
         stop.set()
         thread.join(5)
-        made = calls(master4)
+        after = calls(master4)
     finally:
         stop.set()
         reader.close()
     assert breaks[0] >= 3, breaks
-    # (Protocol 3: no unary call carries leases; only streams do, which the metric leaves out.)
-    assert set(made) <= {"OpenJob", "LeaveJob", "GetJobStatus", "Check"}, made
+    # (Each break needs a stream up: one opened after the last break may come too late.)
+    assert session.transport.opened >= breaks[0], "a broken stream was not reopened"
+    for method in ("GetTasks", "Report", "Watch"):  # no other dialect while it was down
+        assert after.get(method, 0) == before.get(method, 0), (method, before, after)
+    assert set(after) <= {"OpenJob", "LeaveJob", "GetJobStatus", "Check"}, after
     assert session.grants_on_stream >= 1
     assert_exactly_once(got, 3)
+
+
+def test_a_master_restarted_mid_epoch_breaks_the_stream_and_the_reader_reconnects(
+        tmp_path: Path) -> None:
+    """The master's side of the stream goes away mid-epoch (its process killed, then started
+    again on its state): the reader reopens its stream with its session's secret, re-sends what
+    the lost stream carried, and every record of every epoch is delivered exactly once."""
+    source = make_image_list(tmp_path / "source", RECORDS)
+    storage = str(tmp_path / "storage")
+    upload(str(source), "flowers", storage, UploadOptions(row_group_rows=4), progress=False)
+    state, port = f"sqlite:///{tmp_path / 'master.db'}", free_port()
+    master = MasterProcess(storage, state=state, port=port)
+    reader = dist.reader("flowers", source=MasterSource(master.address, "restart",
+                                                        prefetch_partitions=2))
+    got: Counter[tuple[int, int]] = Counter()
+    try:
+        batches, epoch, session = first_batch(reader, got)
+        for _, batch in zip(range(3), batches):  # a few batches into epoch 0
+            for record in batch["_id"].tolist():
+                got[(epoch, int(record))] += 1
+        opened = session.transport.opened
+        master.kill()
+        master = MasterProcess(storage, state=state, port=port)
+        for batch in batches:  # the rest of the epoch, across the restart
+            for record in batch["_id"].tolist():
+                got[(epoch, int(record))] += 1
+        read_epochs(reader, 1, got)
+        assert session.transport.opened > opened, "the stream was not reopened"
+        assert calls(master).get("GetTasks", 0) == calls(master).get("Report", 0) == 0
+    finally:
+        reader.close()
+        master.stop()
+    assert_exactly_once(got, 2)
 
 
 # -- over the wire -------------------------------------------------------------------------------

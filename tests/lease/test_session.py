@@ -1,13 +1,14 @@
-"""The session's I/O shell (trainfeed.lease.session): when it connects, what rides on its calls,
-and how it uses the Watch stream.
+"""The session's I/O shell (trainfeed.lease.session and its transport): when it connects, what
+rides on its messages, and how it keeps its one conversation with the master, the Session stream
+(issue 36: no other dialect, a broken stream reopened).
 
-Opening is tested against the real master process. The Watch stream's use is tested against a
-tiny in-test master (`FakeMaster`: real gRPC, a scripted Watch stream, counted calls), since the
-real master's Watch comes with the fleet work (issue 28; the end-to-end test is
-tests/integration/test_push_watch.py)."""
+Opening is tested against the real master process; the stream's use against a tiny in-test
+master (`FakeMaster`: real gRPC, OpenJob, LeaveJob and a scripted Session stream, counted). The
+end-to-end tests are tests/integration/test_push_watch.py and test_stream_grants.py."""
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections import Counter
@@ -22,16 +23,19 @@ from sample_data import make_image_list
 from trainfeed import (
     JobError,
     MasterSource,
+    MasterUnavailableError,
     ProtocolVersionError,
     SupersededError,
     SyncGroupBrokenError,
     dist,
 )
+from trainfeed.errors import CallCancelled
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
+from trainfeed.lease import transport as transport_module
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
-from trainfeed.lease.session import STEAL_POLL_S, WATCH_SINCE_VERSION, WorkerSession
+from trainfeed.lease.session import Join, WorkerSession
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
@@ -42,15 +46,16 @@ _CLOSE = object()
 
 
 class FakeMaster(master_pb2_grpc.MasterServicer):
-    """A master that grants every GetTasks the partitions it is told to, answers Report, and
-    streams Watch events the test puts in `events` (`_CLOSE` ends the stream). Counts calls by
-    method and keeps every request."""
+    """A master that speaks only what a reader may use after OpenJob (issue 36): LeaveJob and
+    the Session stream. It grants every request for tasks the partitions it is told to, answers
+    every message with a seq (unless `mute`), and pushes the events the test puts in `events`
+    (`_CLOSE` ends the stream). Counts calls and stream messages, and keeps every request."""
 
-    def __init__(self, watch: bool = True, refuse_version: bool = False,
-                 version: int = PROTOCOL_VERSION):
-        self.watch = watch
-        self.version = version
+    def __init__(self, refuse_version: bool = False, mute: bool = False,
+                 close_at_once: bool = False):
         self.refuse_version = refuse_version
+        self.mute = mute  # a master cut off or stalled on the stream's path: no answers
+        self.close_at_once = close_at_once  # a master that keeps dropping its streams
         self.calls: Counter[str] = Counter()
         self.requests: list[object] = []
         self.events: queue.Queue[object] = queue.Queue()
@@ -74,40 +79,51 @@ class FakeMaster(master_pb2_grpc.MasterServicer):
         return pb.OpenJobResponse(worker_id="w1", job=request.job, dataset=request.dataset,
                                   dataset_url="file:///nowhere", lease_timeout_s=LEASE_TIMEOUT_S,
                                   session_secret="s" * 32, num_partitions=8, num_records=64,
-                                  protocol_version=self.version)
-
-    def GetTasks(self, request: pb.GetTasksRequest, context: grpc.ServicerContext
-                 ) -> pb.GetTasksResponse:
-        self._count("GetTasks", request)
-        with self.lock:
-            tasks, self.grant = self.grant, []
-        return pb.GetTasksResponse(status=pb.GetTasksResponse.TASKS, tasks=tasks, todo_left=1)
-
-    def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext
-               ) -> pb.ReportResponse:
-        self._count("Report", request)
-        return pb.ReportResponse()
+                                  protocol_version=PROTOCOL_VERSION)
 
     def LeaveJob(self, request: pb.LeaveJobRequest, context: grpc.ServicerContext
                  ) -> pb.LeaveJobResponse:
         self._count("LeaveJob", request)
         return pb.LeaveJobResponse()
 
-    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext
-              ) -> Iterator[pb.WatchEvent]:
-        self._count("Watch", request)
-        if not self.watch:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-        context.send_initial_metadata(())
-        while context.is_active():
-            try:
-                event = self.events.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if event is _CLOSE:
-                return
-            assert isinstance(event, pb.WatchEvent)
-            yield event
+    def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+        self._count("Session", next(request_iterator).open)
+        answers: queue.Queue[object] = queue.Queue()
+        threading.Thread(target=self._read, args=(request_iterator, answers),
+                         daemon=True).start()
+        yield pb.WatchEvent(current_epoch=0, grants=True)
+        while not self.close_at_once and context.is_active():
+            for source in (answers, self.events):
+                try:
+                    event = source.get(timeout=0.02)
+                except queue.Empty:
+                    continue
+                if event is _CLOSE:
+                    return
+                assert isinstance(event, pb.WatchEvent)
+                yield event
+
+    def _read(self, messages: Iterator[pb.SessionMessage], answers: queue.Queue[object]) -> None:
+        try:
+            for message in messages:
+                kind = "get_tasks" if message.HasField("get_tasks") else "report"
+                self._count(f"SessionMessage.{kind}", getattr(message, kind))
+                if self.mute or not message.seq:
+                    continue
+                if kind == "report":
+                    answers.put(pb.WatchEvent(answers=message.seq))
+                    continue
+                with self.lock:
+                    tasks, self.grant = self.grant, []
+                answers.put(pb.WatchEvent(answers=message.seq, grant=pb.GetTasksResponse(
+                    status=pb.GetTasksResponse.TASKS, tasks=tasks, todo_left=1)))
+        except grpc.RpcError:
+            pass  # the stream ended
+
+    def messages(self) -> int:
+        with self.lock:
+            return sum(n for k, n in self.calls.items() if k.startswith("SessionMessage"))
 
     def reports(self) -> list[pb.TaskReport]:
         with self.lock:
@@ -116,15 +132,20 @@ class FakeMaster(master_pb2_grpc.MasterServicer):
                     for r in q.reports]
 
 
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeMaster, str]]:
-    servicer = FakeMaster()
+def serve(servicer: FakeMaster) -> tuple[grpc.Server, str]:
     server = grpc.server(futures.ThreadPoolExecutor(8))
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeMaster, str]]:
+    servicer = FakeMaster()
+    server, address = serve(servicer)
     try:
-        yield servicer, f"127.0.0.1:{port}"
+        yield servicer, address
     finally:
         server.stop(0)
 
@@ -148,13 +169,21 @@ def ours() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("trainfeed-"))
 
 
+def done_task(session: WorkerSession, partition: int, lease: int) -> TaskRef:
+    task = TaskRef(0, partition, "s", 0, 1, 8, lease=lease)
+    with session.locked() as book:
+        book.handed_over()
+    assert session.claim(task) is False
+    return task
+
+
 def test_building_a_session_or_reader_connects_nothing(tmp_path: Path) -> None:
     source = make_image_list(tmp_path / "source", 16)
     storage = str(tmp_path / "storage")
     upload(str(source), "flowers", storage, UploadOptions(row_group_rows=8), progress=False)
     with MasterProcess(storage) as master, MasterClient(master.address) as client:
         threads = ours()
-        session = WorkerSession(client, "j", "flowers", seed=0)
+        session = WorkerSession(client, Join("j", "flowers"))
         reader = dist.reader("flowers", source=MasterSource(master.address, "j"))
         assert reader.epoch is None  # it used to join the job
         reader.state_dict()
@@ -166,10 +195,9 @@ def test_building_a_session_or_reader_connects_nothing(tmp_path: Path) -> None:
         session.open()
         assert client.job_status("j").workers == 1
         assert session in shutdown._SESSIONS
-        # The reporter, and the watcher if the master speaks a protocol with Watch (gRPC may
-        # start a thread of its own for the stream: only trainfeed's are counted).
-        watcher = session.opened.protocol_version >= WATCH_SINCE_VERSION
-        assert ours() == threads + 1 + watcher
+        # The reporter and the stream's reader (gRPC may start a thread of its own for the
+        # stream: only trainfeed's are counted).
+        assert ours() == threads + 2
         session.close()
         reader.close()
         assert ours() == threads
@@ -177,32 +205,29 @@ def test_building_a_session_or_reader_connects_nothing(tmp_path: Path) -> None:
 
 def test_a_master_of_another_protocol_version_is_named() -> None:
     servicer = FakeMaster(refuse_version=True)
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, address = serve(servicer)
     try:
-        with MasterClient(f"127.0.0.1:{port}") as client:
+        with MasterClient(address) as client:
             with pytest.raises(ProtocolVersionError, match=rf"speaks version {PROTOCOL_VERSION}"
                                r", the master speaks version 7"):
                 client.open_job("j", "flowers", 0)
         [request] = servicer.requests
         assert isinstance(request, pb.OpenJobRequest)
-        assert request.protocol_version == PROTOCOL_VERSION == 3
+        assert request.protocol_version == PROTOCOL_VERSION
     finally:
         server.stop(0)
 
 
-def test_a_watching_reader_with_unstarted_leases_makes_no_calls(
+def test_a_reader_with_unstarted_leases_sends_nothing_and_hears_pushed_news(
         fake: tuple[FakeMaster, str]) -> None:
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
-            wait_until(lambda: session.watching)
             lease_two(session, servicer)
+            wait_until(lambda: not session._resync)
             before = servicer.calls.copy()
-            time.sleep(1.5)  # six polls' worth without the stream
+            time.sleep(1.5)  # six polls' worth of a reader before the stream
             assert servicer.calls == before
             # A give-back reaches the idle reader through the stream; its RELEASED goes at once.
             servicer.events.put(pb.WatchEvent(give_back=[pb.HeldTask(epoch=0, partition=2,
@@ -214,61 +239,42 @@ def test_a_watching_reader_with_unstarted_leases_makes_no_calls(
             servicer.events.put(pb.WatchEvent(revoked=[pb.HeldTask(epoch=0, partition=1,
                                                                    lease=11)]))
             wait_until(lambda: not session.held())
+            assert set(servicer.calls) <= {"OpenJob", "Session", "SessionMessage.get_tasks",
+                                           "SessionMessage.report"}, servicer.calls
         finally:
             session.close()
 
 
-def test_without_watch_the_reader_polls_while_it_holds_unstarted_leases() -> None:
-    servicer = FakeMaster(watch=False)
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with MasterClient(f"127.0.0.1:{port}") as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
-            try:
-                wait_until(lambda: servicer.calls["Watch"] >= 1)
-                lease_two(session, servicer)
-                before = servicer.calls["Report"]
-                watches = servicer.calls["Watch"]
-                for _ in range(50):  # wake-ups of the session (reports, passes) ...
-                    session.set_fetching(False)
-                    time.sleep(0.02)
-                polls = servicer.calls["Report"] - before
-                assert polls >= 0.5 / STEAL_POLL_S, f"{polls} polls in 1 s"
-                assert not session.watching
-                # ... do not cut the Watch backoff short (0.1, 0.2, 0.4 s, ...: a few calls)
-                assert servicer.calls["Watch"] - watches <= 4, servicer.calls
-            finally:
-                session.close()
-    finally:
-        server.stop(0)
-
-
-def test_a_broken_stream_falls_back_to_polling_and_is_reopened(
-        fake: tuple[FakeMaster, str]) -> None:
+def test_a_stream_the_master_ends_is_reopened_and_told_the_leases_held(
+        fake: tuple[FakeMaster, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master ends the stream (a restart): the reader opens a new one and at once sends an
+    answered heartbeat listing its held leases on it (what it missed comes in the answer);
+    then it is quiet again. No call of another dialect is made meanwhile."""
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
-            wait_until(lambda: session.watching)
             lease_two(session, servicer)
-            servicer.events.put(_CLOSE)  # the master ends the stream (a restart)
-            wait_until(lambda: servicer.calls["Watch"] >= 2, timeout=5.0)  # reopened
-            wait_until(lambda: session.watching)
+            servicer.events.put(_CLOSE)  # the master ends the stream
+            wait_until(lambda: servicer.calls["Session"] >= 2, timeout=5.0)  # reopened
+            wait_until(lambda: servicer.calls["SessionMessage.report"] >= 1, timeout=5.0)
+            heartbeat = [q for q in servicer.requests if isinstance(q, pb.ReportRequest)][-1]
+            assert {(t.partition, t.lease) for t in heartbeat.held} == {(1, 11), (2, 12)}
+            wait_until(lambda: session.transport.up and not session._resync)
             before = servicer.calls.copy()
             time.sleep(1.0)
-            assert servicer.calls == before  # watching again: quiet again
+            assert servicer.calls == before  # up again: quiet again
+            assert set(servicer.calls) <= {"OpenJob", "Session", "SessionMessage.get_tasks",
+                                           "SessionMessage.report"}, servicer.calls
         finally:
             session.close()
 
 
-def test_stats_ride_on_every_get_tasks_and_report(fake: tuple[FakeMaster, str]) -> None:
+def test_stats_ride_on_every_request_and_heartbeat(fake: tuple[FakeMaster, str]) -> None:
     servicer, address = fake
     figures = iter(range(1, 1000))
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0,
+        session = WorkerSession(client, Join("j", "flowers"),
                                 stats=lambda: pb.ReaderStats(batches=next(figures))).open()
         try:
             lease_two(session, servicer)
@@ -277,7 +283,7 @@ def test_stats_ride_on_every_get_tasks_and_report(fake: tuple[FakeMaster, str]) 
             session.close()
     sent = [r for r in servicer.requests
             if isinstance(r, (pb.GetTasksRequest, pb.ReportRequest))]
-    assert len(sent) >= 3  # GetTasks, Report, and close()'s Report
+    assert len(sent) >= 3  # the request for tasks, the heartbeat, and close()'s
     assert all(r.HasField("stats") and r.stats.batches > 0 for r in sent)
     batches = [r.stats.batches for r in sent]
     assert batches == sorted(batches) and len(set(batches)) == len(batches)  # asked each time
@@ -287,9 +293,9 @@ def test_a_broken_group_or_a_supersession_pushed_on_the_stream_ends_the_passes(
         fake: tuple[FakeMaster, str]) -> None:
     servicer, address = fake
     with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
+        session = WorkerSession(client, Join("j", "flowers")).open()
         try:
-            wait_until(lambda: session.watching)
+            wait_until(lambda: session.transport.up)
             servicer.events.put(pb.WatchEvent(superseded="reader w2 restored from w1"))
             wait_until(lambda: session.error is not None)
             with pytest.raises(SupersededError, match="reader w2 restored from w1"):
@@ -302,120 +308,76 @@ def test_a_broken_group_or_a_supersession_pushed_on_the_stream_ends_the_passes(
             session.close()
 
 
-def test_a_master_of_an_older_protocol_gets_no_watch_calls() -> None:
-    servicer = FakeMaster(version=0)  # a master from before versioning
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with MasterClient(f"127.0.0.1:{port}") as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
-            try:
-                lease_two(session, servicer)
-                time.sleep(0.6)
-                assert servicer.calls["Watch"] == 0
-                assert servicer.calls["Report"] >= 1  # it polls, as readers before Watch did
-            finally:
-                session.close()
-    finally:
-        server.stop(0)
-
-
-class MuteSessionMaster(FakeMaster):
-    """A FakeMaster whose Session stream opens (and says so) but never answers a message: a
-    master cut off or stalled on the stream's path."""
-
-    def Session(self, request_iterator: Iterator[pb.SessionMessage],
-                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
-        self._count("Session", next(request_iterator))
-        yield pb.WatchEvent(current_epoch=0)
-        for message in request_iterator:
-            self._count("SessionMessage", message)
-
-
-def done_task(session: WorkerSession, partition: int, lease: int) -> TaskRef:
-    task = TaskRef(0, partition, "s", 0, 1, 8, lease=lease)
-    session.handed_over()
-    assert session.claim(task) is False
-    return task
-
-
-def test_without_session_a_reader_watches_and_reports_by_calls(
-        fake: tuple[FakeMaster, str]) -> None:
-    servicer, address = fake  # (a master before Session: UNIMPLEMENTED)
-    with MasterClient(address) as client:
-        session = WorkerSession(client, "j", "flowers", seed=0).open()
-        try:
-            wait_until(lambda: session.watching)
-            assert servicer.calls["Watch"] == 1 and not session._session_rpc
-            lease_two(session, servicer)
-            session.set_fetching(False)
-            session.report_done(done_task(session, 1, 11))
-            wait_until(lambda: any(r.outcome == pb.TaskReport.DONE for r in servicer.reports()))
-            assert servicer.calls["Report"] >= 1
-        finally:
-            session.close()
-
-
-def test_an_unanswered_session_message_falls_back_to_a_report_call(
+def test_an_unanswered_heartbeat_reopens_the_stream_and_goes_again(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A DONE sent on the Session stream whose answer does not come: after ANSWER_TIMEOUT_S it
-    goes again by a Report call (logged), and the stream is reopened; nothing waits silently."""
+    """A DONE sent on the Session stream whose answer does not come: after ANSWER_TIMEOUT_S the
+    stream is reopened (logged: nothing waits silently) and the DONE goes again on the new
+    one; its answer confirms it."""
     monkeypatch.setattr(session_module, "ANSWER_TIMEOUT_S", 0.5)
-    servicer = MuteSessionMaster()
-    server = grpc.server(futures.ThreadPoolExecutor(8))
-    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    servicer = FakeMaster()
+    server, address = serve(servicer)
     try:
-        with MasterClient(f"127.0.0.1:{port}") as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
+        with MasterClient(address) as client:
+            session = WorkerSession(client, Join("j", "flowers")).open()
             try:
-                wait_until(lambda: session._carrier is not None)
                 lease_two(session, servicer)
+                servicer.mute = True
                 session.set_fetching(False)
                 session.report_done(done_task(session, 1, 11))
-                wait_until(lambda: servicer.calls["SessionMessage"] >= 1, timeout=5.0)
-                sent_at = time.monotonic()
-                wait_until(lambda: any(r.outcome == pb.TaskReport.DONE
-                                       for q in servicer.requests
-                                       if isinstance(q, pb.ReportRequest) for r in q.reports),
-                           timeout=5.0)
-                assert time.monotonic() - sent_at < 3.0
-                assert "did not answer" in caplog.text
+                wait_until(lambda: servicer.calls["SessionMessage.report"] >= 1, timeout=5.0)
                 wait_until(lambda: servicer.calls["Session"] >= 2, timeout=5.0)  # reopened
-                assert session.held() == {(0, 2): 12}  # the Report's answer confirmed the DONE
+                assert "did not answer a heartbeat" in caplog.text
+                servicer.mute = False
+                wait_until(lambda: session.held() == {(0, 2): 12})  # the answer confirmed it
+                dones = [r for r in servicer.reports() if r.outcome == pb.TaskReport.DONE]
+                assert len(dones) >= 2 and {(r.partition, r.lease) for r in dones} == {(1, 11)}
             finally:
                 session.close()
     finally:
         server.stop(0)
 
 
-class ClosingSessionMaster(FakeMaster):
-    """A FakeMaster whose Session streams end right after their opening event (a master that
-    keeps dropping them)."""
+def test_a_stream_refused_for_its_session_ends_the_passes_naming_the_master() -> None:
+    """A master that refuses the stream (PERMISSION_DENIED: it does not know the session's
+    secret) is not asked again and again: the session's passes end with its refusal."""
 
-    def Session(self, request_iterator: Iterator[pb.SessionMessage],
-                context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
-        self._count("Session", next(request_iterator))
-        yield pb.WatchEvent(current_epoch=0)
+    class Refusing(FakeMaster):
+        def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                    context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+            self._count("Session", next(request_iterator).open)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "no such session")
+            yield pb.WatchEvent()  # (unreached: makes this a generator)
+
+    servicer = Refusing()
+    server, address = serve(servicer)
+    try:
+        with MasterClient(address) as client:
+            session = WorkerSession(client, Join("j", "flowers")).open()
+            try:
+                with pytest.raises(JobError, match=r"refused the Session stream.*"
+                                                   r"PERMISSION_DENIED: no such session"):
+                    session.get_tasks(0, 1, 0, 0)
+                with pytest.raises(JobError, match="PERMISSION_DENIED"):
+                    session.check()
+                assert servicer.calls["Session"] == 1
+            finally:
+                session.close()
+    finally:
+        server.stop(0)
 
 
 def test_reopened_session_streams_leave_no_thread_behind(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """gRPC feeds a stream's messages from a thread of its own, blocked on the session's queue
     until told the stream is over: a reader whose stream broke 70 times had 70 more threads."""
-    monkeypatch.setattr(session_module, "WATCH_RETRY_MIN_S", 0.01)
-    monkeypatch.setattr(session_module, "WATCH_RETRY_MAX_S", 0.05)
-    servicer = ClosingSessionMaster()
-    server = grpc.server(futures.ThreadPoolExecutor(8))
-    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    monkeypatch.setattr(transport_module, "RETRY_MIN_S", 0.01)
+    monkeypatch.setattr(transport_module, "RETRY_MAX_S", 0.05)
+    monkeypatch.setattr(session_module, "HAND_BACK_S", 0.5)  # (no stream answers its close)
+    servicer = FakeMaster(close_at_once=True)
+    server, address = serve(servicer)
     try:
-        with MasterClient(f"127.0.0.1:{port}") as client:
-            session = WorkerSession(client, "j", "flowers", seed=0).open()
+        with MasterClient(address) as client:
+            session = WorkerSession(client, Join("j", "flowers")).open()
             try:
                 wait_until(lambda: servicer.calls["Session"] >= 5)
                 threads = threading.active_count()
@@ -426,3 +388,61 @@ def test_reopened_session_streams_leave_no_thread_behind(
                 session.close()
     finally:
         server.stop(0)
+
+
+def test_a_stream_that_stays_down_says_why_and_until_when_then_gives_up(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No silent waits (issue 26): a stream the master keeps refusing as UNAVAILABLE (a master
+    restarting) is reopened with backoff, logged with why and until when once it was down
+    WAIT_LOG_S; after the client's give-up time the session's passes end, naming the master."""
+    monkeypatch.setattr(transport_module, "WAIT_LOG_S", 0.3)
+
+    class Restarting(FakeMaster):
+        def Session(self, request_iterator: Iterator[pb.SessionMessage],
+                    context: grpc.ServicerContext) -> Iterator[pb.WatchEvent]:
+            self._count("Session", next(request_iterator).open)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the master is restarting")
+            yield pb.WatchEvent()  # (unreached: makes this a generator)
+
+    servicer = Restarting()
+    server, address = serve(servicer)
+    try:
+        with MasterClient(address, give_up_s=1.5) as client:
+            session = WorkerSession(client, Join("j", "flowers")).open()
+            try:
+                with pytest.raises(MasterUnavailableError, match=rf"master {address} "
+                                   r"unreachable for \d+ s \(UNAVAILABLE: the master is "
+                                   r"restarting\).*TRAINFEED_MASTER_GIVE_UP_S=1.5"):
+                    session.get_tasks(0, 1, 0, 0)
+                assert servicer.calls["Session"] >= 3  # reopened, with backoff
+                assert re.search(r"the Session stream to master \S+ is down for \d+ s "
+                                 r"\(UNAVAILABLE: the master is restarting\); reopening it "
+                                 r"until \d\d:\d\d:\d\d", caplog.text), caplog.text
+                with pytest.raises(MasterUnavailableError):
+                    session.check()
+            finally:
+                session.close()
+    finally:
+        server.stop(0)
+
+
+def test_a_client_closed_under_the_session_ends_its_stream_quietly(
+        fake: tuple[FakeMaster, str], caplog: pytest.LogCaptureFixture) -> None:
+    """Its client closed first (a process going down; tests that play a killed reader do it):
+    the stream is not reopened again and again against a closed channel, nothing is logged as
+    a master that is down, and what waits on the stream raises."""
+    servicer, address = fake
+    client = MasterClient(address)
+    session = WorkerSession(client, Join("j", "flowers")).open()
+    try:
+        wait_until(lambda: session.transport.up)
+        client.close()
+        wait_until(lambda: session.transport.error is not None)
+        opened = servicer.calls["Session"]
+        time.sleep(0.5)
+        assert servicer.calls["Session"] == opened
+        with pytest.raises(CallCancelled, match="was closed"):
+            session.get_tasks(0, 1, 0, 0)
+        assert "is down for" not in caplog.text
+    finally:
+        session.close()

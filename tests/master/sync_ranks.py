@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.lease.book import Answer, LeaseBook, Report
-from trainfeed.lease.session import answer_of, leases, to_message
+from trainfeed.lease.messages import answer_of, leases, to_message
 from trainfeed.lease.tasks import _task
 from trainfeed.master.core.coordinator import Coordinator
 from trainfeed.master.core.jobs import Job, MasterConfig
@@ -164,7 +164,8 @@ class Rank:
         if isinstance(response, pb.GetTasksResponse):
             self.getting = None
             granted = leases(response.tasks)
-        applied = self.book.answered(call.sent, answer_of(response), call.made_at, now, granted)
+        applied = self.book.answered(call.sent, answer_of(as_event(response)), call.made_at, now,
+                                     granted)
         if applied.broke:
             self.broken = self.book.broken
         if isinstance(response, pb.GetTasksResponse):
@@ -234,3 +235,13 @@ def serve_get_tasks(core: Coordinator, job: Job, worker: str, request: pb.GetTas
 def duplicates(ranks: list[Rank], epoch: int) -> list[tuple[tuple[int, int, int], int]]:
     seen = Counter(d for r in ranks for d in r.had(epoch))
     return [(d, n) for d, n in seen.items() if n > 1]
+
+
+def as_event(response: pb.GetTasksResponse | pb.ReportResponse) -> pb.WatchEvent:
+    """A call's answer as the Session stream's answer to the same message (the one shape a
+    reader reads: trainfeed.lease.messages.answer_of)."""
+    if isinstance(response, pb.GetTasksResponse):
+        return pb.WatchEvent(grant=response)
+    return pb.WatchEvent(revoked=response.revoked, give_back=response.give_back,
+                         revoked_why=response.revoked_why, group_broken=response.group_broken,
+                         superseded=response.superseded)

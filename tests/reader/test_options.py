@@ -19,6 +19,7 @@ from trainfeed import (
     SyncOptions,
     dist,
 )
+from trainfeed.errors import InvalidNameError
 from trainfeed.reader.options import GROUPS, KEYWORDS, keyword_defaults
 from trainfeed.upload import UploadOptions, upload
 
@@ -162,6 +163,10 @@ BAD_VALUES: list[tuple[str, Callable[[], object], type, str]] = [
      TypeError, r"MasterSource.prefetch_partitions must be an int ≥ 1"),
     ("MasterSource.distribution_rules", lambda: MasterSource(distribution_rules=["gpu"]),
      TypeError, r"MasterSource.distribution_rules must be a string or None"),
+    ("MasterSource.job", lambda: MasterSource(job="a/b"), InvalidNameError,
+     r"invalid job name 'a/b': use 1-128 letters"),
+    ("MasterSource.distribution_rules", lambda: MasterSource(distribution_rules="gpu,"),
+     ValueError, r"invalid distribution rules"),
     ("MasterSource.lost_partitions", lambda: MasterSource(lost_partitions="ignore"), ValueError,
      r"MasterSource.lost_partitions is 'ignore' \(str\), expected one of \['raise', 'skip'\]"),
     ("SyncOptions.world_size", lambda: SyncOptions(world_size=0, rank=0), ValueError,
@@ -238,3 +243,38 @@ def test_dist_reader_takes_held_options_and_refuses_the_retired_prefetch(tmp_pat
         dist.reader("flowers", source=LocalSource(storage=storage), prefetch=2)
     with pytest.raises(ValueError, match="prefetch_partitions must be an int ≥ 1"):
         dist.reader("flowers", source=LocalSource(storage=storage, prefetch_partitions=0))
+
+
+def test_a_master_source_is_checked_once_and_goes_down_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of a MasterSource's options is checked where the source is built, once (issue 36:
+    the job name and the distribution rules were checked again by dist.reader, the lost
+    partitions policy by the backend), and the reader's backend takes the source whole. A job
+    named by $TRAINFEED_JOB is checked as a given one, when the reader is built."""
+    from trainfeed.planning import distribution
+    from trainfeed.reader import sources
+
+    monkeypatch.setenv("TRAINFEED_JOB", "bad/job")
+    with pytest.raises(InvalidNameError, match="invalid job name 'bad/job'"):
+        dist.reader("flowers", source=MasterSource("127.0.0.1:1"))
+    parsed: list[str] = []
+    parse = distribution.DistributionRules.parse.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, text: str) -> object:
+        parsed.append(text)
+        return parse(cls, text)
+    monkeypatch.setattr(distribution.DistributionRules, "parse", classmethod(counted))
+    named: list[str] = []
+    monkeypatch.setattr(sources, "validate_job_name",
+                        lambda name: named.append(name) or name)
+    source = MasterSource("127.0.0.1:1", "train", distribution_rules="gpu",
+                          lost_partitions="skip")
+    reader = dist.reader("flowers", source=source)
+    try:
+        backend = reader._backend  # (connects nothing: the session opens on the first pass)
+        assert backend.session.join.job == "train"
+        assert backend.session.join.distribution_rules == "gpu"
+        assert backend.lost_policy == "skip"
+    finally:
+        reader.close()
+    assert parsed == ["gpu"] and named == ["train"]

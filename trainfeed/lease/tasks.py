@@ -1,7 +1,7 @@
 """One pass's tasks, leased from the master: what the reader's producer loop reads when a master
 feeds it (trainfeed.reader.producer.TaskSource; the local plan is the other source).
 
-Each call of `next_tasks` makes at most one GetTasks (a call, or asked on the session's Session
+Each call of `next_tasks` makes at most one request for tasks (a message of the session's Session
 stream: WorkerSession.get_tasks), asking for as many tasks as the prefetch window has room for
 and the trainer's pace warrants (the lease depth), and carrying the finished-task reports: in the
 steady state a partition costs a fraction of one round trip. At the epoch's tail it has the
@@ -84,7 +84,8 @@ class LeasedTasks:
     def loaded(self, task: TaskRef) -> None:
         """`task` was read and goes to the consumer."""
         self.got_any = True
-        self.session.handed_over()
+        with self.session.locked() as book:
+            book.handed_over()
 
     def failed(self, task: TaskRef, error: BaseException) -> None:
         """`task` could not be read (one of `read_errors`): reported FAILED."""
@@ -98,11 +99,14 @@ class LeasedTasks:
     # -- steps --------------------------------------------------------------------------------
     def _begin(self) -> None:
         self._begun = True
-        self.session.begin_pass(self.quota)
+        with self.session.locked() as book:
+            book.begin_pass(self.quota)
         self.session.set_fetching(True)
 
     def _need(self) -> int | None:
-        return self.session.need()
+        """A synchronous pass's records still to lease (None: not synchronous)."""
+        with self.session.locked() as book:
+            return book.need
 
     def _room(self, credits: Credits, out: PrefetchStream) -> int | None:
         """Free prefetch slots to lease into (0: none yet, ask again), or None: a synchronous
@@ -121,7 +125,7 @@ class LeasedTasks:
             # acknowledgements, then long-poll once carrying them; with one reader the epoch
             # ends in that very call.
             out.flush()
-            self.session.wait_acknowledged(max(0.05, self.session.lease_timeout_s / 3),
+            self.session.wait_acknowledged(max(0.05, self.session.opened.lease_timeout_s / 3),
                                            abandoned=lambda: out.stopping)
             free = credits.take_all(1)
         else:
@@ -133,7 +137,8 @@ class LeasedTasks:
         # consumer (loaded or loading; not those already in its batch buffer) holds a few
         # seconds of training, not a whole byte budget, so that work stays where an idle reader
         # can get it.
-        depth = self.session.lease_depth(credits.total)
+        with self.session.locked() as book:
+            depth = book.lease_depth(credits.total)
         room = depth - (credits.total - free)
         if room < 1 and not (self.waiting or self.drained):
             credits.give(free)  # and wait until the consumer takes a partition
@@ -147,12 +152,14 @@ class LeasedTasks:
     def _wait_ms(self, long_poll: bool) -> int:
         if not long_poll:
             return 0
-        if 0 <= self.epoch <= self.session.completed_epoch():
-            return 0  # the Watch stream said so: the answer is EPOCH_DONE, at once
+        with self.session.locked() as book:
+            completed = book.completed_epoch
+        if 0 <= self.epoch <= completed:
+            return 0  # the stream said so: the answer is EPOCH_DONE, at once
         return self.waits.poll_ms()
 
     def _lease(self, free: int, credits: Credits, out: PrefetchStream) -> list[TaskRef] | None:
-        """One GetTasks call for up to `free` tasks. Returns the tasks granted, [] to ask again,
+        """One request for up to `free` tasks. Returns the tasks granted, [] to ask again,
         or None: the pass is over."""
         # After a plain WAIT the first ask answers at once, so that the WAIT can flush the
         # consumer's partial batch; later asks long-poll, and meanwhile the reporter sends

@@ -15,7 +15,7 @@ from trainfeed.io.load import Load, plain_load
 from trainfeed.io.partition_reader import ReadStats
 from trainfeed.io.prefetch import prefetch_depth
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.session import JOIN_CURRENT_EPOCH, StatsHook, WorkerSession
+from trainfeed.lease.session import JOIN_CURRENT_EPOCH, Join, WorkerSession
 from trainfeed.lease.tasks import LeasedTasks
 from trainfeed.reader.backends import (
     Pass,
@@ -27,7 +27,7 @@ from trainfeed.reader.backends import (
 from trainfeed.reader.label_ids import mapping
 from trainfeed.reader.position import ReaderPosition
 from trainfeed.reader.producer import Dataset, prefetched
-from trainfeed.reader.sources import check_lost_policy
+from trainfeed.reader.sources import MasterSource
 from trainfeed.reader.world import SyncGroup
 from trainfeed.storage import Storage
 from trainfeed.v1 import master_pb2 as pb
@@ -41,14 +41,14 @@ class DistributedBackend:
     Building it connects nothing: the session joins the job on the first pass, or when the
     dataset's folder, fields or manifest are first asked for (they come from the master)."""
 
-    def __init__(self, dataset: str, job: str, master: str | None, seed: int,
-                 prefetch: int | None, distribution_rules: str = "",
-                 resume: ReaderPosition | None = None, lost_partitions: str = "raise",
-                 group: SyncGroup | None = None, order: pb.DeliveryOrder | None = None,
-                 stats: StatsHook | None = None, version: int | None = None,
+    def __init__(self, dataset: str, source: MasterSource,
+                 resume: ReaderPosition | None = None, group: SyncGroup | None = None,
+                 order: pb.DeliveryOrder | None = None, version: int | None = None,
                  pinned: tuple[str, ...] | None = None):
+        """`source` as the user gave it, checked (MasterSource validates itself), its job
+        resolved (MasterSource.resolved)."""
         self._pinned = pinned  # LabelOptions.class_values: checked against a restored state
-        self.lost_policy = check_lost_policy(lost_partitions)
+        self.lost_policy = source.lost_partitions
         self.group = group
         # (epoch, partition, records, reason) of every partition a finished pass went without.
         self.lost: list[tuple[int, int, int, str]] = []
@@ -57,13 +57,15 @@ class DistributedBackend:
             # checks it again (and a partition's records: see batcher.past_the_end).
             resume.check_plan(None, resume.partitions)
         self._resume = resume
-        self.client = MasterClient(master)
+        self.client = MasterClient(source.address)
         sync = None if group is None else pb.SyncGroup(
             world_size=group.world_size, rank=group.rank, batch_size=group.batch_size)
-        self.session = WorkerSession(self.client, job, dataset, seed, distribution_rules,
-                                     _rewind_request(resume), sync, order, stats,
-                                     dataset_version=version or 0)
-        self.prefetch = prefetch  # None: from the dataset's size, once the master named it
+        job, seed = source.job or "", source.seed
+        self.session = WorkerSession(self.client, Join(
+            job, dataset, seed, source.distribution_rules or "", _rewind_request(resume), sync,
+            order, version or 0))
+        # None: from the dataset's size, once the master named it.
+        self.prefetch = source.prefetch_partitions
         self.epoch: int | None = None
         self._dataset: Dataset | None = None
         self._next_epoch = JOIN_CURRENT_EPOCH
@@ -96,8 +98,7 @@ class DistributedBackend:
                 raise type(e)(f"{e}. {_saved_classes(self._resume)}") from None
             raise
         opened = session.opened
-        dataset = Dataset(session.dataset, session.field_names, session.binary_fields,
-                          version=opened.dataset_version or None)
+        dataset = Dataset.joined(opened)
         if self._resume is not None:  # the job's version (0: a master before versions)
             if self._resume.class_values:  # class ids first, as a local reader's
                 check_restored_classes(self._resume, dataset.manifest, self._pinned)

@@ -7,8 +7,7 @@ from typing import Any
 
 from trainfeed import settings
 from trainfeed.formats.manifest import split_version
-from trainfeed.names import validate_dataset_name, validate_job_name
-from trainfeed.planning.distribution import DistributionRules
+from trainfeed.names import validate_dataset_name
 from trainfeed.reader.backends import LocalBackend
 from trainfeed.reader.pipeline import PipelineOptions
 from trainfeed.reader.reader import Reader
@@ -81,15 +80,9 @@ def reader(name: str, *, source: LocalSource | MasterSource | None = None,
     # reader never needs (tests/reader/test_local_imports.py).
     from trainfeed.reader.distributed import DistributedBackend
 
-    job_name = validate_job_name(source.job or settings.JOB.get())
-    # A bad value fails here, early; none given ("") lets the master apply the dataset's own
-    # (a packed dataset's summary) or "all".
-    rules = (str(DistributionRules.parse(source.distribution_rules))
-             if source.distribution_rules else "")
     order = delivery_order(options, seed, group)
-    address, lost = source.address, source.lost_partitions
-    return Reader(lambda resume: DistributedBackend(name, job_name, address, seed, depth, rules,
-                                                    resume, lost, group, order,
+    master = source.resolved()
+    return Reader(lambda resume: DistributedBackend(name, master, resume, group, order,
                                                     version=version, pinned=pinned),
                   name, "distributed", state, options, seed, group)
 

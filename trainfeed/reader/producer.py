@@ -13,8 +13,9 @@ same code.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trainfeed.formats.manifest import Manifest, dataset_storage, load_manifest, read_manifest
 from trainfeed.io.array_pool import ArrayPool
@@ -22,6 +23,9 @@ from trainfeed.io.load import Load
 from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
 from trainfeed.io.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
 from trainfeed.storage import Storage
+
+if TYPE_CHECKING:  # (a local reader imports nothing of the master's wire)
+    from trainfeed.v1 import master_pb2 as pb
 
 
 class TaskSource(Protocol):
@@ -133,6 +137,16 @@ class Dataset:
         return cls(folder, manifest.field_names,
                    tuple(f.name for f in manifest.fields if f.type == "binary"), manifest,
                    version=manifest.dataset_version)
+
+    @classmethod
+    def joined(cls, opened: pb.OpenJobResponse) -> Dataset:
+        """The dataset a master's OpenJob answer names: its folder, fields and version (None:
+        a master before versions); its manifest read on first use."""
+        fields = opened.fields
+        folder = Storage(opened.dataset_url, json.loads(opened.storage_options_json or "{}"))
+        return cls(folder, tuple(f.name for f in fields),
+                   tuple(f.name for f in fields if f.type == "binary"),
+                   version=opened.dataset_version or None)
 
     @property
     def manifest(self) -> Manifest:

@@ -110,8 +110,8 @@ class Reader:
             if self._connected is None:
                 self._connected = self._make_backend(self._resume)
                 session = getattr(self._connected, "session", None)
-                if session is not None:  # its calls to the master carry the summaries
-                    session.use_stats(self.meter.take_summary)
+                if session is not None:  # its messages to the master carry the summaries
+                    session.stats = self.meter.take_summary
             return self._connected
 
     if not TYPE_CHECKING:  # hidden from type checkers, which should flag these names

@@ -16,19 +16,15 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainfeed import settings
+from trainfeed.names import validate_job_name
+from trainfeed.planning.distribution import DistributionRules
 from trainfeed.reader.checks import check_choice, check_int, check_text
 
 # What a reader does with partitions its job gave up on (MasterSource.lost_partitions).
 LOST_POLICIES = ("raise", "skip")
-
-
-def check_lost_policy(policy: str) -> str:
-    if policy not in LOST_POLICIES:
-        raise ValueError(f"lost_partitions must be one of {LOST_POLICIES}, got {policy!r}")
-    return policy
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ class MasterSource:
     Attributes:
         address: The master's `host:port`. None: `$TRAINFEED_MASTER`.
         job: The job to join: readers of one job share its epochs. None: `$TRAINFEED_JOB`,
-            else "default".
+            else "default" (read, and checked, when the reader is built: `resolved()`).
         seed: Seeds the job's partition order (the reader that creates the job sets it) and
             every random choice of this reader's pipeline.
         prefetch_partitions: Partitions loaded ahead of the trainer. None: as many as fit
@@ -94,12 +90,24 @@ class MasterSource:
     lost_partitions: str = "raise"
 
     def __post_init__(self) -> None:
+        """Each field checked here, and only here (issue 36): the reader and the lease session
+        take the source whole, as it is."""
         check_text("MasterSource.address", self.address, none="$TRAINFEED_MASTER")
         check_text("MasterSource.job", self.job, none="$TRAINFEED_JOB, else 'default'")
+        if self.job is not None:
+            validate_job_name(self.job)
         _check_common(self, "MasterSource")
         check_text("MasterSource.distribution_rules", self.distribution_rules,
                    none="the dataset's or 'all'")
+        if self.distribution_rules:  # normalized; a bad one fails here, early
+            object.__setattr__(self, "distribution_rules",
+                               str(DistributionRules.parse(self.distribution_rules)))
         check_choice("MasterSource.lost_partitions", self.lost_partitions, LOST_POLICIES)
+
+    def resolved(self) -> MasterSource:
+        """This source with its job named: `$TRAINFEED_JOB`'s (else "default") for None,
+        checked as a given one is."""
+        return self if self.job is not None else replace(self, job=settings.JOB.get())
 
 
 Source = LocalSource | MasterSource

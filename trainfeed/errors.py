@@ -256,3 +256,14 @@ class AppendMismatchError(TrainfeedError, ValueError):
     """`trainfeed upload --append` of a list that does not fit the dataset it would extend
     (other fields, another kind, other stored transforms, labels that would renumber its
     classes): the message names the field or setting. Nothing is written then."""
+
+
+class DecodersUnavailableError(TrainfeedError, ConnectionError):
+    """Remote decode (`TRAINFEED_DECODE=remote`): no decoder of `TRAINFEED_DECODERS` answered
+    for the pool's give-up time. A ConnectionError: a master-fed pass reports the task failed
+    and goes on, as for a storage read that fails."""
+
+
+class DecoderRefusedError(TrainfeedError, ValueError):
+    """A decoder refused a request (over a bound, an option it cannot run, a dataset it cannot
+    read): asking another decoder would get the same answer. The message gives the reason."""

@@ -24,9 +24,11 @@ def test_upload_throughput_prints_its_table_and_writes_its_json(tmp_path: Path) 
         cwd=ROOT, capture_output=True, text=True, timeout=170,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("| method | s | images/s |"), result.stdout
-    assert [line.split("|")[1].strip() for line in lines[2:]] == ["cp", "upload", "restarts"]
+    # (A line above the table says whether the source was warm in the page cache: --cache.)
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "source warm in the page cache before each run:", result.stdout
+    assert lines[1].startswith("| method | s | images/s |"), result.stdout
+    assert [line.split("|")[1].strip() for line in lines[3:]] == ["cp", "upload", "restarts"]
     written = json.loads((tmp_path / "out.json").read_text())
     summary = {s["method"]: s for s in written["summary"]}
     assert summary["cp"]["vs_cp"] == 1.0

@@ -15,13 +15,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from trainfeed.decode.pixels import DecodedBatch, ImageDecoder, binary_views
-from trainfeed.decode.remote.client import DecoderPool, RemoteLoad, received_pixels
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
 from trainfeed.io.load import Load
@@ -32,10 +31,12 @@ from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_
 from trainfeed.reader.label_ids import check_pin, delivered
 from trainfeed.reader.labels import ClassIndex
 from trainfeed.reader.options import MODES, DecodeOptions, PipelineOptions
-from trainfeed.reader.remote_decode import request_template
 from trainfeed.reader.resample import Resampler, ratio_factors
 from trainfeed.reader.transforms import Augmentor, load_transformer
 from trainfeed.storage import Storage
+
+if TYPE_CHECKING:  # (the client loads Arrow Flight and gRPC: imported where remote decode runs)
+    from trainfeed.decode.remote.client import DecoderPool, RemoteLoad
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +121,15 @@ class Pipeline:
                                           dtype=np.float32)
         self.decoder = (image_decoder(options.decode, options.mode)
                         if options.decode.enabled else None)
-        self.remote = (RemoteLoad(decoders, request_template(options, manifest, seed,
-                                                             self.image_fields))
-                       if decoders is not None and self.image_fields else None)
+        self.remote: RemoteLoad | None = None
+        if decoders is not None and self.image_fields:
+            # (Imported here: the client loads Arrow Flight and gRPC, which a reader that
+            # decodes locally never needs; tests/reader/test_local_imports.py.)
+            from trainfeed.decode.remote.client import RemoteLoad
+            from trainfeed.reader.remote_decode import request_template
+
+            self.remote = RemoteLoad(decoders, request_template(options, manifest, seed,
+                                                                self.image_fields))
         self.decode_failures = 0
         self.records_decoded = 0  # and the seconds it took: reader.stats() (issue 29)
         self.decode_s = 0.0
@@ -211,6 +218,8 @@ class Pipeline:
         """One image field of a batch decoded here, or as a decode worker sent it (pixels in
         a fixed-size binary column: see trainfeed.decode.remote)."""
         if pa.types.is_fixed_size_binary(column.type):
+            from trainfeed.decode.remote.client import received_pixels
+
             h, w = self.options.decode.image_size or (0, 0)
             return received_pixels(column, (h, w, self.options.decode.channels))
         assert self.decoder is not None

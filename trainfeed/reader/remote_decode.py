@@ -11,15 +11,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from trainfeed import settings
 from trainfeed.decode.pixel_budget import max_image_pixels
-from trainfeed.decode.remote.client import DecoderPool, RequestTemplate
 from trainfeed.decode.remote.wire import chunk_records
 from trainfeed.errors import ConfigurationError
 from trainfeed.formats.manifest import Manifest
 from trainfeed.reader.options import PipelineOptions
-from trainfeed.security import load_token
+
+if TYPE_CHECKING:  # the client loads Arrow Flight and gRPC: only readers that decode remotely
+    from trainfeed.decode.remote.client import DecoderPool, RequestTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,9 @@ def decoder_pool(options: PipelineOptions,
     if not addresses:
         raise ConfigurationError(f"{settings.DECODE.name}=remote needs the decoders' "
                                  f"addresses: set {settings.DECODERS.name}=host:port[,...]")
+    from trainfeed.decode.remote.client import DecoderPool
+    from trainfeed.security import load_token
+
     found = load_token(environ=environ)
     return DecoderPool(addresses, found[0] if found else None)
 
@@ -65,6 +70,8 @@ def request_template(options: PipelineOptions, manifest: Manifest, seed: int,
     # Trainer-side only: its own threads; the normalizing division runs on the trainer.
     fields.update(threads=None, normalizing_const=None)
     image_bytes = decode.image_size[0] * decode.image_size[1] * decode.channels
+    from trainfeed.decode.remote.client import RequestTemplate
+
     return RequestTemplate(
         dataset=manifest.name, version=manifest.dataset_version,
         shuffle_seed=seed if options.shuffles else None, seed=seed, mode=options.mode,

@@ -35,7 +35,11 @@ from trainfeed.decode.remote.wire import (
     credit_message,
     parse_control,
 )
-from trainfeed.errors import AuthenticationError, DecodeError, TrainfeedError
+from trainfeed.errors import (  # (DecodersUnavailableError: re-exported, its old home)
+    AuthenticationError,
+    DecodeError,
+    DecodersUnavailableError,
+)
 from trainfeed.io.partition_reader import PartitionReader
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.security import AUTH_METADATA_KEY, BEARER_SCHEME
@@ -54,11 +58,6 @@ DOWN_S = 1.0
 GIVE_UP_S = 60.0
 # A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
 CALL_TIMEOUT_S = 120.0
-
-
-class DecodersUnavailableError(TrainfeedError, ConnectionError):
-    """No decoder answered for GIVE_UP_S (a ConnectionError: a master-fed pass reports the
-    task failed and goes on; see trainfeed.lease.tasks)."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from trainfeed.errors import TrainfeedError
+from trainfeed.errors import DecoderRefusedError  # (re-exported: its old home)
 
 __all__ = ["DecodeRequest", "DecoderRefusedError", "MAX_CHUNK_BYTES", "MAX_CHUNK_RECORDS",
            "MAX_CREDIT", "MAX_CALLS_PER_CLIENT", "MAX_IMAGE_BYTES", "MAX_RECORDS",
@@ -46,11 +46,6 @@ MAX_REQUEST_BYTES = 16 << 10
 # Images per chunk: enough that per-message costs vanish (measured: 64 vs 32 within noise),
 # few enough that a chunk decodes in tens of milliseconds on one decoder.
 CHUNK_IMAGE_BYTES = 8 << 20
-
-
-class DecoderRefusedError(TrainfeedError, ValueError):
-    """A decoder refused a request (over a bound, an option it cannot run, a dataset it cannot
-    read): asking another decoder would get the same answer."""
 
 
 def chunk_records(image_bytes: int) -> int:

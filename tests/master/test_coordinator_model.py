@@ -59,6 +59,8 @@ class Reader:
     # The partitions of the current epoch its trainer had whole and the master confirmed DONE:
     # what its checkpoint would name (a resume keeps them).
     done: dict[int, set[int]] = field(default_factory=dict)
+    # The DONE reports of its last message that carried any: a retry sends them again.
+    sent_done: list[pb.TaskReport] = field(default_factory=list)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Model:
     deadline: dict[str, float] = field(default_factory=dict)  # worker -> its leases' deadline
     issued: list[tuple[str, int, int, int]] = field(default_factory=list)  # (w, e, p, token)
     latest: dict[Key, Holder] = field(default_factory=dict)  # each partition's latest lease
+    newly_done: list[int] = field(default_factory=list)  # DONEs applied since last checked
 
     def refuses(self, worker: str, report: pb.TaskReport) -> bool:
         """Fencing: a report counts only from the partition's latest lease this epoch."""
@@ -86,6 +89,7 @@ class Model:
         done = self.done.setdefault(report.epoch, {})
         if report.outcome == pb.TaskReport.DONE and report.partition not in done:
             done[report.partition] = worker
+            self.newly_done.append(report.partition)
             self.current.pop(key, None)
         elif live and report.outcome in (pb.TaskReport.RELEASED, pb.TaskReport.FAILED):
             del self.current[key]
@@ -177,6 +181,8 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.seq += 1
         message, sent = message_of(reader.book, self.seq, get)
         reports = list(message.get_tasks.reports if get is not None else message.report.reports)
+        reader.sent_done = [r for r in reports if r.outcome == pb.TaskReport.DONE] or (
+            reader.sent_done)
         expected = [not self.model.refuses(reader.worker, r) for r in reports]
         answer, told = self.core.handle(self.job, reader.worker, message, self.now)
         assert isinstance(answer, pb.WatchEvent) and answer.answers == self.seq, answer
@@ -220,7 +226,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.readers.append(reader)
 
     @precondition(lambda self: self.live())
-    @rule(data=st.data(), max_tasks=st.integers(1, 3), ahead=st.sampled_from([-1, 0, 1]))
+    @rule(data=st.data(), max_tasks=st.integers(1, P), ahead=st.sampled_from([-1, 0, 1]))
     def ask(self, data: st.DataObject, max_tasks: int, ahead: int) -> None:
         reader = data.draw(st.sampled_from(self.live()))
         epoch = -1 if ahead < 0 else self.job.ledger.epoch + ahead
@@ -261,6 +267,38 @@ class CoordinatorModel(RuleBasedStateMachine):
             reader.book.done(lease, self.now)
         self.send(reader)
         self.confirmed_done(reader)
+
+    @precondition(lambda self: any(r.sent_done for r in self.live()))
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        """A reader sends its last DONEs again (their answer was lost, the call retried): they
+        are not refused (from the latest holder), and they change nothing."""
+        reader = data.draw(st.sampled_from([r for r in self.live() if r.sent_done]))
+        before = ledger_view(self.job)
+        self.seq += 1
+        answer, told = self.core.handle(self.job, reader.worker, pb.SessionMessage(
+            seq=self.seq, report=pb.ReportRequest(reports=reader.sent_done)), self.now)
+        assert isinstance(answer, pb.WatchEvent)
+        refused = {(t.epoch, t.partition, t.lease) for t in answer.refused}
+        for r in reader.sent_done:
+            assert ((r.epoch, r.partition, r.lease) in refused) == self.model.refuses(
+                reader.worker, r), (r, answer)
+        assert ledger_view(self.job)[:2] == before[:2], "a retried DONE changed what is done"
+        self.model.deadline[reader.worker] = self.now + T
+        self.told(told)
+
+    @rule(ticks=st.integers(1, int(3 * T / TICK)))
+    def advance_heartbeating(self, ticks: int) -> None:
+        """Time passes; the live readers heartbeat every T / 3 (their leases live on: only the
+        killed readers' expire)."""
+        for i in range(ticks):
+            self.now += TICK
+            if i % 2:
+                for reader in self.live():
+                    self.send(reader)
+            self.core.expire_leases(self.now)
+            self.model.expire(self.now)
+            self.told(self.core.news.take())
 
     @precondition(lambda self: self.live())
     @rule(data=st.data())
@@ -349,6 +387,11 @@ class CoordinatorModel(RuleBasedStateMachine):
         assert {p: (w, ledger.token_of(p)) for p, w in ledger.pending.items()} == mine, (
             ledger.pending, mine)
         assert not ledger.failed
+        journaled = sorted(op[1] for op in ledger.take_journal() if op[0] == "D")
+        assert journaled == sorted(self.model.newly_done), (
+            f"the ledger journaled DONE of {journaled}, the model applied "
+            f"{sorted(self.model.newly_done)}")
+        self.model.newly_done.clear()
 
     @invariant()
     def no_two_live_readers_hold_a_current_lease(self) -> None:
@@ -441,6 +484,13 @@ class SyncGroupModel(RuleBasedStateMachine):
         call = rank.report(self.now)
         call.arrive(self.now)
         call.answer(self.now)
+        if not rank.pass_over:
+            # Seen once, not reproduced: the report's answer revoked a lease whose records the
+            # trainer had (LeaseBook._revoke unkeeps even a finishing lease), and the rank needs
+            # records again. Not a pass end then; the invariants still catch a rank that gets
+            # more than its share.
+            event("a pass's last report reopened its quota")
+            return
         rank.next_pass()
         event(f"a rank's pass {rank.epoch - 1} ended")
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from integration.decoding import DECODER_TOKEN
 from integration.services import free_port
 
 from trainfeed import LocalSource, MasterSource, dist
@@ -48,7 +49,7 @@ from trainfeed.storage import open_storage
 # Each test starts decoder processes (a second or more each on the shared CI machine).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TOKEN = "decoder-test-token-0123456789"
+TOKEN = DECODER_TOKEN
 SIZE = (24, 24)
 TRAIN = PipelineOptions(
     decode=DecodeOptions(enabled=True, image_size=SIZE,
@@ -57,20 +58,6 @@ TRAIN = PipelineOptions(
 VALIDATION = PipelineOptions(
     decode=DecodeOptions(enabled=True, image_size=SIZE, resize_shorter=28),
     batch=BatchOptions(size=10), mode="validation")
-
-
-@pytest.fixture
-def remote(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Sets TRAINFEED_DECODE=remote with the given decoders (and the token) for new readers."""
-    def use(*addresses: str, token: str | None = TOKEN) -> None:
-        monkeypatch.setenv("TRAINFEED_DECODE", "remote")
-        monkeypatch.setenv("TRAINFEED_DECODERS", ",".join(addresses))
-        monkeypatch.delenv("TRAINFEED_TOKEN_FILE", raising=False)
-        if token is None:
-            monkeypatch.delenv("TRAINFEED_TOKEN", raising=False)
-        else:
-            monkeypatch.setenv("TRAINFEED_TOKEN", token)
-    return use
 
 
 def passes(reader: Any, epochs: int) -> list[tuple[int, np.ndarray, np.ndarray]]:

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -22,10 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from integration.decoding import DECODER_TOKEN
 from integration.services import free_port
 from optional import require
 
-from trainfeed import BatchOptions, MasterSource, PipelineOptions, SyncOptions, dist
+from trainfeed import (
+    BatchOptions,
+    DecodeOptions,
+    MasterSource,
+    PipelineOptions,
+    SyncOptions,
+    dist,
+)
+from trainfeed.decoder.process import DecoderProcess
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -255,18 +265,35 @@ def _ids(batches: Any) -> list[int]:
     return [i for b in batches for i in b["_id"].tolist()]
 
 
+# The sync-group restore below, over how its records are decoded: not at all (the records as
+# stored), by the trainer itself, or by `trainfeed decoder` processes (issue 37).
+DECODED = {"none": PipelineOptions(batch=BatchOptions(size=10)),
+           "local": PipelineOptions(batch=BatchOptions(size=10),
+                                    decode=DecodeOptions(True, image_size=(8, 8))),
+           "remote": PipelineOptions(batch=BatchOptions(size=10),
+                                     decode=DecodeOptions(True, image_size=(8, 8)))}
+
+
+@pytest.mark.parametrize("decode", sorted(DECODED))
 def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
-        storage: str) -> None:
+        storage: str, decode: str, remote: Any) -> None:
     """2 ranks (run one after the other: nothing here all-reduces) checkpoint after 2 batches,
     crash, and are restored from their state_dict(): the epoch's 100 records come exactly once.
     Then, from states saved at the end of epoch 1, a group of 1 reads epoch 2 whole."""
-    with MasterProcess(storage) as master:
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(MasterProcess(storage))
+        if decode == "remote":
+            decoders = [stack.enter_context(DecoderProcess(storage, DECODER_TOKEN))
+                        for _ in range(2)]
+            remote(*(d.address for d in decoders))
         job = f"sync-{uuid.uuid4().hex[:8]}"
 
         def rank(r: int, world: int = 2, state: dict[str, Any] | None = None) -> Any:
-            return dist.reader("flowers", source=MasterSource(master.address, job=job),
-                               pipeline=PipelineOptions(batch=BatchOptions(size=10)),
-                               sync=SyncOptions(world_size=world, rank=r), state=state)
+            reader = dist.reader("flowers", source=MasterSource(master.address, job=job),
+                                 pipeline=DECODED[decode],
+                                 sync=SyncOptions(world_size=world, rank=r), state=state)
+            assert (reader._pipeline.remote is not None) == (decode == "remote")
+            return reader
 
         readers = [rank(0), rank(1)]
         iters = [iter(reader()) for reader in readers]

@@ -40,6 +40,8 @@ from trainfeed import (
     batch,
     dist,
 )
+from trainfeed.decode.remote.client import DecoderPool
+from trainfeed.decoder.process import DecoderProcess
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.preprocess import training_preprocessor
 from trainfeed.upload import UploadOptions, upload
@@ -228,6 +230,46 @@ def test_master_fed_resume_is_exactly_once(path: str, sampling: str, stop: str,
                                            decoded_to_id: dict[bytes, int],
                                            master: MasterProcess) -> None:
     _run("master", path, sampling, storage, decoded_to_id, master.address, stop)
+
+
+# Remote decode (issue 37): the decoded paths, read through a `trainfeed decoder` process; the
+# trainer keeps the leases, positions, shuffle buffer and state_dict(). Resampling is refused
+# with remote decode (trainfeed.reader.remote_decode), so it is not in this matrix.
+REMOTE = [(path, sampling) for path in ("pipeline-batches", "pipeline-instances")
+          for sampling in ("none", "shuffle")]
+
+
+@pytest.fixture(scope="module")
+def decoder(storage: tuple[str, dict[str, int]]) -> Iterator[DecoderProcess]:
+    """One decoder (no token: neither is the master's) serving the test's storage."""
+    with DecoderProcess(storage[0]) as process:
+        yield process
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["local", "master"])
+@pytest.mark.parametrize("path,sampling", REMOTE)
+def test_resume_with_remote_decode_is_exactly_once(
+        path: str, sampling: str, where: str, storage: tuple[str, dict[str, int]],
+        decoded_to_id: dict[bytes, int], decoder: DecoderProcess,
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The same round trip with TRAINFEED_DECODE=remote. "pipeline-instances" finds each
+    record by its locally decoded pixels: a remote-decoded record that differed would not be
+    found."""
+    address = request.getfixturevalue("master").address if where == "master" else None
+    monkeypatch.setenv("TRAINFEED_DECODE", "remote")
+    monkeypatch.setenv("TRAINFEED_DECODERS", decoder.address)
+    for name in ("TRAINFEED_TOKEN", "TRAINFEED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    fetched = Counter[str]()
+    fetch = DecoderPool.fetch
+
+    def counted(pool: DecoderPool, decode: Any) -> Any:
+        fetched["segments"] += 1
+        return fetch(pool, decode)
+    monkeypatch.setattr(DecoderPool, "fetch", counted)  # a spy: the real fetch runs
+    _run(where, path, sampling, storage, decoded_to_id, address)
+    assert fetched["segments"] >= 100 // 8, "the readers did not decode through the decoder"
 
 
 def _ids_of(batches: Iterable[dict[str, Any]]) -> list[int]:

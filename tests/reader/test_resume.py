@@ -177,8 +177,11 @@ def decoded_to_id(storage: tuple[str, dict[str, int]]) -> dict[bytes, int]:
     reader = dist.reader("flowers", source=LocalSource(storage=out),
                          pipeline=PipelineOptions(decode=DecodeOptions(True, image_size=(8, 8)),
                                                   batch=BatchOptions(size=N)))
-    return {image.tobytes(): int(i) for b in reader()
-            for image, i in zip(b["image"], b["_id"].tolist())}
+    try:
+        return {image.tobytes(): int(i) for b in reader()
+                for image, i in zip(b["image"], b["_id"].tolist())}
+    finally:
+        reader.close()
 
 
 @pytest.fixture(scope="module")

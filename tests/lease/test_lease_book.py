@@ -182,6 +182,24 @@ def test_a_synchronous_rank_keeps_its_quota_and_hands_the_rest_back_at_once() ->
     assert book.told(Answer(give_back=((0, 1, 11),)), now=2.0).given == 0  # never while sync
 
 
+def test_a_synchronous_lease_revoked_after_its_last_record_went_out_keeps_its_quota_spent(
+) -> None:
+    """Its records were delivered, so they count to the pass's quota: the revocation must not
+    give them back to `need` (before, the rank leased past its equal share; found by
+    tests/master/test_coordinator_model.py's sync machine)."""
+    book = LeaseBook(T, now=0.0)
+    book.begin_pass(quota=10)
+    book.granted([(0, 1, 11)])
+    assert book.keep(task((0, 1, 11)), now=1.0).delivers == 10 and book.need == 0
+    book.handed_over()
+    book.claim((0, 1, 11))
+    assert book.done((0, 1, 11), now=2.0)
+    book.drain()  # the DONE is in flight
+    applied = book.answered([], Answer(revoked=((0, 1, 11),)), called_at=3.0, now=3.0)
+    assert applied.gone == []
+    assert book.need == 0 and not book.keeps and not book.started
+
+
 def test_a_failed_call_keeps_its_reports_for_the_next() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])

@@ -403,15 +403,20 @@ class LeaseBook:
             if self.held.get(key) != token:
                 continue  # confirmed meanwhile, or leased to us again since
             del self.held[key]
-            self._unkeep(key, token)
             self.progress.pop(key, None)
             self.dirty.discard(key)
             # (A DONE already queued still goes: the master takes it if nobody leased the
             # partition since, and saves its re-reading; else it refuses it.)
             self.revoked.add((*key, token))
             if (*key, token) in self.finishing:
-                self.finishing.discard((*key, token))  # every record was delivered: nothing
-            else:  # is dropped (what `gone` tells the reader's log)
+                # Every record was delivered: nothing is dropped, and a synchronous pass's
+                # quota stays spent (giving its records back to `need` made the rank lease
+                # past its equal share: issue 36's model test).
+                self.finishing.discard((*key, token))
+                self.keeps.pop(key, None)
+                self.started.discard((*key, token))
+            else:  # its records are dropped (what `gone` tells the reader's log)
+                self._unkeep(key, token)
                 gone.append(key)
         return gone
 

@@ -29,10 +29,10 @@ from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-# How long one GetTasks may wait server-side while others hold the epoch's last tasks. Not the
-# master's cap (5 s): it made 30 % fewer GetTasks calls in benchmarks/real_readers.py (issue 28),
-# but a pass abandoned at the epoch's tail waits for its producer's long-poll to return, and its
-# close took 4.3 s instead of 1.3 s. (A GetTasks that close() can cancel would allow it.)
+# How long one `get_tasks` message may wait at the master while others hold the epoch's last
+# tasks: the master's cap (5 s). Fewer, longer waits cost the master less (30 % fewer requests in
+# benchmarks/real_readers.py, issue 28); a pass abandoned at the tail no longer waits for the
+# long-poll to return, since a request on the Session stream is given up at close (protocol 3).
 LONG_POLL_MS = 5000
 # A pass waiting this long for partitions others hold logs what it waits for and until when
 # (again when that changes, or every WAIT_LOG_EVERY_S): no wait over 5 s is silent (issue 26).

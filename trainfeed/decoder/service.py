@@ -56,7 +56,7 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
         given = headers.get(AUTH_METADATA_KEY, [])
         metadata = [(AUTH_METADATA_KEY, v if isinstance(v, str) else v.decode("latin-1"))
                     for v in given[:1]]
-        problem = self._check._problem(metadata)
+        problem = self._check.problem(metadata)
         if problem is None:
             return None
         self.rejected += 1

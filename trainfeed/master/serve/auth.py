@@ -85,15 +85,16 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if method.startswith(EXEMPT_PREFIX):
             return await continuation(handler_call_details)
-        problem = self._problem(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
+        problem = self.problem(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
         if problem is None:
             return await continuation(handler_call_details)
         self.rejected += 1
         return _rejecting_handler(await continuation(handler_call_details),
                                   self._rejecter(method, problem))
 
-    def _problem(self, metadata: Any) -> str | None:
-        """None if the metadata carries the master's token or a job token, else what is wrong."""
+    def problem(self, metadata: Any) -> str | None:
+        """None if the metadata carries the master's token or a job token, else what is wrong
+        (the decoder checks its calls with it too: trainfeed.decoder.service)."""
         given = _bearer(metadata)
         if given is None:
             return MISSING_MESSAGE

@@ -80,25 +80,44 @@ def load_source(source: Any, storage: Storage | None = None,
     `ordered=False` (training output is shuffled anyway) lets a SQL source with key columns
     be read as one hash partition per core, over parallel connections."""
     if hasattr(source, "read") and hasattr(source, "query"):  # trainfeed.sql.SqlSource
-        table = source.read(1 if ordered else os.cpu_count() or 1)
-        if source.dialect == "sqlite":  # no array type: arrays are kept as JSON text
-            table = _decode_json_arrays(table)
-        return table, str(source.query)
+        return _sql_table(source, ordered)
     if isinstance(source, str) and storage is not None and _is_dataset_name(source):
         return _dataset_table(source, storage), f"dataset {source}"
     if isinstance(source, str):
-        storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
-        name = source.rsplit("/", 1)[-1]
-        try:
-            with storage.fs.open(storage.path(name), "rb") as f:
-                table = (pa_csv.read_csv(f) if name.lower().endswith(".csv")
-                         else pq.read_table(f))
-        except OSError as e:  # the driver's text may quote the URL, credentials and all
-            secret = bool(url_secrets(source))
-            raise PreprocessError(f"cannot read the source {redact_url(source)}: "
-                                  f"{scrub(str(e), source)}") from (None if secret else e)
-        # The name goes into the summary (the manifest every reader reads): no credentials.
-        return _decode_json_arrays(table), redact_url(source, drop=True)
+        return _file_table(source)
+    return _memory_table(source)
+
+
+def _sql_table(source: Any, ordered: bool) -> tuple[pa.Table, str]:
+    """A SQL source's result, over one connection, or one per core where order does not matter
+    (see `load_source`); named by its query."""
+    table = source.read(1 if ordered else os.cpu_count() or 1)
+    if source.dialect == "sqlite":  # no array type: arrays are kept as JSON text
+        table = _decode_json_arrays(table)
+    return table, str(source.query)
+
+
+def _file_table(source: str) -> tuple[pa.Table, str]:
+    """A Parquet or CSV file at a path or URL, named by its URL without credentials.
+
+    The URL may carry credentials: neither the error nor the name, which goes into the summary
+    (the manifest every reader reads), may show them."""
+    storage = open_storage(source.rsplit("/", 1)[0] if "/" in source else ".")
+    name = source.rsplit("/", 1)[-1]
+    try:
+        with storage.fs.open(storage.path(name), "rb") as f:
+            table = (pa_csv.read_csv(f) if name.lower().endswith(".csv")
+                     else pq.read_table(f))
+    except OSError as e:  # the driver's text may quote the URL, credentials and all
+        secret = bool(url_secrets(source))
+        raise PreprocessError(f"cannot read the source {redact_url(source)}: "
+                              f"{scrub(str(e), source)}") from (None if secret else e)
+    return _decode_json_arrays(table), redact_url(source, drop=True)
+
+
+def _memory_table(source: Any) -> tuple[pa.Table, str]:
+    """A source already in memory (an Arrow table, a pandas DataFrame, a dict of columns);
+    anything else is refused, naming what is accepted."""
     if isinstance(source, pa.Table):
         return source, "arrow table"
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # a pandas DataFrame
@@ -121,38 +140,63 @@ def _is_dataset_name(source: str) -> bool:
 def _dataset_table(name: str, storage: Storage) -> pa.Table:
     """A trainfeed dataset as a table: binary (image) fields decoded to uint8 arrays, kept as
     fixed-size lists (no Python object per pixel), other fields as they are."""
+    manifest = read_manifest(storage, name)
+    images = {f.name for f in manifest.fields if f.type == "binary"}
+    parts = _dataset_chunks(name, storage, manifest, images)
+    return pa.table({field_name: _image_array(chunks) if field_name in images
+                     else pa.array([v for chunk in chunks for v in chunk])
+                     for field_name, chunks in parts.items()})
+
+
+def _dataset_chunks(name: str, storage: Storage, manifest: Manifest,
+                    images: set[str]) -> dict[str, list[Any]]:
+    """Each field of a dataset as the list of its batches' values, read by a local reader in
+    record order: image fields as decoded pixel arrays, labels as the values written."""
     # The reader stack, only for this kind of source.
     from trainfeed import BatchOptions, DecodeOptions, LocalSource, PipelineOptions, dist
 
-    manifest = read_manifest(storage, name)
-    images = {f.name for f in manifest.fields if f.type == "binary"}
     parts: dict[str, list[Any]] = {f.name: [] for f in manifest.fields}
     pipeline = PipelineOptions(decode=DecodeOptions(bool(images)), batch=BatchOptions(size=1024),
                                mode="score")
     with dist.reader(name, source=LocalSource(storage.url), pipeline=pipeline) as reader:
-        labels: Sequence[Any] = reader.class_values if manifest.label_field else ()
-        if manifest.label_order == NUMERIC_ORDER:  # integers, as classes sorted by value
-            labels = [int(v) for v in labels]
+        labels = _label_values(reader, manifest)
         for batch in reader():
             for field_name, chunk in parts.items():
-                values = batch[field_name]
-                if field_name in images:
-                    chunk.append(values)
-                elif field_name == manifest.label_field:
-                    chunk.append([labels[i] for i in values.tolist()])
-                else:
-                    chunk.append(values.tolist())
-    columns = {}
-    for field_name, chunks in parts.items():
-        if field_name in images:
-            block = np.concatenate(chunks)
-            array: pa.Array = pa.array(block.reshape(-1))
-            for size in reversed(block.shape[1:]):
-                array = pa.FixedSizeListArray.from_arrays(array, size)
-            columns[field_name] = array
-        else:
-            columns[field_name] = pa.array([v for chunk in chunks for v in chunk])
-    return pa.table(columns)
+                chunk.append(_batch_values(batch[field_name], field_name, images,
+                                           manifest.label_field, labels))
+    return parts
+
+
+def _label_values(reader: Any, manifest: Manifest) -> Sequence[Any]:
+    """The label each class index stands for: the reader's class values, as integers where the
+    classes are numbers sorted by value; none for a dataset without labels (whose reader has
+    no class values to ask for: it raises)."""
+    labels: Sequence[Any] = reader.class_values if manifest.label_field else ()
+    if manifest.label_order == NUMERIC_ORDER:  # integers, as classes sorted by value
+        labels = [int(v) for v in labels]
+    return labels
+
+
+def _batch_values(values: Any, field_name: str, images: set[str], label_field: str | None,
+                  labels: Sequence[Any]) -> Any:
+    """One batch's values of one field, as `_dataset_table` gathers them: an image field's
+    pixel array as it is (concatenated later, without a Python object per pixel), a label's
+    class indexes as the labels they stand for, any other field as a list."""
+    if field_name in images:
+        return values
+    if field_name == label_field:
+        return [labels[i] for i in values.tolist()]
+    return values.tolist()
+
+
+def _image_array(chunks: list[np.ndarray]) -> pa.Array:
+    """Batches of uint8 pixel arrays (n, ...) as one Arrow column of nested fixed-size lists,
+    built on the flat values (no Python object per pixel)."""
+    block = np.concatenate(chunks)
+    array: pa.Array = pa.array(block.reshape(-1))
+    for size in reversed(block.shape[1:]):
+        array = pa.FixedSizeListArray.from_arrays(array, size)
+    return array
 
 
 def _decode_json_arrays(table: pa.Table) -> pa.Table:
@@ -363,27 +407,16 @@ def _preprocess(source: Any, output_table: str, y_names: list[str], x_names: lis
     vartypes = {n: all_vartypes[n] for n in y_names}
     ys = {n: _column(table, n).to_pylist() for n in y_names}
     rows = table.num_rows
-    dense: dict[str, np.ndarray | None] = {}
-    xs: dict[str, Sequence[Any] | np.ndarray] = {}
-    for name in x_names:
-        block = dense[name] = dense_array(_column(table, name))
-        # Row-wise lists only where the fast path does not apply (they give row-level errors);
-        # a dense block's own rows serve that purpose for it.
-        xs[name] = _column(table, name).to_pylist() if block is None else block
+    dense, xs = _independent_columns(table, x_names)
     del table  # the source's columns: the dense blocks hold what is needed, once
     if rows == 0:
         raise PreprocessError(f"source {source_name} has no rows")
-    classes: dict[str, list[Any] | None] = {}
-    num_classes: list[int | None] = []
-    for i, name in enumerate(y_names):
-        classes[name], width = _dependent_classes(module, name, ys[name], vartypes[name],
-                                                  widths[i], training, i)
-        num_classes.append(width)
+    classes, num_classes = _all_dependent_classes(module, y_names, ys, vartypes, widths,
+                                                  training)
     order = (np.random.default_rng(shuffle_seed).permutation(rows) if shuffle_seed is not None
              else np.arange(rows))
     values_per_row = [int(stack_arrays(xs[n][:1], n)[0].size) for n in x_names]
     sizes = plan_buffers(rows, args.num_workers, args.buffer_size, values_per_row)
-    normalizing_const = args.normalizing_const
 
     summary = {
         "source_table": source_name, "output_table": output_table,
@@ -392,46 +425,100 @@ def _preprocess(source: Any, output_table: str, y_names: list[str], x_names: lis
         "class_values": {n: classes[n] for n in y_names},
         # MADlib's summary has one "<dependent>_class_values" column per dependent variable.
         **{f"{n}_class_values": classes[n] for n in y_names},
-        "buffer_size": sizes[0], "normalizing_const": normalizing_const,
+        "buffer_size": sizes[0], "normalizing_const": args.normalizing_const,
         "num_classes": num_classes,
         "distribution_rules": args.rules.madlib_value,
         "__internal_gpu_config__": args.rules.gpu_config,
         "num_workers": args.num_workers, "num_buffers": len(sizes), "num_rows": rows,
     }
-    tensors = {**{n: "float32" for n in x_names}, **{n: np.dtype(ONE_HOT_DTYPE).name
-                                                     for n in y_names}}
-
-    def encode(picked: np.ndarray) -> list[bytes | str]:
-        row_ids = picked.tolist()  # source rows, for errors
-        values: list[bytes | str] = []
-        shapes: list[bytes | str] = []
-        for name in x_names:
-            block = dense[name]
-            array = None
-            if block is not None:
-                array = normalize(block[picked], normalizing_const)
-                if not np.isfinite(array).all():
-                    array = None  # the row-wise path names the row
-            if array is None:
-                array = stack_arrays([xs[name][i] for i in picked], name, normalizing_const,
-                                     row_ids)
-            values.append(array.tobytes())
-            shapes.append(json.dumps(list(array.shape)))
-        for name in y_names:
-            picked_values = [ys[name][i] for i in picked]
-            known = classes[name]
-            if known is None:
-                array = stack_arrays(picked_values, name, 1.0, row_ids, ONE_HOT_DTYPE)
-            else:
-                array = one_hot(picked_values, known, name, row_ids)
-            values.append(array.tobytes())
-            shapes.append(json.dumps(list(array.shape)))
-        return values + shapes
-
+    tensors = _tensor_dtypes(x_names, y_names)
+    encoder = _BufferEncoder(x_names, y_names, dense, xs, ys, classes, args.normalizing_const)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
-    buffers = (encode(order[bounds[i]:bounds[i + 1]]) for i in range(len(sizes)))
+    buffers = (encoder.encode(order[bounds[i]:bounds[i + 1]]) for i in range(len(sizes)))
     _write(store, output_table, x_names + y_names, buffers, summary, tensors)
     return summary
+
+
+def _all_dependent_classes(module: str, y_names: list[str], ys: dict[str, list[Any]],
+                           vartypes: dict[str, str], widths: list[int | None],
+                           training: dict[str, Any] | None
+                           ) -> tuple[dict[str, list[Any] | None], list[int | None]]:
+    """`_dependent_classes` of every dependent variable, in order: their class values by
+    name, and the summary's `num_classes` list."""
+    classes: dict[str, list[Any] | None] = {}
+    num_classes: list[int | None] = []
+    for i, name in enumerate(y_names):
+        classes[name], width = _dependent_classes(module, name, ys[name], vartypes[name],
+                                                  widths[i], training, i)
+        num_classes.append(width)
+    return classes, num_classes
+
+
+def _tensor_dtypes(x_names: list[str], y_names: list[str]) -> dict[str, str]:
+    """The dtype of each variable's arrays, for the manifest: normalized float32 independent
+    variables, one-hot dependent ones."""
+    return {**{n: "float32" for n in x_names},
+            **{n: np.dtype(ONE_HOT_DTYPE).name for n in y_names}}
+
+
+def _independent_columns(table: pa.Table, x_names: list[str]
+                         ) -> tuple[dict[str, np.ndarray | None],
+                                    dict[str, Sequence[Any] | np.ndarray]]:
+    """Each independent column as a dense block where it is one (`dense_array`, else None),
+    and as the values `_BufferEncoder` stacks: the block itself, or row-wise lists only where
+    the fast path does not apply (they give row-level errors; a dense block's own rows serve
+    that purpose for it)."""
+    dense: dict[str, np.ndarray | None] = {}
+    xs: dict[str, Sequence[Any] | np.ndarray] = {}
+    for name in x_names:
+        block = dense[name] = dense_array(_column(table, name))
+        xs[name] = _column(table, name).to_pylist() if block is None else block
+    return dense, xs
+
+
+class _BufferEncoder:
+    """Encodes the source rows of one buffer: per variable its stacked array's bytes, then
+    per variable its shape as JSON (the buffer's record, fields in `_write`'s order).
+
+    Independent variables come from their dense block, normalized at once, where there is one
+    and every value is finite; else row by row, which names the first bad source row.
+    Dependent variables become one-hot arrays over their classes, or are stacked as they are
+    where they are arrays already (no classes)."""
+
+    def __init__(self, x_names: list[str], y_names: list[str],
+                 dense: dict[str, np.ndarray | None], xs: dict[str, Sequence[Any] | np.ndarray],
+                 ys: dict[str, list[Any]], classes: dict[str, list[Any] | None],
+                 normalizing_const: float) -> None:
+        self.x_names, self.y_names = x_names, y_names
+        self.dense, self.xs, self.ys = dense, xs, ys
+        self.classes = classes
+        self.normalizing_const = normalizing_const
+
+    def encode(self, picked: np.ndarray) -> list[bytes | str]:
+        """The record of the buffer holding source rows `picked`, in that order."""
+        row_ids = picked.tolist()  # source rows, for errors
+        arrays = ([self._independent(name, picked, row_ids) for name in self.x_names]
+                  + [self._dependent(name, picked, row_ids) for name in self.y_names])
+        values: list[bytes | str] = [array.tobytes() for array in arrays]
+        shapes: list[bytes | str] = [json.dumps(list(array.shape)) for array in arrays]
+        return values + shapes
+
+    def _independent(self, name: str, picked: np.ndarray, row_ids: list[int]) -> np.ndarray:
+        block = self.dense[name]
+        if block is not None:
+            array = normalize(block[picked], self.normalizing_const)
+            if np.isfinite(array).all():
+                return array
+            # else the row-wise path names the row
+        return stack_arrays([self.xs[name][i] for i in picked], name, self.normalizing_const,
+                            row_ids)
+
+    def _dependent(self, name: str, picked: np.ndarray, row_ids: list[int]) -> np.ndarray:
+        picked_values = [self.ys[name][i] for i in picked]
+        known = self.classes[name]
+        if known is None:
+            return stack_arrays(picked_values, name, 1.0, row_ids, ONE_HOT_DTYPE)
+        return one_hot(picked_values, known, name, row_ids)
 
 
 def normalize(block: np.ndarray, normalizing_const: float) -> np.ndarray:
@@ -462,11 +549,35 @@ def _write(store: Storage, name: str, tensor_names: list[str],
     """
     fields = tuple([FieldSpec(n, "binary") for n in tensor_names]
                    + [FieldSpec(n + SHAPE_SUFFIX, "string") for n in tensor_names])
-    schema = shard_format.arrow_schema(fields)
     folder = dataset_storage(store, name)
     # A fresh folder per run; the fingerprint comes from the shards' checksums (computed anyway)
     # rather than from hashing every buffer once more.
     data_dir = f"data/{uuid.uuid4().hex[:16]}"
+    try:
+        infos = _write_shards(folder, data_dir, fields, buffers)
+    except BaseException:
+        if folder.exists(data_dir):
+            folder.fs.rm(folder.path(data_dir), recursive=True)
+        raise
+    manifest = Manifest(
+        name=name, kind=PACKED_KIND, fields=fields, label_field=None,
+        num_records=sum(s.num_rows for s in infos),
+        num_bytes=sum(g.num_bytes for s in infos for g in s.row_groups),
+        shards=tuple(infos), label_histogram={}, fingerprint=_fingerprint(summary, infos),
+        source=str(summary["source_table"]),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        extra={"summary": summary, "tensors": tensors})
+    manifest.check()
+    write_manifest(store, manifest)
+    remove_stale_data(folder, keep=data_dir)  # an earlier packing of the same name
+
+
+def _write_shards(folder: Storage, data_dir: str, fields: tuple[FieldSpec, ...],
+                  buffers: Iterable[list[bytes | str]]) -> list[shard_format.ShardInfo]:
+    """Writes the buffers into shards under `data_dir`, each buffer its own row group (record
+    id: its position), closing a shard at BUFFERS_PER_SHARD buffers or SHARD_TARGET_BYTES of
+    payload, whichever comes first; their infos, in order."""
+    schema = shard_format.arrow_schema(fields)
     infos: list[shard_format.ShardInfo] = []
     groups: list[shard_format.RowGroupBuffer] = []
 
@@ -475,33 +586,22 @@ def _write(store: Storage, name: str, tensor_names: list[str],
             folder, f"{data_dir}/shard-{len(infos):05d}.parquet", schema, groups))
         groups.clear()
 
-    try:
-        for buffer_id, values in enumerate(buffers):
-            group = shard_format.RowGroupBuffer.empty(len(fields))
-            group.add(buffer_id, values, sum(len(v) for v in values if isinstance(v, bytes)))
-            groups.append(group)
-            if (len(groups) == BUFFERS_PER_SHARD
-                    or sum(g.payload_bytes for g in groups) >= SHARD_TARGET_BYTES):
-                flush()
-        if groups:
+    for buffer_id, values in enumerate(buffers):
+        group = shard_format.RowGroupBuffer.empty(len(fields))
+        group.add(buffer_id, values, sum(len(v) for v in values if isinstance(v, bytes)))
+        groups.append(group)
+        if (len(groups) == BUFFERS_PER_SHARD
+                or sum(g.payload_bytes for g in groups) >= SHARD_TARGET_BYTES):
             flush()
-    except BaseException:
-        if folder.exists(data_dir):
-            folder.fs.rm(folder.path(data_dir), recursive=True)
-        raise
+    if groups:
+        flush()
+    return infos
+
+
+def _fingerprint(summary: dict[str, Any], infos: list[shard_format.ShardInfo]) -> str:
+    """The packed dataset's fingerprint: its summary and its shards' checksums, so a packing
+    of other rows or with other settings differs."""
     digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
     for info in infos:
         digest.update(info.sha256.encode())
-    fingerprint = digest.hexdigest()
-    manifest = Manifest(
-        name=name, kind=PACKED_KIND, fields=fields, label_field=None,
-        num_records=sum(s.num_rows for s in infos),
-        num_bytes=sum(g.num_bytes for s in infos for g in s.row_groups),
-        shards=tuple(infos), label_histogram={}, fingerprint=fingerprint,
-        source=str(summary["source_table"]),
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        extra={"summary": summary, "tensors": tensors})
-    manifest.check()
-    write_manifest(store, manifest)
-    remove_stale_data(folder, keep=data_dir)  # an earlier packing of the same name
-
+    return digest.hexdigest()

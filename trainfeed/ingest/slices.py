@@ -103,38 +103,67 @@ def pack_slice(job: SliceJob, index: int, commit_after: bool = True) -> SliceRes
     folder = job.folder
     reporter = board.ProgressReporter(job.storage, _packer_progress(job, inputs, plans, index))
     try:
-        if inputs.parsed.kind == "file":
-            make_transform(job.options, 1)  # refuses at once if the transform cannot run
-        done = {p.index: d for p in mine
-                if (d := finished(folder, inputs.data_dir, p)) is not None}
-        reporter.resumed([p for p in mine if p.index in done], inputs.sizes)
-        todo = [p for p in mine if p.index not in done]
-        tasks = pack_tasks(inputs, job.options, folder, todo, job.options.processes)
-        # The reporter's thread starts after the packing processes are forked.
-        with Packers(tasks, job.options.processes) as packers, reporter:
-            for task, _ in zip(tasks, packers.results()):
-                reporter.add(len(task.plan), sum(inputs.sizes[task.plan.start:task.plan.stop]))
+        resumed = _pack_shards(job, folder, inputs, mine, reporter)
     except Exception as e:
         reporter.close(e)  # on the board first: the slice record says the upload's outcome
-        record = {"index": index, "error": f"{type(e).__name__}: {e}",
-                  "shards": [p.index for p in mine]}
-        folder.write_atomic(slice_path(inputs.data_dir, index, failed=True),
-                            json.dumps(record, sort_keys=True).encode())
+        _record_failure(folder, inputs.data_dir, index, mine, e)
         raise
-    if folder.exists(slice_path(inputs.data_dir, index, failed=True)):
-        folder.fs.rm(folder.path(slice_path(inputs.data_dir, index, failed=True)))
+    _record_slice(job, folder, inputs, index, mine)
+    published = commit_after and _try_commit(job, inputs, plans, index)
+    return SliceResult(index, tuple(p.index for p in mine), resumed, published)
+
+
+def _pack_shards(job: SliceJob, folder: Storage, inputs: Inputs, mine: tuple[ShardPlan, ...],
+                 reporter: board.ProgressReporter) -> int:
+    """Packs the shards of `mine` into `folder` that an earlier attempt did not finish,
+    reporting each on the uploads board; how many were finished already (resumed)."""
+    if inputs.parsed.kind == "file":
+        make_transform(job.options, 1)  # refuses at once if the transform cannot run
+    done = {p.index: d for p in mine
+            if (d := finished(folder, inputs.data_dir, p)) is not None}
+    reporter.resumed([p for p in mine if p.index in done], inputs.sizes)
+    todo = [p for p in mine if p.index not in done]
+    tasks = pack_tasks(inputs, job.options, folder, todo, job.options.processes)
+    # The reporter's thread starts after the packing processes are forked.
+    with Packers(tasks, job.options.processes) as packers, reporter:
+        for task, _ in zip(tasks, packers.results()):
+            reporter.add(len(task.plan), sum(inputs.sizes[task.plan.start:task.plan.stop]))
+    return len(done)
+
+
+def _record_failure(folder: Storage, data_dir: str, index: int, mine: tuple[ShardPlan, ...],
+                    error: Exception) -> None:
+    """Writes slice `index`'s failure record, so that the commit names the slice and its
+    error instead of waiting for it."""
+    record = {"index": index, "error": f"{type(error).__name__}: {error}",
+              "shards": [p.index for p in mine]}
+    folder.write_atomic(slice_path(data_dir, index, failed=True),
+                        json.dumps(record, sort_keys=True).encode())
+
+
+def _record_slice(job: SliceJob, folder: Storage, inputs: Inputs, index: int,
+                  mine: tuple[ShardPlan, ...]) -> None:
+    """Writes slice `index`'s record, the commit's sign that it is done, after removing the
+    failure record an earlier attempt may have left (which the commit would report first)."""
+    failed = slice_path(inputs.data_dir, index, failed=True)
+    if folder.exists(failed):
+        folder.fs.rm(folder.path(failed))
     record = {"index": index, "workers": job.workers, "fingerprint": inputs.fingerprint,
               "shards": [p.index for p in mine]}
     folder.write_atomic(slice_path(inputs.data_dir, index),
                         json.dumps(record, sort_keys=True).encode())
-    published = False
-    if commit_after:
-        try:
-            commit(job, inputs=inputs, plans=plans)
-            published = True
-        except IncompleteUploadError as e:
-            logger.info("slice %d of %d done; not published yet: %s", index, job.workers, e)
-    return SliceResult(index, tuple(p.index for p in mine), len(done), published)
+
+
+def _try_commit(job: SliceJob, inputs: Inputs, plans: tuple[ShardPlan, ...],
+                index: int) -> bool:
+    """Publishes the upload if every slice is done: whether this call published it. Slices
+    still packing are no error here (the last packer to finish publishes)."""
+    try:
+        commit(job, inputs=inputs, plans=plans)
+    except IncompleteUploadError as e:
+        logger.info("slice %d of %d done; not published yet: %s", index, job.workers, e)
+        return False
+    return True
 
 
 def commit(job: SliceJob, inputs: Inputs | None = None,

@@ -84,6 +84,18 @@ def check_appendable(base: Manifest, inputs: Inputs, fields: tuple[FieldSpec, ..
     if parsed.kind != base.kind:
         raise AppendMismatchError(f"{where}: it is a {base.kind!r} dataset, this is a "
                                   f"{parsed.kind!r} list; pass --kind {base.kind}")
+    _check_same_fields(base, fields, where)
+    label = parsed.field_names[parsed.label_index] if parsed.label_index is not None else None
+    if label != base.label_field:
+        raise AppendMismatchError(f"{where}: its label field is {label!r}, the dataset's "
+                                  f"{base.label_field!r}")
+    _check_same_transforms(base, extra, where)
+
+
+def _check_same_fields(base: Manifest, fields: tuple[FieldSpec, ...], where: str) -> None:
+    """Refuses a list whose fields are not the dataset's, in the dataset's order: a record
+    of the new shards is read with the manifest's one schema. The first difference is named:
+    a field the dataset lacks, then one the list lacks, then the order."""
     theirs = {f.name: f.type for f in base.fields}
     mine = {f.name: f.type for f in fields}
     for name in mine:
@@ -101,10 +113,11 @@ def check_appendable(base: Manifest, inputs: Inputs, fields: tuple[FieldSpec, ..
         raise AppendMismatchError(
             f"{where}: the list's fields are in the order {', '.join(mine)}, the dataset's "
             f"{', '.join(theirs)}; give the columns in the dataset's order")
-    label = parsed.field_names[parsed.label_index] if parsed.label_index is not None else None
-    if label != base.label_field:
-        raise AppendMismatchError(f"{where}: its label field is {label!r}, the dataset's "
-                                  f"{base.label_field!r}")
+
+
+def _check_same_transforms(base: Manifest, extra: dict[str, object], where: str) -> None:
+    """Refuses an upload that would store its images otherwise than the dataset did (resized,
+    re-encoded, raw pixels): one manifest describes how every shard's images were stored."""
     stored = {k: base.extra[k] for k in extra.keys() | {"resized", RAW_PIXELS}
               if k in base.extra}
     if stored != extra:

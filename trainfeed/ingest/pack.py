@@ -169,46 +169,76 @@ def read_groups(task: PackTask) -> Iterator[RowGroupBuffer]:
     would make (trainfeed.ingest.plan.row_groups), so the shard is byte-identical to the
     streaming path's. A file whose size changed since it was listed is an error naming it
     (its shard was planned from the old size)."""
-    other = [sum(len(c.encode()) for c in e.columns[1:]) for e in task.entries]
-    file_sizes = [size - extra for size, extra in zip(task.sizes, other)]
-    counts = row_groups(task.sizes, layout_of(task.options))
-    bounds = [0, *itertools.accumulate(counts)]
-    largest = max((sum(file_sizes[a:b]) for a, b in itertools.pairwise(bounds)), default=0)
-    threads = task.options.read_threads
-
-    def start(k: int) -> tuple[PackedValues, list[Future[None]]]:
-        a, b = bounds[k], bounds[k + 1]
-        offsets = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(file_sizes[a:b], out=offsets[1:])
-        # Two buffers: the group handed to the encoder, and the next one being read. The second
-        # is made when a second group is read, not before: a bytearray's pages are all touched
-        # (zeroed) when it is made, and a shard of one large record (a 1 GiB file) never needs
-        # it (it held 1.125x the record for nothing).
-        buffer = SCRATCH.buffer(k % 2, largest)
-        values = PackedValues(memoryview(buffer)[:int(offsets[-1])], offsets)
-        # Runs of files per thread: a task per file cost more than reading a cached 80 KB file.
-        step = -(-(b - a) // threads)
-        return values, [pool.submit(_read_run, task, a, values, i, min(i + step, b - a))
-                        for i in range(0, b - a, step)]
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="trainfeed-read") as pool:
-        ahead = start(0) if counts else None
-        for k in range(len(counts)):
+    groups = _FileGroups.of(task)
+    with ThreadPoolExecutor(task.options.read_threads,
+                            thread_name_prefix="trainfeed-read") as pool:
+        ahead = groups.start(pool, 0) if groups.count else None
+        for k in range(groups.count):
             assert ahead is not None
             values, reads = ahead
             ahead = None
             for future in reads:
                 future.result()
-            a, b = bounds[k], bounds[k + 1]
-            following = k + 1 < len(counts)
-            if following and sum(file_sizes[b:bounds[k + 2]]) <= task.read_ahead_bytes:
-                ahead = start(k + 1)
-            entries = task.entries[a:b]
-            yield RowGroupBuffer([e.record_id for e in entries], [values] + [
-                [e.columns[i] for e in entries] for i in range(1, len(task.fields))],
-                sum(task.sizes[a:b]))
+            following = k + 1 < groups.count
+            if following and groups.file_bytes(k + 1) <= task.read_ahead_bytes:
+                ahead = groups.start(pool, k + 1)
+            yield groups.group(k, values)
             if following and ahead is None:
-                ahead = start(k + 1)
+                ahead = groups.start(pool, k + 1)
+
+
+@dataclass(frozen=True)
+class _FileGroups:
+    """A file list shard's row groups as `read_groups` reads them: group k holds entries
+    bounds[k]..bounds[k+1]-1, whose files fill one of the two scratch buffers in turn."""
+
+    task: PackTask
+    file_sizes: list[int]  # each entry's file's size: its planned size less its other columns
+    bounds: list[int]
+    largest: int  # the most file bytes of any group: what each scratch buffer must hold
+
+    @classmethod
+    def of(cls, task: PackTask) -> _FileGroups:
+        other = [sum(len(c.encode()) for c in e.columns[1:]) for e in task.entries]
+        file_sizes = [size - extra for size, extra in zip(task.sizes, other)]
+        counts = row_groups(task.sizes, layout_of(task.options))
+        bounds = [0, *itertools.accumulate(counts)]
+        largest = max((sum(file_sizes[a:b]) for a, b in itertools.pairwise(bounds)), default=0)
+        return cls(task, file_sizes, bounds, largest)
+
+    @property
+    def count(self) -> int:
+        return len(self.bounds) - 1
+
+    def file_bytes(self, k: int) -> int:
+        """The bytes of group k's files: what reading it ahead holds."""
+        return sum(self.file_sizes[self.bounds[k]:self.bounds[k + 1]])
+
+    def start(self, pool: ThreadPoolExecutor, k: int
+              ) -> tuple[PackedValues, list[Future[None]]]:
+        """Starts reading group k's files on `pool`: the buffer they fill, and the reads to
+        wait for before it is used."""
+        a, b = self.bounds[k], self.bounds[k + 1]
+        offsets = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(self.file_sizes[a:b], out=offsets[1:])
+        # Two buffers: the group handed to the encoder, and the next one being read. The second
+        # is made when a second group is read, not before: a bytearray's pages are all touched
+        # (zeroed) when it is made, and a shard of one large record (a 1 GiB file) never needs
+        # it (it held 1.125x the record for nothing).
+        buffer = SCRATCH.buffer(k % 2, self.largest)
+        values = PackedValues(memoryview(buffer)[:int(offsets[-1])], offsets)
+        # Runs of files per thread: a task per file cost more than reading a cached 80 KB file.
+        step = -(-(b - a) // self.task.options.read_threads)
+        return values, [pool.submit(_read_run, self.task, a, values, i, min(i + step, b - a))
+                        for i in range(0, b - a, step)]
+
+    def group(self, k: int, values: PackedValues) -> RowGroupBuffer:
+        """Group k, its files read into `values`, its other columns from the list."""
+        a, b = self.bounds[k], self.bounds[k + 1]
+        entries = self.task.entries[a:b]
+        return RowGroupBuffer([e.record_id for e in entries], [values] + [
+            [e.columns[i] for e in entries] for i in range(1, len(self.task.fields))],
+            sum(self.task.sizes[a:b]))
 
 
 def _read_run(task: PackTask, first: int, values: PackedValues, lo: int, hi: int) -> None:

@@ -52,23 +52,42 @@ def _upload(dataset: str, fingerprint: str, rows: list[dict[str, Any]], now: flo
     first = rows[0]
     slices, local = int(first.get("slices", 1)), first.get("index") is None
     counts = _counts(packers, slices, local)
-    state = (FAILED if counts["slices_failed"] else STALE if counts["slices_stale"] else
-             PACKED if counts["slices_done"] == slices and not local else RUNNING)
+    state = _state(counts, slices, local)
     totals = _totals(rows, now)
     records_total = int(first.get("upload_records", 0))
     rate = sum(s["records_per_s"] for s in packers if s["state"] == RUNNING)
     remaining = records_total - totals["records_done"]
-    shown = sorted(packers, key=lambda s: (s["state"] not in (FAILED, STALE),
-                                           s["state"] != RUNNING))[:MAX_SLICE_ROWS]
+    shown = _shown_rows(packers)
     return {
         "dataset": dataset, "fingerprint": fingerprint, "mode": "local" if local else "slices",
         "state": state, "slices": slices, **counts, **totals, "records_total": records_total,
         "shards_total": int(first.get("upload_shards", 0)), "records_per_s": rate,
         "eta_s": remaining / rate if rate > 0 and state == RUNNING else None,
         "problems": _problems(packers, state, local),
-        "slice_rows": sorted(shown, key=lambda s: s["slice"] or 0),
-        "slice_rows_hidden": len(packers) - len(shown),
+        "slice_rows": shown, "slice_rows_hidden": len(packers) - len(shown),
     }
+
+
+def _state(counts: dict[str, int], slices: int, local: bool) -> str:
+    """An unpublished upload's state, the worst of its slices' first: failed if one failed,
+    else stale if one is stale, else packed if every slice of a sliced upload is done and no
+    commit published it (a local upload, which has no separate commit, is never packed), else
+    running."""
+    if counts["slices_failed"]:
+        return FAILED
+    if counts["slices_stale"]:
+        return STALE
+    if counts["slices_done"] == slices and not local:
+        return PACKED
+    return RUNNING
+
+
+def _shown_rows(packers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The slice rows shown, at most MAX_SLICE_ROWS: failed and stale ones first, then running
+    ones, so that a long list never hides a problem; in slice order."""
+    shown = sorted(packers, key=lambda s: (s["state"] not in (FAILED, STALE),
+                                           s["state"] != RUNNING))[:MAX_SLICE_ROWS]
+    return sorted(shown, key=lambda s: s["slice"] or 0)
 
 
 def _counts(packers: list[dict[str, Any]], slices: int, local: bool) -> dict[str, int]:

@@ -291,6 +291,8 @@ def workers_job(spec: JobSpec) -> Obj:
             "fieldPath": "metadata.name"}}},
         *(_sync_env(spec) if spec.sync else []),
         *checkpoint_env,
+        # With decoders: readers that decode images send them to the decoders the master lists.
+        *([{"name": settings.DECODE.name, "value": "remote"}] if spec.decoders else []),
     ]
     container: Obj = {
         "name": "worker",
@@ -378,9 +380,12 @@ def decoders_deployment(spec: JobSpec) -> Obj:
     container: Obj = {
         "name": "decoder",
         "image": spec.image,
+        # Registered with the master, which lists each pod's own address (POD_IP) to the
+        # trainers: they spread their requests by load instead of through the Service.
         "args": ["decoder", "--listen", f"0.0.0.0:{DECODER_PORT}", "--storage",
-                 spec.storage_url],
-        "env": _storage_env(spec),
+                 spec.storage_url, "--master", spec.names.master_address],
+        "env": [*_storage_env(spec),
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "ports": [{"name": "decode", "containerPort": DECODER_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 20,

@@ -3,7 +3,8 @@
 `DecoderPool` holds the decoders: a static list (TRAINFEED_DECODERS), or the one the master
 lists (`listed=True`: the reader's session calls `listed_by_master` with each list the master
 sends, issue 37). It sends each request to the decoder with the fewest calls outstanding (ties:
-the one the master last saw least busy, then the one asked least).
+the one asked least, then the one the master last saw least busy: the master's figure is as old
+as its list, so it only orders decoders this trainer knows nothing about yet).
 `RemoteLoad` is the pass's `Load` (trainfeed.io.load): it cuts a task's records into up to one
 segment per decoder, fetches the segments at once, and returns them joined, in delivery order,
 the image fields as fixed-size binary pixels (`received_pixels` turns them into the arrays local
@@ -145,7 +146,7 @@ class DecoderPool:
             up = [d for d in self._decoders.values() if d.down_until <= now]
             if not up:
                 return None
-            chosen = min(up, key=lambda d: (d.outstanding, d.busy, d.asked))
+            chosen = min(up, key=lambda d: (d.outstanding, d.asked, d.busy))
             chosen.outstanding += 1
             chosen.asked += 1
             if chosen.client is None:

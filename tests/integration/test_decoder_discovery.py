@@ -8,8 +8,10 @@ a decoder stream carries only beats, and a decoder silent for the timeout is dro
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +19,11 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from cluster.apiserver import FakeApiServer
 from integration.decoding import DECODER_TOKEN
 
 from trainfeed import LocalSource, MasterSource, dist
+from trainfeed.cli.main import main
 from trainfeed.decoder.process import DecoderProcess
 from trainfeed.lease.client import MasterClient
 from trainfeed.master.core.decoders import TIMEOUT_S
@@ -227,3 +231,79 @@ def test_many_readers_are_told_one_list_per_change(master: MasterProcess) -> Non
             held.set()
             decoder.cancel()
             stream.cancel()
+
+
+# -- the master scales the decoders (--scale-decoders) against the stand-in API server ----------
+# tests/cluster/apiserver.py's FakeApiServer: a fake, because no real Kubernetes API server runs
+# where these tests do. The master's real `kubernetes` client reads and patches through it.
+NS = "team-a"
+SUBMIT = ["submit", "--name", "resnet", "--image", "reg/trainfeed-torch:0.1.0", "--workers", "2",
+          "--dataset", "flowers", "--storage-pvc", "datasets", "--decoders", "1:8", "--",
+          "python", "train.py"]
+# The master steps every STEP_S (15 s); its first step comes before any figure: up to three.
+SCALED_WITHIN_S = 120
+
+
+def keep_beating(client: MasterClient, stop: threading.Event, busy: float
+                 ) -> Iterator[pb.SessionMessage]:
+    """A decoder stream's beats, every 2 s until `stop`."""
+    while True:
+        yield pb.SessionMessage(decoder=pb.DecoderBeat(address="127.0.0.1:50997", busy=busy,
+                                                       slots=4, in_flight=4))
+        if stop.wait(2):
+            return
+
+
+def test_the_master_scales_the_decoders_up_while_trainers_wait_and_decoders_are_busy(
+        storage: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer of job resnet waiting 60 % of its time, one registered decoder 95 % busy: the
+    master patches `resnet-decoders` from 1 to 2 replicas, and /status.json and /metrics say
+    why."""
+    with FakeApiServer() as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path, namespace=NS)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        assert main(SUBMIT) == 0
+        stop = threading.Event()
+        with MasterProcess(storage, token=TOKEN, extra_args=["--scale-decoders", "resnet"]
+                           ) as master, MasterClient(master.address, token=TOKEN) as client:
+            decoder = client.decoder_stream(keep_beating(client, stop, busy=0.95))
+            opened = client.open_job("resnet", "flowers", 0)
+            deadline = time.monotonic() + SCALED_WITHIN_S
+            try:
+                while True:
+                    client.report(opened.job, opened.worker_id, stats=pb.ReaderStats(
+                        wall_s=2.0, input_wait_s=1.2, batches=10, records=100))
+                    deployment = kube.objects("deployments", NS)["resnet-decoders"]
+                    if int(deployment["spec"]["replicas"]) == 2:
+                        break
+                    assert time.monotonic() < deadline, "not scaled up"
+                    time.sleep(2)
+                url = master.metrics_url.replace("/metrics", "/status.json")  # type: ignore
+                request = urllib.request.Request(url, headers={
+                    "Authorization": f"Bearer {TOKEN}"})
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    data = json.load(response)
+                as_job = urllib.request.Request(url, headers={
+                    "Authorization": f"Bearer {job_token(TOKEN, 'resnet')}"})
+                with urllib.request.urlopen(as_job, timeout=30) as response:
+                    seen_by_job = json.load(response)
+                metrics_url: str = master.metrics_url  # type: ignore[assignment]
+                with urllib.request.urlopen(metrics_url, timeout=30) as response:
+                    metrics = response.read().decode()
+            finally:
+                stop.set()
+                decoder.cancel()
+    job = next(j for j in data["jobs"] if j["job"] == "resnet")
+    decision = job["decoder_scaling"]["decision"]
+    assert (decision["action"], decision["before"], decision["replicas"]) == ("up", 1, 2)
+    assert decision["reason"] == "input-bound"
+    assert [d["address"] for d in data["decoders"]] == ["127.0.0.1:50997"]
+    # The decoders' addresses are the cluster's: a job token sees its job's decision only.
+    assert seen_by_job["decoders"] == []
+    assert seen_by_job["jobs"][0]["decoder_scaling"]["decision"]["action"] == "up"
+    scaling = [line for line in metrics.splitlines()
+               if line.startswith("trainfeed_decoders_scaling{")]
+    assert len(scaling) == 1, scaling
+    assert all(label in scaling[0] for label in
+               ('job="resnet"', 'action="up"', 'reason="input-bound"')), scaling
+    assert scaling[0].endswith(" 1.0"), scaling

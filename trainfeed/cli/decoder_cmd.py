@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         logger.warning("the token is only %d characters long: a short token can be guessed; "
                        "make one with %s", len(token), HOW_TO_MAKE_A_TOKEN)
     master = args.master or settings.MASTER.get()
+    if master:
+        _check_registration(master, args.advertise)
     server = DecoderServer(f"grpc://{host}:{port}", storage_from(args), token, args.threads)
     print(f"trainfeed decoder listening on {host}:{server.port} (pid {os.getpid()})",
           flush=True)
@@ -99,3 +101,19 @@ def advertised_host(listen_host: str) -> str:
     if listen_host not in ("0.0.0.0", "::", "[::]"):
         return listen_host
     return os.environ.get("POD_IP") or socket.gethostname()
+
+
+def _check_registration(master: str, advertise: str | None) -> None:
+    """--master and --advertise, checked before serving (the master would refuse an address
+    its trainers could not dial, and the decoder would only log it)."""
+    from trainfeed.master.core.decoders import DecoderRefused, check_address
+
+    m_host, _, m_port = master.rpartition(":")
+    if not m_host or not m_port.isdigit():
+        raise ConfigurationError(f"--master {master!r}: expected HOST:PORT, e.g. "
+                                 f"master:50051")
+    if advertise is not None:
+        try:
+            check_address(advertise)
+        except DecoderRefused as e:
+            raise ConfigurationError(f"--advertise {advertise[:300]!r}: {e}") from None

@@ -25,12 +25,15 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from trainfeed.lease.client import MasterClient, SessionStream
-from trainfeed.master.core.decoders import BEAT_S
+from trainfeed.security import ClientSecurity
 from trainfeed.v1 import master_pb2 as pb
+from trainfeed.v1 import master_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
+# Seconds between beats: well inside the master's silence timeout (trainfeed.master.core.decoders
+# TIMEOUT_S, 15 s), so that a decoder that is alive is never dropped for one late beat.
+BEAT_S = 2.0
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 5.0
 # After a refusal no retry changes (bad address, a job token): try again this rarely.
@@ -80,7 +83,7 @@ class Registrar:
         self.beat_s = beat_s
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._call: SessionStream | None = None  # the stream now (close() cancels it)
+        self._call: grpc.Future | None = None  # the stream now (close() cancels it)
         self._thread = threading.Thread(target=self._run, name="trainfeed-decoder-registrar",
                                         daemon=True)
         self.registered = threading.Event()  # set while the master lists this decoder
@@ -114,10 +117,13 @@ class Registrar:
         delay = RETRY_MIN_S
         down_since = time.monotonic()
         logged_at = 0.0
-        with MasterClient(self.master) as client:
+        security = ClientSecurity.from_env()
+        channel = security.open_channel(self.master, ())
+        stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+        try:
             while not self._stop.is_set():
                 began = time.monotonic()
-                problem = self._once(client)
+                problem = self._once(stub, security.metadata)
                 self.registered.clear()
                 if self._stop.is_set():
                     return
@@ -127,10 +133,13 @@ class Registrar:
                 delay = min(delay * 2, RETRY_MAX_S)
                 logged_at = self._log_down(problem, down_since, logged_at, wait)
                 self._stop.wait(wait)
+        finally:
+            channel.close()
 
-    def _once(self, client: MasterClient) -> grpc.RpcError | None:
+    def _once(self, stub: master_pb2_grpc.MasterStub, metadata: object
+              ) -> grpc.RpcError | None:
         """One stream, until it ends: the error it ended with (None: closed by us)."""
-        call = client.decoder_stream(self._beats())
+        call = stub.Session(self._beats(), metadata=metadata)
         with self._lock:
             self._call = call
         if self._stop.is_set():

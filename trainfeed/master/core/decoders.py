@@ -20,8 +20,8 @@ from dataclasses import dataclass
 # enough that the list each trainer is told stays a few tens of KiB.
 MAX_DECODERS = 1024
 MAX_ADDRESS_CHARS = 255
-# A decoder beats every BEAT_S (trainfeed.decoder.registrar); one silent for TIMEOUT_S is gone.
-BEAT_S = 2.0
+# A decoder beats every 2 s (trainfeed.decoder.registrar.BEAT_S); one silent for TIMEOUT_S is
+# gone.
 TIMEOUT_S = 15.0
 # "host:port": a DNS name, an IPv4 address or a bracketed IPv6 one, then a port.
 _ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")

@@ -35,8 +35,10 @@ CONNECT_RETRY_S = 60.0
 class Scaled(Protocol):
     """What the loop needs of the servicer."""
 
-    reader_stats: ReaderBoard
     decoder_scalers: dict[str, DecoderAutoscaler]
+
+    @property
+    def reader_stats(self) -> ReaderBoard: ...
 
 
 async def scale_decoders(servicer: Scaled, registry: DecoderRegistry, job: str,

@@ -314,7 +314,11 @@ def test_decoder_pods_are_locked_down_and_read_the_storage_with_the_masters_toke
     container = spec["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert container["args"] == ["decoder", "--listen", "0.0.0.0:50052", "--storage", "/data"]
+    # Registered with the job's master under the pod's own address (issue 37: discovery).
+    assert container["args"] == ["decoder", "--listen", "0.0.0.0:50052", "--storage", "/data",
+                                 "--master", "resnet-master:50051"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} \
+        in container["env"]
     assert env_of(container)["TRAINFEED_TOKEN"] == {"secretKeyRef": {
         "name": "resnet-trainfeed-auth", "key": "token"}}
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
@@ -342,3 +346,31 @@ def test_an_autoscaled_pool_lets_the_master_patch_that_deployment_only() -> None
     assert pod(workers)["automountServiceAccountToken"] is False
     with pytest.raises(ValueError, match="--decoders 3:2"):
         _decoders(decoders=(3, 2))
+
+
+@pytest.mark.parametrize("decoders, scaled", [((2, 2), False), ((1, 8), True)])
+def test_a_job_with_decoders_sends_its_workers_to_them_and_scales_them_when_asked(
+        decoders: tuple[int, int], scaled: bool) -> None:
+    """Issue 37: the workers decode remotely (the master lists the decoders to them); the
+    master scales the pool only for MIN < MAX."""
+    objs, _ = _decoders(decoders=decoders)
+    master = next(o for o in objs if o["kind"] == "Deployment"
+                  and o["metadata"]["name"] == "resnet-master")
+    args = master["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert (["--scale-decoders", "resnet"] == args[-2:]) is scaled
+    job = next(o for o in objs if o["kind"] == "Job")
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TRAINFEED_DECODE", "value": "remote"} in env
+    assert not any(e["name"] == "TRAINFEED_DECODERS" for e in env)
+
+
+def test_a_job_without_decoders_decodes_on_its_workers() -> None:
+    base = JobSpec(name="resnet", image="reg/trainfeed-torch:0.1.0", workers=3,
+                   dataset="public/flowers", command=("python", "train.py"), namespace="ml",
+                   storage_pvc="datasets")
+    objs = job_objects(base, TOKEN)
+    job = next(o for o in objs if o["kind"] == "Job")
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert not any(e["name"].startswith("TRAINFEED_DECODE") for e in env)
+    master = next(o for o in objs if o["kind"] == "Deployment")
+    assert "--scale-decoders" not in master["spec"]["template"]["spec"]["containers"][0]["args"]

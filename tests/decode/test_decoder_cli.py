@@ -18,6 +18,11 @@ CASES = {
     "no-token": ([], None, "no token: a decoder requires one"),
     "insecure-and-a-token": (["--insecure"], "test-token-0123456789abcdef",
                              "--insecure and a token"),
+    "advertise-not-an-address": (["--master", "127.0.0.1:1", "--advertise", "http://x"],
+                                 "test-token-0123456789abcdef",
+                                 "--advertise 'http://x': decoder address"),
+    "master-not-an-address": (["--master", "nohost"], "test-token-0123456789abcdef",
+                              "--master 'nohost': expected HOST:PORT"),
 }
 
 

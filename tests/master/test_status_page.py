@@ -248,3 +248,24 @@ def test_the_time_to_the_epochs_end_needs_a_finite_rate(left: int, rate: float,
     page = render({**snapshot(None), "jobs": [job_in("running", "a", records_left=left,
                                                      eta_s=eta(left, rate))]}, refresh_s=0)
     assert "records left" in page
+
+
+def test_the_decoders_and_a_scaling_decision_are_shown_escaped() -> None:
+    """Issue 37: the registered decoders (master's token only: the snapshot leaves them out for
+    a job token) and a job's last scaling decision, whose detail is the API server's text."""
+    evil = '<script>alert(1)</script>'
+    scaling = {"job": "a", "deployment": "a-decoders", "bounds": "1:8", "cooldown_s": 60.0,
+               "decision": {"at": 0.0, "action": "hold", "before": 2, "replicas": 2,
+                            "reason": "api-error", "detail": evil, "decoders_busy": 0.9,
+                            "input_bound": 0.4}}
+    data = {**snapshot(None), "jobs": [job_in("running", "a", decoder_scaling=scaling)],
+            "decoders": [{"address": "10.0.0.7:50052", "busy": 0.9, "slots": 4},
+                         {"address": evil, "busy": 0.1, "slots": 2}]}
+    page = render(data, refresh_s=0)
+    assert "<script" not in page
+    assert '<b class="scaling-action">hold</b> 2 → <b class="decoders-size">2</b> (api-error: ' \
+           '&lt;script&gt;' in page
+    assert "decoders busy 90% · input-bound 40%" in page
+    assert '<h2>Decoders <b>2</b></h2>' in page and "<td>10.0.0.7:50052</td><td>90%</td>" in page
+    no_decoders = render({**snapshot(None), "decoders": []}, refresh_s=0)
+    assert 'id="decoders"' not in no_decoders and "decoder-scaling" not in no_decoders

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 
+from trainfeed import settings
 from trainfeed.cli.common import add_storage_options, storage_from
 from trainfeed.errors import ConfigurationError
 from trainfeed.security import (
@@ -36,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "printed at start)")
     p.add_argument("--threads", type=int, default=None,
                    help="decode threads (default: this process's cores)")
+    p.add_argument("--master", metavar="HOST:PORT", default=None,
+                   help="register with this master (default $TRAINFEED_MASTER; none: not "
+                        "registered), which lists this decoder to its trainers: they then need "
+                        "no TRAINFEED_DECODERS. Needs the master's own token")
+    p.add_argument("--advertise", metavar="HOST:PORT", default=None,
+                   help="the address trainers dial, as told by the master (default: the "
+                        "--listen host, else $POD_IP, else this host's name; the listening port)")
     p.add_argument("--insecure", action="store_true",
                    help="serve without a token: anyone who can reach the port can read the "
                         "storage's datasets through it")
@@ -63,11 +72,48 @@ def run(args: argparse.Namespace) -> int:
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         logger.warning("the token is only %d characters long: a short token can be guessed; "
                        "make one with %s", len(token), HOW_TO_MAKE_A_TOKEN)
+    master = args.master or settings.MASTER.get()
+    if master:
+        _check_registration(master, args.advertise)
     server = DecoderServer(f"grpc://{host}:{port}", storage_from(args), token, args.threads)
     print(f"trainfeed decoder listening on {host}:{server.port} (pid {os.getpid()})",
           flush=True)
+    registrar = None
+    if master:
+        from trainfeed.decoder.registrar import Registrar
+
+        advertise = args.advertise or f"{advertised_host(host)}:{server.port}"
+        registrar = Registrar(master, advertise, server.figures, args.threads).start()
+        print(f"registering with master {master} as {advertise}", flush=True)
     try:
         server.serve()
     finally:
+        if registrar is not None:
+            registrar.close()
         server.close()
     return 0
+
+
+def advertised_host(listen_host: str) -> str:
+    """The host trainers dial when --advertise is not given: the --listen host if it is one
+    address, else the pod's IP ($POD_IP, set by the Deployment `submit` makes), else this
+    host's name."""
+    if listen_host not in ("0.0.0.0", "::", "[::]"):
+        return listen_host
+    return os.environ.get("POD_IP") or socket.gethostname()
+
+
+def _check_registration(master: str, advertise: str | None) -> None:
+    """--master and --advertise, checked before serving (the master would refuse an address
+    its trainers could not dial, and the decoder would only log it)."""
+    from trainfeed.master.core.decoders import DecoderRefused, check_address
+
+    m_host, _, m_port = master.rpartition(":")
+    if not m_host or not m_port.isdigit():
+        raise ConfigurationError(f"--master {master!r}: expected HOST:PORT, e.g. "
+                                 f"master:50051")
+    if advertise is not None:
+        try:
+            check_address(advertise)
+        except DecoderRefused as e:
+            raise ConfigurationError(f"--advertise {advertise[:300]!r}: {e}") from None

@@ -6,7 +6,7 @@ import logging
 
 from trainfeed import settings
 from trainfeed.cli.common import add_storage_options, storage_from, whole_number_or_none
-from trainfeed.errors import ConfigurationError
+from trainfeed.errors import ConfigurationError, InvalidNameError
 from trainfeed.master.core.ledger import DEFAULT_MAX_FAILURES
 from trainfeed.master.core.sessions import DEFAULT_MAX_SESSIONS
 from trainfeed.master.serve.server import (
@@ -20,6 +20,7 @@ from trainfeed.master.serve.server import (
 )
 from trainfeed.master.serve.service import DEFAULT_LEASE_TIMEOUT_S, MasterConfig
 from trainfeed.master.stores import STATE_ENV, StateStore, open_state_store
+from trainfeed.names import validate_job_name
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.redaction import redact_text, secrets_in
 from trainfeed.security import (
@@ -101,6 +102,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"serve Prometheus metrics over HTTP at http://HOST:PORT/metrics "
                         f"(default {DEFAULT_METRICS_PORT}; 0 picks a free port, printed at "
                         f"start; 'none' exports none)")
+    p.add_argument("--scale-decoders", metavar="JOB", action="append", default=[],
+                   help="scale JOB's decoders' Deployment (<JOB>-decoders, made by `submit "
+                        "--decoders MIN:MAX`) through the Kubernetes API, by its trainers' "
+                        "input-bound share and the registered decoders' busy share; repeatable")
     p.set_defaults(run=run)
 
 
@@ -130,9 +135,16 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         logger.warning("the token (%s) is only %d characters long: a short token can be "
                        "guessed; make one with %s", source, len(token), HOW_TO_MAKE_A_TOKEN)
     tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    scaled = []
+    for job in args.scale_decoders:
+        try:
+            scaled.append(validate_job_name(job))
+        except InvalidNameError as e:
+            raise ConfigurationError(f"--scale-decoders: {e}") from None
     return ServerOptions(host=args.host, port=args.port, token=token, tls=tls,
                          max_message_bytes=args.max_message_bytes,
-                         metrics_port=args.metrics_port, max_connections=args.max_connections)
+                         metrics_port=args.metrics_port, max_connections=args.max_connections,
+                         scale_decoders=tuple(scaled))
 
 
 def _state_store(url: str | None) -> StateStore:

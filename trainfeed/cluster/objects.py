@@ -182,7 +182,8 @@ def master_deployment(spec: JobSpec) -> Obj:
         "name": "master",
         "image": spec.master_image or spec.image,
         "args": ["master", "--host", "0.0.0.0", "--port", str(GRPC_PORT), "--state", STATE_FILE,
-                 "--metrics-port", str(METRICS_PORT)],
+                 "--metrics-port", str(METRICS_PORT),
+                 *(["--scale-decoders", spec.name] if spec.decoders_autoscaled else [])],
         "env": _storage_env(spec),
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
@@ -291,6 +292,8 @@ def workers_job(spec: JobSpec) -> Obj:
             "fieldPath": "metadata.name"}}},
         *(_sync_env(spec) if spec.sync else []),
         *checkpoint_env,
+        # With decoders: readers that decode images send them to the decoders the master lists.
+        *([{"name": settings.DECODE.name, "value": "remote"}] if spec.decoders else []),
     ]
     container: Obj = {
         "name": "worker",
@@ -378,9 +381,12 @@ def decoders_deployment(spec: JobSpec) -> Obj:
     container: Obj = {
         "name": "decoder",
         "image": spec.image,
+        # Registered with the master, which lists each pod's own address (POD_IP) to the
+        # trainers: they spread their requests by load instead of through the Service.
         "args": ["decoder", "--listen", f"0.0.0.0:{DECODER_PORT}", "--storage",
-                 spec.storage_url],
-        "env": _storage_env(spec),
+                 spec.storage_url, "--master", spec.names.master_address],
+        "env": [*_storage_env(spec),
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "ports": [{"name": "decode", "containerPort": DECODER_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": DECODER_PORT}, "periodSeconds": 20,

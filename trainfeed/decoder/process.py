@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from trainfeed import settings
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 
 __all__ = ["DecoderProcess"]
@@ -24,16 +25,21 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 class DecoderProcess:
     """A decoder serving `storage` on 127.0.0.1:`port` (0: a free one, read back into `port`
     and `address`). `token` None: --insecure. `prefix`: argv before Python's (e.g.
-    `taskset -c 1`). A context manager; `stop()` and `kill()` are idempotent."""
+    `taskset -c 1`). `master`: registers with that master (`--master`). A context manager;
+    `stop()` and `kill()` are idempotent."""
 
     def __init__(self, storage: str, token: str | None = None, port: int = 0,
                  threads: int | None = None, prefix: Sequence[str] = (),
-                 start_timeout_s: float = 30):
+                 start_timeout_s: float = 30, master: str | None = None):
         args = [*prefix, sys.executable, "-m", "trainfeed.cli.main", "decoder", "--listen",
                 f"127.0.0.1:{port}", "--storage", storage]
+        if master is not None:  # registered with it (issue 37)
+            args += ["--master", master]
         if threads is not None:
             args += ["--threads", str(threads)]
-        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
+        # (Not this process's master either: a decoder registers only with the one named.)
+        env = {k: v for k, v in os.environ.items()
+               if k not in (TOKEN_ENV, TOKEN_FILE_ENV, settings.MASTER.name)}
         if token is None:
             args.append("--insecure")
         else:

@@ -11,6 +11,7 @@ extra_info b"refused"); an undecodable record under "raise" with extra_info b"de
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -169,6 +170,13 @@ class DecoderServer(flight.FlightServerBase):
 
     def list_actions(self, context: Any) -> Any:
         raise _only_exchange()
+
+    def figures(self) -> tuple[int, int]:
+        """(slots, calls in flight): what its registration tells the master (issue 37). Slots
+        are its decode threads (its cores when not set)."""
+        with self._lock:
+            in_flight = sum(self._calls.values())
+        return self.decoders.threads or os.cpu_count() or 1, in_flight
 
     def close(self) -> None:
         self.shutdown()

@@ -340,6 +340,12 @@ class MasterClient:
             job=job, worker_id=worker, session_secret=self.secret(job, worker),
             exchange=exchange))
 
+    def decoder_stream(self, beats: Iterator[pb.SessionMessage]) -> SessionStream:
+        """A decode worker's Session stream (issue 37): `beats` are its messages (the first
+        registers it), the master's events come back. Not retried (trainfeed.decoder.registrar
+        reopens it)."""
+        return SessionStream(self._stub, self._metadata, beats)
+
     def _exchange(self, job: str, worker: str, message: pb.SessionMessage, timeout: float,
                   abandoned: Callable[[], bool] | None = None) -> pb.WatchEvent:
         """`message` (its `seq` set) on an `exchange` stream of `worker`'s session: its answer,
@@ -378,10 +384,17 @@ class SessionStream:
     queue on a thread of its own. Thread-safe; `cancel()` ends the call and is idempotent."""
 
     def __init__(self, stub: master_pb2_grpc.MasterStub, metadata: object,
-                 opening: pb.WatchRequest, timeout: float | None = None):
+                 opening: pb.WatchRequest | Iterator[pb.SessionMessage],
+                 timeout: float | None = None):
+        """`opening`: a session's (its messages then come from `send`), or a decoder's
+        messages themselves (`send` is not used)."""
         self._outbox: queue.SimpleQueue[pb.SessionMessage | None] = queue.SimpleQueue()
-        self._outbox.put(pb.SessionMessage(open=opening))
-        self._call = stub.Session(self._messages(), metadata=metadata, timeout=timeout)
+        if isinstance(opening, pb.WatchRequest):
+            self._outbox.put(pb.SessionMessage(open=opening))
+            messages: Iterator[pb.SessionMessage] = self._messages()
+        else:
+            messages = opening
+        self._call = stub.Session(messages, metadata=metadata, timeout=timeout)
         self.cancelled = False
 
     def _messages(self) -> Iterator[pb.SessionMessage]:

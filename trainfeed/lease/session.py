@@ -100,6 +100,9 @@ class WorkerSession:
         # A synchronous rank's group, sent with every message (a restarted master learns it).
         self.sync = join.sync
         self.stats = stats
+        # Remote decode (issue 37): told each list of decoders the master sends (address, busy
+        # share), on the stream's thread. Settable later, like `stats`.
+        self.on_decoders: Callable[[list[tuple[str, float]]], object] | None = None
         self._opened: pb.OpenJobResponse | None = None
         self.book: LeaseBook | None = None
         # Guards the book and the flags below; notified when one changes (and by the transport).
@@ -350,6 +353,8 @@ class WorkerSession:
     def apply(self, event: pb.WatchEvent) -> Applied:
         """Applies one pushed event through the book, as the same fields of an answer (but it
         renews no lease: see LeaseBook.told). Returns what it changed."""
+        if event.decoders_listed and self.on_decoders is not None:
+            self.on_decoders([(d.address, d.busy) for d in event.decoders])
         answer = answer_of(event)
         with self._cond:
             applied = self._book().told(answer, time.monotonic())

@@ -84,7 +84,8 @@ class Reader:
         self.options = options or PipelineOptions()
         self._built: Pipeline | None = None  # made on first use: see _pipeline
         # TRAINFEED_DECODE=remote: decode workers (options they cannot run refused now).
-        self._decoders = decoder_pool(self.options) if self.options.active else None
+        self._decoders = (decoder_pool(self.options, master_lists=mode == "distributed")
+                          if self.options.active else None)
         self._lock = threading.Lock()
         self.name = name
         self.mode = mode
@@ -112,6 +113,8 @@ class Reader:
                 session = getattr(self._connected, "session", None)
                 if session is not None:  # its messages to the master carry the summaries
                     session.stats = self.meter.take_summary
+                    if self._decoders is not None:  # and the master lists the decoders
+                        session.on_decoders = self._decoders.listed_by_master
             return self._connected
 
     if not TYPE_CHECKING:  # hidden from type checkers, which should flag these names

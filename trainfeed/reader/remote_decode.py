@@ -41,24 +41,29 @@ def remote_refusal(options: PipelineOptions) -> str | None:
     return None
 
 
-def decoder_pool(options: PipelineOptions,
-                 environ: Mapping[str, str] | None = None) -> DecoderPool | None:
+def decoder_pool(options: PipelineOptions, environ: Mapping[str, str] | None = None,
+                 master_lists: bool = False) -> DecoderPool | None:
     """The decoders a reader with `options` sends its partitions to, or None to decode
-    locally; raises ConfigurationError for options or settings remote decode cannot run."""
+    locally; raises ConfigurationError for options or settings remote decode cannot run.
+    `master_lists`: the reader has a master, which tells it the registered decoders (the pool
+    starts empty, and the session keeps it to the master's list) unless TRAINFEED_DECODERS
+    names them."""
     if settings.DECODE.get(environ) != "remote" or not options.decode.enabled:
         return None
     problem = remote_refusal(options)
     if problem is not None:
         raise ConfigurationError(f"{settings.DECODE.name}=remote: {problem}")
     addresses = settings.DECODERS.get(environ)
-    if not addresses:
-        raise ConfigurationError(f"{settings.DECODE.name}=remote needs the decoders' "
-                                 f"addresses: set {settings.DECODERS.name}=host:port[,...]")
+    if not addresses and not master_lists:
+        raise ConfigurationError(f"{settings.DECODE.name}=remote without a master needs the "
+                                 f"decoders' addresses: set {settings.DECODERS.name}="
+                                 f"host:port[,...] (with a master, the decoders registered "
+                                 f"with it are used)")
     from trainfeed.decode.remote.client import DecoderPool
     from trainfeed.security import load_token
 
     found = load_token(environ=environ)
-    return DecoderPool(addresses, found[0] if found else None)
+    return DecoderPool(addresses, found[0] if found else None, listed=not addresses)
 
 
 def request_template(options: PipelineOptions, manifest: Manifest, seed: int,

@@ -359,7 +359,7 @@ class WatchRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., worker_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., exchange: _Optional[bool] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused", "refused_count")
+    __slots__ = ("current_epoch", "give_back", "revoked", "revoked_why", "epoch_complete", "group_broken", "superseded", "answers", "refused", "grant", "grants", "grant_refused", "refused_count", "decoders", "decoders_listed")
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +373,8 @@ class WatchEvent(_message.Message):
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     GRANT_REFUSED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DECODERS_FIELD_NUMBER: _ClassVar[int]
+    DECODERS_LISTED_FIELD_NUMBER: _ClassVar[int]
     current_epoch: int
     give_back: _containers.RepeatedCompositeFieldContainer[HeldTask]
     revoked: _containers.RepeatedCompositeFieldContainer[HeldTask]
@@ -386,19 +388,45 @@ class WatchEvent(_message.Message):
     grants: bool
     grant_refused: str
     refused_count: int
-    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ..., refused_count: _Optional[int] = ...) -> None: ...
+    decoders: _containers.RepeatedCompositeFieldContainer[DecoderInfo]
+    decoders_listed: bool
+    def __init__(self, current_epoch: _Optional[int] = ..., give_back: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., revoked_why: _Optional[str] = ..., epoch_complete: _Optional[int] = ..., group_broken: _Optional[str] = ..., superseded: _Optional[str] = ..., answers: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[HeldTask, _Mapping]]] = ..., grant: _Optional[_Union[GetTasksResponse, _Mapping]] = ..., grants: _Optional[bool] = ..., grant_refused: _Optional[str] = ..., refused_count: _Optional[int] = ..., decoders: _Optional[_Iterable[_Union[DecoderInfo, _Mapping]]] = ..., decoders_listed: _Optional[bool] = ...) -> None: ...
 
 class SessionMessage(_message.Message):
-    __slots__ = ("open", "report", "seq", "get_tasks")
+    __slots__ = ("open", "report", "seq", "get_tasks", "decoder")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     GET_TASKS_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
     open: WatchRequest
     report: ReportRequest
     seq: int
     get_tasks: GetTasksRequest
-    def __init__(self, open: _Optional[_Union[WatchRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., seq: _Optional[int] = ..., get_tasks: _Optional[_Union[GetTasksRequest, _Mapping]] = ...) -> None: ...
+    decoder: DecoderBeat
+    def __init__(self, open: _Optional[_Union[WatchRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., seq: _Optional[int] = ..., get_tasks: _Optional[_Union[GetTasksRequest, _Mapping]] = ..., decoder: _Optional[_Union[DecoderBeat, _Mapping]] = ...) -> None: ...
+
+class DecoderBeat(_message.Message):
+    __slots__ = ("address", "busy", "slots", "in_flight")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    busy: float
+    slots: int
+    in_flight: int
+    def __init__(self, address: _Optional[str] = ..., busy: _Optional[float] = ..., slots: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class DecoderInfo(_message.Message):
+    __slots__ = ("address", "busy", "slots")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    busy: float
+    slots: int
+    def __init__(self, address: _Optional[str] = ..., busy: _Optional[float] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class ReaderStats(_message.Message):
     __slots__ = ("wall_s", "input_wait_s", "batches", "records", "bytes_read", "read_s", "records_decoded", "decode_s", "decode_failures")

@@ -1,7 +1,10 @@
 """The trainer's side of remote decode: a partition's records, decoded by decode workers.
 
-`DecoderPool` holds a static list of decoders (discovery through the master comes later) and
-sends each request to the one with the fewest calls outstanding (ties: the one asked least).
+`DecoderPool` holds the decoders: a static list (TRAINFEED_DECODERS), or the one the master
+lists (`listed=True`: the reader's session calls `listed_by_master` with each list the master
+sends, issue 37). It sends each request to the decoder with the fewest calls outstanding (ties:
+the one asked least, then the one the master last saw least busy: the master's figure is as old
+as its list, so it only orders decoders this trainer knows nothing about yet).
 `RemoteLoad` is the pass's `Load` (trainfeed.io.load): it cuts a task's records into up to one
 segment per decoder, fetches the segments at once, and returns them joined, in delivery order,
 the image fields as fixed-size binary pixels (`received_pixels` turns them into the arrays local
@@ -69,15 +72,18 @@ class _Decoder:
     served: int = 0  # calls answered whole
     failed: int = 0  # calls cut off (the decoder died, or the stream broke)
     down_until: float = 0.0
+    busy: float = 0.0  # its busy share when the master last listed it
 
 
 class DecoderPool:
-    """Decode workers by address ("host:port"), the least loaded asked first."""
+    """Decode workers by address ("host:port"), the least loaded asked first. `listed`: the
+    members are the master's list (it may start empty), else `addresses`."""
 
     def __init__(self, addresses: Sequence[str], token: str | None,
-                 give_up_s: float = GIVE_UP_S):
-        if not addresses:
+                 give_up_s: float = GIVE_UP_S, listed: bool = False):
+        if not addresses and not listed:
             raise ValueError("remote decode needs at least one decoder address (host:port)")
+        self.listed = listed
         self._lock = threading.Lock()
         self._decoders = {a: _Decoder(a) for a in addresses}
         self._headers = ([(AUTH_METADATA_KEY.encode(), f"{BEARER_SCHEME} {token}".encode())]
@@ -94,6 +100,27 @@ class DecoderPool:
         """A decoder that joined (it takes requests from the next one on)."""
         with self._lock:
             self._decoders.setdefault(address, _Decoder(address))
+
+    def listed_by_master(self, decoders: Sequence[tuple[str, float]]) -> None:
+        """The master's list of decoders, (address, busy share) the least busy first: the pool
+        becomes it. Calls in flight to a decoder no longer listed finish (its connection closes
+        after). Ignored by a pool of TRAINFEED_DECODERS (the user's list wins)."""
+        if not self.listed:
+            return
+        with self._lock:
+            old = self._decoders
+            self._decoders = {a: old.get(a) or _Decoder(a) for a, _ in decoders}
+            for address, busy in decoders:
+                self._decoders[address].busy = busy
+            gone = [d for a, d in old.items() if a not in self._decoders]
+            idle = [d.client for d in gone if not d.outstanding]
+            for d in gone:
+                if not d.outstanding:
+                    d.client = None
+        for client in idle:
+            _close(client)
+        if gone or len(self._decoders) != len(old):
+            logger.info("remote decode: the master lists %d decoder(s)", len(decoders))
 
     def live(self) -> int:
         """Decoders not marked down now."""
@@ -119,7 +146,7 @@ class DecoderPool:
             up = [d for d in self._decoders.values() if d.down_until <= now]
             if not up:
                 return None
-            chosen = min(up, key=lambda d: (d.outstanding, d.asked))
+            chosen = min(up, key=lambda d: (d.outstanding, d.asked, d.busy))
             chosen.outstanding += 1
             chosen.asked += 1
             if chosen.client is None:
@@ -127,19 +154,17 @@ class DecoderPool:
             return chosen
 
     def _give(self, decoder: _Decoder, failed: bool, served: bool = False) -> None:
-        client = None
         with self._lock:
             decoder.outstanding -= 1
             decoder.served += served
             decoder.failed += failed
             if failed:
                 decoder.down_until = time.monotonic() + DOWN_S
+            unlisted = self._decoders.get(decoder.address) is not decoder
+            client = None
+            if failed or (unlisted and not decoder.outstanding):
                 client, decoder.client = decoder.client, None
-        if failed and client is not None:
-            try:
-                client.close()
-            except Exception:  # a connection to a dead decoder may fail to close
-                pass
+        _close(client)
 
     def fetch(self, request: DecodeRequest) -> list[pa.RecordBatch]:
         """The request's records, from whichever decoders answer: on a decoder's death the
@@ -330,3 +355,13 @@ def received_pixels(column: pa.ChunkedArray | pa.Array,
         return DecodedBatch(images, np.ones(n, dtype=bool), ())
     ok = array.is_valid().to_numpy(zero_copy_only=False)
     return DecodedBatch(images[ok], ok, ())
+
+
+def _close(client: flight.FlightClient | None) -> None:
+    """Closes a decoder's connection (a dead or unlisted one's; taken off it under the pool's
+    lock: the next call reopens one)."""
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # a connection to a dead decoder may fail to close
+            pass

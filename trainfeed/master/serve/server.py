@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from trainfeed.errors import ConfigurationError, LeadershipError
 from trainfeed.master.serve import status
 from trainfeed.master.serve.auth import TokenInterceptor
+from trainfeed.master.serve.decoder_scaling_loop import scale_decoders
 from trainfeed.master.serve.health import BoundedHealthServicer
 from trainfeed.master.serve.metrics import MasterCollector, MetricsServer, RpcLatencyInterceptor
 from trainfeed.master.serve.service import MasterConfig, MasterServicer
@@ -91,6 +92,8 @@ class ServerOptions:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     metrics_port: int | None = DEFAULT_METRICS_PORT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Jobs whose decoders' Deployment this master scales (issue 37): `--scale-decoders JOB`.
+    scale_decoders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
@@ -147,7 +150,8 @@ async def serve(config: MasterConfig, store: StateStore,
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     health_servicer = BoundedHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    running = _Running(servicer, server, health_servicer, VersionWatch(config.storage))
+    running = _Running(servicer, server, health_servicer, VersionWatch(config.storage),
+                       options.scale_decoders)
     try:
         bound = _listen(server, f"{options.host}:{options.port}", credentials)
         if options.metrics_port is not None:
@@ -191,7 +195,8 @@ def _interceptors(options: ServerOptions, auth: TokenInterceptor | None,
         registry.register(MasterCollector(
             lambda: _on_loop(loop, servicer.job_stats),
             (lambda: auth.rejected) if auth is not None else None,
-            lambda: _on_loop(loop, lambda: status.reader_metrics(servicer))))
+            lambda: _on_loop(loop, lambda: status.reader_metrics(servicer)),
+            lambda: _on_loop(loop, lambda: status.decoder_metrics(servicer))))
     return interceptors
 
 
@@ -234,9 +239,11 @@ class _Running:
     an order that lets nothing wait on what already stopped."""
 
     def __init__(self, servicer: MasterServicer, server: grpc.aio.Server,
-                 health_servicer: BoundedHealthServicer, versions: VersionWatch):
+                 health_servicer: BoundedHealthServicer, versions: VersionWatch,
+                 scale_decoders: tuple[str, ...] = ()):
         self.servicer, self.server, self.health = servicer, server, health_servicer
         self.versions = versions  # newer versions of the jobs' datasets (issue 38)
+        self.scale_decoders = scale_decoders  # jobs whose decoders it scales (issue 37)
         self.metrics: MetricsServer | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -252,6 +259,10 @@ class _Running:
             self.versions, lambda: pinned(self.servicer.jobs.values()), stop)))
         if exit_with_parent:
             self.tasks.append(asyncio.create_task(_watch_parent(os.getppid(), stop)))
+        registry = self.servicer.streams.decoders.registry
+        for job in self.scale_decoders:
+            self.tasks.append(asyncio.create_task(scale_decoders(self.servicer, registry, job,
+                                                                 stop)))
 
     async def stop(self) -> None:
         if self.metrics is not None:  # first: a scrape must not wait on a loop that is stopping

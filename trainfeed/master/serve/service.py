@@ -66,6 +66,7 @@ from trainfeed.master.core.jobs import (
 )
 from trainfeed.master.core.reader_stats import ReaderBoard
 from trainfeed.master.serve import auth
+from trainfeed.master.serve.decoder_autoscaler import DecoderAutoscaler
 from trainfeed.master.serve.journal import JournalWriter
 from trainfeed.master.serve.streams import (
     MAX_GRANTS_IN_FLIGHT,
@@ -151,6 +152,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._submit_due: set[str] = set()
         # Set by the server when calls carry tokens: a job token's call may touch its job only.
         self.job_scoped = False
+        # The jobs whose decoders this master scales (--scale-decoders; issue 37), by job.
+        self.decoder_scalers: dict[str, DecoderAutoscaler] = {}
 
     @property
     def jobs(self) -> dict[str, Job]:

@@ -25,7 +25,7 @@ from trainfeed.ingest.board_summary import summarize
 from trainfeed.master.core import liveness
 from trainfeed.master.core.jobs import Job, JobMetrics
 from trainfeed.master.core.reader_stats import HISTORY_BUCKET_S, RECENT_S
-from trainfeed.master.serve.metrics import JobReaders
+from trainfeed.master.serve.metrics import JobDecoders, JobReaders
 from trainfeed.master.serve.service import MasterServicer
 from trainfeed.master.serve.version_watch import Pinned, VersionWatch
 from trainfeed.redaction import redact_text
@@ -51,9 +51,12 @@ def snapshot(servicer: MasterServicer, now: float | None = None,
     now = time.time() if now is None else now
     jobs = [job_status(servicer, job, now, versions) for name, job
             in sorted(servicer.jobs.items()) if only_job is None or name == only_job]
+    # The decoders serve every job; their addresses are the cluster's, not a job's: shown to the
+    # master's token only.
+    listed = decoders(servicer) if only_job is None else []
     return {"version": STATUS_VERSION, "generated_at": now,
             "lease_timeout_s": servicer.config.lease_timeout_s, "recent_s": RECENT_S,
-            "sparkline_step_s": HISTORY_BUCKET_S, "jobs": jobs}
+            "sparkline_step_s": HISTORY_BUCKET_S, "jobs": jobs, "decoders": listed}
 
 
 def job_status(servicer: MasterServicer, job: Job, now: float,
@@ -94,7 +97,26 @@ def job_status(servicer: MasterServicer, job: Job, now: float,
         "refusals": [{**asdict(r), "ago_s": now - r.at} for r in board.refusals(job.name)],
         "readers": _readers(servicer, job, now),
         "newer_version": _newer(job, versions),
+        "decoder_scaling": _decoder_scaling(servicer, job.name),
     }
+
+
+def _decoder_scaling(servicer: MasterServicer, job: str) -> dict[str, object] | None:
+    """The job's decoder autoscaler: its pool, bounds and last decision (issue 37), or None."""
+    scaler = servicer.decoder_scalers.get(job)
+    return scaler.view() if scaler is not None else None
+
+
+def decoders(servicer: MasterServicer) -> list[dict[str, object]]:
+    """The decoders registered with this master, the least busy first (issue 37)."""
+    return [{"address": d.address, "busy": round(d.busy, 4), "slots": d.slots}
+            for d in servicer.streams.decoders.registry.listing()]
+
+
+def decoder_metrics(servicer: MasterServicer) -> list[JobDecoders]:
+    """Every scaled job's last decision, for the Prometheus exporter."""
+    return [JobDecoders(job, scaler.last) for job, scaler in servicer.decoder_scalers.items()
+            if scaler.last is not None]
 
 
 def records_left(job: Job) -> int:

@@ -373,6 +373,8 @@ def render(data: dict[str, Any], refresh_s: int = REFRESH_S, logout: bool = Fals
         out.append(html('<details class="finished-jobs" id="finished-jobs"><summary>{n} '
                         'finished job(s)</summary>{jobs}</details>', n=len(finished),
                         jobs=_join(_job(job, data) for job in finished)))
+    if data.get("decoders"):
+        out.append(_decoders(data["decoders"]))
     if "uploads" in data:
         out.append(_uploads(data["uploads"], data.get("uploads_error")))
     out.append(Markup("</body></html>"))
@@ -411,6 +413,7 @@ def _job(job: dict[str, Any], data: dict[str, Any]) -> Markup:
              pending=job["pending"], total=job["num_partitions"], finished=done + failed,
              progress=job["progress"], width=100 * job["progress"], left=_left(job)),
         _readers(job["readers"], data),
+        _scaling(job.get("decoder_scaling")),
         _sync(job["sync_group"]),
         _failed(job["failed_partitions"]),
         _refusals(job["refusals"]),
@@ -431,6 +434,34 @@ def _left(job: dict[str, Any]) -> Markup:
                 eta="—" if eta_s is None else _duration(eta_s),
                 at=f" at {job['records_per_s']:,.0f} records/s" if eta_s else
                 (" (no records read lately)" if eta_s is None else ""))
+
+
+def _decoders(listed: list[dict[str, Any]]) -> Markup:
+    """The decoders registered with this master (issue 37), the least busy first."""
+    rows = _join(html('<tr><td>{address}</td><td>{busy:.0%}</td><td>{slots}</td></tr>',
+                      address=d["address"], busy=d["busy"], slots=d["slots"]) for d in listed)
+    return html('<section class="decoders" id="decoders"><h2>Decoders <b>{n}</b></h2><table>'
+                '<tr><th>address</th><th>busy</th><th>slots</th></tr>{rows}</table></section>',
+                n=len(listed), rows=rows)
+
+
+def _scaling(scaling: dict[str, Any] | None) -> Markup:
+    """A job's decoder autoscaler and its last decision (the `detail` is the cluster's text:
+    escaped like every argument of `html`)."""
+    if not scaling:
+        return Markup("")
+    decision = scaling.get("decision")
+    if decision is None:
+        last = Markup("no decision yet")
+    else:
+        last = html('<b class="scaling-action">{action}</b> {before} → <b class="decoders-size">'
+                    '{replicas}</b> ({reason}: {detail}) · decoders busy {busy:.0%} · '
+                    'input-bound {bound:.0%}', action=decision["action"],
+                    before=decision["before"], replicas=decision["replicas"],
+                    reason=decision["reason"], detail=decision["detail"],
+                    busy=decision["decoders_busy"], bound=decision["input_bound"])
+    return html('<p class="decoder-scaling">decoders ({deployment}, {bounds}): {last}</p>',
+                deployment=scaling["deployment"], bounds=scaling["bounds"], last=last)
 
 
 def _newer(newer: dict[str, Any] | None) -> Markup:

@@ -27,8 +27,10 @@ from typing import Protocol
 import grpc
 
 from trainfeed.master.core.coordinator import Ask, Coordinator, Told
+from trainfeed.master.core.decoders import DecoderRegistry
 from trainfeed.master.core.jobs import CallError, Job
 from trainfeed.master.core.sessions import clip
+from trainfeed.master.serve.decoder_streams import DecoderStreams
 from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class Streams:
         # Seconds a grant asked without a long-poll took (the metrics' lease-grant histogram).
         self.on_grant: Callable[[float], None] = lambda seconds: None
         self._open: dict[tuple[str, str], _Outbox] = {}  # the session's stream for its events
+        # The decode workers' streams (issue 37): their list goes to every reader stream.
+        self.decoders = DecoderStreams(DecoderRegistry(), self.broadcast)
 
     def deliver(self, told: list[Told]) -> None:
         """Sends each event to its session's stream (if it has one: the answer to its next
@@ -112,11 +116,22 @@ class Streams:
             if outbox is not None:
                 outbox.tell(t.event)
 
+    def broadcast(self, event: pb.WatchEvent) -> None:
+        """Sends `event` to every reader stream (the decoders' list: one shared message)."""
+        for outbox in self._open.values():
+            outbox.tell(event)
+
     async def serve(self, requests: AsyncIterator[pb.SessionMessage],
                     context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.WatchEvent, None]:
-        """One Session stream: its opening, then answers and events until either side ends."""
+        """One Session stream: its opening, then answers and events until either side ends.
+        A decoder's stream (its first message a `decoder` beat) goes to DecoderStreams."""
         opening = await anext(aiter(requests), None)
         if opening is None:
+            return
+        if opening.HasField("decoder"):
+            async for event in self.decoders.serve(opening, requests, context,
+                                                   self.shell.scope(context)):
+                yield event
             return
         try:
             job = self.core.job(opening.open.job, self.shell.scope(context))
@@ -133,7 +148,9 @@ class Streams:
                 old.wake.set()
         reading = asyncio.ensure_future(self._read(job, key[1], requests, outbox))
         try:
-            yield pb.WatchEvent(current_epoch=job.ledger.epoch, grants=True)
+            first = self.decoders.listing_event()
+            first.current_epoch, first.grants = job.ledger.epoch, True
+            yield first
             while not outbox.replaced:
                 await outbox.wake.wait()
                 outbox.wake.clear()

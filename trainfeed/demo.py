@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from trainfeed.master.stores import DEFAULT_STATE_PATH
 from trainfeed.security import TOKEN_ENV, TOKEN_FILE_ENV
 from trainfeed.storage import Storage
 from trainfeed.upload import upload
+
+if TYPE_CHECKING:
+    from trainfeed.upload import UploadResult
 
 DEMO_DATASET = "demo-images"
 NUM_CLASSES = 10
@@ -102,14 +105,7 @@ def summary(summaries: list[dict[str, Any]], num_records: int, wall_s: float) ->
 
 
 def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
-    data_dir = os.path.join(storage.root if storage.is_local else ".", "_demo-source")
-    list_path = os.path.join(data_dir, "train_data.list")
-    if not os.path.exists(list_path):
-        print(f"making {images} 64x64 JPEGs in {data_dir} …", flush=True)
-        make_images(data_dir, images)
-    result = upload(list_path, DEMO_DATASET, storage)
-    state = "already uploaded" if result.already_published else "uploaded"
-    print(f"{state}: dataset {DEMO_DATASET!r}, {result.num_records} records at {result.url}")
+    result = _upload_demo_set(storage, images)
     # As on a cluster: the master requires a token, and its readers get it from their
     # environment (a fresh one per run; the job's state does not depend on it).
     token = secrets.token_urlsafe(32)
@@ -118,31 +114,10 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
         print(f"master running at {master.address} (token required, metrics at "
               f"{master.metrics_url}, status page at {status_url}); starting {workers} reader "
               f"processes")
-        env = {**os.environ, settings.MASTER.name: master.address, settings.JOB.name: "demo",
-               TOKEN_ENV: token}
-        env.pop(settings.TRAIN_LOCAL.name, None)
-        env.pop(TOKEN_FILE_ENV, None)
-        command = [sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET]
-        procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=env) for _ in range(workers)]
-        for proc in procs:  # every reader has joined the job …
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                print(f"reader {proc.pid} failed to start", file=sys.stderr)
-                return 1
-        started = time.perf_counter()
-        for proc in procs:  # … then all start together
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        summaries = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                print(f"reader {proc.pid} failed (exit {proc.returncode})", file=sys.stderr)
-                return 1
-            summaries.append(json.loads(out.strip().splitlines()[-1]))
-        wall = time.perf_counter() - started
+        read = _read_one_epoch(workers, _reader_env(master.address, token))
+        if read is None:
+            return 1
+        summaries, wall = read
         for line in summary(summaries, result.num_records, wall):
             print(line)
         whole = (sum(s["records"] for s in summaries) == result.num_records
@@ -151,6 +126,75 @@ def run_demo(storage: Storage, workers: int = 2, images: int = 2000) -> int:
     print(f"next: read it without a master (then see README.md):\n"
           f"  {next_command(storage)}")
     return 0 if whole else 1
+
+
+def _upload_demo_set(storage: Storage, images: int) -> UploadResult:
+    """The demo's dataset in `storage`: its JPEGs made once (kept in _demo-source for the next
+    run), then uploaded (a no-op when already published)."""
+    data_dir = os.path.join(storage.root if storage.is_local else ".", "_demo-source")
+    list_path = os.path.join(data_dir, "train_data.list")
+    if not os.path.exists(list_path):
+        print(f"making {images} 64x64 JPEGs in {data_dir} …", flush=True)
+        make_images(data_dir, images)
+    result = upload(list_path, DEMO_DATASET, storage)
+    state = "already uploaded" if result.already_published else "uploaded"
+    print(f"{state}: dataset {DEMO_DATASET!r}, {result.num_records} records at {result.url}")
+    return result
+
+
+def _reader_env(address: str, token: str) -> dict[str, str]:
+    """The readers' environment: this one, pointed at the master with its token, and without
+    what would bypass it (TRAIN_LOCAL) or name another token (a token file)."""
+    env = {**os.environ, settings.MASTER.name: address, settings.JOB.name: "demo",
+           TOKEN_ENV: token}
+    env.pop(settings.TRAIN_LOCAL.name, None)
+    env.pop(TOKEN_FILE_ENV, None)
+    return env
+
+
+def _read_one_epoch(workers: int, env: dict[str, str]) \
+        -> tuple[list[dict[str, Any]], float] | None:
+    """Runs `workers` reader processes through one epoch, started together once all have
+    joined the job; returns their summaries and the seconds from the start to the last one's
+    end, or None (said on stderr) when one failed."""
+    command = [sys.executable, "-m", "trainfeed.demo", "--worker", DEMO_DATASET]
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env) for _ in range(workers)]
+    if not _all_ready(procs):  # every reader has joined the job …
+        return None
+    started = time.perf_counter()
+    for proc in procs:  # … then all start together
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    summaries = _summaries(procs)
+    if summaries is None:
+        return None
+    return summaries, time.perf_counter() - started
+
+
+def _all_ready(procs: list[subprocess.Popen[str]]) -> bool:
+    """Waits for each reader's "ready" (it has opened the job); False, said on stderr, at the
+    first that ends or says anything else."""
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            print(f"reader {proc.pid} failed to start", file=sys.stderr)
+            return False
+    return True
+
+
+def _summaries(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]] | None:
+    """Each reader's JSON summary (its last line of output) once it has exited; None, said on
+    stderr, at the first that failed."""
+    summaries = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            print(f"reader {proc.pid} failed (exit {proc.returncode})", file=sys.stderr)
+            return None
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return summaries
 
 
 def _interactive() -> bool:

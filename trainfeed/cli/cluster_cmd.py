@@ -420,43 +420,72 @@ def _uploads(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_status(args: argparse.Namespace) -> int:
-    if args.uploads:
-        return _uploads(args)
+def _check_status_job(args: argparse.Namespace) -> None:
+    """The job `status` asks about, checked before any cluster or master is contacted.
+
+    With --master, any name the master and readers accept is a job to ask about (readers
+    started by hand may use `paddleD-xmap`); the Kubernetes naming rule applies to jobs
+    `submit` made, so pods are looked up only for names that could be one."""
     if args.job is None:
         raise ConfigurationError("status: name a job (trainfeed status JOB), or give --uploads "
                                  "for the uploads of a storage")
-    # With --master, any name the master and readers accept is a job to ask about (readers
-    # started by hand may use `paddleD-xmap`); the Kubernetes naming rule applies to jobs
-    # `submit` made, so pods are looked up only for names that could be one.
     if args.master:
         validate_job_name(args.job)
     else:
         validate_cluster_job_name(args.job)
+
+
+def _master_address(args: argparse.Namespace, cluster: Cluster | None) -> str | None:
+    """Where the job's master answers: --master, else its Service when this runs inside the
+    cluster (the Service name resolves only there); None when neither applies."""
+    if args.master is not None:
+        return str(args.master)
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and cluster:
+        return f"{ObjectNames(args.job).master}.{cluster.namespace}.svc:{GRPC_PORT}"
+    return None
+
+
+def _show_master(args: argparse.Namespace, cluster: Cluster | None) -> int | None:
+    """The master's part of `status`: its counts, or its /status.json redrawn (--watch).
+
+    Returns the exit status of a watch that ran, else None (the caller goes on to the pods'
+    problems). Without a reachable address, says how to get one instead."""
+    address = _master_address(args, cluster)
+    if address is None:
+        assert cluster is not None  # _cluster_or_none raised otherwise
+        print(f"progress    not shown: give --master localhost:{GRPC_PORT} after "
+              f"`{_port_forward_hint(args.job, cluster.namespace)}`")
+        return None
+    # $TRAINFEED_TOKEN[_FILE] if set, else the job's own Secret (RBAC: get secrets).
+    token = cluster.token(args.job) if cluster and load_token() is None else None
+    watched = _watch(args, address, token) if args.watch else None
+    if watched is None:
+        _print_progress(args, address, token)
+    return watched
+
+
+def _raise_blocking(job: str, problems: list[diagnose.Problem]) -> None:
+    """Fail `status` when a pod problem keeps the job from running, after all is shown."""
+    blocking = [p for p in problems if p.blocking]
+    if blocking:
+        raise ClusterError(f"job {job!r} cannot run as it is: "
+                           + "; ".join(str(p) for p in blocking))
+
+
+def run_status(args: argparse.Namespace) -> int:
+    if args.uploads:
+        return _uploads(args)
+    _check_status_job(args)
     cluster = _cluster_or_none(args) if _is_cluster_job_name(args.job) else None
     problems: list[diagnose.Problem] = []
     try:
         if cluster is not None:
             problems = _print_pods(cluster, args.job)
-        address = args.master
-        if address is None and os.environ.get("KUBERNETES_SERVICE_HOST") and cluster:
-            address = f"{ObjectNames(args.job).master}.{cluster.namespace}.svc:{GRPC_PORT}"
-        if address is None:
-            assert cluster is not None  # _cluster_or_none raised otherwise
-            print(f"progress    not shown: give --master localhost:{GRPC_PORT} after "
-                  f"`{_port_forward_hint(args.job, cluster.namespace)}`")
-        else:
-            # $TRAINFEED_TOKEN[_FILE] if set, else the job's own Secret (RBAC: get secrets).
-            token = cluster.token(args.job) if cluster and load_token() is None else None
-            watched = _watch(args, address, token) if args.watch else None
-            if watched is not None:
-                return watched
-            _print_progress(args, address, token)
+        watched = _show_master(args, cluster)
+        if watched is not None:
+            return watched
     finally:
         if cluster is not None:
             cluster.close()
-    blocking = [p for p in problems if p.blocking]
-    if blocking:
-        raise ClusterError(f"job {args.job!r} cannot run as it is: "
-                           + "; ".join(str(p) for p in blocking))
+    _raise_blocking(args.job, problems)
     return 0

@@ -34,32 +34,63 @@ def upload_lines(upload: dict[str, Any]) -> list[str]:
     return [visible(line) for line in _lines(upload)]
 
 
+# The slice counts an upload's line names only when not zero, in this order: (field, word).
+OPTIONAL_SLICE_COUNTS = (("slices_failed", "failed"), ("slices_stale", "stale"),
+                         ("slices_waiting", "not started"))
+
+
 def _lines(upload: dict[str, Any]) -> list[str]:
-    u = upload
+    """One line for a published upload; for one in progress, its line, then its unfinished
+    slices and its problems."""
+    head = _head(upload)
+    if upload["state"] == PUBLISHED:
+        return [head + _published(upload)]
+    return ([head + _progress(upload)] + _slice_lines(upload)
+            + [f"  problem   {p[:300]}" for p in upload["problems"]])
+
+
+def _head(u: dict[str, Any]) -> str:
+    """What every line of an upload starts with: the dataset, how it is cut, its fingerprint."""
     slices = (f"{u['slices']} slice{'s' if u['slices'] != 1 else ''}" if u["mode"] == "slices"
               else "local")
-    head = f"upload      {u['dataset']} ({slices}, fingerprint {u['fingerprint']}): "
-    if u["state"] == PUBLISHED:
-        return [head + f"published {u['records_done']:,} records in {u['shards_done']} "
-                f"shard(s), {u['records_per_s']:,.0f} records/s, "
-                f"{_duration(u['updated_ago_s'])} ago"]
+    return f"upload      {u['dataset']} ({slices}, fingerprint {u['fingerprint']}): "
+
+
+def _published(u: dict[str, Any]) -> str:
+    """A published upload: what it wrote, how fast, and how long ago."""
+    return (f"published {u['records_done']:,} records in {u['shards_done']} "
+            f"shard(s), {u['records_per_s']:,.0f} records/s, "
+            f"{_duration(u['updated_ago_s'])} ago")
+
+
+def _progress(u: dict[str, Any]) -> str:
+    """An upload in progress: its state (FAILED and STALE in capitals, to stand out), its slice
+    counts, its records so far, its rate and, when known, the time left."""
     share = u["records_done"] / u["records_total"] if u["records_total"] else 0.0
     eta = f" · ETA {_duration(u['eta_s'])}" if u["eta_s"] is not None else ""
-    counts = (f" · {u['slices_done']}/{u['slices']} slices done, {u['slices_running']} running"
-              + (f", {u['slices_failed']} failed" if u["slices_failed"] else "")
-              + (f", {u['slices_stale']} stale" if u["slices_stale"] else "")
-              + (f", {u['slices_waiting']} not started" if u["slices_waiting"] else "")
-              if u["mode"] == "slices" else "")
-    lines = [head + f"{u['state'].upper() if u['state'] in (FAILED, STALE) else u['state']}"
-             f"{counts} · {u['records_done']:,}/{u['records_total']:,} records ({share:.0%}) · "
-             f"{u['records_per_s']:,.0f} records/s{eta}"]
-    if u["mode"] == "slices":
-        for s in [s for s in u["slice_rows"] if s["state"] != "done"][:MAX_SLICES_SHOWN]:
-            lines.append(f"  slice {s['slice']:<5} {s['state']:<8} {s['records_done']:,}/"
-                         f"{s['records_total']:,} records  {s['records_per_s']:,.0f} records/s"
-                         f"  on {s['host']}, {s['updated_ago_s']:.0f} s ago")
-    lines += [f"  problem   {p[:300]}" for p in u["problems"]]
-    return lines
+    state = u["state"].upper() if u["state"] in (FAILED, STALE) else u["state"]
+    return (f"{state}{_slice_counts(u)} · {u['records_done']:,}/{u['records_total']:,} records "
+            f"({share:.0%}) · {u['records_per_s']:,.0f} records/s{eta}")
+
+
+def _slice_counts(u: dict[str, Any]) -> str:
+    """How the slices of a sliced upload stand ("" for a local one, which has none)."""
+    if u["mode"] != "slices":
+        return ""
+    optional = "".join(f", {u[field]} {word}" for field, word in OPTIONAL_SLICE_COUNTS
+                       if u[field])
+    return (f" · {u['slices_done']}/{u['slices']} slices done, {u['slices_running']} running"
+            + optional)
+
+
+def _slice_lines(u: dict[str, Any]) -> list[str]:
+    """The first MAX_SLICES_SHOWN slices of a sliced upload that are not done yet."""
+    if u["mode"] != "slices":
+        return []
+    unfinished = [s for s in u["slice_rows"] if s["state"] != "done"][:MAX_SLICES_SHOWN]
+    return [f"  slice {s['slice']:<5} {s['state']:<8} {s['records_done']:,}/"
+            f"{s['records_total']:,} records  {s['records_per_s']:,.0f} records/s"
+            f"  on {s['host']}, {s['updated_ago_s']:.0f} s ago" for s in unfinished]
 
 
 def render(uploads: list[dict[str, Any]]) -> list[str]:

@@ -84,13 +84,21 @@ def render(data: dict[str, Any], job: str | None) -> list[str]:
 
 
 def _job_lines(data: dict[str, Any], job: str) -> list[str]:
+    """The view of `job` in the snapshot `data`: its summary, then what the snapshot adds about
+    it (newer data, its sync group, its readers, its lost partitions and refused reports); one
+    line naming the jobs there are when this master has no `job`."""
     found = next((j for j in data.get("jobs", ()) if j["job"] == job), None)
     if found is None:
         names = ", ".join(j["job"] for j in data.get("jobs", ())) or "none"
         return [f"job {job!r} not on this master (jobs: {names})"]
-    j = found
+    return (_summary_lines(found) + _newer_lines(found) + _sync_group_lines(found)
+            + _reader_lines(found) + _trouble_lines(found))
+
+
+def _summary_lines(j: dict[str, Any]) -> list[str]:
+    """The lines every job has: its dataset, the epoch's counts, the rate and the readers."""
     state = f" · {j['state']}" if "state" in j else ""
-    lines = [
+    return [
         f"job         {j['job']} (dataset {j['dataset']}, {j['num_records']:,} records){state}",
         f"epoch       {j['epoch']}: {j['done'] + j['failed']}/{j['num_partitions']} partitions "
         f"({j['progress']:.0%}) · todo {j['todo']} · pending {j['pending']} · done {j['done']}"
@@ -100,34 +108,52 @@ def _job_lines(data: dict[str, Any], job: str) -> list[str]:
         f"input-bound {j['input_bound']:.0%} of the trainers' time waiting for data",
         f"readers     {j['workers_alive']} alive · refused reports {j['reports_refused']}",
     ]
+
+
+def _newer_lines(j: dict[str, Any]) -> list[str]:
+    """The notice of a newer version of the dataset, if the master has one to tell."""
     newer = j.get("newer_version")
-    if newer:
-        lines.append(f"newer data  {newer['notice']}")
+    return [f"newer data  {newer['notice']}"] if newer else []
+
+
+def _sync_group_lines(j: dict[str, Any]) -> list[str]:
+    """The job's sync group (synchronous training), with why it broke or that it finished."""
     group = j.get("sync_group")
-    if group:
-        state = (f" · BROKEN: {group['broken']}" if group["broken"] else
-                 " · finished (every rank quiet or gone between epochs)"
-                 if group.get("finished") else "")
-        lines.append(f"sync group  world size {group['world_size']}, batch size "
-                     f"{group['batch_size']}{state}")
+    if not group:
+        return []
+    state = (f" · BROKEN: {group['broken']}" if group["broken"] else
+             " · finished (every rank quiet or gone between epochs)"
+             if group.get("finished") else "")
+    return [f"sync group  world size {group['world_size']}, batch size "
+            f"{group['batch_size']}{state}"]
+
+
+def _reader_lines(j: dict[str, Any]) -> list[str]:
+    """A table of the first MAX_READERS_SHOWN readers (a screenful), then how many are left out."""
     readers = j["readers"]
-    if readers:
-        width = max(len(r["worker"]) for r in readers[:MAX_READERS_SHOWN])
-        lines.append(f"{'reader':<{width}}  {'records/s':>9}  {'input-bound':>11}  "
-                     f"{'leases':>6}  {'contact':>8}  flags")
-        for r in readers[:MAX_READERS_SHOWN]:
-            lines.append(f"{r['worker']:<{width}}  {r['records_per_s']:>9,.1f}  "
-                         f"{r['input_bound']:>11.0%}  {r['leases_held']:>6}  "
-                         f"{r['last_contact_s']:>7.0f}s  {' '.join(r['flags'])}".rstrip())
-        if len(readers) > MAX_READERS_SHOWN:
-            lines.append(f"… and {len(readers) - MAX_READERS_SHOWN} more readers")
-    for lost in j["failed_partitions"][:5]:
-        lines.append(f"lost        epoch {lost['epoch']} partition {lost['partition']}: "
-                     f"{lost['reason'][:200]}")
-    for refusal in j["refusals"][:3]:
-        lines.append(f"refused     {refusal['count']} report(s) of {refusal['worker']}: "
-                     f"{refusal['why'][:200]}")
+    if not readers:
+        return []
+    shown = readers[:MAX_READERS_SHOWN]
+    width = max(len(r["worker"]) for r in shown)
+    lines = [f"{'reader':<{width}}  {'records/s':>9}  {'input-bound':>11}  "
+             f"{'leases':>6}  {'contact':>8}  flags"]
+    for r in shown:
+        lines.append(f"{r['worker']:<{width}}  {r['records_per_s']:>9,.1f}  "
+                     f"{r['input_bound']:>11.0%}  {r['leases_held']:>6}  "
+                     f"{r['last_contact_s']:>7.0f}s  {' '.join(r['flags'])}".rstrip())
+    if len(readers) > MAX_READERS_SHOWN:
+        lines.append(f"… and {len(readers) - MAX_READERS_SHOWN} more readers")
     return lines
+
+
+def _trouble_lines(j: dict[str, Any]) -> list[str]:
+    """The first lost partitions and refused reports, each reason cut to 200 characters so a
+    long one cannot push the rest of the view off the screen."""
+    lost = [f"lost        epoch {p['epoch']} partition {p['partition']}: {p['reason'][:200]}"
+            for p in j["failed_partitions"][:5]]
+    refused = [f"refused     {r['count']} report(s) of {r['worker']}: {r['why'][:200]}"
+               for r in j["refusals"][:3]]
+    return lost + refused
 
 
 def _left_lines(j: dict[str, Any]) -> list[str]:

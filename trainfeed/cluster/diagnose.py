@@ -43,35 +43,55 @@ def phases(pods: Iterable[Obj]) -> dict[str, Counter[str]]:
 
 
 def _pod_problems(pod: Obj) -> list[Problem]:
+    """A pod's problems: each of its containers' (at most one each), then whether it is
+    still unscheduled."""
     name = pod.get("metadata", {}).get("name", "?")
     status = pod.get("status", {})
-    subject = f"pod {name}"
     images = {c.get("name"): c.get("image") for c in pod.get("spec", {}).get("containers", ())}
-    found = []
-    for c in status.get("containerStatuses") or ():
-        state = c.get("state") or {}
-        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
-        reason, message = waiting.get("reason"), (waiting.get("message") or "").strip()
-        image = c.get("image") or images.get(c.get("name"), "?")
-        if reason in PULL_REASONS:
-            found.append(Problem(subject, f"cannot pull image {image!r} ({reason}: {message}); "
-                                          f"{PULL_HINT}", blocking=True))
-        elif reason == "CreateContainerConfigError":
-            found.append(Problem(subject, f"cannot start: {message} (a Secret named by "
-                                          f"--s3-secret, or the job's token Secret, is missing?)",
-                                 blocking=True))
-        elif reason == "CrashLoopBackOff" or terminated.get("exitCode"):
-            last = terminated or (c.get("lastState") or {}).get("terminated") or {}
-            found.append(Problem(subject, f"container {c.get('name')} exited with code "
-                                          f"{last.get('exitCode', '?')} ({last.get('reason')}), "
-                                          f"{c.get('restartCount', 0)} restart(s); see "
-                                          f"`kubectl logs {name}`", blocking=False))
-    for cond in status.get("conditions") or ():
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            found.append(Problem(subject, f"not scheduled: {cond.get('message', '').strip()} "
-                                          f"(check --gpus-per-worker, --node-selector and "
-                                          f"--toleration against the nodes)", blocking=False))
-    return found
+    found = [_container_problem(name, c, images) for c in status.get("containerStatuses") or ()]
+    found += [_unscheduled(name, cond) for cond in status.get("conditions") or ()]
+    return [p for p in found if p is not None]
+
+
+def _container_problem(pod: str, container: Obj, images: Mapping[Any, Any]) -> Problem | None:
+    """What keeps one container of pod `pod` from running, by the kubelet's reason for its
+    waiting: its image (blocking), its configuration (blocking) or its crashing (not blocking:
+    a restart may succeed). `images` names each container's image from the pod's spec, for a
+    status that does not say it."""
+    state = container.get("state") or {}
+    waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+    reason, message = waiting.get("reason"), (waiting.get("message") or "").strip()
+    if reason in PULL_REASONS:
+        image = container.get("image") or images.get(container.get("name"), "?")
+        return Problem(f"pod {pod}", f"cannot pull image {image!r} ({reason}: {message}); "
+                                     f"{PULL_HINT}", blocking=True)
+    if reason == "CreateContainerConfigError":
+        return Problem(f"pod {pod}", f"cannot start: {message} (a Secret named by "
+                                     f"--s3-secret, or the job's token Secret, is missing?)",
+                       blocking=True)
+    if reason == "CrashLoopBackOff" or terminated.get("exitCode"):
+        return _crashed(pod, container, terminated)
+    return None
+
+
+def _crashed(pod: str, container: Obj, terminated: Obj) -> Problem:
+    """A container that exited with an error: its exit code and reason, from its current state
+    or else its last (a CrashLoopBackOff waits with the crash in lastState)."""
+    last = terminated or (container.get("lastState") or {}).get("terminated") or {}
+    return Problem(f"pod {pod}", f"container {container.get('name')} exited with code "
+                                 f"{last.get('exitCode', '?')} ({last.get('reason')}), "
+                                 f"{container.get('restartCount', 0)} restart(s); see "
+                                 f"`kubectl logs {pod}`", blocking=False)
+
+
+def _unscheduled(pod: str, condition: Obj) -> Problem | None:
+    """A PodScheduled condition that is False: no node fits the pod yet. Not blocking: an
+    autoscaler may still add one."""
+    if condition.get("type") != "PodScheduled" or condition.get("status") != "False":
+        return None
+    return Problem(f"pod {pod}", f"not scheduled: {condition.get('message', '').strip()} "
+                                 f"(check --gpus-per-worker, --node-selector and "
+                                 f"--toleration against the nodes)", blocking=False)
 
 
 def _event_problem(event: Obj) -> Problem | None:

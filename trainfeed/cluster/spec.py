@@ -232,36 +232,61 @@ class JobSpec:
     decoder_cpu: str = "4"
 
     def __post_init__(self) -> None:
+        # In this order: with several wrong options, the first of these names the error.
         validate_cluster_job_name(self.name)
         validate_dataset_name(self.dataset)
+        self._check_namespace()
+        self._check_images()
+        self._check_counts()
+        self._check_command()
+        self._check_decoders()
+        self._check_resources()
+        self._check_storage()
+
+    def _check_namespace(self) -> None:
+        """A namespace given must be one Kubernetes accepts, before any object names it."""
         if self.namespace is not None and (not _DNS_LABEL.fullmatch(self.namespace)
                                            or len(self.namespace) > 63):
             raise InvalidNameError(f"invalid namespace {self.namespace!r}: a Kubernetes "
                                    f"namespace is a DNS-1123 label (lower-case letters, digits, "
                                    f"'-', at most 63)")
+
+    def _check_images(self) -> None:
+        """An image reference is one non-empty word: a space would split the pod's image
+        field into nothing the registry knows, and the pods would wait on it forever."""
         for what, image in (("--image", self.image), ("--master-image", self.master_image)):
             if image is not None and (not image or any(c.isspace() for c in image)):
                 raise ValueError(f"{what}: invalid image {image!r}")
-        if self.workers < 1:
-            raise ValueError(f"--workers must be at least 1, got {self.workers}")
-        if self.gpus_per_worker < 0:
-            raise ValueError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
-        if self.decode_threads < 1:
-            raise ValueError(f"--decode-threads must be at least 1, got {self.decode_threads}")
-        if self.ttl_after_finished_s is not None and self.ttl_after_finished_s < 0:
-            raise ValueError(f"--ttl-after-finished must be 0 or more seconds (or 'none'), got "
-                             f"{self.ttl_after_finished_s}")
-        if not 1 <= self.rendezvous_port <= 65535:
-            raise ValueError(f"--rendezvous-port must be a TCP port (1-65535), got "
-                             f"{self.rendezvous_port}")
+
+    def _check_counts(self) -> None:
+        """The whole numbers each have a range; a None (only --ttl-after-finished may be one)
+        is not checked: it means "none"."""
+        counts = (  # (flag, value, lowest, highest or None, the rule as the error says it)
+            ("--workers", self.workers, 1, None, "must be at least 1"),
+            ("--gpus-per-worker", self.gpus_per_worker, 0, None, "must be 0 or more"),
+            ("--decode-threads", self.decode_threads, 1, None, "must be at least 1"),
+            ("--ttl-after-finished", self.ttl_after_finished_s, 0, None,
+             "must be 0 or more seconds (or 'none')"),
+            ("--rendezvous-port", self.rendezvous_port, 1, 65535,
+             "must be a TCP port (1-65535)"),
+        )
+        for flag, value, lowest, highest, rule in counts:
+            if value is None:
+                continue
+            if value < lowest or (highest is not None and value > highest):
+                raise ValueError(f"{flag} {rule}, got {value}")
+
+    def _check_command(self) -> None:
+        """The workers run the training command; without one they would have nothing to do."""
         if not self.command:
             raise ValueError("no training command: give it after '--', e.g. "
                              "`trainfeed submit … -- python train.py`")
+
+    def _check_decoders(self) -> None:
+        """A decoder pool's size (MIN, MAX) has at least one decoder and MIN <= MAX."""
         if self.decoders is not None and not 1 <= self.decoders[0] <= self.decoders[1]:
             raise ValueError(f"--decoders {self.decoders[0]}:{self.decoders[1]}: expected "
                              f"1 <= MIN <= MAX")
-        self._check_resources()
-        self._check_storage()
 
     def _check_resources(self) -> None:
         """The quantities and the names of the objects the pods refer to (claims, Secrets)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -132,23 +132,36 @@ def keras_structure(fields: Mapping[str, Any], inputs: Selection = None,
         ({'pixels': 'image', 'id': '_id'}, None)
     """
     x = _structure(inputs, fields, "inputs") if inputs is not None else None
-    y: Structure | None
+    y = _targets(fields, targets, x)
+    return (x if x is not None else _default_inputs(fields, y)), y
+
+
+def _targets(fields: Mapping[str, Any], targets: Selection,
+             inputs: Structure | None) -> Structure | None:
+    """Keras's targets: those given, none for an empty list/tuple, else "label" when the
+    reader has one that `inputs` does not already feed the model."""
     if targets is None:
-        given = set(_names(x)) if x is not None else set()
-        y = LABEL_FIELD if LABEL_FIELD in fields and LABEL_FIELD not in given else None
-    elif isinstance(targets, Sequence) and not isinstance(targets, str) and not targets:
-        y = None
-    else:
-        y = _structure(targets, fields, "targets")
-    if x is not None:
-        return x, y
-    taken = set(_names(y)) if y is not None else set()
+        given = set(_names(inputs)) if inputs is not None else set()
+        return LABEL_FIELD if LABEL_FIELD in fields and LABEL_FIELD not in given else None
+    if isinstance(targets, Sequence) and not isinstance(targets, str) and not targets:
+        return None
+    return _structure(targets, fields, "targets")
+
+
+def _default_inputs(fields: Mapping[str, Any], targets: Structure | None) -> Structure:
+    """Keras's inputs when none are named: every field but "label", the targets and the
+    bookkeeping ones ("_id"), a single tensor when that leaves one.
+
+    Raises:
+        ValueError: no field is left.
+    """
+    taken = set(_names(targets)) if targets is not None else set()
     rest = tuple(f for f in fields if f not in taken and f != LABEL_FIELD
                  and not f.startswith(PRIVATE_PREFIX))
     if not rest:
         raise ValueError(f"no fields left for the model's inputs (fields {sorted(fields)}, "
-                         f"targets {y!r}): pass inputs=...")
-    return (rest[0] if len(rest) == 1 else rest), y
+                         f"targets {targets!r}): pass inputs=...")
+    return rest[0] if len(rest) == 1 else rest
 
 
 def _names(structure: Structure) -> Iterator[str]:
@@ -308,24 +321,44 @@ def _normalizer(torch: Any, spec: Mapping[str, FieldSpec], device: Any,
     if device is None and mean is None:
         return None
     target = torch.device(device if device is not None else "cpu")
+    scale = _scales(torch, spec, target, mean, std) if mean is not None and std is not None \
+        else {}
+    pin = target.type == "cuda" if pin_memory is None else pin_memory
+    return _mover(torch, target, pin, scale)
+
+
+def _scales(torch: Any, spec: Mapping[str, FieldSpec], target: Any, mean: Sequence[float],
+            std: Sequence[float]) -> dict[str, tuple[Any, Any]]:
+    """Per uint8 image field (N, H, W, C): the (shift, factor) on `target` that turn its 0-255
+    pixels into (x / 255 - mean) / std, as (x - 255 mean) * 1 / (255 std), one multiply-add.
+
+    Raises:
+        ValueError: the reader yields no such field, or mean/std do not fit its channels.
+    """
     images = [name for name, (shape, dtype) in spec.items()
               if len(shape) == 4 and np.dtype(dtype) == np.uint8]
+    if not images:
+        raise ValueError("mean/std normalize uint8 image batches (N, H, W, C), but the "
+                         "reader yields none: build it with decode=True and no "
+                         "normalizing_const")
     scale: dict[str, tuple[Any, Any]] = {}
-    if mean is not None and std is not None:
-        if not images:
-            raise ValueError("mean/std normalize uint8 image batches (N, H, W, C), but the "
-                             "reader yields none: build it with decode=True and no "
-                             "normalizing_const")
-        for name in images:
-            channels = spec[name][0][3]
-            if len(mean) != channels or len(std) != channels or min(std) <= 0:
-                raise ValueError(f"mean and std need {channels} values (std > 0) for field "
-                                 f"{name!r}, got {tuple(mean)} and {tuple(std)}")
-            shape = (1, channels, 1, 1)
-            scale[name] = (torch.tensor([m * 255.0 for m in mean], device=target).view(shape),
-                           torch.tensor([1.0 / (s * 255.0) for s in std],
-                                        device=target).view(shape))
-    pin = target.type == "cuda" if pin_memory is None else pin_memory
+    for name in images:
+        channels = spec[name][0][3]
+        if len(mean) != channels or len(std) != channels or min(std) <= 0:
+            raise ValueError(f"mean and std need {channels} values (std > 0) for field "
+                             f"{name!r}, got {tuple(mean)} and {tuple(std)}")
+        shape = (1, channels, 1, 1)
+        scale[name] = (torch.tensor([m * 255.0 for m in mean], device=target).view(shape),
+                       torch.tensor([1.0 / (s * 255.0) for s in std],
+                                    device=target).view(shape))
+    return scale
+
+
+def _mover(torch: Any, target: Any, pin: bool,
+           scale: Mapping[str, tuple[Any, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A function that moves a batch's tensors to `target` (through pinned memory, without
+    blocking, when `pin`) and there normalizes the image fields of `scale` to float32 NCHW;
+    other values pass as they are."""
 
     def apply(batch: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -64,31 +64,61 @@ def translate(source: Source | None, pipeline: PipelineOptions | None, sync: Any
         ValueError: world_size=/rank= without sync=True (as before).
     """
     check_known(shortcuts)
-    said = [f"{k}={_shown(v)}" for k, v in shortcuts.items()]
+    said = _said(shortcuts, sync)  # before `sync` becomes the value that holds it
     use: dict[str, str] = {}  # parameter -> its grouped spelling, printed in signature order
     note = ""
     piped = {k: v for k, v in shortcuts.items() if k in KEYWORDS}
     if piped:
-        held = "" if pipeline is None else " (those fields set on the pipeline= given)"
-        pipeline = PipelineOptions.from_keywords(pipeline, **piped)
-        use["pipeline"] = f"pipeline={_pipeline_spelling(piped)}{held}"
+        pipeline, use["pipeline"] = _moved_pipeline(pipeline, piped)
     sourced = {k: v for k, v in shortcuts.items() if k in SOURCE_KEYWORDS}
     if sourced:
-        if source is not None:
-            raise TypeError(f"dist.reader(source=..., {', '.join(sourced)}=...): set "
-                            f"{', '.join(sourced)} inside the source (LocalSource(...) or "
-                            f"MasterSource(...)), not beside it")
-        source, note = _source(sourced)
-        use["source"] = f"source={_spelling(source)}"
+        source, use["source"], note = _moved_source(source, sourced)
     if isinstance(sync, bool) or any(k in shortcuts for k in SYNC_KEYWORDS):
-        said += [f"sync={sync}"] if isinstance(sync, bool) else []
-        sync = _sync(sync, {k: shortcuts[k] for k in SYNC_KEYWORDS if k in shortcuts})
-        use["sync"] = (f"sync={_spelling(sync)}" if sync is not None
-                       else "sync=None (the default)")
+        sync, use["sync"] = _moved_sync(sync, shortcuts)
     grouped = ", ".join(use[p] for p in PARAMETERS if p in use)
-    warnings.warn(f"dist.reader({', '.join(said)}) is deprecated: use {grouped}{note}",
+    warnings.warn(f"dist.reader({said}) is deprecated: use {grouped}{note}",
                   DeprecationWarning, stacklevel=3)
     return source, pipeline, sync
+
+
+def _said(shortcuts: Mapping[str, Any], sync: Any) -> str:
+    """The former spelling as the user wrote it (a bool sync= last), for the warning to quote."""
+    said = [f"{k}={_shown(v)}" for k, v in shortcuts.items()]
+    said += [f"sync={sync}"] if isinstance(sync, bool) else []
+    return ", ".join(said)
+
+
+def _moved_pipeline(pipeline: PipelineOptions | None, piped: Mapping[str, Any]
+                    ) -> tuple[PipelineOptions, str]:
+    """The pipeline with the former pipeline keywords `piped` set on it (on the one given, if
+    any), and its grouped spelling for the warning."""
+    held = "" if pipeline is None else " (those fields set on the pipeline= given)"
+    return (PipelineOptions.from_keywords(pipeline, **piped),
+            f"pipeline={_pipeline_spelling(piped)}{held}")
+
+
+def _moved_source(source: Source | None, sourced: Mapping[str, Any]) -> tuple[Source, str, str]:
+    """The source the former source keywords `sourced` name, its grouped spelling, and a note
+    when the environment chose its kind. Refuses them beside a source=, which would leave two
+    answers to one question.
+
+    Raises:
+        TypeError: `source` is given too.
+    """
+    if source is not None:
+        raise TypeError(f"dist.reader(source=..., {', '.join(sourced)}=...): set "
+                        f"{', '.join(sourced)} inside the source (LocalSource(...) or "
+                        f"MasterSource(...)), not beside it")
+    chosen, note = _source(sourced)
+    return chosen, f"source={_spelling(chosen)}", note
+
+
+def _moved_sync(sync: Any, shortcuts: Mapping[str, Any]) -> tuple[SyncOptions | None, str]:
+    """The sync options a bool `sync` and the former world_size=/rank= keywords name, and
+    their grouped spelling for the warning."""
+    moved = _sync(sync, {k: shortcuts[k] for k in SYNC_KEYWORDS if k in shortcuts})
+    return moved, (f"sync={_spelling(moved)}" if moved is not None
+                   else "sync=None (the default)")
 
 
 def _source(keywords: Mapping[str, Any]) -> tuple[Source, str]:

@@ -60,18 +60,7 @@ def run(args: argparse.Namespace) -> int:
                                  f"0.0.0.0:50052")
     if args.threads is not None and args.threads < 1:
         raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
-    found = load_token()
-    if args.insecure and found:
-        raise ConfigurationError(f"--insecure and a token ({found[1]}) exclude each other: "
-                                 f"drop --insecure to require the token, or unset it")
-    if not args.insecure and not found:
-        raise ConfigurationError(
-            f"no token: a decoder requires one. Set ${TOKEN_ENV} (or ${TOKEN_FILE_ENV}) to the "
-            f"master's token, made e.g. with {HOW_TO_MAKE_A_TOKEN}; or pass --insecure")
-    token = found[0] if found else None
-    if token is not None and len(token) < MIN_TOKEN_CHARS:
-        logger.warning("the token is only %d characters long: a short token can be guessed; "
-                       "make one with %s", len(token), HOW_TO_MAKE_A_TOKEN)
+    token = _token(args.insecure)
     master = args.master or settings.MASTER.get()
     if master:
         _check_registration(master, args.advertise)
@@ -92,6 +81,24 @@ def run(args: argparse.Namespace) -> int:
             registrar.close()
         server.close()
     return 0
+
+
+def _token(insecure: bool) -> str | None:
+    """The token every call must carry (None: --insecure), refused when missing, or given
+    together with --insecure."""
+    found = load_token()
+    if insecure and found:
+        raise ConfigurationError(f"--insecure and a token ({found[1]}) exclude each other: "
+                                 f"drop --insecure to require the token, or unset it")
+    if not insecure and not found:
+        raise ConfigurationError(
+            f"no token: a decoder requires one. Set ${TOKEN_ENV} (or ${TOKEN_FILE_ENV}) to the "
+            f"master's token, made e.g. with {HOW_TO_MAKE_A_TOKEN}; or pass --insecure")
+    token = found[0] if found else None
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        logger.warning("the token is only %d characters long: a short token can be guessed; "
+                       "make one with %s", len(token), HOW_TO_MAKE_A_TOKEN)
+    return token
 
 
 def advertised_host(listen_host: str) -> str:

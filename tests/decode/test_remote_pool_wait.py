@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import threading
 
 import pytest
 
@@ -52,3 +53,31 @@ def test_a_wait_on_a_pool_with_no_live_decoder_is_logged_before_giving_up(
                      wait), wait
     assert re.search(r"last: 127\.0\.0\.1:\d+: ", wait), wait  # why: the last call's failure
     assert "last: 127.0.0.1:" in str(gave_up.value)
+
+
+def test_decoders_that_hang_in_turn_are_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two decoders that accept calls and never answer (stopped, as with SIGSTOP: the kernel
+    takes the connection, nothing replies), each call given up after a deadline longer than
+    DOWN_S: one is always back by the time the other failed, so the pool was never all down,
+    and the fetch, checking its give-up time only then, asked them for ever. It gives up."""
+    monkeypatch.setattr(client, "CALL_TIMEOUT_S", client.DOWN_S * 1.5)
+    with socket.socket() as one, socket.socket() as two:
+        for s in (one, two):
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)  # never accepted, never answered
+        pool = DecoderPool([f"127.0.0.1:{s.getsockname()[1]}" for s in (one, two)],
+                           "a-token-no-decoder-sees-0123456789", give_up_s=4 * client.DOWN_S)
+        outcome: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                pool.fetch(a_request())
+            except BaseException as e:  # noqa: B036 (handed to the test's thread)
+                outcome.append(e)
+        thread = threading.Thread(target=fetch, daemon=True)
+        thread.start()
+        thread.join(120)  # (a liveness bound: the fetch gives up after ~4 calls)
+        pool.close()
+    assert not thread.is_alive(), "the fetch never gave up"
+    assert len(outcome) == 1 and isinstance(outcome[0], DecodersUnavailableError), outcome
+    assert "answered for 4 s" in str(outcome[0])

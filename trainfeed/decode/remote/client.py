@@ -56,12 +56,12 @@ DOWN_S = 1.0
 # Without a record received from any decoder for this long, the task fails (the master gives
 # it to another reader; a local pass ends with the error).
 GIVE_UP_S = 60.0
+# A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
+CALL_TIMEOUT_S = 120.0
 # A fetch without a record for this long logs what it waits for and until when, then every
 # WAIT_LOG_EVERY_S: no wait over 5 s is silent (as the lease's waits, issue 26).
 WAIT_LOG_S = 5.0
 WAIT_LOG_EVERY_S = 15.0
-# A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
-CALL_TIMEOUT_S = 120.0
 
 
 @dataclass

@@ -90,7 +90,7 @@ class DecoderServer(flight.FlightServerBase):
         with self._lock:
             if self._calls[peer] >= MAX_CALLS_PER_CLIENT:
                 raise _refused(f"{self._calls[peer]} calls of this client are in flight: the "
-                               f"bound is {MAX_CALLS_PER_CLIENT} per client")
+                               f"bound is {MAX_CALLS_PER_CLIENT} per client connection")
             self._calls[peer] += 1
         try:
             self._serve(descriptor, reader, writer)

@@ -61,6 +61,10 @@ DOWN_S = 1.0
 GIVE_UP_S = 60.0
 # A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
 CALL_TIMEOUT_S = 120.0
+# A fetch without a record for this long logs what it waits for and until when, then every
+# WAIT_LOG_EVERY_S: no wait over 5 s is silent (as the lease's waits, issue 26).
+WAIT_LOG_S = 5.0
+WAIT_LOG_EVERY_S = 15.0
 
 
 @dataclass
@@ -174,15 +178,22 @@ class DecoderPool:
         got: list[pa.RecordBatch] = []
         received = 0
         progress_at = time.monotonic()
+        wait = _Wait(self, request)
         while True:
+            # (Checked before each call, not only when every decoder is down: decoders that
+            # fail in turn, each before the others are back, would otherwise be waited on
+            # for ever.)
+            waited = time.monotonic() - progress_at
+            wait.log(waited)
+            if waited > self.give_up_s:
+                raise DecodersUnavailableError(
+                    f"no decoder of {self.addresses} answered for {self.give_up_s:g} s "
+                    f"(partition {request.partition} of epoch {request.epoch}; last: "
+                    f"{wait.last}): start `trainfeed decoder`s, or unset TRAINFEED_DECODE to "
+                    f"decode locally")
             rest = dataclasses.replace(request, skip=request.skip + received)
             decoder = self._take()
             if decoder is None:
-                if time.monotonic() - progress_at > self.give_up_s:
-                    raise DecodersUnavailableError(
-                        f"no decoder of {self.addresses} answered for {self.give_up_s:g} s "
-                        f"(partition {request.partition} of epoch {request.epoch}): start "
-                        f"`trainfeed decoder`s, or unset TRAINFEED_DECODE to decode locally")
                 time.sleep(DOWN_S / 4)
                 continue
             before = received
@@ -193,6 +204,7 @@ class DecoderPool:
                     progress_at = time.monotonic()
             except _Died as e:
                 self._give(decoder, failed=True)
+                wait.last = f"{decoder.address}: {e}"
                 logger.info("decoder %s failed after %d of %d records (%s); asking another for "
                             "the rest", decoder.address, received - before, rest.records, e)
                 continue
@@ -269,6 +281,30 @@ def _finish(writer: flight.FlightStreamWriter, reader: flight.FlightStreamReader
             reader.read_chunk()
     except StopIteration:
         pass
+
+
+class _Wait:
+    """Says what a fetch without records waits for and until when: once it has waited
+    WAIT_LOG_S, then every WAIT_LOG_EVERY_S (no silent waits)."""
+
+    def __init__(self, pool: DecoderPool, request: DecodeRequest):
+        self.pool = pool
+        self.request = request
+        self.last = "no decoder was up to ask"  # why the last call failed
+        self._logged_at = float("-inf")
+
+    def log(self, waited: float) -> None:
+        now = time.monotonic()
+        if waited < WAIT_LOG_S or now - self._logged_at < WAIT_LOG_EVERY_S:
+            return
+        self._logged_at = now
+        until = time.strftime("%H:%M:%S",
+                              time.localtime(time.time() + self.pool.give_up_s - waited))
+        logger.warning(
+            "no record of partition %d of epoch %d from decoders %s for %.0f s (%d up; last: "
+            "%s); asking until %s, then the task fails (give-up time %g s)",
+            self.request.partition, self.request.epoch, ", ".join(self.pool.addresses),
+            waited, self.pool.live(), self.last, until, self.pool.give_up_s)
 
 
 class _Died(Exception):

@@ -81,3 +81,19 @@ def test_decoders_that_hang_in_turn_are_given_up_on(monkeypatch: pytest.MonkeyPa
     assert not thread.is_alive(), "the fetch never gave up"
     assert len(outcome) == 1 and isinstance(outcome[0], DecodersUnavailableError), outcome
     assert "answered for 4 s" in str(outcome[0])
+
+
+def test_a_wait_for_the_masters_first_decoder_says_none_is_registered(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: a pool kept to the master's list, which is empty (no decoder registered):
+    the wait line and the error say so and what to start, not an empty list."""
+    monkeypatch.setattr(client, "WAIT_LOG_S", 1.0)
+    pool = DecoderPool([], "a-token-no-decoder-sees-0123456789", give_up_s=2.0, listed=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger=client.__name__), \
+                pytest.raises(DecodersUnavailableError, match="the master lists no decoder"):
+            pool.fetch(a_request())
+    finally:
+        pool.close()
+    waits = [r.getMessage() for r in caplog.records if r.name == client.__name__]
+    assert len(waits) == 1 and "trainfeed decoder --master" in waits[0], waits

@@ -126,6 +126,14 @@ class DecoderPool:
         if gone or len(self._decoders) != len(old):
             logger.info("remote decode: the master lists %d decoder(s)", len(decoders))
 
+    def described(self) -> str:
+        """The decoders, for a message: their addresses, or what an empty master's list means."""
+        addresses = self.addresses
+        if addresses:
+            return ", ".join(addresses)
+        return ("none: the master lists no decoder (start `trainfeed decoder --master ...` "
+                "with the master's token)")
+
     def live(self) -> int:
         """Decoders not marked down now."""
         now = time.monotonic()
@@ -187,7 +195,7 @@ class DecoderPool:
             wait.log(waited)
             if waited > self.give_up_s:
                 raise DecodersUnavailableError(
-                    f"no decoder of {self.addresses} answered for {self.give_up_s:g} s "
+                    f"no decoder ({self.described()}) answered for {self.give_up_s:g} s "
                     f"(partition {request.partition} of epoch {request.epoch}; last: "
                     f"{wait.last}): start `trainfeed decoder`s, or unset TRAINFEED_DECODE to "
                     f"decode locally")
@@ -303,7 +311,7 @@ class _Wait:
         logger.warning(
             "no record of partition %d of epoch %d from decoders %s for %.0f s (%d up; last: "
             "%s); asking until %s, then the task fails (give-up time %g s)",
-            self.request.partition, self.request.epoch, ", ".join(self.pool.addresses),
+            self.request.partition, self.request.epoch, self.pool.described(),
             waited, self.pool.live(), self.last, until, self.pool.give_up_s)
 
 

@@ -327,6 +327,24 @@ def test_calls_in_flight_per_client_are_bounded(storage: str) -> None:
             client.close()
 
 
+def test_a_pool_keeps_its_calls_to_one_decoder_under_the_bound(storage: str) -> None:
+    """Twice MAX_CALLS_PER_CLIENT fetches at once through one decoder (more tasks than its
+    bound, as a deep prefetch with one decoder makes): each waits for a slot instead of being
+    refused, which failed the task."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with DecoderProcess(storage, TOKEN) as decoder:
+        pool = DecoderPool([decoder.address], TOKEN)
+        request = a_request(storage, chunk=1)  # ten one-record chunks: the calls overlap
+        try:
+            with ThreadPoolExecutor(2 * MAX_CALLS_PER_CLIENT) as ex:
+                got = list(ex.map(pool.fetch, [request] * (2 * MAX_CALLS_PER_CLIENT)))
+        finally:
+            pool.close()
+    assert [sum(b.num_rows for b in batches) for batches in got] == [10] * len(got)
+    assert pool.served() == {decoder.address: 2 * MAX_CALLS_PER_CLIENT}
+
+
 def test_every_other_flight_method_is_refused_plainly(storage: str) -> None:
     """Only DoExchange serves; the rest answer so, with no traceback quoted, and only after
     the token check."""

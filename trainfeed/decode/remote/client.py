@@ -32,6 +32,7 @@ import pyarrow.flight as flight
 
 from trainfeed.decode.pixels import DecodedBatch
 from trainfeed.decode.remote.wire import (
+    MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
     DecodeRequest,
     DecoderRefusedError,
@@ -155,7 +156,10 @@ class DecoderPool:
         with self._lock:
             if self.closed:
                 raise ValueError("the decoder pool is closed")
-            up = [d for d in self._decoders.values() if d.down_until <= now]
+            # (At most the decoder's bound of calls per connection: a call over it would be
+            # refused, and the refusal fail the task; it waits for one of ours to end instead.)
+            up = [d for d in self._decoders.values()
+                  if d.down_until <= now and d.outstanding < MAX_CALLS_PER_CLIENT]
             if not up:
                 return None
             chosen = min(up, key=lambda d: (d.outstanding, d.asked, d.busy))

@@ -291,10 +291,7 @@ class SimReader:
                 current, began = ahead.popleft(), now
                 self.current = current
                 self.stats.started.setdefault(epoch, now)
-            if now >= self.breaks_at:
-                self.stats.breaks += 1
-                self.transport.reconnect()
-                self._next_break(now)
+            self._maybe_break(now)
             held = ([current] if current else []) + list(ahead)
             stop = self._events(ahead, reports)
             if stop:
@@ -320,16 +317,7 @@ class SimReader:
                     if idle_since is not None:
                         self.stats.tail_s += last_sent - idle_since
                     return True
-                cuts = []
-                for task in answer.tasks:
-                    lease = self._lease(task, quota)
-                    if quota is not None:
-                        quota -= lease.end - lease.skip
-                    ahead.append(lease)
-                    if lease.cut:
-                        cuts.append(lease)
-                if cuts:  # (their rest goes back at once: another rank waits for it)
-                    self._cut(cuts, current, ahead)
+                quota = self._take(answer.tasks, quota, current, ahead)
                 if answer.tasks and idle_since is not None:
                     waited = last_sent - idle_since
                     self.stats.starved_s += waited
@@ -351,6 +339,13 @@ class SimReader:
                     self.cond.wait(max(0.0, min(wake, self.dies_at, self.deadline,
                                                 self.breaks_at) - now))
 
+    def _maybe_break(self, now: float) -> None:
+        """`break_every_s`: cancels the stream when due (the Transport reopens it)."""
+        if now >= self.breaks_at:
+            self.stats.breaks += 1
+            self.transport.reconnect()
+            self._next_break(now)
+
     def _next_break(self, now: float) -> None:
         if self.cfg.break_every_s:
             self.breaks_at = now + self.cfg.break_every_s * self.rng.uniform(0.5, 1.5)
@@ -367,6 +362,22 @@ class SimReader:
         if quota is not None and end - lease.skip > quota:  # a rank keeps its quota's part
             lease.end, lease.cut = lease.skip + max(0, quota), True
         return lease
+
+    def _take(self, tasks: Sequence[pb.Task], quota: int | None, current: _Lease | None,
+              ahead: deque[_Lease]) -> int | None:
+        """Queues the leases granted; returns the quota left. A synchronous rank's cut ones
+        hand their rest back at once (another rank waits for it)."""
+        cuts = []
+        for task in tasks:
+            lease = self._lease(task, quota)
+            if quota is not None:
+                quota -= lease.end - lease.skip
+            ahead.append(lease)
+            if lease.cut:
+                cuts.append(lease)
+        if cuts:
+            self._cut(cuts, current, ahead)
+        return quota
 
     def _cut(self, cuts: list[_Lease], current: _Lease | None, ahead: deque[_Lease]) -> None:
         """A synchronous rank's cut leases: the rest of each goes back with a RELEASED at the

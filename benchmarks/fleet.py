@@ -2,15 +2,14 @@
 
 What it measures: a master process (`trainfeed master`, any state store) serving N simulated
 readers, spread as threads over `--processes` client processes so that 1,000 fit on a small
-machine. Each reader speaks the real wire protocol through trainfeed.lease.client.MasterClient
-(OpenJob, GetTasks with reports and held leases, LeaveJob) and, by default, holds a Session
-stream: what the master pushes (give-backs, revocations, epoch ends) comes on it, and its
-heartbeats go on it as messages (answered), not as Report calls. When the master's first event
-on the stream says `grants`, it asks for its leases on the stream too, as trainfeed's reader
-does (the same GetTasksRequest as a `get_tasks` message, answered by WatchEvent.grant; the
-GetTasks call instead when refused, unanswered, or the stream broke). `--calls`: GetTasks calls
-only (readers before grants on the stream). `--poll`: no stream, Report as heartbeat and every
-STEAL_POLL_S while it holds unstarted leases (readers before push).
+machine. Each reader speaks the one conversation of trainfeed's readers (protocol 3): OpenJob
+through trainfeed.lease.client.MasterClient, then everything on its one Session stream, which it
+keeps in a trainfeed.lease.transport.Transport, the real reader's own: its requests for tasks
+(`tasks_request` as `get_tasks` messages, answered by WatchEvent.grant), its heartbeats and
+reports (answered), matched to their answers by seq; what the master pushes (give-backs,
+revocations, epoch ends) comes on it. A broken stream is reopened with the Transport's backoff
+(full jitter, RETRY_MIN_S to RETRY_MAX_S) and what went unanswered is sent again on the new one;
+there is no other dialect. Readers start once their stream is up; LeaveJob ends a session.
 What a reader "reads" is time: it consumes a partition's records at its own rate (records/s),
 so the load on the master is the protocol's and nothing else's. Readers come in kinds: `slow`
 and `fast` (a share of them, at a factor of the base rate) and `dying` (they stop dead, without
@@ -18,12 +17,12 @@ LeaveJob, part way through the first epoch: their leases expire and go to others
 
 It reports, over the run:
 - master CPU (cores, from /proc of the master's pid), per reader-second and per partition read;
-- calls/s by method (the master's own metrics, trainfeed_rpc_duration_seconds_count) and calls
-  per reader-second;
-- Session messages/s sent by the readers (heartbeats, reports, GetTasks asked on the stream),
-  and how many grants came on the stream, were refused there, or went unanswered;
-- grant latency p50/p99 (GetTasks asked with work in hand, wait_ms=0, that got tasks: on the
-  stream, from the message sent to its answer received, or as a call);
+- Session messages/s sent by the readers (heartbeats, reports, `get_tasks`) and per
+  reader-second, and how many grants came, were refused, or went unanswered (asked again);
+- Session streams opened (one per reader unless one broke) and unary calls/s by method (the
+  master's own metrics, trainfeed_rpc_duration_seconds_count: OpenJob, LeaveJob);
+- grant latency p50/p99 (`get_tasks` asked with work in hand, wait_ms=0, that got tasks: from
+  the message sent to its answer received);
 - per-reader starvation: time with nothing to read while its epoch still had work (waits that
   ended with tasks; the wait at an epoch's tail that ends with EPOCH_DONE is counted apart);
 - stealing traffic: give-backs received, partitions released;
@@ -33,9 +32,11 @@ With `--sync` the readers are the ranks of one synchronous group (world size N):
 the steps per rank (they must be equal) and how long after the last rank finished an epoch the
 last rank started the next.
 
-The simulated reader's bookkeeping (`SimReader`) is small and written here, on top of
-MasterClient; the reader session of trainfeed.lease is being rewritten for push (issue 28), and
-the simulator should use its pure lease book once that lands.
+The simulated reader's bookkeeping (`SimReader`) is small and written here, on top of the
+Transport: trainfeed.lease.book.LeaseBook speaks in TaskRefs and reports of a real trainer's
+progress, more than a reader that only counts records needs; the simulator keeps the same rules
+where they matter (a synchronous rank's cut listed as held until its RELEASED is answered, then
+read to its kept end with no DONE; leases begun never given back).
 
 Run from the repository root:
 
@@ -61,7 +62,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
 from proc_stats import process_cpu_s, rpc_counts
 from stop_cleanly import exit_cleanly_on_signals
 
@@ -69,6 +69,8 @@ import trainfeed
 from trainfeed.errors import JobError, MasterUnavailableError
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo, write_manifest
 from trainfeed.lease.client import CALL_TIMEOUT_S, MasterClient, session_message, tasks_request
+from trainfeed.lease.session import ANSWER_TIMEOUT_S, REFUSED_RETRY_S
+from trainfeed.lease.transport import Transport
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.planning.order import epoch_order
 from trainfeed.storage import open_storage
@@ -76,9 +78,6 @@ from trainfeed.v1 import master_pb2 as pb
 
 DEFAULT_ROOT = os.path.join(tempfile.gettempdir(), "trainfeed-bench")
 JOB = "fleet"
-# As trainfeed.lease.session: a reader that does not watch polls this often while it holds
-# leases it has not started, so that a give-back reaches it.
-STEAL_POLL_S = 0.25
 # A long-poll of a reader with nothing to read (the master caps it at 5 s).
 LONG_POLL_MS = 5000
 ROW_GROUPS_PER_SHARD = 1000
@@ -105,8 +104,10 @@ class FleetOptions:
     # deep reader leases several per call.
     depth: int = 2
     lease_timeout_s: float = 30.0
-    watch: bool = True
-    grants: bool = True  # ask for leases on the Session stream when the master offers it
+    # > 0: each reader cancels its Session stream about this often (a network that drops
+    # connections): the Transport reopens it with its backoff and sends again what went
+    # unanswered, and every record must still be delivered once.
+    break_every_s: float = 0.0
     sync: bool = False
     batch: int = 4
     seed: int = 0
@@ -114,6 +115,8 @@ class FleetOptions:
     def __post_init__(self) -> None:
         if self.readers < 1 or self.processes < 1 or self.partitions < 1 or self.records < 1:
             raise ValueError(f"readers, processes, partitions and records must be ≥ 1: {self}")
+        if self.break_every_s < 0:
+            raise ValueError(f"break_every_s must be ≥ 0 (0: never), got {self.break_every_s}")
         if self.rate <= 0 or self.depth < 1:
             raise ValueError(f"rate must be > 0 and depth ≥ 1, got {self.rate}, {self.depth}")
         if self.slow_share + self.fast_share + self.dying_share > 1:
@@ -148,13 +151,15 @@ class ReaderStats:
     released: int = 0
     revoked: int = 0
     events: int = 0
-    stream_messages: int = 0  # heartbeats, reports and GetTasks sent on the Session stream
-    answers: int = 0  # the master's answers to them (grants apart)
+    stream_messages: int = 0  # heartbeats, reports and get_tasks sent on the Session stream
+    answers: int = 0  # the master's answers to heartbeats (grants apart)
+    unanswered: int = 0  # heartbeats sent again on a new stream (it broke, or no answer came)
     sent_at: list[float] = field(default_factory=list)  # when each message went (monotonic)
-    grants_on_stream: int = 0  # GetTasks answered on the stream
-    grants_refused: int = 0  # refused there (then made as a call)
-    grants_unanswered: int = 0  # no answer (timed out or the stream broke: then a call)
-    grant_calls: int = 0  # GetTasks calls made (`calls` does not survive asdict: a Counter)
+    grants_on_stream: int = 0  # get_tasks answered with a grant
+    grants_refused: int = 0  # refused (then asked again)
+    grants_unanswered: int = 0  # no answer (timed out or the stream broke: asked again)
+    streams_opened: int = 0  # Session streams this reader opened (1 unless one broke)
+    breaks: int = 0  # streams it cancelled itself (`break_every_s`)
     # epoch -> partition -> [(first, stop)] record ranges consumed
     ranges: dict[int, dict[int, list[tuple[int, int]]]] = field(default_factory=dict)
     records: dict[int, int] = field(default_factory=dict)  # epoch -> records consumed
@@ -183,13 +188,16 @@ class _Lease:
 
 
 class SimReader:
-    """One reader: the lease protocol as a reader session speaks it, consumption simulated.
+    """One reader: the lease protocol as trainfeed's reader session speaks it, consumption
+    simulated.
 
     Per epoch: keep `depth` leases in hand (the one being read and those ahead, unstarted);
-    reports ride on the next call; a heartbeat goes every lease_timeout/3 if no other call went,
-    and reports that cannot wait go alone (a message of its Session stream, or a Report call
-    without a stream); a reader that does not watch also calls every STEAL_POLL_S while it holds
-    unstarted leases (how it learns of give-backs); a watching one learns them on its stream.
+    reports ride on the next `get_tasks` message; a heartbeat (answered) goes every
+    lease_timeout/3 if no other message went, and at once on a reopened stream; reports that
+    cannot wait go alone, as a heartbeat. Everything goes on the reader's one Session stream, a
+    trainfeed.lease.transport.Transport (the reader's own: answers matched by seq, a broken
+    stream reopened with its backoff, a message whose answer was lost sent again on the next
+    stream); what the master pushes (give-backs, revocations, epoch ends) comes on it too.
     """
 
     def __init__(self, client: MasterClient, cfg: FleetOptions, dataset: str, index: int,
@@ -203,17 +211,18 @@ class SimReader:
         self.deadline = float("inf")
         self.worker = ""
         self.cond = threading.Condition()
+        # Pushed events, and the answers to messages sent on the reader's own (applied by the
+        # reading loop, as events are).
         self.inbox: list[pb.WatchEvent] = []
-        self.stream: Any = None  # its Session stream (a SessionStream)
-        self.stream_up = False  # its first event came and it has not ended since
-        self.offered = False  # that first event said `grants`
-        self.granting: dict[int, pb.WatchEvent | None] = {}  # get_tasks seq -> its answer
-        self.seq = 0
+        self.transport = Transport(client, self.cond, self.deliver, self._broke)
+        self.resync = False  # the stream broke: a heartbeat goes at once on the next one
         # When (after the start) a dying reader dies: within its first epoch's share.
         self.dies_after = (random.Random(index).uniform(0.2, 0.8)
                            * cfg.partitions * cfg.records / cfg.readers / self.rate
                            if self.kind == "dying" else float("inf"))
         self.dies_at = float("inf")
+        self.breaks_at = float("inf")  # when it next cancels its stream (`break_every_s`)
+        self.rng = random.Random(cfg.seed * 1_000_003 + index + 1)
         # The epoch being read and its DONE reports not yet acknowledged (see `_unconsume`).
         self.epoch = 0
         self.unsent: list[pb.TaskReport] = []
@@ -222,21 +231,19 @@ class SimReader:
                      if cfg.sync else None)
 
     # -- the session --------------------------------------------------------------------------
-    def run(self, watcher: Watcher | None) -> ReaderStats:
+    def run(self) -> ReaderStats:
         try:
             opened = self.client.open_job(JOB, self.dataset, self.cfg.seed, sync=self.sync)
             self.stats.calls["OpenJob"] += 1
             self.worker = opened.worker_id
-            if watcher is not None:
-                watcher.watch(self)
-                with self.cond:  # its stream up (its first event) before the fleet starts:
-                    # a reader whose stream is not up yet asks by call, as the real one
-                    self.cond.wait_for(lambda: self.stream_up, timeout=5)
+            self.transport.start(JOB, self.worker)
+            self.transport.wait_up()  # its stream up (its first event) before the fleet starts
             self.opened.set()
             self.go.wait()
             start = time.monotonic()
             self.deadline = start + (self.cfg.duration_s or float("inf"))
             self.dies_at = start + self.dies_after
+            self._next_break(start)
             epoch = opened.current_epoch
             for _ in range(self.cfg.epochs):
                 if not self.read_epoch(epoch):
@@ -247,13 +254,13 @@ class SimReader:
                 self.stats.calls["LeaveJob"] += 1
         except (JobError, MasterUnavailableError) as e:
             self.stats.errors.append(f"reader {self.index}: {e}")
-            # Gave up: the last call's reports may or may not have counted (its answer was
+            # Gave up: the last message's reports may or may not have counted (its answer was
             # lost), so their records are neither missing nor duplicated: uncertain.
             self._unconsume(self.epoch, self.unsent, uncertain=True)
         finally:
             self.opened.set()
-            if self.stream is not None:
-                self.stream.cancel()
+            self.transport.close()
+            self.stats.streams_opened = self.transport.opened
         return self.stats
 
     def read_epoch(self, epoch: int) -> bool:
@@ -262,7 +269,7 @@ class SimReader:
         current: _Lease | None = None
         began = 0.0  # when the current partition's first record was consumed
         reports: list[pb.TaskReport] = []
-        todo_left, last_call, idle_since = 1, time.monotonic(), None
+        todo_left, last_sent, idle_since = 1, time.monotonic(), None
         quota = self._quota(epoch)  # sync: records this rank still takes
         self.epoch = epoch
         while True:
@@ -284,12 +291,13 @@ class SimReader:
                 current, began = ahead.popleft(), now
                 self.current = current
                 self.stats.started.setdefault(epoch, now)
+            self._maybe_break(now)
             held = ([current] if current else []) + list(ahead)
             stop = self._events(ahead, reports)
             if stop:
                 return False
             if quota is not None and quota <= 0 and current is None and not ahead:
-                self._flush(epoch, reports, held)
+                self._flush(reports, held)
                 return True  # a rank's quota is read: the next epoch starts when all are
             want = self.cfg.depth - len(held)
             refill = want >= max(1, self.cfg.depth // 2) and todo_left > 0
@@ -299,7 +307,7 @@ class SimReader:
                     idle_since = now
                 answer = self._get_tasks(epoch, want, 0 if held else LONG_POLL_MS, reports,
                                          held, current, quota)
-                last_call = time.monotonic()
+                last_sent = time.monotonic()
                 reports = []
                 # WAIT with work in hand: what todo holds is reserved for others; ask again
                 # once this reader has nothing (a long-poll), not in a loop.
@@ -307,37 +315,40 @@ class SimReader:
                 self._answered(answer, ahead, reports)
                 if answer.status == pb.GetTasksResponse.EPOCH_DONE:
                     if idle_since is not None:
-                        self.stats.tail_s += last_call - idle_since
+                        self.stats.tail_s += last_sent - idle_since
                     return True
-                for task in answer.tasks:
-                    lease = self._lease(task, quota)
-                    if quota is not None:
-                        quota -= lease.end - lease.skip
-                    ahead.append(lease)
+                quota = self._take(answer.tasks, quota, current, ahead)
                 if answer.tasks and idle_since is not None:
-                    waited = last_call - idle_since
+                    waited = last_sent - idle_since
                     self.stats.starved_s += waited
                     self.stats.max_starved_s = max(self.stats.max_starved_s, waited)
                     idle_since = None
                 continue
-            due = last_call + self.cfg.lease_timeout_s / 3
-            if ahead and not self.cfg.watch:
-                due = min(due, last_call + STEAL_POLL_S)
-            if reports and (todo_left == 0 or len(reports) >= self.cfg.depth):
+            due = last_sent + self.cfg.lease_timeout_s / 3
+            if reports and (todo_left == 0 or len(reports) >= self.cfg.depth) or self.resync:
                 due = now  # at an epoch's tail the others wait for these reports
             if now >= due:
                 sent, reports = reports, []
-                if self.stream is None:
-                    self._answered(self._report(sent, held, current), ahead, reports)
-                else:  # a message; its answer comes as an event
-                    self._send(sent, held, current)
-                last_call = time.monotonic()
+                self._post(sent, held, current)
+                last_sent = time.monotonic()
                 continue
             wake = due if current is None else min(due, began + (current.end - current.skip)
                                                    / self.rate)
             with self.cond:
                 if not self.inbox:
-                    self.cond.wait(max(0.0, min(wake, self.dies_at, self.deadline) - now))
+                    self.cond.wait(max(0.0, min(wake, self.dies_at, self.deadline,
+                                                self.breaks_at) - now))
+
+    def _maybe_break(self, now: float) -> None:
+        """`break_every_s`: cancels the stream when due (the Transport reopens it)."""
+        if now >= self.breaks_at:
+            self.stats.breaks += 1
+            self.transport.reconnect()
+            self._next_break(now)
+
+    def _next_break(self, now: float) -> None:
+        if self.cfg.break_every_s:
+            self.breaks_at = now + self.cfg.break_every_s * self.rng.uniform(0.5, 1.5)
 
     def _quota(self, epoch: int) -> int | None:
         if not self.cfg.sync:
@@ -350,22 +361,41 @@ class SimReader:
         lease = _Lease(task.epoch, task.partition, task.lease, task.skip_records, end)
         if quota is not None and end - lease.skip > quota:  # a rank keeps its quota's part
             lease.end, lease.cut = lease.skip + max(0, quota), True
-            self._call("Report", self.client.report, JOB, self.worker, reports=[pb.TaskReport(
-                epoch=task.epoch, partition=task.partition, outcome=pb.TaskReport.RELEASED,
-                lease=task.lease, consumed=lease.end)], sync=self.sync)
         return lease
+
+    def _take(self, tasks: Sequence[pb.Task], quota: int | None, current: _Lease | None,
+              ahead: deque[_Lease]) -> int | None:
+        """Queues the leases granted; returns the quota left. A synchronous rank's cut ones
+        hand their rest back at once (another rank waits for it)."""
+        cuts = []
+        for task in tasks:
+            lease = self._lease(task, quota)
+            if quota is not None:
+                quota -= lease.end - lease.skip
+            ahead.append(lease)
+            if lease.cut:
+                cuts.append(lease)
+        if cuts:
+            self._cut(cuts, current, ahead)
+        return quota
+
+    def _cut(self, cuts: list[_Lease], current: _Lease | None, ahead: deque[_Lease]) -> None:
+        """A synchronous rank's cut leases: the rest of each goes back with a RELEASED at the
+        count it keeps, the lease listed as held until the master answered (as LeaseBook.keep
+        and its `releasing`); it keeps reading the kept part, with no DONE."""
+        held = ([current] if current else []) + list(ahead)
+        self._post([pb.TaskReport(epoch=x.epoch, partition=x.partition,
+                                  outcome=pb.TaskReport.RELEASED, lease=x.lease, consumed=x.end)
+                    for x in cuts], held, current, releasing=True)
 
     # -- what the master tells it -------------------------------------------------------------
     def _events(self, ahead: deque[_Lease], reports: list[pb.TaskReport]) -> bool:
-        """Applies the Watch events received; True if the reader must stop."""
+        """Applies the events pushed and the answers received; True if the reader must stop."""
         with self.cond:
             events, self.inbox = self.inbox, []
         stop = False
         for event in events:
-            if event.answers:
-                self.stats.answers += 1
-                self._drop(event.refused, ahead)
-            else:
+            if not event.answers:
                 self.stats.events += 1
             self._answered(event, ahead, reports)
             stop = stop or bool(event.group_broken or event.superseded)
@@ -382,16 +412,14 @@ class SimReader:
             # and the thief, woken, asks elsewhere at once rather than after ASK_AGAIN_S)
             reports[:] = [r for r in reports if r.outcome != pb.TaskReport.RELEASED]
             held = ([self.current] if self.current else []) + list(ahead)
-            if self.stream is not None:
-                self._send(sent, held, self.current)
-            else:
-                self._drop(self._report(sent, held, self.current).revoked, ahead)
+            self._post(sent, held, self.current)
 
     def _drop(self, revoked: Sequence[pb.HeldTask], ahead: deque[_Lease]) -> None:
         gone = {(t.epoch, t.partition, t.lease) for t in revoked}
         if gone:
             self.stats.revoked += len(gone)
-            for lease in [x for x in ahead if x.key in gone]:
+            # (a cut lease is not the rank's since its RELEASED: its kept part is still read)
+            for lease in [x for x in ahead if x.key in gone and not x.cut]:
                 ahead.remove(lease)
 
     def _give_back(self, asked: Sequence[pb.HeldTask], ahead: deque[_Lease],
@@ -400,7 +428,7 @@ class SimReader:
         whether it keeps some asked lease because it began it."""
         keys = {(t.epoch, t.partition, t.lease) for t in asked}
         self.stats.give_backs += len(keys)
-        back = [x for x in ahead if x.key in keys]
+        back = [x for x in ahead if x.key in keys and not x.cut]
         for lease in back:
             ahead.remove(lease)
             reports.append(pb.TaskReport(epoch=lease.epoch, partition=lease.partition,
@@ -410,91 +438,90 @@ class SimReader:
         return self.current is not None and self.current.key in keys
 
     def deliver(self, event: pb.WatchEvent) -> None:
-        """From the watcher's thread: an event of this reader's stream (the answer to a
-        GetTasks asked on it goes to its asker)."""
+        """From the stream's thread (Transport's `on_event`): an event the master pushed (the
+        answers to this reader's messages go to their asker)."""
         with self.cond:
-            if event.answers in self.granting:
-                self.granting[event.answers] = event
-            else:
-                if not event.answers and not self.stream_up:
-                    self.stream_up, self.offered = True, event.grants
-                self.inbox.append(event)
+            self.inbox.append(event)
             self.cond.notify_all()
 
-    def stream_ended(self) -> None:
-        """From the watcher's thread: the stream is gone; grants go as calls from now on."""
-        with self.cond:
-            self.offered = False
-            self.cond.notify_all()
+    def _broke(self) -> None:
+        """From the stream's thread, under `cond` (Transport's `on_break`): a heartbeat goes
+        at once on the next stream, so that what the master could not push meanwhile comes
+        in its answer (as WorkerSession)."""
+        self.resync = True
+        self.cond.notify_all()
 
-    # -- calls --------------------------------------------------------------------------------
+    # -- messages -----------------------------------------------------------------------------
     def _get_tasks(self, epoch: int, want: int, wait_ms: int, reports: list[pb.TaskReport],
                    held: list[_Lease], current: _Lease | None, quota: int | None
                    ) -> pb.GetTasksResponse:
+        """A `get_tasks` message, asked until answered with a grant (as WorkerSession.get_tasks):
+        sent again on the next stream when the stream broke or no answer came; when refused,
+        its reports go alone first, and one refused for the master's load goes again after
+        REFUSED_RETRY_S."""
         started = time.monotonic()
-        request = tasks_request(epoch, want, wait_ms, reports, [x.key for x in held],
-                                max(1, quota) if quota is not None else 0,
-                                [current.key] if current else [], self.sync, None)
-        answer = None
-        with self.cond:
-            on_stream = self.cfg.grants and self.stream is not None and self.offered
-        if on_stream:
-            answer = self._grant_on_stream(request)
-        if answer is None:  # (a fresh copy: the one sent may still be queued for the stream)
-            call = pb.GetTasksRequest()
-            call.CopyFrom(request)
-            answer = self._call("GetTasks", self.client.call_get_tasks, JOB, self.worker, call)
-            self.stats.grant_calls += 1
+        while True:
+            request = tasks_request(epoch, want, wait_ms, reports, self._keys(held),
+                                    max(1, quota) if quota is not None else 0,
+                                    [current.key] if current else [], self.sync, None)
+            event = self._ask(pb.SessionMessage(get_tasks=request), wait_ms / 1000,
+                              CALL_TIMEOUT_S + wait_ms / 1000, "a request for tasks")
+            if event is None:
+                self.stats.grants_unanswered += 1
+                continue
+            if not event.grant_refused:
+                break
+            self.stats.grants_refused += 1
+            if reports:
+                self._post(list(reports), held, current)
+                reports.clear()
+            elif event.grant_refused.startswith("RESOURCE_EXHAUSTED"):
+                time.sleep(REFUSED_RETRY_S)
+            else:
+                raise JobError(f"master {self.client.address} refused the request for tasks "
+                               f"of reader {self.index}: {event.grant_refused}")
+        self.stats.grants_on_stream += 1
+        answer = event.grant
+        answer.revoked.extend(event.refused)
         if wait_ms == 0 and answer.tasks:
             self.stats.grant_ms.append((time.monotonic() - started) * 1000)
         return answer
 
-    def _grant_on_stream(self, request: pb.GetTasksRequest) -> pb.GetTasksResponse | None:
-        """`request` as a `get_tasks` message, waiting for its answer as the call would (its
-        deadline); None, to make the call instead, when refused or unanswered (as
-        WorkerSession._grant_on; a late answer is dropped, the call's reports are REPEATs)."""
+    def _post(self, reports: list[pb.TaskReport], held: list[_Lease], current: _Lease | None,
+              releasing: bool = False) -> None:
+        """A heartbeat, with any reports, until answered (sent again on the next stream if the
+        stream broke or no answer came: the master takes a repeated report as a REPEAT); its
+        answer is applied by the reading loop, as an event. `releasing`: `held` lists the cut
+        leases this message hands back."""
+        keys = self._keys(held, releasing)
+        started = [current.key] if current else []
+        while True:
+            event = self._ask(session_message(0, reports, keys, started, self.sync, None), 0.0,
+                              ANSWER_TIMEOUT_S, "a heartbeat")
+            if event is not None:
+                break
+            self.stats.unanswered += 1
+        self.stats.answers += 1
+        event.revoked.extend(event.refused)
         with self.cond:
-            self.seq += 1
-            seq = self.seq
-            self.granting[seq] = None
+            self.inbox.append(event)
+
+    def _ask(self, message: pb.SessionMessage, expect_s: float, timeout_s: float, what: str
+             ) -> pb.WatchEvent | None:
+        """`message` on the stream once it is up (Transport.ask: None if it broke or no answer
+        came, the stream then reopened); raises why no stream will come."""
+        self.transport.wait_up()
+        with self.cond:
+            self.resync = False
         self.stats.stream_messages += 1
         self.stats.sent_at.append(time.monotonic())
-        self.stream.send(pb.SessionMessage(seq=seq, get_tasks=request))
-        deadline = time.monotonic() + CALL_TIMEOUT_S + request.wait_ms / 1000
-        with self.cond:
-            while self.granting[seq] is None and self.offered and time.monotonic() < deadline:
-                self.cond.wait(max(0.001, deadline - time.monotonic()))
-            event = self.granting.pop(seq)
-        if event is None:
-            self.stats.grants_unanswered += 1
-            return None
-        if event.grant_refused:
-            self.stats.grants_refused += 1
-            return None
-        self.stats.grants_on_stream += 1
-        return event.grant
+        return self.transport.ask(message, expect_s, timeout_s, what)
 
-    def _report(self, reports: list[pb.TaskReport], held: list[_Lease],
-                current: _Lease | None) -> pb.ReportResponse:
-        return self._call("Report", self.client.report, JOB, self.worker, reports=list(reports),
-                   held=[x.key for x in held], started=[current.key] if current else [],
-                   sync=self.sync)
-
-    def _send(self, reports: list[pb.TaskReport], held: list[_Lease],
-              current: _Lease | None) -> None:
-        """A Session message (a heartbeat, with any reports): answered once durable; the answer
-        comes as an event."""
-        with self.cond:
-            self.seq += 1
-            seq = self.seq
-        self.stats.stream_messages += 1
-        self.stats.sent_at.append(time.monotonic())
-        self.stream.send(session_message(seq, reports, [x.key for x in held],
-                                         [current.key] if current else [], self.sync, None))
-
-    def _call(self, name: str, method: Any, *args: Any, **kw: Any) -> Any:
-        self.stats.calls[name] += 1
-        return method(*args, **kw)
+    @staticmethod
+    def _keys(held: list[_Lease], releasing: bool = False) -> list[tuple[int, int, int]]:
+        """The leases a message lists as held: not the cut ones, whose RELEASED the master
+        answered (unless this message carries it)."""
+        return [x.key for x in held if releasing or not x.cut]
 
     def _unconsume(self, epoch: int, reports: list[pb.TaskReport],
                    uncertain: bool = False) -> None:
@@ -516,45 +543,24 @@ class SimReader:
                 (first, stop))
             self.stats.records[epoch] = self.stats.records.get(epoch, 0) + stop - first
 
-    def _flush(self, epoch: int, reports: list[pb.TaskReport], held: list[_Lease]) -> None:
+    def _flush(self, reports: list[pb.TaskReport], held: list[_Lease]) -> None:
         if reports:
-            self._report(list(reports), held, None)
+            self._post(list(reports), held, None)
             reports.clear()
-
-
-class Watcher:
-    """The Session streams of one client process: one thread per stream, as each reader
-    process of a real fleet has (grpc's blocking API; mixing it with grpc.aio in one process
-    slowed the blocking calls under load)."""
-
-    def watch(self, reader: SimReader) -> None:
-        call = reader.client.session(JOB, reader.worker)
-        reader.stream = call
-
-        def read() -> None:
-            try:
-                for event in call:
-                    reader.deliver(event)
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.CANCELLED:
-                    reader.stats.errors.append(f"reader {reader.index}: Session: "
-                                               f"{e.code().name}: {e.details()}")
-            finally:
-                reader.stream_ended()
-        threading.Thread(target=read, daemon=True).start()
 
 
 def client_main(address: str, cfg: FleetOptions, dataset: str, indices: list[int],
                 conn: multiprocessing.connection.Connection) -> None:
-    """One client process: its readers as threads, their Watch streams on one loop."""
+    """One client process: its readers as threads, each with its Session stream's own thread,
+    as each reader process of a real fleet has (grpc's blocking API; mixing it with grpc.aio in
+    one process slowed the blocking calls under load)."""
     client = MasterClient(address, give_up_s=30, token=None)
-    watcher = Watcher() if cfg.watch else None
     go = threading.Event()
     readers = [SimReader(client, cfg, dataset, i, go) for i in indices]
     results: list[ReaderStats] = [ReaderStats() for _ in readers]
 
     def run(k: int) -> None:
-        results[k] = readers[k].run(watcher)
+        results[k] = readers[k].run()
     threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(readers))]
     conn.recv()  # open the sessions
     for t in threads:
@@ -711,8 +717,9 @@ def expected_records(cfg: FleetOptions, epoch: int) -> dict[int, int]:
 def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu: float,
               calls0: dict[str, float], calls1: dict[str, float], state: str,
               read: int, messages: int) -> dict[str, Any]:
+    # Unary calls (the master's histogram times those only: OpenJob, LeaveJob, GetJobStatus);
+    # a session's OpenJob and LeaveJob are once per session, not per second: not counted.
     calls = {m: calls1.get(m, 0) - calls0.get(m, 0) for m in calls1}
-    # A session's OpenJob and LeaveJob are once per session, not per second: not counted.
     total_calls = sum(n for m, n in calls.items() if m not in ("OpenJob", "LeaveJob"))
     grants = [ms for r in results for ms in r["grant_ms"]]
     starved = [r["max_starved_s"] for r in results]
@@ -729,8 +736,13 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
         "messages_per_reader_s": round(messages / (wall * cfg.readers), 3),
         "grants": {"on_stream": sum(r["grants_on_stream"] for r in results),
                    "refused": sum(r["grants_refused"] for r in results),
-                   "unanswered": sum(r["grants_unanswered"] for r in results),
-                   "calls": sum(r["grant_calls"] for r in results)},
+                   "unanswered": sum(r["grants_unanswered"] for r in results)},
+        # Session streams the readers opened over the whole run: one each, more only where a
+        # stream broke and was reopened (Transport's backoff).
+        "streams": {"opened": sum(r["streams_opened"] for r in results),
+                    "reopened": sum(max(0, r["streams_opened"] - 1) for r in results),
+                    "broken_on_purpose": sum(r["breaks"] for r in results),
+                    "heartbeats_unanswered": sum(r["unanswered"] for r in results)},
         "grant_ms": {"p50": round(percentile(grants, 0.5), 2),
                      "p99": round(percentile(grants, 0.99), 2), "n": len(grants)},
         "starved_s": {"max": round(max(starved, default=0), 3),
@@ -740,9 +752,9 @@ def summarize(cfg: FleetOptions, results: list[dict[str, Any]], wall: float, cpu
         "stealing": {"give_backs": sum(r["give_backs"] for r in results),
                      "released": sum(r["released"] for r in results),
                      "revoked": sum(r["revoked"] for r in results)},
+        # Over the whole run (not the window): events the master pushed on the streams,
+        # messages the readers sent (heartbeats, reports, get_tasks), the answers to heartbeats.
         "watch_events": sum(r["events"] for r in results),
-        # Over the whole run (not the window): heartbeats and reports as Session messages, and
-    # the master's answers.
         "stream_messages": sum(r["stream_messages"] for r in results),
         "stream_answers": sum(r["answers"] for r in results),
         "kinds": dict(Counter(r["kind"] for r in results)),
@@ -777,25 +789,27 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"trainfeed of {summary.get('trainfeed', '?')}",
              f"fleet: {o['readers']} readers ({summary['kinds']}) in {o['processes']} processes, "
              f"{o['partitions']} partitions × {o['records']} records, {summary['state']} state, "
-             f"{'watch' if o['watch'] else 'poll'}"
-             f"{', grants on the stream' if o['watch'] and o['grants'] else ', GetTasks calls'}"
-             f"{', sync' if o['sync'] else ''}; "
+             f"one Session stream per reader{', sync' if o['sync'] else ''}; "
              f"{summary['wall_s']} s, load {summary['loadavg'][0]:.1f}",
              "| master cores | CPU ms per partition | CPU ms per reader-s | partitions/s | "
-             "calls per reader-s | messages/s | grant p50 / p99 ms | max starved s | "
-             "give-backs | released |",
+             "Session messages per reader-s | Session messages/s | grant p50 / p99 ms | "
+             "max starved s | give-backs | released |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
              f"| {summary['master_cores']} | {summary['master_cpu_ms_per_partition']} | "
              f"{summary['master_cpu_ms_per_reader_s']} | {summary['partitions_per_s']} | "
-             f"{summary['calls_per_reader_s']} | {summary['messages_per_s']} | "
+             f"{summary['messages_per_reader_s']} | {summary['messages_per_s']} | "
              f"{summary['grant_ms']['p50']} / {summary['grant_ms']['p99']} | "
              f"{summary['starved_s']['max']} | {summary['stealing']['give_backs']} | "
              f"{summary['stealing']['released']} |",
-             f"calls/s by method: {summary['calls_per_s']}",
+             f"unary calls/s by method: {summary['calls_per_s']} "
+             f"({summary['calls_per_reader_s']} per reader-s but OpenJob and LeaveJob)",
              f"grants (whole run): {summary['grants']}",
-             f"Session streams (whole run): {summary['watch_events']} events pushed, "
-             f"{summary['stream_messages']} messages sent, {summary['stream_answers']} "
-             f"answers"]
+             f"Session streams (whole run): {summary['streams']['opened']} opened "
+             f"({summary['streams']['reopened']} reopened after a break, "
+             f"{summary['streams']['broken_on_purpose']} broken on purpose), "
+             f"{summary['watch_events']} events pushed, {summary['stream_messages']} Session "
+             f"messages sent, {summary['stream_answers']} heartbeats answered "
+             f"({summary['streams']['heartbeats_unanswered']} sent again)"]
     for epoch, c in summary["epochs"].items():
         lines.append(f"epoch {epoch}: {c['expected']} records expected, {c['missing']} missing, "
                      f"{c['duplicated']} duplicated"
@@ -818,14 +832,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                  "seed"):
         p.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in ("rate", "slow_share", "slow_factor", "fast_share", "fast_factor",
-                 "dying_share", "lease_timeout_s"):
+                 "dying_share", "lease_timeout_s", "break_every_s"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
     p.add_argument("--window-after", type=float, default=0.0,
                    help="measure from this many seconds after the start")
-    p.add_argument("--poll", action="store_true", help="no Watch streams: poll as old readers")
-    p.add_argument("--calls", action="store_true",
-                   help="GetTasks as calls only, not asked on the Session stream")
     p.add_argument("--sync", action="store_true", help="one synchronous group of all readers")
     p.add_argument("--state", default="memory://", help="the master's state store URL")
     p.add_argument("--storage", default=f"{DEFAULT_ROOT}/fleet-storage")
@@ -841,7 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        slow_factor=a.slow_factor, fast_share=a.fast_share,
                        fast_factor=a.fast_factor, dying_share=a.dying_share, epochs=a.epochs,
                        duration_s=a.duration, window_after_s=a.window_after, depth=a.depth,
-                       lease_timeout_s=a.lease_timeout_s, watch=not a.poll, grants=not a.calls,
+                       lease_timeout_s=a.lease_timeout_s, break_every_s=a.break_every_s,
                        sync=a.sync, batch=a.batch, seed=a.seed)
     storage, out = os.path.abspath(a.storage), os.path.abspath(a.json)
     summary = run(cfg, storage, a.state)

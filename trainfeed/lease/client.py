@@ -324,13 +324,6 @@ class MasterClient:
         answer.revoked.extend(answer.refused)
         return answer
 
-    def watch(self, job: str, worker: str) -> SessionStream:
-        """Opens the session's stream for what the master tells this reader between its own
-        messages (give-backs, revocations, epoch ends, group changes); its first event is the
-        stream's opening. Not retried: the caller reopens a broken stream, and `cancel()` ends
-        it."""
-        return self.session(job, worker)
-
     def session(self, job: str, worker: str, exchange: bool = False) -> SessionStream:
         """Opens the session's Session stream: its heartbeats, progress and requests for tasks
         as messages (`SessionStream.send`), and the master's answers and events. Not retried:

@@ -16,10 +16,10 @@ Versions: OpenJob carries PROTOCOL_VERSION; a master speaking another one refuse
 FAILED_PRECONDITION naming both, raised as ProtocolVersionError.
 
 One conversation (protocol 3): after OpenJob a session speaks on its Session stream (`session`,
-which the reader keeps open) and LeaveJob. `get_tasks`, `report` and `watch` are that conversation
-in short: the first two open an `exchange` stream with the session's secret, send one message,
-take its answer and close it (retried as a call is; an exchange takes none of the session's events
-and leaves its own stream open), and `watch` opens the session's stream for its events.
+which the reader keeps open) and LeaveJob. `get_tasks` and `report` are that conversation in
+short, for tools and tests: each opens an `exchange` stream with the session's secret, sends one
+message, takes its answer and closes it (retried as a call is; an exchange takes none of the
+session's events and leaves its own stream open). A decode worker's stream is `decoder_stream`.
 
 Fencing: reports carry their lease's token. The master applies a message's reports from the
 holder with its token and lists the others (`refused`); the answers `get_tasks` and `report`

@@ -120,10 +120,18 @@ class Background(Generic[T]):
 
     @classmethod
     def of(cls, items: Iterable[T], maxsize: int, name: str) -> Background[T]:
-        """Iterates `items` in the background, at most `maxsize` ahead of the consumer."""
+        """Iterates `items` in the background, at most `maxsize` ahead of the consumer; a
+        generator among them is closed on this thread however the iteration ends, so that
+        what it runs (threads of its own) ends before `close()` returns, not when it is
+        collected."""
         def produce(out: Background[T]) -> None:
-            for item in items:
-                out.put(item)
+            try:
+                for item in items:
+                    out.put(item)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
         return cls(produce, maxsize, name)
 
     def put(self, item: T) -> None:

@@ -456,7 +456,15 @@ def _overlapped(pieces: Iterator[Piece], convert: Convert,
                 raise item
             done, piece = item
             yield (done.result() if done is not None else None), piece
-    finally:
+    except GeneratorExit:
+        # The consumer stopped the pass (trainfeed.io.prefetch.Background.of closes this on
+        # its thread), and `deliver` closes the stream next, which ends the cutting if its next
+        # put does not: both are joined here, so that none outlives the pass's end.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # a piece being converted finishes
+        cutter_thread.join()
+        raise
+    finally:  # (on an error: the consumer must get it first, then closes the stream)
         stop.set()  # the cutting thread ends at its next put, or when the stream closes
         pool.shutdown(wait=False, cancel_futures=True)
 

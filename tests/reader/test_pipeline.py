@@ -28,6 +28,9 @@ from trainfeed.reader.reader import Reader
 from trainfeed.reader.resample import ratio_factors
 from trainfeed.upload import UploadOptions, upload
 
+# Its tests make readers in expressions (`list(dist.reader(...)())`): each is closed at the
+# test's end, its decoder's threads with it (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("close_readers")
 N = 120
 LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids: bird 0, cat 1, dog 2
 

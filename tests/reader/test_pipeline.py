@@ -350,15 +350,26 @@ def _trainfeed_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("trainfeed-") and t.is_alive()}
 
 
+@pytest.fixture
+def long_pass(tmp_path: Path) -> str:
+    """A pass far longer than its threads buffer (1,024 tiny images: 64 batches of 16, 16
+    pieces of instances; at most 7 are in its threads and queues at once), so that every one
+    of them is still at work after its first batch."""
+    source = make_image_list(tmp_path / "source", 1024, labels=LABELS, size=4)
+    out = str(tmp_path / "storage")
+    upload(str(source), "flowers", out, UploadOptions(row_group_rows=8), progress=False)
+    return out
+
+
 @pytest.mark.parametrize("size", [16, None], ids=["batches", "instances"])
-def test_a_reader_closed_mid_epoch_leaves_no_thread_running(storage: str,
+def test_a_reader_closed_mid_epoch_leaves_no_thread_running(long_pass: str,
                                                             size: int | None) -> None:
     """`close()` ends a pass the trainer still holds: its read-ahead, batch preparation,
     cutting, converting and decoding threads are gone once it returned. Before, they ran until
     the pass's iterator was collected (and the preparation thread for good while the trainer
     held it), which CI's thread check reported after tests/reader/test_resume.py."""
     before = _trainfeed_threads()
-    with dist.reader("flowers", source=LocalSource(storage=storage),
+    with dist.reader("flowers", source=LocalSource(storage=long_pass),
                      pipeline=PipelineOptions(decode=DecodeOptions(True, threads=2),
                                               batch=BatchOptions(size=size,
                                                                  prefetch=2))) as reader:

@@ -13,10 +13,11 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
@@ -233,13 +234,23 @@ def _join_xdist_group(item: pytest.Item) -> None:
 #
 # A reader a test forgets to close keeps its session threads retrying a master that is gone,
 # logging "master unreachable" into later tests of the same worker (the third fresh-clone CI
-# run of c5a5e75 failed on such a line in another test's caplog). Each test that leaves a
-# trainfeed thread running after its teardown gets a warning naming the threads, which the
-# run's warnings summary shows, also under xdist.
+# run of c5a5e75 failed on such a line in another test's caplog), and its pass's and
+# decoder's threads eat the CPU of a busy machine. A module that leaves a trainfeed thread
+# running after its last teardown fails there (an error at the teardown of its last test,
+# naming the threads), also under xdist. Every close() joins its threads, so a module that
+# closes what it made has none left; the grace only spares threads a close woke to end (a
+# decoder's idle ones) or whose join is still within its bound on a busy machine.
 
-#: How long a module's threads get to end after its last teardown before they count as left
-#: running (a module-scoped fixture may hold a reader over several tests: checked per module).
-THREAD_GRACE_S = 5.0
+
+def _thread_grace_s() -> float:
+    """How long a module's threads get to end after its last teardown before they count as
+    left running (a module-scoped fixture may hold a reader over several tests: checked per
+    module): the longest a reader's close() waits for one of its threads, so that a thread
+    still alive after it was never told to stop. Spent only when a thread is left. (Imported
+    here: this conftest imports trainfeed only where a test needs it.)"""
+    from trainfeed.io.prefetch import JOIN_S
+
+    return JOIN_S
 
 
 def _trainfeed_threads() -> set[threading.Thread]:
@@ -265,16 +276,40 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if _module_of(nextitem) == module:
         return
     before = _THREADS_BEFORE.pop(module, set())
-    deadline = time.monotonic() + THREAD_GRACE_S
     left = _trainfeed_threads() - before
+    if not left:
+        return
+    grace_s = _thread_grace_s()
+    deadline = time.monotonic() + grace_s
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = {t for t in left if t.is_alive()}
     if left:
-        item.warn(pytest.PytestWarning(
-            f"{module} left {len(left)} trainfeed thread(s) running after its last teardown: "
-            f"{', '.join(sorted(t.name for t in left))} (a reader or session not closed?)"))
+        pytest.fail(
+            f"{module} left {len(left)} trainfeed thread(s) running {grace_s:.0f} s "
+            f"after its last teardown: {', '.join(sorted(t.name for t in left))} (a reader "
+            f"or session not closed? close it, with `with`, or use the close_readers "
+            f"fixture)", pytrace=False)
 
+
+@pytest.fixture
+def close_readers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Closes, at the test's teardown, every reader the test made (for modules whose readers
+    live in expressions, `list(dist.reader(...)())`): an unclosed reader keeps its decoder's
+    threads until a garbage collection finds it (its meter points back at it), which the
+    check above reported. Readers are held weakly: one the test drops is still collected."""
+    from trainfeed.reader.reader import Reader
+
+    made: weakref.WeakSet[Reader] = weakref.WeakSet()
+    init = Reader.__init__
+
+    def tracked(self: Reader, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.add(self)  # (one that failed to build has nothing to close)
+    monkeypatch.setattr(Reader, "__init__", tracked)
+    yield
+    for reader in list(made):
+        reader.close()
 
 # --- small datasets -------------------------------------------------------------------------
 

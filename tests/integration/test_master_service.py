@@ -35,9 +35,9 @@ def test_health_list_names_the_services_and_nothing_of_the_jobs(storage: str) ->
     """Health/List needs no token (docs/security.md, doors): it names the two services it
     serves, whatever jobs the master holds."""
     with MasterProcess(storage) as master:
-        got = sum(len(b["_id"]) for b in dist.reader(
-            "flowers", source=MasterSource(master.address, "private-job")).column_batches(4))
-        assert got > 0
+        with dist.reader("flowers",
+                         source=MasterSource(master.address, "private-job")) as reader:
+            assert sum(len(b["_id"]) for b in reader.column_batches(4)) > 0
         with grpc.insecure_channel(master.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(),
                                                              timeout=5)

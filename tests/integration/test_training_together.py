@@ -292,6 +292,7 @@ def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
             reader = dist.reader("flowers", source=MasterSource(master.address, job=job),
                                  pipeline=DECODED[decode],
                                  sync=SyncOptions(world_size=world, rank=r), state=state)
+            stack.callback(reader.close)  # (before the master stops: nothing retries it)
             assert (reader._pipeline.remote is not None) == (decode == "remote")
             return reader
 
@@ -302,6 +303,7 @@ def test_a_synchronous_group_restores_mid_epoch_and_changes_size_at_a_boundary(
         _ids(itertools.islice(iters[0], 1))  # consumed after the checkpoint: lost with the model
         for reader in readers:  # killed: the master hears nothing more
             reader._backend.client.close()
+            reader.close()  # its pass's threads end with it, as with the process
         restored = [rank(r, state=states[r]) for r in range(2)]
         after = [_ids(reader()) for reader in restored]
         assert [len(b) + len(a) for b, a in zip(before, after)] == [50, 50]

@@ -3,6 +3,8 @@ determinism and decode-error policies, over a real uploaded dataset read locally
 from __future__ import annotations
 
 import io
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,10 +23,14 @@ from trainfeed import (
     dist,
 )
 from trainfeed.decode.pixels import DecodeError
+from trainfeed.io.prefetch import EXIT_JOIN_S
 from trainfeed.reader.reader import Reader
 from trainfeed.reader.resample import ratio_factors
 from trainfeed.upload import UploadOptions, upload
 
+# Its tests make readers in expressions (`list(dist.reader(...)())`): each is closed at the
+# test's end, its decoder's threads with it (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("close_readers")
 N = 120
 LABELS = ("cat", "dog", "bird")  # record i has LABELS[i % 3]; class ids: bird 0, cat 1, dog 2
 
@@ -338,3 +344,50 @@ def test_images_of_mixed_sizes_read_one_at_a_time_as_stored(tmp_path: Path) -> N
                                                    batch=BatchOptions(size=8)))
     with pytest.raises(DecodeError, match=r"different shapes .*image_size=\(height, width\)"):
         list(batched())
+
+
+def _trainfeed_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("trainfeed-") and t.is_alive()}
+
+
+@pytest.fixture
+def long_pass(tmp_path: Path) -> str:
+    """A pass far longer than its threads buffer (1,024 tiny images: 64 batches of 16, 16
+    pieces of instances; at most 7 are in its threads and queues at once), so that every one
+    of them is still at work after its first batch."""
+    source = make_image_list(tmp_path / "source", 1024, labels=LABELS, size=4)
+    out = str(tmp_path / "storage")
+    upload(str(source), "flowers", out, UploadOptions(row_group_rows=8), progress=False)
+    return out
+
+
+@pytest.mark.parametrize("size", [16, None], ids=["batches", "instances"])
+def test_a_reader_closed_mid_epoch_leaves_no_thread_running(long_pass: str,
+                                                            size: int | None) -> None:
+    """`close()` ends a pass the trainer still holds: its read-ahead, batch preparation,
+    cutting, converting and decoding threads are gone once it returned. Before, they ran until
+    the pass's iterator was collected (and the preparation thread for good while the trainer
+    held it), which CI's thread check reported after tests/reader/test_resume.py."""
+    before = _trainfeed_threads()
+    with dist.reader("flowers", source=LocalSource(storage=long_pass),
+                     pipeline=PipelineOptions(decode=DecodeOptions(True, threads=2),
+                                              batch=BatchOptions(size=size,
+                                                                 prefetch=2))) as reader:
+        batches = reader()  # held: only close() can end it
+        next(batches)
+        started = {t.name.rstrip("_0123456789") for t in _trainfeed_threads() - before}
+        assert {"trainfeed-pipeline", "trainfeed-cut", "trainfeed-convert",
+                "trainfeed-decode"} <= started  # (a batch of 16 decodes on the pool)
+        reader.close()
+        # Every thread was joined by close() (each join bounded by the 30 s of
+        # Background.close), but the decoders' idle ones, which it woke to end: they get as
+        # long as a process gives its read-ahead threads at exit.
+        joined = {t.name for t in _trainfeed_threads() - before
+                  if not t.name.startswith("trainfeed-decode")}
+        assert not joined, sorted(joined)
+        deadline = time.monotonic() + EXIT_JOIN_S
+        while (left := _trainfeed_threads() - before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left, sorted(t.name for t in left)
+        with pytest.raises(StopIteration):  # the pass is over
+            next(batches)

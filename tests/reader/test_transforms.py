@@ -36,27 +36,28 @@ def storage(tmp_path: Path) -> str:
 
 
 def images(storage: str, **options: object) -> np.ndarray:
-    reader = dist.reader("flowers", source=LocalSource(storage=storage),
-                         pipeline=PipelineOptions.from_keywords(
-                             decode=True, normalizing_const=255.0, batch_size=16,
-                             mode="validation", **options))
-    batches = list(reader())
+    with dist.reader("flowers", source=LocalSource(storage=storage),
+                     pipeline=PipelineOptions.from_keywords(
+                         decode=True, normalizing_const=255.0, batch_size=16,
+                         mode="validation", **options)) as reader:
+        batches = list(reader())
     order = np.argsort(np.concatenate([b["_id"] for b in batches]))
     return np.concatenate([b["image"] for b in batches])[order]
 
 
 def test_standardize_is_fitted_saved_with_the_dataset_applied_and_undone(storage: str) -> None:
-    train = dist.reader("flowers", source=LocalSource(storage=storage),
-                        pipeline=PipelineOptions(decode=DecodeOptions(True,
-                                                                      normalizing_const=255.0),
-                                                 batch=BatchOptions(size=16)))
-    fitted = fit_transformer(train, Standardize(("image",)))
+    with dist.reader("flowers", source=LocalSource(storage=storage),
+                     pipeline=PipelineOptions(decode=DecodeOptions(True,
+                                                                   normalizing_const=255.0),
+                                              batch=BatchOptions(size=16))) as train:
+        fitted = fit_transformer(train, Standardize(("image",)))
+        folder = train.dataset_folder
     raw = images(storage)
     assert np.allclose(fitted.mean["image"], raw.reshape(-1, 3).mean(axis=0), atol=1e-5)
     assert np.allclose(fitted.std["image"], raw.reshape(-1, 3).std(axis=0), atol=1e-5)
 
-    save_transformer(train.dataset_folder, "std", fitted)
-    assert load_transformer(train.dataset_folder, "std") == fitted
+    save_transformer(folder, "std", fitted)
+    assert load_transformer(folder, "std") == fitted
     standardized = images(storage, transform="std")  # loaded by name, as any worker would
     per_channel = standardized.reshape(-1, 3)
     assert np.allclose(per_channel.mean(axis=0), 0, atol=1e-4)
@@ -75,13 +76,13 @@ def test_augmentations_apply_in_training_only_and_are_seeded(storage: str) -> No
     flip = [("trainfeed.augment:random_flip", {"probability": 1.0})]
 
     def epoch(mode: str, augment: list, seed: int = 0) -> dict[int, np.ndarray]:
-        reader = dist.reader("flowers", source=LocalSource(storage=storage, seed=seed),
-                             pipeline=PipelineOptions(decode=DecodeOptions(True,
-                                                                           normalizing_const=255.0),
-                                                      batch=BatchOptions(size=16),
-                                                      transform=TransformOptions(augment=augment),
-                                                      mode=mode))
-        return {int(i): x for b in reader() for i, x in zip(b["_id"], b["image"])}
+        with dist.reader("flowers", source=LocalSource(storage=storage, seed=seed),
+                         pipeline=PipelineOptions(decode=DecodeOptions(True,
+                                                                       normalizing_const=255.0),
+                                                  batch=BatchOptions(size=16),
+                                                  transform=TransformOptions(augment=augment),
+                                                  mode=mode)) as reader:
+            return {int(i): x for b in reader() for i, x in zip(b["_id"], b["image"])}
 
     plain = epoch("train", [])
     flipped = epoch("train", flip)

@@ -31,6 +31,10 @@ DEFAULT_PREFETCH_BYTES = 64 << 20
 MIN_PREFETCH, MAX_PREFETCH = 2, 32
 # How often a blocked producer re-checks whether the consumer closed the stream.
 POLL_S = 0.1
+# The longest `close()` waits for a producer to end (one in a native read, or a pass's batch
+# preparation finishing the piece it converts): the longest any close of a reader waits for a
+# thread (the lease session joins its own in 10 s).
+JOIN_S = 30.0
 
 T = TypeVar("T")
 
@@ -120,10 +124,18 @@ class Background(Generic[T]):
 
     @classmethod
     def of(cls, items: Iterable[T], maxsize: int, name: str) -> Background[T]:
-        """Iterates `items` in the background, at most `maxsize` ahead of the consumer."""
+        """Iterates `items` in the background, at most `maxsize` ahead of the consumer; a
+        generator among them is closed on this thread however the iteration ends, so that
+        what it runs (threads of its own) ends before `close()` returns, not when it is
+        collected."""
         def produce(out: Background[T]) -> None:
-            for item in items:
-                out.put(item)
+            try:
+                for item in items:
+                    out.put(item)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
         return cls(produce, maxsize, name)
 
     def put(self, item: T) -> None:
@@ -182,7 +194,7 @@ class Background(Generic[T]):
         """Tells the producer to stop at its next `put` (or credit wait); does not wait."""
         self._stop.set()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = JOIN_S) -> None:
         """Stops the producer and joins it. Idempotent."""
         self.stop()
         self._thread.join(timeout)
@@ -256,7 +268,7 @@ class PrefetchStream(Background[LoadedPartition]):
     def release(self, part: LoadedPartition) -> None:
         self.credits.give(1)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = JOIN_S) -> None:
         """Stops the producer and joins it. Idempotent."""
         self.stop()
         self.credits.poke()

@@ -447,6 +447,7 @@ def _overlapped(pieces: Iterator[Piece], convert: Convert,
 
     cutter_thread = threading.Thread(target=cut, daemon=True, name="trainfeed-cut")
     cutter_thread.start()
+    failed = False  # a conversion raised
     try:
         while True:
             item = ready.get()
@@ -455,11 +456,23 @@ def _overlapped(pieces: Iterator[Piece], convert: Convert,
             if isinstance(item, BaseException):
                 raise item
             done, piece = item
-            yield (done.result() if done is not None else None), piece
+            try:
+                value = done.result() if done is not None else None
+            except BaseException:
+                failed = True
+                raise
+            yield value, piece
     finally:
-        stop.set()  # the cutting thread ends at its next put, or when the stream closes
-        pool.shutdown(wait=False, cancel_futures=True)
-
+        # However the pass ends, its converters and cutting thread are joined here, so that
+        # none outlives it: the cutting ended with its last put (_END, an error), or ends at
+        # its next put, or when `deliver` closes the stream after stopping this (the consumer
+        # stopped the pass: trainfeed.io.prefetch.Background.of closes this on its thread).
+        # After a failed conversion the consumer must get the error first (it then closes the
+        # stream): the cutting is not waited for.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # a piece being converted finishes
+        if not failed:
+            cutter_thread.join()
 
 def deliver(stream: PassStream, cutter: Cutter, convert: Convert, *, unbatch: bool = False,
             background: int = 0, converters: int = 1, progress_every: int = PROGRESS_EVERY,

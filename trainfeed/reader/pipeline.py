@@ -31,8 +31,8 @@ from trainfeed.reader.batcher import DROPPED, Cutter, Piece, deliver, partition_
 from trainfeed.reader.label_ids import check_pin, delivered
 from trainfeed.reader.labels import ClassIndex
 from trainfeed.reader.options import MODES, DecodeOptions, PipelineOptions
-from trainfeed.reader.resample import Resampler, ratio_factors
-from trainfeed.reader.transforms import Augmentor, load_transformer
+from trainfeed.reader.resample import Resampler, Target, ratio_factors
+from trainfeed.reader.transforms import Augmentor, Standardize, load_transformer
 from trainfeed.storage import Storage
 
 if TYPE_CHECKING:  # (the client loads Arrow Flight and gRPC: imported where remote decode runs)
@@ -100,43 +100,18 @@ class Pipeline:
         self.label_field = manifest.label_field if manifest.label_histogram else None
         self.image_fields = tuple(f.name for f in manifest.fields
                                   if f.type == "binary") if options.decode.enabled else ()
-        values = options.labels.class_values
-        if self.label_field:  # a pin must cover the labels (trainfeed.reader.label_ids)
-            check_pin(manifest.name, manifest.dataset_version, manifest.classes, values)
-        self.classes = (ClassIndex(delivered(manifest.classes, values))
-                        if self.label_field else None)
-        self.resampler: Resampler | None = None
-        if options.resamples:
-            if self.classes is None:
-                raise ValueError(f"dataset {manifest.name!r} has no labels to rebalance")
-            factors = ratio_factors(manifest.label_histogram, options.sampling.resample)  # type: ignore
-            self.resampler = Resampler(  # a class this dataset lacks never occurs: 0
-                np.array([factors.get(c, 0.0) for c in self.classes.values]), seed)
-        self.class_weights: np.ndarray | None = None
-        if options.labels.class_weights is not None:
-            if self.classes is None:
-                raise ValueError(f"dataset {manifest.name!r} has no labels to weight")
-            weights = ratio_factors(manifest.label_histogram, options.labels.class_weights)
-            self.class_weights = np.array([weights.get(c, 0.0) for c in self.classes.values],
-                                          dtype=np.float32)
+        self.classes = _classes(manifest, options) if self.label_field else None
+        self.resampler = _resampler(manifest, options, self.classes, seed)
+        self.class_weights = _class_weights(manifest, options, self.classes)
         self.decoder = (image_decoder(options.decode, options.mode)
                         if options.decode.enabled else None)
-        self.remote: RemoteLoad | None = None
-        if decoders is not None and self.image_fields:
-            # (Imported here: the client loads Arrow Flight and gRPC, which a reader that
-            # decodes locally never needs; tests/reader/test_local_imports.py.)
-            from trainfeed.decode.remote.client import RemoteLoad
-            from trainfeed.reader.remote_decode import request_template
-
-            self.remote = RemoteLoad(decoders, request_template(options, manifest, seed,
-                                                                self.image_fields))
+        self.remote = (_remote_load(decoders, options, manifest, seed, self.image_fields)
+                       if decoders is not None and self.image_fields else None)
         self.decode_failures = 0
         self.records_decoded = 0  # and the seconds it took: reader.stats() (issue 29)
         self.decode_s = 0.0
         self._failures_lock = threading.Lock()
-        transform = options.transform.transform
-        self.transformer = (load_transformer(dataset_folder, transform)
-                            if isinstance(transform, str) else transform)
+        self.transformer = _transformer(options, dataset_folder)
         self.augmentor = (Augmentor(options.transform.augment) if options.augments else None)
         # Each record's file and list line, looked up only when an error names a record.
         self.sources = SourceIndex(dataset_folder, manifest.sources, manifest.source,
@@ -294,6 +269,61 @@ class Pipeline:
     def close(self) -> None:
         if self.decoder is not None:
             self.decoder.close()
+
+
+# -- what a pipeline is built from (Pipeline.__init__) ------------------------------------------
+def _classes(manifest: Manifest, options: PipelineOptions) -> ClassIndex:
+    """The class ids this pipeline delivers: the dataset's labels, or the pinned class_values,
+    which must cover them (trainfeed.reader.label_ids)."""
+    values = options.labels.class_values
+    check_pin(manifest.name, manifest.dataset_version, manifest.classes, values)
+    return ClassIndex(delivered(manifest.classes, values))
+
+
+def _per_class(manifest: Manifest, classes: ClassIndex | None, ratios: Target,
+               what: str) -> np.ndarray:
+    """A factor per class id from the label histogram and the target `ratios` (a class this
+    dataset lacks never occurs: 0); `what` names the option for a dataset without labels."""
+    if classes is None:
+        raise ValueError(f"dataset {manifest.name!r} has no labels to {what}")
+    factors = ratio_factors(manifest.label_histogram, ratios)
+    return np.array([factors.get(c, 0.0) for c in classes.values])
+
+
+def _resampler(manifest: Manifest, options: PipelineOptions, classes: ClassIndex | None,
+               seed: int) -> Resampler | None:
+    """Resampling at read time to the target class ratios (None: the pass does not resample)."""
+    target = options.sampling.resample
+    if not options.resamples or target is None:  # (resamples: in "train" mode only)
+        return None
+    return Resampler(_per_class(manifest, classes, target, "rebalance"), seed)
+
+
+def _class_weights(manifest: Manifest, options: PipelineOptions,
+                   classes: ClassIndex | None) -> np.ndarray | None:
+    """Per class id, the loss weight batches carry in WEIGHT_FIELD (None: no class_weights)."""
+    weights = options.labels.class_weights
+    if weights is None:
+        return None
+    return _per_class(manifest, classes, weights, "weight").astype(np.float32)
+
+
+def _remote_load(decoders: DecoderPool, options: PipelineOptions, manifest: Manifest,
+                 seed: int, image_fields: tuple[str, ...]) -> RemoteLoad:
+    """Partitions read and decoded by the decode workers `decoders` (remote decode)."""
+    # (Imported here: the client loads Arrow Flight and gRPC, which a reader that decodes
+    # locally never needs; tests/reader/test_local_imports.py.)
+    from trainfeed.decode.remote.client import RemoteLoad
+    from trainfeed.reader.remote_decode import request_template
+
+    return RemoteLoad(decoders, request_template(options, manifest, seed, image_fields))
+
+
+def _transformer(options: PipelineOptions, dataset_folder: Storage) -> Standardize | None:
+    """The transform: as given, or loaded by name from the dataset's folder."""
+    transform = options.transform.transform
+    return (load_transformer(dataset_folder, transform) if isinstance(transform, str)
+            else transform)
 
 
 def _in_rows(decoded: DecodedBatch, rows: int) -> np.ndarray:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -93,6 +94,9 @@ class Reader:
         self.closed = False
         self._resume: ReaderPosition | None = None
         self._passes = 0  # passes started
+        # The last pass handed out (weak: a pass the trainer drops ends when it is collected),
+        # ended by `close()` if it is still going (see `_end_pass`).
+        self._pass: weakref.ref[Generator[Any, None, None]] | None = None
         # The trainer's waits, reads and decodes (issue 29): reader.stats(), and the master's.
         self.meter = ReaderMeter(counters=self._counters)
         self._read_stats: ReadStats | None = None
@@ -289,7 +293,14 @@ class Reader:
 
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = bounded_load,
                   order: str = STORED) -> Iterator[Any]:
-        """One pass through `body` (which runs the batcher; it ends the stream)."""
+        """One pass through `body` (which runs the batcher; it ends the stream), which
+        `close()` ends if the trainer is still in it."""
+        run = self._pass_run(body, load, order)
+        self._pass = weakref.ref(run)
+        return run
+
+    def _pass_run(self, body: Callable[[PassStream], Iterator[Any]], load: Load,
+                  order: str) -> Generator[Any, None, None]:
         saved = self._resume
         if (not self._passes and saved is not None and saved.order and saved.positions
                 and saved.order != order):
@@ -367,12 +378,28 @@ class Reader:
                 return
             self.closed = True
             backend, self._connected = self._connected, None
-            if self._built is not None:
-                self._built.close()
-        if backend is not None:
+        if backend is not None:  # (first: the session hands the pass's tasks back once)
             backend.close()
+        self._end_pass()
+        if self._built is not None:  # (after the pass: nothing decodes any more)
+            self._built.close()
         if self._decoders is not None:
             self._decoders.close()
+
+    def _end_pass(self) -> None:
+        """Ends a pass the trainer left mid-way, so that its threads (read-ahead, batch
+        preparation, decoding) are stopped and joined now, not when its iterator is collected:
+        a pass the trainer still holds, or one in a reference cycle, kept them running (and a
+        master-fed one retrying a master that was gone) until then."""
+        running = self._pass() if self._pass is not None else None
+        if running is None:
+            return
+        try:
+            running.close()
+        except ValueError:  # its trainer is inside it on another thread: it ends there
+            logger.debug("reader of %r closed while another thread reads its pass", self.name)
+        except Exception as e:  # the pass ended badly; closing must still finish
+            logger.warning("the pass of reader %r in progress ended with: %s", self.name, e)
 
     def __enter__(self) -> Reader:
         return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,11 @@ def test_master_fed_readers_refuse_other_ids_and_a_job_of_version_1_goes_on(
         with reader("train", moved) as refused, pytest.raises(
                 CheckpointError, match=r"moved: 'cat' 0 → 1, 'boat' 1 → 0"):
             opened(refused)
+        # Not closed this time: the refusal itself ends the session it opened.
+        refused = reader("train", moved)
+        with pytest.raises(CheckpointError, match=r"moved: 'cat' 0 → 1"):
+            opened(refused)
+        session = refused._connected.session  # type: ignore[attr-defined]
+        assert not [t.name for t in threading.enumerate() if t.name.endswith(
+            f"-{session.opened.worker_id}") and t.name.startswith("trainfeed-")]
+        refused.close()

@@ -98,11 +98,17 @@ class DistributedBackend:
                 raise type(e)(f"{e}. {_saved_classes(self._resume)}") from None
             raise
         opened = session.opened
-        dataset = Dataset.joined(opened)
-        if self._resume is not None:  # the job's version (0: a master before versions)
-            if self._resume.class_values:  # class ids first, as a local reader's
-                check_restored_classes(self._resume, dataset.manifest, self._pinned)
-            self._resume.check_version(opened.dataset_version)
+        try:
+            dataset = Dataset.joined(opened)
+            if self._resume is not None:  # the job's version (0: a master before versions)
+                if self._resume.class_values:  # class ids first, as a local reader's
+                    check_restored_classes(self._resume, dataset.manifest, self._pinned)
+                self._resume.check_version(opened.dataset_version)
+        except BaseException:
+            # Refused after the job was joined: the session hands its leases back and stops
+            # heartbeating now, not when the reader is closed or collected.
+            session.close()
+            raise
         self._position.dataset_version = opened.dataset_version
         self._position.worker = opened.worker_id
         self._position.credential = opened.resume_credential

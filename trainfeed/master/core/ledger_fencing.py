@@ -17,12 +17,9 @@ import enum
 import hashlib
 import hmac
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # (the state gives tokens with `lease_token`: no import back at run time)
-    from trainfeed.master.core.ledger_state import LedgerState
-
-__all__ = ["TOKEN_BITS", "Fencing", "Outcome", "Verdict", "lease_token"]
+__all__ = ["TOKEN_BITS", "FencedState", "Fencing", "Outcome", "Verdict", "lease_token"]
 
 # Fencing tokens travel as uint64 and JSON integers: 63 bits keep them positive everywhere.
 TOKEN_BITS = 63
@@ -54,11 +51,24 @@ def lease_token(key: bytes | None, counter: int) -> int:
     return (int.from_bytes(digest[:8], "big") >> (64 - TOKEN_BITS)) or 1
 
 
+class FencedState(Protocol):
+    """What the fence reads of a ledger (trainfeed.master.core.ledger_state.LedgerState, which
+    gives the tokens with `lease_token` and so is not imported back here)."""
+
+    num_partitions: int
+    epoch: int
+    leases: dict[int, tuple[str, int]]  # partition -> (worker, token) of its latest lease
+    pending: dict[int, str]
+    done: dict[int, str]
+    failed: dict[int, str]
+    progress: dict[int, int]
+
+
 class Fencing:
     """The fence of one ledger: reads its leases, pending and finished partitions; changes
     nothing."""
 
-    def __init__(self, state: LedgerState):
+    def __init__(self, state: FencedState):
         self.state = state
 
     def token_of(self, partition: int) -> int:

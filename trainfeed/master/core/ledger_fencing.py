@@ -47,7 +47,9 @@ def lease_token(key: bytes | None, counter: int) -> int:
     a replayed journal gives every lease the token it had; unguessable without the key."""
     if key is None:
         return counter
+    # mutmut: dropping either "big" is equivalent (the default byte order since Python 3.11).
     digest = hmac.new(key, counter.to_bytes(8, "big"), hashlib.sha256).digest()
+    # mutmut: `or 2` is equivalent in practice (63 zero bits of an HMAC: odds of 2**-63).
     return (int.from_bytes(digest[:8], "big") >> (64 - TOKEN_BITS)) or 1
 
 
@@ -77,7 +79,7 @@ class Fencing:
         return lease[1] if lease is not None else 0
 
     def check_report(self, worker: str, epoch: int, partition: int, token: int,
-                     outcome: Outcome, consumed: int = 0) -> Verdict:
+                     outcome: Outcome, consumed: int) -> Verdict:
         """Whether a report of `worker` on (`epoch`, `partition`) with lease `token` may count.
 
         INVALID for a partition out of [0, num_partitions) or an epoch out of [0, current].

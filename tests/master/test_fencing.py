@@ -2,12 +2,15 @@
 from the partition's latest holder with that token; tokens survive a snapshot and a replay."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
-from trainfeed.master.core.ledger import LeaseStatus, Ledger, Outcome, Verdict
+from trainfeed.master.core.ledger import LeaseStatus, Ledger, Outcome, Verdict, lease_token
 
 T = 10.0
-DONE, FAILED, PROGRESS = Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS
+DONE, FAILED, PROGRESS, RELEASED = (Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS,
+                                    Outcome.RELEASED)
 
 
 def leased(ledger: Ledger, worker: str, n: int, now: float = 0.0) -> list[int]:
@@ -68,6 +71,33 @@ def test_a_late_report_of_an_expired_lease_counts_while_nobody_took_the_partitio
     assert ledger.report_done(0, p, "a")
     # A retried call repeats the report: accepted, and nothing changes.
     assert ledger.check_report("a", 0, p, token, DONE) is Verdict.REPEAT
+
+
+def test_a_late_hand_back_of_an_expired_lease_counts_only_past_the_progress() -> None:
+    """A RELEASED after the lease went back to todo APPLYs only when its `consumed` goes past
+    the partition's progress (a synchronous rank's kept records); otherwise it is a REPEAT.
+    Pins the comparison against this partition's progress and the default `consumed` of 0
+    (`Ledger.check_report`'s: `Fencing.check_report` takes it from there)."""
+    ledger = Ledger(4)
+    p, q = leased(ledger, "a", 2)
+    tp, tq = ledger.token_of(p), ledger.token_of(q)
+    assert ledger.report_progress(0, q, 5, "a")
+    ledger.expire(T + 1)
+    assert p in ledger.todo and q in ledger.todo
+    assert ledger.check_report("a", 0, p, tp, RELEASED) is Verdict.REPEAT  # consumed 0: nothing
+    assert ledger.check_report("a", 0, p, tp, RELEASED, consumed=1) is Verdict.APPLY
+    assert ledger.check_report("a", 0, q, tq, RELEASED, consumed=3) is Verdict.REPEAT
+    assert ledger.check_report("a", 0, q, tq, RELEASED, consumed=5) is Verdict.REPEAT
+    assert ledger.check_report("a", 0, q, tq, RELEASED, consumed=6) is Verdict.APPLY
+
+
+def test_a_keyed_token_is_the_hmac_of_the_big_endian_counter_cut_to_63_bits() -> None:
+    """The token an independent HMAC-SHA256 gives: any reader of the saved form (a store, a
+    restarted master of the same release) derives the same tokens from the key and counter."""
+    key = bytes(range(32))
+    for counter in (1, 2, 255, 1 << 40):
+        digest = hmac.new(key, counter.to_bytes(8, "big"), hashlib.sha256).digest()
+        assert lease_token(key, counter) == int.from_bytes(digest[:8], "big") >> 1
 
 
 def test_a_past_epoch_is_refused_and_a_rewind_fences_the_checkpointed_reader_out() -> None:

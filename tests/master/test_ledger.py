@@ -1,9 +1,10 @@
 """The task ledger: unit tests of each behaviour, and a Hypothesis state machine.
 
 Equivalent mutants (mutmut, tools/mutation.py), left alive on purpose:
-- `Ledger.replay`: `_apply(op, record=False)` → `_apply(op, record=None)`: both are false.
-- `Ledger._apply` ("L") and `Ledger.from_state`: `…[partition] = None` → `= ""` in `by_worker`
-  (two mutants): its values are never read (each worker's dict is an insertion-ordered set).
+- `LedgerState.replay`: `_apply(op, record=False)` → `_apply(op, record=None)`: both are false.
+- `LedgerState._apply` ("L") and `ledger_saved.restore`: `…[partition] = None` → `= ""` in
+  `by_worker` (two mutants): its values are never read (each worker's dict is an
+  insertion-ordered set).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from trainfeed.master.core.ledger import (
     LeaseResult,
     LeaseStatus,
     Ledger,
-    epoch_order,
 )
+from trainfeed.planning.order import epoch_order
 
 T = 10.0  # lease timeout
 

@@ -59,6 +59,21 @@ def _columns(table: pa.Table, names: tuple[str, ...]) -> ColumnBatch:
     return batch
 
 
+def _end_pass(running: Generator[Any, None, None] | None, name: str) -> None:
+    """Ends a pass the trainer left mid-way (Reader.close), so that its threads (read-ahead,
+    batch preparation, decoding) are stopped and joined now, not when its iterator is
+    collected: a pass the trainer still holds, or one in a reference cycle, kept them running
+    (and a master-fed one retrying a master that was gone) until then."""
+    if running is None:
+        return
+    try:
+        running.close()
+    except ValueError:  # its trainer is inside it on another thread: it ends there
+        logger.debug("reader of %r closed while another thread reads its pass", name)
+    except Exception as e:  # the pass ended badly; closing must still finish
+        logger.warning("the pass of reader %r in progress ended with: %s", name, e)
+
+
 class Reader:
     """A reader creator over one dataset: each call `reader()` is one pass (epoch).
 
@@ -380,26 +395,11 @@ class Reader:
             backend, self._connected = self._connected, None
         if backend is not None:  # (first: the session hands the pass's tasks back once)
             backend.close()
-        self._end_pass()
+        _end_pass(self._pass() if self._pass is not None else None, self.name)
         if self._built is not None:  # (after the pass: nothing decodes any more)
             self._built.close()
         if self._decoders is not None:
             self._decoders.close()
-
-    def _end_pass(self) -> None:
-        """Ends a pass the trainer left mid-way, so that its threads (read-ahead, batch
-        preparation, decoding) are stopped and joined now, not when its iterator is collected:
-        a pass the trainer still holds, or one in a reference cycle, kept them running (and a
-        master-fed one retrying a master that was gone) until then."""
-        running = self._pass() if self._pass is not None else None
-        if running is None:
-            return
-        try:
-            running.close()
-        except ValueError:  # its trainer is inside it on another thread: it ends there
-            logger.debug("reader of %r closed while another thread reads its pass", self.name)
-        except Exception as e:  # the pass ended badly; closing must still finish
-            logger.warning("the pass of reader %r in progress ended with: %s", self.name, e)
 
     def __enter__(self) -> Reader:
         return self

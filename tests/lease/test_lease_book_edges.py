@@ -87,23 +87,23 @@ def test_a_lost_lease_done_counts_no_finish_for_the_rate() -> None:
 def test_positions_ahead_of_the_progress_of_held_leases_go_as_progress() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11), (0, 2, 12), (1, 1, 13)])
-    book.note_progress((0, 1, 11), 5, now=1.0)
+    book.progress.note((0, 1, 11), 5, now=1.0)
     book.drain()  # sent: 5 for (0, 1)
-    book.note_positions(0, {1: 5, 2: 1, 3: 9})  # (0, 1) not ahead; (0, 3) not held
+    book.progress.note_positions(0, {1: 5, 2: 1, 3: 9})  # (0, 1) not ahead; (0, 3) not held
     assert [(r.names, r.outcome, r.consumed) for r in book.drain()] == [
         ((0, 2, 12), Outcome.PROGRESS, 1)]
-    book.note_positions(0, {1: 4, 2: 0})  # behind: nothing
+    book.progress.note_positions(0, {1: 4, 2: 0})  # behind: nothing
     assert book.drain() == []
-    book.note_positions(0, {1: 7, 2: 3})
+    book.progress.note_positions(0, {1: 7, 2: 3})
     assert [(r.names, r.consumed) for r in book.drain()] == [((0, 1, 11), 7), ((0, 2, 12), 3)]
-    book.note_positions(1, {1: 2})  # another epoch's partition 1
+    book.progress.note_positions(1, {1: 2})  # another epoch's partition 1
     assert [(r.names, r.consumed) for r in book.drain()] == [((1, 1, 13), 2)]
 
 
 def test_a_position_of_zero_records_is_no_news() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])
-    book.note_positions(0, {1: 0})
+    book.progress.note_positions(0, {1: 0})
     assert not book.owes() and book.drain() == []
 
 
@@ -112,8 +112,8 @@ def test_positions_count_towards_the_progress_that_is_due() -> None:
     it due PROGRESS_INTERVAL_S after the progress first noted."""
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])
-    book.note_progress((0, 1, 11), 1, now=2.0)
-    book.note_positions(0, {1: PROGRESS_MIN_RECORDS})
+    book.progress.note((0, 1, 11), 1, now=2.0)
+    book.progress.note_positions(0, {1: PROGRESS_MIN_RECORDS})
     assert book.send_in(2.5, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(
         PROGRESS_INTERVAL_S - 0.5)
 
@@ -124,13 +124,13 @@ def test_a_done_forgets_the_partitions_progress_and_queues_exactly_one_done() ->
     book.granted([(0, 1, 11)])
     book.handed_over()
     book.keep(task((0, 1, 11), records=100), now=0.0)
-    book.note_progress((0, 1, 11), 40, now=1.0)
+    book.progress.note((0, 1, 11), 40, now=1.0)
     assert book.done((0, 1, 11), now=2.0) is True
     assert book.drain() == [Report(0, 1, Outcome.DONE, 11)]  # no PROGRESS beside it
     assert book.outstanding == 0
     # Leased again (a new lease of the same partition, say after a rewind): counted afresh.
     book.granted([(0, 1, 12)])
-    assert book.note_progress((0, 1, 12), 3, now=3.0)
+    assert book.progress.note((0, 1, 12), 3, now=3.0)
 
 
 def test_a_cut_leases_done_sends_nothing_and_frees_its_start() -> None:
@@ -201,7 +201,7 @@ def test_a_failure_starts_the_coalescing_window_of_the_reports() -> None:
 def test_every_unbegun_lease_asked_back_goes_back_with_a_released_report() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11), (0, 2, 12), (0, 3, 13)])
-    book.note_progress((0, 2, 12), 3, now=0.5)
+    book.progress.note((0, 2, 12), 3, now=0.5)
     # A stale ask first (another token of partition 1): skipped, the rest still go.
     applied = book.told(Answer(give_back=((0, 1, 99), (0, 2, 12), (0, 3, 13))), now=1.0)
     assert applied.given == 2
@@ -235,12 +235,12 @@ def test_a_second_ask_for_a_begun_lease_does_not_move_the_first_asks_time() -> N
 def test_a_broken_streams_progress_goes_again_for_the_held_leases_only() -> None:
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11), (0, 2, 12), (0, 3, 13)])
-    book.note_progress((0, 1, 11), PROGRESS_MIN_RECORDS, now=1.0)
-    book.note_progress((0, 2, 12), 2, now=1.0)
-    book.note_progress((0, 3, 13), 4, now=1.0)
+    book.progress.note((0, 1, 11), PROGRESS_MIN_RECORDS, now=1.0)
+    book.progress.note((0, 2, 12), 2, now=1.0)
+    book.progress.note((0, 3, 13), 4, now=1.0)
     assert len(book.drain_progress()) == 3  # sent on the stream, never acknowledged
     book.answered([], Answer(revoked=((0, 3, 13),)), called_at=1.5, now=1.5)
-    book.resend_progress()
+    book.progress.resend()
     assert [(r.names, r.consumed) for r in book.drain_progress()] == [
         ((0, 1, 11), PROGRESS_MIN_RECORDS), ((0, 2, 12), 2)]
 
@@ -250,10 +250,10 @@ def test_a_resend_counts_the_progress_as_unsent_from_the_start() -> None:
     due (PROGRESS_MIN_RECORDS or more) and goes within PROGRESS_INTERVAL_S, not a heartbeat."""
     book = LeaseBook(T, now=0.0)
     book.granted([(0, 1, 11)])
-    book.note_progress((0, 1, 11), PROGRESS_MIN_RECORDS, now=1.0)
+    book.progress.note((0, 1, 11), PROGRESS_MIN_RECORDS, now=1.0)
     book.drain_progress()
     assert not book.owes()
-    book.resend_progress()
+    book.progress.resend()
     assert book.owes()
     assert book.send_in(1.25, fetching=True, heartbeat_s=HEARTBEAT) == pytest.approx(
         PROGRESS_INTERVAL_S - 0.25)

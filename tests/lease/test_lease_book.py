@@ -334,6 +334,14 @@ class LeaseBookMachine(RuleBasedStateMachine):
         assert self.book.started <= held | self.book.released
 
     @invariant()
+    def a_finishing_lease_is_held_until_its_done_is_confirmed(self) -> None:
+        # (else the set would grow by one lease per partition read: a leak over a long job).
+        # Or given back: this machine may call `done` without `claim`, and an unbegun lease whose
+        # DONE is queued can still be asked back.
+        held = {(*key, token) for key, token in self.book.held.items()}
+        assert self.book.finishing <= held | self.book.given
+
+    @invariant()
     def progress_is_kept_only_for_held_partitions(self) -> None:
         assert set(self.book.progress.counts) <= set(self.book.held)
         assert self.book.progress.dirty <= set(self.book.progress.counts)

@@ -400,3 +400,13 @@ def test_a_stale_revocation_does_not_stop_the_ones_after_it() -> None:
     assert applied.gone == [(0, 2)]
     assert book.held_now() == ([(0, 1, 11)], set())
     assert book.lost((0, 2, 12)) and not book.lost((0, 1, 11))
+
+
+def test_a_checkpoints_positions_alone_are_due_at_once() -> None:
+    """Positions start no PROGRESS_INTERVAL_S clock of their own: they count from the last one
+    started (none here since the book opened), so enough of them are due at once, not an
+    interval after the checkpoint's flush."""
+    book = LeaseBook(T, now=0.0)
+    book.granted([(0, 1, 11)])
+    book.progress.note_positions(0, {1: PROGRESS_MIN_RECORDS})
+    assert book.send_in(1.5, fetching=True, heartbeat_s=HEARTBEAT) <= 0

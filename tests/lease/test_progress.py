@@ -73,3 +73,20 @@ def test_drop_forgets_the_count_and_finish_forgets_what_was_sent_too() -> None:
     assert progress.reported == {(0, 1): 3}
     progress.clear()
     assert progress.reported == {}
+
+
+def test_the_count_already_sent_is_no_news() -> None:
+    progress = Progress({(0, 1): 11})
+    progress.note((0, 1, 11), 5, now=1.0)
+    progress.take()
+    assert not progress.note((0, 1, 11), 5, now=2.0)
+    assert not progress.dirty and progress.take() == []
+
+
+def test_a_resend_also_sends_a_count_that_never_went() -> None:
+    progress = Progress({(0, 1): 11, (0, 2): 12})
+    progress.note((0, 1, 11), 4, now=1.0)
+    progress.take()
+    progress.note((0, 2, 12), 2, now=1.5)  # noted after the stream broke: never sent
+    progress.resend()
+    assert progress.take() == [((0, 1), 4), ((0, 2), 2)]

@@ -169,6 +169,7 @@ class LeaseBook:
         self.broken = ""  # why the synchronous group broke, once the master said so
         self.superseded = ""  # who took over this reader's work, once the master said so
         self.completed_epoch = -1  # the last epoch the Watch stream announced complete
+        # mutmut: any negative start is equivalent (its reader asks `0 <= epoch <= completed`).
         # When the master asked back a lease the trainer had begun (it learns which leases are
         # begun only from our calls): the next Report goes at once and says so, instead of the
         # master asking again until our next heartbeat (issue 28: the epoch's tail). None: no
@@ -400,6 +401,8 @@ class LeaseBook:
                     self.begun_asked_at = now
                 continue
             del self.held[key]
+            # mutmut: any token is equivalent here: the lease is not begun (begun ones were
+            # skipped above), so `started` has nothing of it to discard.
             self._unkeep(key, token)
             self.progress.drop(key)
             self.given.add(lease)
@@ -437,10 +440,13 @@ class LeaseBook:
         not begun calls that often, so that a give-back asked in an answer reaches it.
         """
         interval = heartbeat_s
+        # mutmut: `<=` is equivalent (at poll_s == heartbeat_s the interval is the same).
         polling = poll_s is not None and poll_s < heartbeat_s and self.unstarted_held()
         if polling:
             assert poll_s is not None
             interval = poll_s
+        # mutmut: `>` is equivalent: at exactly COALESCE_S, `report_in` below is 0 (to a
+        # rounding: a wait of 1e-17 s), which the reporter takes as now.
         if self.reports and (not fetching or now - self.oldest_report >= COALESCE_S):
             return 0.0
         if self.begun_asked_at is not None:

@@ -1,13 +1,14 @@
 """A reader's book of its leases: the pure core of the lease protocol's reader side.
 
 What a reader holds, what its trainer began, what it handed back, how far its trainer got inside
-each partition, which leases the master took away, and which reports wait to go. Like the master's
-`Ledger` (trainfeed.master.core.ledger) it is a plain state machine: every method that needs the
-time takes it as an argument; it reads no clock, starts no thread, makes no call and knows no gRPC
-type. `WorkerSession` (trainfeed.lease.session) is its shell: it owns the client, the lock and the
-threads, translates the master's answers into `Answer`s and the book's `Report`s into messages. That
-split is what lets `tests/lease/test_lease_book.py` drive it through every interleaving Hypothesis
-finds.
+each partition (its `progress`, a `Progress` of trainfeed.lease.progress, which the shell tells of
+the trainer's records directly), which leases the master took away, and which reports wait to go.
+Like the master's `Ledger` (trainfeed.master.core.ledger) it is a plain state machine: every
+method that needs the time takes it as an argument; it reads no clock, starts no thread, makes no
+call and knows no gRPC type. `WorkerSession` (trainfeed.lease.session) is its shell: it owns the
+client, the lock and the threads, translates the master's answers into `Answer`s and the book's
+`Report`s into messages. That split is what lets `tests/lease/test_lease_book.py` drive it through
+every interleaving Hypothesis finds.
 
 Rules the book keeps (each an invariant of its state machine test):
 - A lease the trainer began (`claim`) is never handed back (`give_back`), and a lease handed back

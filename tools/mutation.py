@@ -63,6 +63,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     # The reader's lease book (issue 36): its own tests, and the sync quotas it keeps.
     "lease/book.py": ("tests/lease/test_lease_book*.py", "tests/lease/test_sync_cut.py",
                       "tests/master/test_sync_quota.py"),
+    # Its progress within partitions (lease/progress.py), driven through the book as well.
+    "lease/progress.py": ("tests/lease/test_progress.py", "tests/lease/test_lease_book*.py",
+                          "tests/lease/test_sync_cut.py", "tests/master/test_sync_quota.py"),
 }
 # What a bare `python tools/mutation.py` measures: the modules held to 90 % (docs/testing.md).
 DEFAULT = ("master/core/ledger.py", "master/core/ledger_state.py", "master/core/ledger_fencing.py",

@@ -198,7 +198,7 @@ class Rank:
         self.delivered.extend((task.epoch, task.partition, i) for i in range(start, start + n))
         self.handed += n
         if self.handed < task.delivers:
-            self.book.note_progress(lease, task.skip + self.handed, now)
+            self.book.progress.note(lease, task.skip + self.handed, now)
             return n
         self.queue.popleft()
         self.handed = 0

@@ -252,7 +252,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         if records >= 10:
             reader.book.done(lease, self.now)
         else:
-            reader.book.note_progress(lease, records, self.now)
+            reader.book.progress.note(lease, records, self.now)
 
     @precondition(lambda self: self.live())
     @rule(data=st.data(), max_tasks=st.integers(1, 4))

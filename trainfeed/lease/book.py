@@ -1,13 +1,14 @@
 """A reader's book of its leases: the pure core of the lease protocol's reader side.
 
 What a reader holds, what its trainer began, what it handed back, how far its trainer got inside
-each partition, which leases the master took away, and which reports wait to go. Like the master's
-`Ledger` (trainfeed.master.core.ledger) it is a plain state machine: every method that needs the
-time takes it as an argument; it reads no clock, starts no thread, makes no call and knows no gRPC
-type. `WorkerSession` (trainfeed.lease.session) is its shell: it owns the client, the lock and the
-threads, translates the master's answers into `Answer`s and the book's `Report`s into messages. That
-split is what lets `tests/lease/test_lease_book.py` drive it through every interleaving Hypothesis
-finds.
+each partition (its `progress`, a `Progress` of trainfeed.lease.progress, which the shell tells of
+the trainer's records directly), which leases the master took away, and which reports wait to go.
+Like the master's `Ledger` (trainfeed.master.core.ledger) it is a plain state machine: every
+method that needs the time takes it as an argument; it reads no clock, starts no thread, makes no
+call and knows no gRPC type. `WorkerSession` (trainfeed.lease.session) is its shell: it owns the
+client, the lock and the threads, translates the master's answers into `Answer`s and the book's
+`Report`s into messages. That split is what lets `tests/lease/test_lease_book.py` drive it through
+every interleaving Hypothesis finds.
 
 Rules the book keeps (each an invariant of its state machine test):
 - A lease the trainer began (`claim`) is never handed back (`give_back`), and a lease handed back
@@ -33,10 +34,13 @@ import dataclasses
 import enum
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainfeed.io.prefetch import TaskRef
+from trainfeed.lease.progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
+from trainfeed.lease.progress import PROGRESS_MIN_RECORDS as PROGRESS_MIN_RECORDS
+from trainfeed.lease.progress import Progress
 
 # (epoch, partition, lease token): one lease. A partition given back and leased again is a new
 # lease, which an old one's end must not touch.
@@ -46,17 +50,8 @@ Key = tuple[int, int]  # (epoch, partition)
 # How long a report may wait for the producer's next GetTasks to carry it (it asks as soon as
 # enough prefetch slots free up) before the reporter sends it alone.
 COALESCE_S = 0.05
-# Progress within partitions reaches the master at least this often (riding on GetTasks when it
-# can): after a crash a re-leased partition repeats at most the records consumed in this long,
-# plus the batch that was in the trainer's hands.
-PROGRESS_INTERVAL_S = 1.0
-# ... once at least this many records of a partition went unreported (else they wait for its
-# DONE, a call, or a checkpoint's flush): a crash repeats at most the records of the last
-# PROGRESS_INTERVAL_S or PROGRESS_MIN_RECORDS - 1, whichever is more, plus the batch in the
-# trainer's hands. For a reader slower than PROGRESS_MIN_RECORDS records/s that bound is
-# records, not a second: its lone progress messages were most of the master's CPU per record
-# (issue 28: 200 readers at 2.5 records/s sent ~170 a second for 10-record partitions).
-PROGRESS_MIN_RECORDS = 16
+# How often progress within partitions goes, and from how many records on: PROGRESS_INTERVAL_S
+# and PROGRESS_MIN_RECORDS, with the progress they pace (trainfeed.lease.progress).
 # Lease depth follows consumption: a reader holds leases for about this many seconds of what its
 # trainer consumes (measured over the last LEASE_RATE_WINDOW partitions), at least MIN_LEASES,
 # so that it never sits on work another reader could start now.
@@ -157,12 +152,9 @@ class LeaseBook:
         self.finishing: set[Lease] = set()
         self.reports: list[Report] = []
         self.oldest_report = 0.0  # when the oldest unsent report was queued
-        # Records handed to the trainer per held partition, and which changed since sent.
-        self.progress: dict[Key, int] = {}
-        # Per held partition: the progress the master was last sent (its skip at first).
-        self.reported: dict[Key, int] = {}
-        self.dirty: set[Key] = set()
-        self.oldest_progress = 0.0
+        # Records the trainer had per held partition, and what of that the master was sent.
+        # It reads `held` live: `held` is never replaced, only changed.
+        self.progress = Progress(self.held)
         self.outstanding = 0  # partitions handed to the consumer and not yet acknowledged
         # When the trainer finished each of the last partitions: the rate that sizes the depth.
         self.finished_at: deque[float] = deque(maxlen=LEASE_RATE_WINDOW)
@@ -178,6 +170,7 @@ class LeaseBook:
         self.broken = ""  # why the synchronous group broke, once the master said so
         self.superseded = ""  # who took over this reader's work, once the master said so
         self.completed_epoch = -1  # the last epoch the Watch stream announced complete
+        # mutmut: any negative start is equivalent (its reader asks `0 <= epoch <= completed`).
         # When the master asked back a lease the trainer had begun (it learns which leases are
         # begun only from our calls): the next Report goes at once and says so, instead of the
         # master asking again until our next heartbeat (issue 28: the epoch's tail). None: no
@@ -221,7 +214,7 @@ class LeaseBook:
         """A synchronous pass keeps of a new task only what its quota still needs: the rest goes
         back at once (a RELEASED report at the count it keeps), so that another rank can lease
         it without waiting for this one's trainer. Returns the task as it is delivered."""
-        self.reported[(task.epoch, task.partition)] = task.skip
+        self.progress.start((task.epoch, task.partition), task.skip)
         if self.need is None:
             return task
         key, lease = (task.epoch, task.partition), (task.epoch, task.partition, task.lease)
@@ -262,28 +255,6 @@ class LeaseBook:
         confirm it before its records are handed over."""
         return now > self.sure_until and lease[:2] in self.held
 
-    def note_progress(self, lease: Lease, consumed: int, now: float) -> bool:
-        """The trainer had the first `consumed` records of `lease`'s partition. Returns True if
-        this started the PROGRESS_INTERVAL_S clock (nothing was waiting to go before)."""
-        key = lease[:2]
-        if consumed <= self.progress.get(key, 0) or self.held.get(key) != lease[2]:
-            return False  # not news, or the lease is not ours any more
-        self.progress[key] = consumed
-        first = not self.dirty
-        if first:
-            self.oldest_progress = now
-        self.dirty.add(key)
-        return first
-
-    def note_positions(self, epoch: int, positions: Mapping[int, int]) -> None:
-        """Records per partition of `epoch` the trainer had (a checkpoint's positions, possibly
-        ahead of the progress noted so far), for the leases still held."""
-        for partition, consumed in positions.items():
-            key = (epoch, partition)
-            if key in self.held and consumed > self.progress.get(key, 0):
-                self.progress[key] = consumed
-                self.dirty.add(key)
-
     def done(self, lease: Lease, now: float) -> bool:
         """The trainer was handed every record of `lease`'s partition (or the consumer dropped a
         lost one). Returns whether a DONE report was queued: not for a lost or released lease."""
@@ -294,9 +265,7 @@ class LeaseBook:
             self.started.discard(lease)
         # Else the lease stays started until the master confirms the DONE (`_confirmed`).
         if not lost:
-            self.progress.pop(key, None)
-            self.reported.pop(key, None)
-            self.dirty.discard(key)
+            self.progress.finish(key)
             self.finished_at.append(now)
         self.outstanding -= 1
         if lost or released:
@@ -326,24 +295,8 @@ class LeaseBook:
     def drain_progress(self) -> list[Report]:
         """Takes the progress that changed since it was last sent (not the queued reports: a
         Session message carries progress only)."""
-        reports = [Report(*key, Outcome.PROGRESS, self.held.get(key, 0),
-                          consumed=self.progress[key]) for key in sorted(self.dirty)]
-        self.reported.update((key, self.progress[key]) for key in self.dirty)
-        self.dirty.clear()
-        return reports
-
-    def _progress_due(self) -> bool:
-        """Whether progress must go on its own once PROGRESS_INTERVAL_S old: some partition
-        has PROGRESS_MIN_RECORDS records or more the master was not sent."""
-        return any(self.progress[key] - self.reported.get(key, 0) >= PROGRESS_MIN_RECORDS
-                   for key in self.dirty)
-
-    def resend_progress(self) -> None:
-        """A stream carrying progress nobody acknowledged broke: what it carried may be lost,
-        so every held partition's progress goes again (the master keeps the largest count)."""
-        self.dirty.update(key for key in self.progress if key in self.held)
-        for key in self.dirty:  # (what the master has of it is not known: due from the start)
-            self.reported.pop(key, None)
+        return [Report(*key, Outcome.PROGRESS, self.held.get(key, 0), consumed=consumed)
+                for key, consumed in self.progress.take()]
 
     def needs_answer(self, now: float, heartbeat_s: float) -> bool:
         """Whether the next message must be answered: a heartbeat is due (only an answer renews
@@ -357,7 +310,7 @@ class LeaseBook:
 
     def owes(self) -> bool:
         """Whether reports or progress wait to be sent."""
-        return bool(self.reports or self.dirty)
+        return bool(self.reports or self.progress.dirty)
 
     # -- answers ------------------------------------------------------------------------------
     def answered(self, sent: list[Report], answer: Answer, called_at: float, now: float,
@@ -403,8 +356,7 @@ class LeaseBook:
             if self.held.get(key) != token:
                 continue  # confirmed meanwhile, or leased to us again since
             del self.held[key]
-            self.progress.pop(key, None)
-            self.dirty.discard(key)
+            self.progress.drop(key)
             # (A DONE already queued still goes: the master takes it if nobody leased the
             # partition since, and saves its re-reading; else it refuses it.)
             self.revoked.add((*key, token))
@@ -450,9 +402,10 @@ class LeaseBook:
                     self.begun_asked_at = now
                 continue
             del self.held[key]
+            # mutmut: any token is equivalent here: the lease is not begun (begun ones were
+            # skipped above), so `started` has nothing of it to discard.
             self._unkeep(key, token)
-            self.progress.pop(key, None)
-            self.dirty.discard(key)
+            self.progress.drop(key)
             self.given.add(lease)
             self._queue(Report(epoch, partition, Outcome.RELEASED, token), now)
             given += 1
@@ -465,8 +418,6 @@ class LeaseBook:
         self.started.clear()
         self.finishing.clear()
         self.progress.clear()
-        self.reported.clear()
-        self.dirty.clear()
 
     # -- timing -------------------------------------------------------------------------------
     def lease_depth(self, window: int) -> int:
@@ -490,15 +441,18 @@ class LeaseBook:
         not begun calls that often, so that a give-back asked in an answer reaches it.
         """
         interval = heartbeat_s
+        # mutmut: `<=` is equivalent (at poll_s == heartbeat_s the interval is the same).
         polling = poll_s is not None and poll_s < heartbeat_s and self.unstarted_held()
         if polling:
             assert poll_s is not None
             interval = poll_s
+        # mutmut: `>` is equivalent: at exactly COALESCE_S, `report_in` below is 0 (to a
+        # rounding: a wait of 1e-17 s), which the reporter takes as now.
         if self.reports and (not fetching or now - self.oldest_report >= COALESCE_S):
             return 0.0
         if self.begun_asked_at is not None:
             return 0.0
-        progress_in = (self.oldest_progress + PROGRESS_INTERVAL_S - now if self._progress_due()
+        progress_in = (self.progress.oldest + PROGRESS_INTERVAL_S - now if self.progress.due()
                        else interval)
         heartbeat_in = interval - (now - self.last_contact)
         report_in = self.oldest_report + COALESCE_S - now if self.reports else heartbeat_in

@@ -188,7 +188,7 @@ class WorkerSession:
         if self.broken is not None:
             raise self.broken
         with self._cond:
-            if self._book().note_progress(lease_of(task), task.skip + handed, time.monotonic()):
+            if self._book().progress.note(lease_of(task), task.skip + handed, time.monotonic()):
                 self._cond.notify_all()  # the reporter starts the PROGRESS_INTERVAL_S clock
 
     def report_done(self, task: TaskRef) -> None:
@@ -248,7 +248,7 @@ class WorkerSession:
         if self.book is None:
             return
         with self._cond:
-            self.book.note_positions(epoch, positions or {})
+            self.book.progress.note_positions(epoch, positions or {})
             if not self.book.owes():
                 return
         try:
@@ -366,7 +366,7 @@ class WorkerSession:
         """The stream broke (under `_cond`): the progress it carried unanswered may be lost,
         so it goes again, and a heartbeat goes at once on the next stream, so that the news
         the master could not push meanwhile comes in its answer."""
-        self._book().resend_progress()
+        self._book().progress.resend()
         self._resync = True
         self._cond.notify_all()
 

@@ -89,8 +89,9 @@ class WorkerSession:
     leases and stops the threads; it is idempotent.
 
     Args:
-        stats: called before each answered message; what it returns rides on it (`stats`,
-            issue 29). None: no stats. Settable later (`session.stats = ...`).
+        stats: called before each answered message; what it returns rides on it (issue 29).
+            None: no stats. Settable later, as `on_decoders` is (remote decode: told each list
+            of decoders the master sends, issue 37).
     """
 
     def __init__(self, client: MasterClient, join: Join, stats: StatsHook | None = None):
@@ -100,8 +101,6 @@ class WorkerSession:
         # A synchronous rank's group, sent with every message (a restarted master learns it).
         self.sync = join.sync
         self.stats = stats
-        # Remote decode (issue 37): told each list of decoders the master sends (address, busy
-        # share), on the stream's thread. Settable later, like `stats`.
         self.on_decoders: Callable[[list[tuple[str, float]]], object] | None = None
         self._opened: pb.OpenJobResponse | None = None
         self.book: LeaseBook | None = None
@@ -112,7 +111,7 @@ class WorkerSession:
         self._stopping = False
         self._resync = False  # a stream broke: an answered heartbeat goes on the next at once
         self.transport = Transport(client, self._cond, self.apply, self._on_break)
-        self.grants_on_stream = 0  # requests for tasks answered (for tests and benchmarks)
+        self.grants_on_stream = 0  # requests for tasks answered (tests and benchmarks)
         self._threads: list[threading.Thread] = []
         self.error: BaseException | None = None
         self.broken: SyncGroupBrokenError | None = None
@@ -197,8 +196,7 @@ class WorkerSession:
             first = not book.reports
             if book.done(lease_of(task), time.monotonic()):
                 self._queued(first)
-            # The producer may be waiting for this (epoch tail, or a full lease depth).
-            self._cond.notify_all()
+            self._cond.notify_all()  # (the producer may wait for it: epoch tail, lease depth)
 
     def report_failed(self, task: TaskRef, reason: str) -> None:
         with self._cond:
@@ -223,9 +221,8 @@ class WorkerSession:
             return self._book().claim(lease_of(task))
 
     def lease_lost(self, task: TaskRef) -> bool:
-        """Whether the master took `task`'s lease away (its records not yet handed over are
-        dropped: another reader delivers them). Past the time the lease is sure to live (a
-        frozen process, an unreachable master), a heartbeat's answer confirms it first."""
+        """Whether the master took `task`'s lease away (its undelivered records are dropped:
+        another reader delivers them); past the time the lease is sure to live, confirmed."""
         if self.broken is not None:
             raise self.broken
         lease = lease_of(task)
@@ -241,10 +238,9 @@ class WorkerSession:
 
     def flush(self, epoch: int = -1, positions: dict[int, int] | None = None) -> None:
         """Sends the queued reports and progress now, with `positions` (partition -> records of
-        `epoch` the trainer had; ahead of the noted progress), and waits for the answer, so
-        that a checkpoint taken after it resumes exactly. An unreachable master only costs
-        exactness (logged: a resume repeats the unsent part). Nothing before the session
-        opened."""
+        `epoch` the trainer had; ahead of the noted progress), and waits for the answer, so that
+        a checkpoint taken after it resumes exactly (an unreachable master costs exactness only,
+        logged). Nothing before the session opened."""
         if self.book is None:
             return
         with self._cond:

@@ -14,11 +14,12 @@ Thread-safety: a pool is shared by a reader's passes and their segment threads (
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -181,49 +182,16 @@ class DecoderPool:
         """One DoExchange: yields the record batches; raises _Died if the decoder went away."""
         assert decoder.client is not None
         options = flight.FlightCallOptions(headers=self._headers, timeout=CALL_TIMEOUT_S)
-        expected = request.records
-        try:
+        with _translated(decoder.address):
             writer, reader = decoder.client.do_exchange(
                 flight.FlightDescriptor.for_command(request.encode()), options)
             try:
-                writer.write_metadata(credit_message(CREDIT))
-                sent = 0
-                while True:
-                    try:
-                        chunk = reader.read_chunk()
-                    except StopIteration:
-                        raise _Died(f"the stream ended after {sent} of {expected} records") \
-                            from None
-                    if chunk.data is not None:
-                        writer.write_metadata(credit_message(1))
-                        sent += chunk.data.num_rows
-                        yield chunk.data  # an empty one too: it carries the schema
-                    end = parse_control(chunk.app_metadata.to_pybytes()
-                                        if chunk.app_metadata is not None else None).get("end")
-                    if end is not None:
-                        if end != sent or sent != expected:
-                            raise DecoderRefusedError(
-                                f"decoder {decoder.address} sent {sent} records and said "
-                                f"{end}; the request asked for {expected}")
-                        _finish(writer, reader)
-                        return
+                yield from _received(decoder.address, writer, reader, request.records)
             finally:
                 try:
                     writer.close()
                 except flight.FlightError:
                     pass
-        except flight.FlightUnauthenticatedError as e:
-            raise AuthenticationError(f"decoder {decoder.address} refused the token: "
-                                      f"{_message(e)}") from None
-        except flight.FlightServerError as e:
-            kind = bytes(e.extra_info or b"")
-            if kind == b"refused":
-                raise DecoderRefusedError(f"decoder {decoder.address}: {_message(e)}") from None
-            if kind == b"decode":
-                raise DecodeError(_message(e)) from None
-            raise _Died(_message(e)) from None
-        except (flight.FlightError, OSError, pa.ArrowException) as e:
-            raise _Died(_message(e)) from None
 
     def close(self) -> None:
         with self._lock:
@@ -233,6 +201,51 @@ class DecoderPool:
                 d.client = None
         for client in clients:
             client.close()
+
+
+def _received(address: str, writer: flight.FlightStreamWriter,
+              reader: flight.FlightStreamReader, expected: int) -> Iterator[pa.RecordBatch]:
+    """The call's record batches (an empty one too: it carries the schema), a chunk of credit
+    granted for each; checks the decoder's end message against what came and was asked."""
+    writer.write_metadata(credit_message(CREDIT))
+    sent = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            raise _Died(f"the stream ended after {sent} of {expected} records") from None
+        if chunk.data is not None:
+            writer.write_metadata(credit_message(1))
+            sent += chunk.data.num_rows
+            yield chunk.data
+        end = parse_control(chunk.app_metadata.to_pybytes()
+                            if chunk.app_metadata is not None else None).get("end")
+        if end is not None:
+            if end != sent or sent != expected:
+                raise DecoderRefusedError(f"decoder {address} sent {sent} records and said "
+                                          f"{end}; the request asked for {expected}")
+            _finish(writer, reader)
+            return
+
+
+@contextlib.contextmanager
+def _translated(address: str) -> Iterator[None]:
+    """Flight's errors as trainfeed's: refusals, undecodable records and refused tokens as
+    such, everything else (the connection lost, the stream cut) as _Died."""
+    try:
+        yield
+    except flight.FlightUnauthenticatedError as e:
+        raise AuthenticationError(f"decoder {address} refused the token: "
+                                  f"{_message(e)}") from None
+    except flight.FlightServerError as e:
+        kind = bytes(e.extra_info or b"")
+        if kind == b"refused":
+            raise DecoderRefusedError(f"decoder {address}: {_message(e)}") from None
+        if kind == b"decode":
+            raise DecodeError(_message(e)) from None
+        raise _Died(_message(e)) from None
+    except (flight.FlightError, OSError, pa.ArrowException) as e:
+        raise _Died(_message(e)) from None
 
 
 def _finish(writer: flight.FlightStreamWriter, reader: flight.FlightStreamReader) -> None:

@@ -133,16 +133,11 @@ class DecodeRequest:
                 raise DecoderRefusedError(f"{name} must be a whole number ≥ 0, got {value!r}")
         for name, text in (("dataset", self.dataset), ("shard", self.shard),
                            ("mode", self.mode)):
-            if not isinstance(text, str) or not text or len(text) > 1024:
-                raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
-                                          f"characters")
+            _check_text(name, text)
         for name, optional in (("version", self.version), ("shuffle_seed", self.shuffle_seed)):
-            if optional is not None and (type(optional) is not int or optional < 0):
-                raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
-                                          f"{str(optional)[:100]!r}")
+            _check_optional_int(name, optional)
         for name, names in (("fields", self.fields), ("image_fields", self.image_fields)):
-            if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
-                raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
+            _check_names(name, names)
         if not isinstance(self.decode, dict):
             raise DecoderRefusedError("decode must be an object of DecodeOptions' fields")
 
@@ -163,6 +158,23 @@ class DecodeRequest:
             raise DecoderRefusedError(
                 f"chunks of {self.chunk} records of {image}-byte images are over the "
                 f"{MAX_CHUNK_BYTES}-byte bound per chunk")
+
+
+def _check_text(name: str, text: object) -> None:
+    if not isinstance(text, str) or not text or len(text) > 1024:
+        raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
+                                  f"characters")
+
+
+def _check_optional_int(name: str, value: object) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
+                                  f"{str(value)[:100]!r}")
+
+
+def _check_names(name: str, names: tuple[str, ...]) -> None:
+    if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
+        raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
 
 
 def credit_message(n: int) -> bytes:

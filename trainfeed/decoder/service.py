@@ -16,8 +16,16 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.flight as flight
 
+from trainfeed.decode.remote.shared_pixels import (
+    NO_SHARED_PIXELS,
+    PixelsWriter,
+    SharedPixelsUnavailable,
+    pixel_bytes,
+)
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
@@ -93,6 +101,8 @@ class DecoderServer(flight.FlightServerBase):
             self._calls[peer] += 1
         try:
             self._serve(descriptor, reader, writer)
+        except SharedPixelsUnavailable as e:  # the trainer asks again, pixels in the chunks
+            raise flight.FlightServerError(str(e), extra_info=NO_SHARED_PIXELS) from None
         except DecoderRefusedError as e:
             raise _refused(str(e)) from None
         except (CorruptDatasetError, StorageAccessError) as e:
@@ -120,21 +130,28 @@ class DecoderServer(flight.FlightServerBase):
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
             raise DecoderRefusedError("the descriptor must be a command (a decode request)")
         request = DecodeRequest.parse(descriptor.command)
+        shared = _shared(request)
         credit = 0
         sent = 0
         began = False
-        for batch in decoded_chunks(request, self.datasets, self.decoders):
-            while credit == 0:
-                credit += _credit(reader)
-                if credit > MAX_CREDIT:
-                    raise DecoderRefusedError(f"credit of {credit} chunks is over the bound "
-                                              f"of {MAX_CREDIT}")
-            if not began:
-                writer.begin(batch.schema)
-                began = True
-            writer.write_batch(batch)
-            credit -= 1
-            sent += batch.num_rows
+        try:
+            for batch in decoded_chunks(request, self.datasets, self.decoders):
+                while credit == 0:
+                    credit += _credit(reader)
+                    if credit > MAX_CREDIT:
+                        raise DecoderRefusedError(f"credit of {credit} chunks is over the "
+                                                  f"bound of {MAX_CREDIT}")
+                if shared is not None:
+                    batch = _into_shared(batch, request, shared, sent)
+                if not began:
+                    writer.begin(batch.schema)
+                    began = True
+                writer.write_batch(batch)
+                credit -= 1
+                sent += batch.num_rows
+        finally:
+            if shared is not None:
+                shared.close()
         writer.write_metadata(end_message(sent))
         # Returning now would drop what is still queued to send (the last chunks, the end
         # message: seen with pyarrow 26's Flight server when the trainer's credit messages are
@@ -186,6 +203,33 @@ def _credit(reader: flight.MetadataRecordBatchReader) -> int:
         raise DecoderRefusedError("a trainer sends only credit, no record batches")
     metadata = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else None
     return parse_control(metadata).get("credit", 0)
+
+
+def _shared(request: DecodeRequest) -> PixelsWriter | None:
+    """The trainer's shared memfd the request names, checked; None when it names none."""
+    if request.shared_pixels is None or not request.records or not request.image_fields:
+        return None
+    return PixelsWriter(request.shared_pixels, pixel_bytes(
+        request.records, request.image_bytes(), len(request.image_fields)))
+
+
+def _into_shared(batch: pa.RecordBatch, request: DecodeRequest, shared: PixelsWriter,
+                  first: int) -> pa.RecordBatch:
+    """The chunk of records [first, first + rows) with its pixels written into the memfd
+    (each image field's images one after another) and each image field sent as whether each
+    record decoded."""
+    image = request.image_bytes()
+    columns = []
+    for name, column in zip(batch.schema.names, batch.columns):
+        if name in request.image_fields:
+            field = request.image_fields.index(name)
+            pixels = column.buffers()[1]
+            shared.write((field * request.records + first) * image,
+                          np.frombuffer(pixels, np.uint8, count=len(column) * image,
+                                        offset=column.offset * image))
+            column = column.is_valid()
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def _only_exchange() -> flight.FlightServerError:

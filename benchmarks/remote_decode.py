@@ -165,6 +165,7 @@ class ThreadCPU:
         self._last = dict(self._start)
         self._names: dict[int, str] = {}
         self._stop = threading.Event()
+        self.own_s = 0.0  # this watcher's own CPU (in getrusage's figure, not the reader's)
         self._thread = threading.Thread(target=self._watch, name="benchmark-threadcpu",
                                         daemon=True)
         self._thread.start()
@@ -200,9 +201,10 @@ class ThreadCPU:
         by: dict[str, float] = {}
         for tid, (comm, seconds) in self._last.items():
             name = self._names.get(tid, f"native {comm}").rstrip("0123456789_-")
-            if name == "benchmark-threadcpu":
-                continue
             used = seconds - self._start.get(tid, (comm, 0.0))[1]
+            if name == "benchmark-threadcpu":
+                self.own_s = used
+                continue
             by[name] = by.get(name, 0.0) + used
         return {k: round(v / images * 1e3, 3)
                 for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0}
@@ -218,6 +220,7 @@ def _timed_pass(reader: Any, threads: bool = False) -> dict[str, Any]:
     out = {"images": images, "images_per_s": images / wall, "ms_per_image": cpu / images * 1e3}
     if watch is not None:
         out["threads_ms_per_image"] = watch.stop(images)
+        out["watcher_ms_per_image"] = watch.own_s / images * 1e3
     return out
 
 

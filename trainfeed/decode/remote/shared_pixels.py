@@ -158,7 +158,8 @@ class PixelsWriter:
             raise SharedPixelsUnavailable(f"cannot open the trainer's shared memfd here "
                                      f"({e.strerror}): not on its host?") from None
         try:
-            self._mapped = mmap.mmap(fd, _checked(fd, name, size), flags=_FLAGS)
+            # (Not populated: the decoder's page tables grow only as it writes pixels.)
+            self._mapped = mmap.mmap(fd, _checked(fd, name, size), flags=mmap.MAP_SHARED)
         finally:
             os.close(fd)
         self.size = size

@@ -169,3 +169,26 @@ def test_a_decoder_writes_only_inside_the_requests_pixels() -> None:
 def test_only_loopback_decoders_are_offered_a_memfd() -> None:
     assert is_local("127.0.0.1:5000") and is_local("localhost:5000") and is_local("[::1]:50")
     assert not is_local("decoder-0.decoders:5000") and not is_local("10.0.0.3:5000")
+
+
+def test_a_pool_reuses_its_memfds_but_a_forked_child_makes_its_own() -> None:
+    """Two processes writing through one memfd would mix their pixels: a DataLoader worker
+    forked from a trainer whose pool holds free memfds makes new ones."""
+    from trainfeed.decode.remote.client import DecoderPool
+
+    pool = DecoderPool(["127.0.0.1:1"], None)
+    decoder = pool._decoders["127.0.0.1:1"]
+    first = pool._shared(decoder, IMAGE)
+    assert first is not None
+    first.view(IMAGE)
+    first.recycle(pool._put_shared)
+    again = pool._shared(decoder, IMAGE // 2)
+    assert again is first  # free, and large enough
+    again.view(IMAGE // 2)
+    again.recycle(pool._put_shared)
+    child = os.fork()
+    if child == 0:  # (no Flight connection is open: the pool never called a decoder)
+        os._exit(0 if pool._shared(decoder, IMAGE) is not first else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pool.close()

@@ -236,7 +236,7 @@ class DecoderPool:
         if not (decoder.shared_memory and size and is_local(decoder.address)):
             return None
         with self._lock:
-            fits = [s for s in self._free if s.capacity >= size]
+            fits = [s for s in self._free if s.capacity >= size and s.pid == os.getpid()]
             if fits:
                 chosen = min(fits, key=lambda s: s.capacity)
                 self._free.remove(chosen)

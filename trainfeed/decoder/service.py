@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -130,28 +131,21 @@ class DecoderServer(flight.FlightServerBase):
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
             raise DecoderRefusedError("the descriptor must be a command (a decode request)")
         request = DecodeRequest.parse(descriptor.command)
-        shared = _shared(request)
         credit = 0
         sent = 0
         began = False
-        try:
-            for batch in decoded_chunks(request, self.datasets, self.decoders):
-                while credit == 0:
-                    credit += _credit(reader)
-                    if credit > MAX_CREDIT:
-                        raise DecoderRefusedError(f"credit of {credit} chunks is over the "
-                                                  f"bound of {MAX_CREDIT}")
-                if shared is not None:
-                    batch = _into_shared(batch, request, shared, sent)
-                if not began:
-                    writer.begin(batch.schema)
-                    began = True
-                writer.write_batch(batch)
-                credit -= 1
-                sent += batch.num_rows
-        finally:
-            if shared is not None:
-                shared.close()
+        for batch in _answers(request, decoded_chunks(request, self.datasets, self.decoders)):
+            while credit == 0:
+                credit += _credit(reader)
+                if credit > MAX_CREDIT:
+                    raise DecoderRefusedError(f"credit of {credit} chunks is over the bound "
+                                              f"of {MAX_CREDIT}")
+            if not began:
+                writer.begin(batch.schema)
+                began = True
+            writer.write_batch(batch)
+            credit -= 1
+            sent += batch.num_rows
         writer.write_metadata(end_message(sent))
         # Returning now would drop what is still queued to send (the last chunks, the end
         # message: seen with pyarrow 26's Flight server when the trainer's credit messages are
@@ -205,12 +199,23 @@ def _credit(reader: flight.MetadataRecordBatchReader) -> int:
     return parse_control(metadata).get("credit", 0)
 
 
-def _shared(request: DecodeRequest) -> PixelsWriter | None:
-    """The trainer's shared memfd the request names, checked; None when it names none."""
+def _answers(request: DecodeRequest,
+             chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The chunks as sent: as decoded, or, when the request names the trainer's shared memfd,
+    with their pixels written there (opened and checked before anything is decoded, and
+    unmapped when the call ends)."""
     if request.shared_pixels is None or not request.records or not request.image_fields:
-        return None
-    return PixelsWriter(request.shared_pixels, pixel_bytes(
+        yield from chunks
+        return
+    shared = PixelsWriter(request.shared_pixels, pixel_bytes(
         request.records, request.image_bytes(), len(request.image_fields)))
+    first = 0
+    try:
+        for batch in chunks:
+            yield _into_shared(batch, request, shared, first)
+            first += batch.num_rows
+    finally:
+        shared.close()
 
 
 def _into_shared(batch: pa.RecordBatch, request: DecodeRequest, shared: PixelsWriter,

@@ -192,3 +192,23 @@ def test_a_pool_reuses_its_memfds_but_a_forked_child_makes_its_own() -> None:
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     pool.close()
+
+
+def test_the_free_memfds_a_pool_keeps_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most FREE_SHARED and FREE_SHARED_BYTES of them, the smallest closed first, but the
+    largest always kept (the next partition needs as much)."""
+    from trainfeed.decode.remote import client
+    from trainfeed.decode.remote.client import DecoderPool
+
+    monkeypatch.setattr(client, "FREE_SHARED", 3)
+    monkeypatch.setattr(client, "FREE_SHARED_BYTES", 10 * IMAGE)
+    pool = DecoderPool(["127.0.0.1:1"], None)
+    made = [SharedPixels(n * IMAGE) for n in (1, 2, 3, 4, 20)]
+    for shared in made[:4]:
+        pool._put_shared(shared)
+    assert [s.capacity for s in pool._free] == [4 * IMAGE, 3 * IMAGE, 2 * IMAGE]  # count
+    pool._put_shared(made[4])  # over the bytes alone: kept, the others closed
+    assert pool._free == [made[4]]
+    assert all(s._fd is None for s in made[:4]) and made[4]._fd is not None
+    pool.close()
+    assert made[4]._fd is None

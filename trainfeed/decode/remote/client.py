@@ -64,9 +64,12 @@ DOWN_S = 1.0
 # Without a record received from any decoder for this long, the task fails (the master gives
 # it to another reader; a local pass ends with the error).
 GIVE_UP_S = 60.0
-# Free memfds kept for reuse (each ~38 MB: a partition of 256 224x224x3 images): enough for
-# the calls of a few passes at once; the ones in use are bounded by what the reader holds.
+# Free memfds kept for reuse (a call's memfd holds its segment's pixels: 38 MB for 256 images
+# of 224x224x3): at most 8 and 512 MB, but always the largest one (a reader reading partitions
+# of 20,000 images needs 3 GB a call, and making that memory afresh costs the trainer about as
+# much as receiving it over the network). The ones in use are what the reader holds.
 FREE_SHARED = 8
+FREE_SHARED_BYTES = 512 << 20
 # A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
 CALL_TIMEOUT_S = 120.0
 
@@ -250,16 +253,20 @@ class DecoderPool:
             return None
 
     def _put_shared(self, shared: SharedPixels) -> None:
-        """A memfd whose pixels are all dropped: kept for the next call (at most FREE_SHARED,
-        the smallest closed first), or closed."""
+        """A memfd whose pixels are all dropped: kept for the next call, within FREE_SHARED
+        and FREE_SHARED_BYTES (the smallest closed first, the largest always kept)."""
+        closing = [shared]
         with self._lock:
             if not self.closed and shared.pid == os.getpid():
                 self._free.append(shared)
                 self._free.sort(key=lambda s: -s.capacity)
-                if len(self._free) <= FREE_SHARED:
-                    return
-                shared = self._free.pop()
-        shared.close()
+                closing = []
+                while len(self._free) > 1 and (
+                        len(self._free) > FREE_SHARED
+                        or sum(s.capacity for s in self._free) > FREE_SHARED_BYTES):
+                    closing.append(self._free.pop())
+        for extra in closing:
+            extra.close()
 
     def _exchange(self, decoder: _Decoder, request: DecodeRequest,
                   shared: SharedPixels | None) -> Iterator[pa.RecordBatch]:

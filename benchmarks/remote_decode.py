@@ -11,12 +11,19 @@ the train workload (224x224 uint8, RandomResizedCrop + flip):
    epochs through `dist.reader` (batches of 64) decoding locally (one decode thread), then with
    `TRAINFEED_DECODE=remote` and one decoder pinned to core 1 (`--threads 1`); its own CPU
    seconds (getrusage, every thread) per image in the second epoch (the first, reported apart,
-   also pays the reader's one-time start), and the second epoch's CPU by thread (/proc).
+   also pays the reader's one-time start), and the second epoch's CPU by thread (/proc). The
+   decoder is on the trainer's host, so it writes the pixels into the trainer's shared memory
+   (trainfeed.decode.remote.shared_pixels); the run is repeated with the pixels over the
+   network (`remote-network`), as from a decoder on another host.
 3. **transport overhead**: the decoder's own rate with its output discarded (the decode work of
    `trainfeed.decoder.work` on core 1, nothing sent) against the images/s a client on core 0
    receives from the decoder on core 1 (the pool's fetch, batches discarded).
 
     python benchmarks/remote_decode.py --images 1500 --json remote_decode.json
+
+`--partitions N` has the reader plan N partitions rather than the planner's 64: a small dataset's
+partitions are small (768 images: 12 a partition, one decode call each), ImageNet's hold ~20,000
+images, and per-call costs (a Flight call, its messages) are paid per partition.
 
 Figures depend on the machine and on what else runs on it: the JSON records both.
 """
@@ -158,6 +165,7 @@ class ThreadCPU:
         self._last = dict(self._start)
         self._names: dict[int, str] = {}
         self._stop = threading.Event()
+        self.own_s = 0.0  # this watcher's own CPU (in getrusage's figure, not the reader's)
         self._thread = threading.Thread(target=self._watch, name="benchmark-threadcpu",
                                         daemon=True)
         self._thread.start()
@@ -193,9 +201,10 @@ class ThreadCPU:
         by: dict[str, float] = {}
         for tid, (comm, seconds) in self._last.items():
             name = self._names.get(tid, f"native {comm}").rstrip("0123456789_-")
-            if name == "benchmark-threadcpu":
-                continue
             used = seconds - self._start.get(tid, (comm, 0.0))[1]
+            if name == "benchmark-threadcpu":
+                self.own_s = used
+                continue
             by[name] = by.get(name, 0.0) + used
         return {k: round(v / images * 1e3, 3)
                 for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0}
@@ -211,6 +220,7 @@ def _timed_pass(reader: Any, threads: bool = False) -> dict[str, Any]:
     out = {"images": images, "images_per_s": images / wall, "ms_per_image": cpu / images * 1e3}
     if watch is not None:
         out["threads_ms_per_image"] = watch.stop(images)
+        out["watcher_ms_per_image"] = watch.own_s / images * 1e3
     return out
 
 
@@ -219,7 +229,10 @@ def role_trainer(storage: str) -> dict[str, Any]:
     includes what a reader does once (its pipeline built on the first pass: the manifest, the
     label index, pandas imported by pyarrow; the decoders' connections), the second is the
     steady state the target is about. The first is what this benchmark reported before
-    2026-11-29 (0.79 ms remote, 2.18 ms local)."""
+    2026-11-29 (0.79 ms remote, 2.18 ms local). $BENCH_PARTITIONS: partitions planned (0: the
+    planner's); $BENCH_NETWORK=1: the pixels over the network even from a decoder on this
+    host."""
+    _bench_knobs()
     from trainfeed import LocalSource, dist
     from trainfeed.reader.options import BatchOptions, DecodeOptions, PipelineOptions
     options = PipelineOptions(decode=DecodeOptions(
@@ -231,6 +244,20 @@ def role_trainer(storage: str) -> dict[str, Any]:
     steady = _timed_pass(reader, threads=True)
     reader.close()
     return {**steady, "first_pass": first}
+
+
+def _bench_knobs() -> None:
+    """This benchmark's switches, set in the role's own process (see role_trainer)."""
+    partitions = int(os.environ.get("BENCH_PARTITIONS", "0"))
+    if partitions:
+        import functools
+
+        import trainfeed.reader.backends as backends
+        from trainfeed.planning.partitions import plan_partitions
+        backends.plan_partitions = functools.partial(plan_partitions, target=partitions)
+    if os.environ.get("BENCH_NETWORK") == "1":
+        import trainfeed.decode.remote.client as client
+        client.is_local = lambda address: False  # type: ignore[assignment]
 
 
 def _requests(storage: str) -> list[Any]:
@@ -299,15 +326,17 @@ def run_role(role: str, storage: str, core: int, env: dict[str, str] | None = No
     return answer
 
 
-def pipeline(storage: str) -> dict[str, Any]:
+def pipeline(storage: str, partitions: int) -> dict[str, Any]:
     from trainfeed.decoder.process import DecoderProcess
-    local_env = {"TRAINFEED_DECODE": "local"}
+    local_env = {"TRAINFEED_DECODE": "local", "BENCH_PARTITIONS": str(partitions)}
     out: dict[str, Any] = {"local": run_role("trainer", storage, 0, local_env),
                            "discard": run_role("discard", storage, 1)}
     with DecoderProcess(storage, TOKEN, threads=1, prefix=["taskset", "-c", "1"]) as decoder:
         remote_env = {"TRAINFEED_DECODE": "remote", "TRAINFEED_DECODERS": decoder.address,
-                      "TRAINFEED_TOKEN": TOKEN}
+                      "TRAINFEED_TOKEN": TOKEN, "BENCH_PARTITIONS": str(partitions)}
         out["remote"] = run_role("trainer", storage, 0, remote_env)
+        out["remote-network"] = run_role("trainer", storage, 0,
+                                         {**remote_env, "BENCH_NETWORK": "1"})
         out["receive"] = run_role("receive", storage, 0, remote_env)
     return out
 
@@ -331,6 +360,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                      "folder, deleted)")
     p.add_argument("--chunks", type=int, default=150,
                    help="64-image chunks per transport run (default 150)")
+    p.add_argument("--partitions", type=int, default=0,
+                   help="partitions the reader plans (default: the planner's 64)")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--transport", action="store_true", help="measure the transports only")
     p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
@@ -349,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "load_avg": os.getloadavg()},
-        "settings": {"images": a.images, "image": IMAGE, "batch": BATCH, "workload": TRAIN}}
+        "settings": {"images": a.images, "image": IMAGE, "batch": BATCH, "workload": TRAIN,
+                     "partitions": a.partitions or "the planner's"}}
     report["transport"] = transport(a.chunks, 2)
     print("| transport | images/s | client CPU per image | per MB |")
     print("|---|---:|---:|---:|")
@@ -359,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.transport:
         with tempfile.TemporaryDirectory() as tmp:
             storage = make_storage(a.images, a.workdir or tmp)
-            figures = pipeline(storage)
+            figures = pipeline(storage, a.partitions)
         report["pipeline"] = figures
         local, remote = figures["local"], figures["remote"]
         print(f"\ntrainer CPU per image (core 0): local {local['ms_per_image']:.3f} ms "
@@ -368,7 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{local['ms_per_image'] / remote['ms_per_image']:.1f}x less (second epoch; the "
               f"first, with the reader's start: local {local['first_pass']['ms_per_image']:.3f}"
               f" ms, remote {remote['first_pass']['ms_per_image']:.3f} ms)")
-        for name in ("local", "remote"):
+        network = figures["remote-network"]
+        print(f"  remote with the pixels over the network: {network['ms_per_image']:.3f} ms "
+              f"({network['images_per_s']:.0f} images/s)")
+        for name in ("local", "remote", "remote-network"):
             threads = ", ".join(f"{k} {v:.3f}"
                                 for k, v in figures[name]["threads_ms_per_image"].items())
             print(f"  {name}, ms per image by thread: {threads}")

@@ -24,6 +24,7 @@ from integration.services import free_port
 
 from trainfeed import LocalSource, MasterSource, dist
 from trainfeed.decode.remote import client as remote_client
+from trainfeed.decode.remote import shared_pixels
 from trainfeed.decode.remote.client import DecoderPool, RequestTemplate
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
@@ -369,3 +370,83 @@ def test_every_other_flight_method_is_refused_plainly(storage: str) -> None:
                 assert "Traceback" not in str(refused.value), name
         finally:
             client.close()
+
+
+def train_request(storage: str) -> DecodeRequest:
+    """Train records [2, 9) of partition 0, in chunks of 3 (three chunks, the last short)."""
+    return a_request(storage, shuffle_seed=7, seed=7, mode="train", skip=2, stop=9, chunk=3,
+                     decode={"enabled": True, "image_size": SIZE, "random_flip": True,
+                             "random_resized_crop": [[0.08, 1], [0.75, 1.3]]})
+
+
+def test_a_decoder_on_this_host_writes_the_pixels_into_shared_memory(storage: str) -> None:
+    """The same records, through a memfd of the trainer's and over the network, are the same
+    bytes; the memfd is reused by the next call once the first call's pixels are dropped."""
+    request = train_request(storage)
+    with DecoderProcess(storage, TOKEN) as decoder:
+        shared = DecoderPool([decoder.address], TOKEN)
+        network = DecoderPool([decoder.address], TOKEN, shared_memory=False)
+        try:
+            got = [r for b in shared.fetch(request) for r in b.to_pylist()]
+            again = [r for b in shared.fetch(request) for r in b.to_pylist()]
+            want = [r for b in network.fetch(request) for r in b.to_pylist()]
+            assert shared.shared() == {decoder.address: 2}
+            assert network.shared() == {decoder.address: 0}
+            assert len(shared._free) == 1  # one memfd served both calls
+        finally:
+            shared.close()
+            network.close()
+    assert len(got) == 7 and got == want == again
+
+
+def test_a_decoder_that_cannot_open_the_memfd_is_asked_over_the_network(
+        storage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder in another pid namespace (here: the memfd named under a pid it cannot see)
+    refuses it, and the call is made again with the pixels in the chunks, as are the next."""
+    class Elsewhere(shared_pixels.SharedPixels):
+        def __init__(self, capacity: int):
+            super().__init__(capacity)
+            self.address = f"999999999/{self.address.split('/', 1)[1]}"
+    monkeypatch.setattr(remote_client, "SharedPixels", Elsewhere)
+    request = train_request(storage)
+    with DecoderProcess(storage, TOKEN) as decoder:
+        pool = DecoderPool([decoder.address], TOKEN)
+        network = DecoderPool([decoder.address], TOKEN, shared_memory=False)
+        try:
+            got = [r for _ in range(2) for b in pool.fetch(request) for r in b.to_pylist()]
+            want = [r for b in network.fetch(request) for r in b.to_pylist()]
+            assert pool.shared() == {decoder.address: 0}
+            assert pool.served() == {decoder.address: 2} and pool.failed()[decoder.address] == 0
+        finally:
+            pool.close()
+            network.close()
+    assert got == want * 2
+
+
+def test_a_request_naming_a_descriptor_of_the_decoder_is_refused(storage: str) -> None:
+    """A trainer names the decoder's own stdout as its memfd: refused (not a memfd of that
+    name), nothing written to it, and the decoder serves on."""
+    with DecoderProcess(storage, TOKEN) as decoder:
+        request = a_request(storage, shared_pixels=(
+            f"{decoder.pid}/1/{shared_pixels.PREFIX}{'0' * 32}"))
+        client = flight.connect(f"grpc://{decoder.address}")
+        options = flight.FlightCallOptions(
+            headers=[(b"authorization", f"Bearer {TOKEN}".encode())], timeout=60)
+        try:
+            writer, reader = client.do_exchange(
+                flight.FlightDescriptor.for_command(request.encode()), options)
+            writer.write_metadata(b'{"credit": 1}')
+            with pytest.raises(flight.FlightServerError) as refused:
+                reader.read_chunk()
+            assert refused.value.extra_info == shared_pixels.NO_SHARED_PIXELS
+            assert "no shared memfd" in str(refused.value)
+            with contextlib.suppress(flight.FlightError):  # (the refusal again)
+                writer.close()
+        finally:
+            client.close()
+        pool = DecoderPool([decoder.address], TOKEN)
+        try:
+            assert len(pool.fetch(a_request(storage))[0]) == 10
+        finally:
+            pool.close()
+        assert not any("\x00" in line for line in decoder.log)  # no pixels on its stdout

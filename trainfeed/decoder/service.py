@@ -15,10 +15,19 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.flight as flight
 
+from trainfeed.decode.remote.shared_pixels import (
+    NO_SHARED_PIXELS,
+    PixelsWriter,
+    SharedPixelsUnavailable,
+    pixel_bytes,
+)
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
@@ -94,6 +103,8 @@ class DecoderServer(flight.FlightServerBase):
             self._calls[peer] += 1
         try:
             self._serve(descriptor, reader, writer)
+        except SharedPixelsUnavailable as e:  # the trainer asks again, pixels in the chunks
+            raise flight.FlightServerError(str(e), extra_info=NO_SHARED_PIXELS) from None
         except DecoderRefusedError as e:
             raise _refused(str(e)) from None
         except (CorruptDatasetError, StorageAccessError) as e:
@@ -124,7 +135,7 @@ class DecoderServer(flight.FlightServerBase):
         credit = 0
         sent = 0
         began = False
-        for batch in decoded_chunks(request, self.datasets, self.decoders):
+        for batch in _answers(request, decoded_chunks(request, self.datasets, self.decoders)):
             while credit == 0:
                 credit += _credit(reader)
                 if credit > MAX_CREDIT:
@@ -194,6 +205,44 @@ def _credit(reader: flight.MetadataRecordBatchReader) -> int:
         raise DecoderRefusedError("a trainer sends only credit, no record batches")
     metadata = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else None
     return parse_control(metadata).get("credit", 0)
+
+
+def _answers(request: DecodeRequest,
+             chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The chunks as sent: as decoded, or, when the request names the trainer's shared memfd,
+    with their pixels written there (opened and checked before anything is decoded, and
+    unmapped when the call ends)."""
+    if request.shared_pixels is None or not request.records or not request.image_fields:
+        yield from chunks
+        return
+    shared = PixelsWriter(request.shared_pixels, pixel_bytes(
+        request.records, request.image_bytes(), len(request.image_fields)))
+    first = 0
+    try:
+        for batch in chunks:
+            yield _into_shared(batch, request, shared, first)
+            first += batch.num_rows
+    finally:
+        shared.close()
+
+
+def _into_shared(batch: pa.RecordBatch, request: DecodeRequest, shared: PixelsWriter,
+                  first: int) -> pa.RecordBatch:
+    """The chunk of records [first, first + rows) with its pixels written into the memfd
+    (each image field's images one after another) and each image field sent as whether each
+    record decoded."""
+    image = request.image_bytes()
+    columns = []
+    for name, column in zip(batch.schema.names, batch.columns):
+        if name in request.image_fields:
+            field = request.image_fields.index(name)
+            pixels = column.buffers()[1]
+            shared.write((field * request.records + first) * image,
+                          np.frombuffer(pixels, np.uint8, count=len(column) * image,
+                                        offset=column.offset * image))
+            column = column.is_valid()
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def _only_exchange() -> flight.FlightServerError:

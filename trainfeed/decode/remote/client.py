@@ -17,11 +17,13 @@ Thread-safety: a pool is shared by a reader's passes and their segment threads (
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from trainfeed.decode.pixels import DecodedBatch
+from trainfeed.decode.remote.shared_pixels import (
+    NO_SHARED_PIXELS,
+    SharedPixels,
+    is_local,
+    pixel_bytes,
+)
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
@@ -60,6 +68,12 @@ DOWN_S = 1.0
 # Without a record received from any decoder for this long, the task fails (the master gives
 # it to another reader; a local pass ends with the error).
 GIVE_UP_S = 60.0
+# Free memfds kept for reuse (a call's memfd holds its segment's pixels: 38 MB for 256 images
+# of 224x224x3): at most 8 and 512 MB, but always the largest one (a reader reading partitions
+# of 20,000 images needs 3 GB a call, and making that memory afresh costs the trainer about as
+# much as receiving it over the network). The ones in use are what the reader holds.
+FREE_SHARED = 8
+FREE_SHARED_BYTES = 512 << 20
 # A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
 CALL_TIMEOUT_S = 120.0
 # A fetch without a record for this long logs what it waits for and until when, then every
@@ -78,6 +92,8 @@ class _Decoder:
     failed: int = 0  # calls cut off (the decoder died, or the stream broke)
     down_until: float = 0.0
     busy: float = 0.0  # its busy share when the master last listed it
+    shared_memory: bool = True  # offered a shared memfd when on this host (until it cannot)
+    shared: int = 0  # calls answered whole through a shared memfd
 
 
 class DecoderPool:
@@ -85,12 +101,19 @@ class DecoderPool:
     members are the master's list (it may start empty), else `addresses`."""
 
     def __init__(self, addresses: Sequence[str], token: str | None,
-                 give_up_s: float = GIVE_UP_S, listed: bool = False):
+                 give_up_s: float = GIVE_UP_S, listed: bool = False,
+                 shared_memory: bool = True):
         if not addresses and not listed:
             raise ValueError("remote decode needs at least one decoder address (host:port)")
         self.listed = listed
-        self._lock = threading.Lock()
-        self._decoders = {a: _Decoder(a) for a in addresses}
+        # (Reentrant: a memfd comes back, through _put_shared, from whichever thread drops the
+        # last array of its pixels.)
+        self._lock = threading.RLock()
+        # shared_memory: decoders on this host write the pixels into shared memory of ours
+        # (trainfeed.decode.remote.shared_pixels) rather than send them.
+        self._decoders = {a: _Decoder(a, shared_memory=shared_memory) for a in addresses}
+        self._shared_memory = shared_memory
+        self._free: list[SharedPixels] = []  # memfds no call uses now
         self._headers = ([(AUTH_METADATA_KEY.encode(), f"{BEARER_SCHEME} {token}".encode())]
                          if token else [])
         self.give_up_s = give_up_s
@@ -104,7 +127,8 @@ class DecoderPool:
     def add(self, address: str) -> None:
         """A decoder that joined (it takes requests from the next one on)."""
         with self._lock:
-            self._decoders.setdefault(address, _Decoder(address))
+            self._decoders.setdefault(address, _Decoder(
+                address, shared_memory=self._shared_memory))
 
     def listed_by_master(self, decoders: Sequence[tuple[str, float]]) -> None:
         """The master's list of decoders, (address, busy share) the least busy first: the pool
@@ -114,7 +138,8 @@ class DecoderPool:
             return
         with self._lock:
             old = self._decoders
-            self._decoders = {a: old.get(a) or _Decoder(a) for a, _ in decoders}
+            self._decoders = {a: old.get(a) or _Decoder(a, shared_memory=self._shared_memory)
+                              for a, _ in decoders}
             for address, busy in decoders:
                 self._decoders[address].busy = busy
             gone = [d for a, d in old.items() if a not in self._decoders]
@@ -145,6 +170,11 @@ class DecoderPool:
         """Calls each decoder answered whole so far (tests, status)."""
         with self._lock:
             return {a: d.served for a, d in self._decoders.items()}
+
+    def shared(self) -> dict[str, int]:
+        """Calls of each decoder answered whole through shared memory (tests, status)."""
+        with self._lock:
+            return {a: d.shared for a, d in self._decoders.items()}
 
     def failed(self) -> dict[str, int]:
         """Calls of each decoder cut off so far (tests, status)."""
@@ -227,61 +257,162 @@ class DecoderPool:
             return got
 
     def _call(self, decoder: _Decoder, request: DecodeRequest) -> Any:
-        """One DoExchange: yields the record batches; raises _Died if the decoder went away."""
+        """One DoExchange: yields the record batches; raises _Died if the decoder went away.
+        A decoder on this host writes the pixels into a memfd of ours; one that cannot is
+        asked again with the pixels in the chunks, and not offered one again."""
+        size = pixel_bytes(request.records, request.image_bytes(), len(request.image_fields))
+        shared = self._shared(decoder, size)
+        if shared is not None:
+            clean = False  # a call cut off may still be written to: its memfd is not reused
+            try:
+                shared.view(size)
+                yield from self._exchange(
+                    decoder, dataclasses.replace(request, shared_pixels=shared.address), shared)
+                clean = True
+                with self._lock:
+                    decoder.shared += 1
+                return
+            except _NoSharedPixels as e:  # (before any record: the decoder opens it first)
+                clean = True
+                logger.info("decoder %s cannot use this trainer's shared memory (%s): its "
+                            "pixels come over the network", decoder.address, e)
+                decoder.shared_memory = False
+            finally:
+                if clean:
+                    shared.recycle(self._put_shared)
+                else:
+                    shared.close()
+        yield from self._exchange(decoder, request, None)
+
+    def _shared(self, decoder: _Decoder, size: int) -> SharedPixels | None:
+        """A memfd for a call's `size` pixel bytes (a free one if any is large enough), when
+        the decoder is on this host."""
+        if not (decoder.shared_memory and size and is_local(decoder.address)):
+            return None
+        with self._lock:
+            fits = [s for s in self._free if s.capacity >= size and s.pid == os.getpid()]
+            if fits:
+                chosen = min(fits, key=lambda s: s.capacity)
+                self._free.remove(chosen)
+                return chosen
+        try:
+            return SharedPixels(size)
+        except OSError as e:  # no memfd here, or /dev/shm's memory is short
+            logger.warning("no shared memory for remote decode's pixels (%s): they come over "
+                           "the network", e)
+            decoder.shared_memory = False
+            return None
+
+    def _put_shared(self, shared: SharedPixels) -> None:
+        """A memfd whose pixels are all dropped: kept for the next call, within FREE_SHARED
+        and FREE_SHARED_BYTES (the smallest closed first, the largest always kept)."""
+        closing = [shared]
+        with self._lock:
+            if not self.closed and shared.pid == os.getpid():
+                self._free.append(shared)
+                self._free.sort(key=lambda s: -s.capacity)
+                closing = []
+                while len(self._free) > 1 and (
+                        len(self._free) > FREE_SHARED
+                        or sum(s.capacity for s in self._free) > FREE_SHARED_BYTES):
+                    closing.append(self._free.pop())
+        for extra in closing:
+            extra.close()
+
+    def _exchange(self, decoder: _Decoder, request: DecodeRequest,
+                  shared: SharedPixels | None) -> Iterator[pa.RecordBatch]:
         assert decoder.client is not None
         options = flight.FlightCallOptions(headers=self._headers, timeout=CALL_TIMEOUT_S)
-        expected = request.records
-        try:
+        with _translated(decoder.address):
             writer, reader = decoder.client.do_exchange(
                 flight.FlightDescriptor.for_command(request.encode()), options)
             try:
-                writer.write_metadata(credit_message(CREDIT))
-                sent = 0
-                while True:
-                    try:
-                        chunk = reader.read_chunk()
-                    except StopIteration:
-                        raise _Died(f"the stream ended after {sent} of {expected} records") \
-                            from None
-                    if chunk.data is not None:
-                        writer.write_metadata(credit_message(1))
-                        sent += chunk.data.num_rows
-                        yield chunk.data  # an empty one too: it carries the schema
-                    end = parse_control(chunk.app_metadata.to_pybytes()
-                                        if chunk.app_metadata is not None else None).get("end")
-                    if end is not None:
-                        if end != sent or sent != expected:
-                            raise DecoderRefusedError(
-                                f"decoder {decoder.address} sent {sent} records and said "
-                                f"{end}; the request asked for {expected}")
-                        _finish(writer, reader)
-                        return
+                batches = _received(decoder.address, writer, reader, request.records)
+                yield from (batches if shared is None
+                            else _from_shared(batches, request, shared))
             finally:
                 try:
                     writer.close()
                 except flight.FlightError:
                     pass
-        except flight.FlightUnauthenticatedError as e:
-            raise AuthenticationError(f"decoder {decoder.address} refused the token: "
-                                      f"{_message(e)}") from None
-        except flight.FlightServerError as e:
-            kind = bytes(e.extra_info or b"")
-            if kind == b"refused":
-                raise DecoderRefusedError(f"decoder {decoder.address}: {_message(e)}") from None
-            if kind == b"decode":
-                raise DecodeError(_message(e)) from None
-            raise _Died(_message(e)) from None
-        except (flight.FlightError, OSError, pa.ArrowException) as e:
-            raise _Died(_message(e)) from None
 
     def close(self) -> None:
         with self._lock:
             self.closed = True
             clients = [d.client for d in self._decoders.values() if d.client is not None]
+            free, self._free = self._free, []
             for d in self._decoders.values():
                 d.client = None
         for client in clients:
             client.close()
+        for shared in free:
+            shared.close()
+
+
+def _received(address: str, writer: flight.FlightStreamWriter,
+              reader: flight.FlightStreamReader, expected: int) -> Iterator[pa.RecordBatch]:
+    """The call's record batches (an empty one too: it carries the schema), a chunk of credit
+    granted for each; checks the decoder's end message against what came and was asked."""
+    writer.write_metadata(credit_message(CREDIT))
+    sent = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            raise _Died(f"the stream ended after {sent} of {expected} records") from None
+        if chunk.data is not None:
+            writer.write_metadata(credit_message(1))
+            sent += chunk.data.num_rows
+            yield chunk.data
+        end = parse_control(chunk.app_metadata.to_pybytes()
+                            if chunk.app_metadata is not None else None).get("end")
+        if end is not None:
+            if end != sent or sent != expected:
+                raise DecoderRefusedError(f"decoder {address} sent {sent} records and said "
+                                          f"{end}; the request asked for {expected}")
+            _finish(writer, reader)
+            return
+
+
+def _from_shared(batches: Iterator[pa.RecordBatch], request: DecodeRequest,
+                 shared: SharedPixels) -> Iterator[pa.RecordBatch]:
+    """The batches with each image field's pixels taken from the memfd (zero-copy): the
+    decoder sent, for each, whether each record decoded. Every offset is ours, from the rows
+    counted, checked against it by SharedPixels.column."""
+    image = request.image_bytes()
+    first = 0
+    for batch in batches:
+        columns = []
+        for name, column in zip(batch.schema.names, batch.columns):
+            if name in request.image_fields:
+                field = request.image_fields.index(name)
+                column = shared.column((field * request.records + first) * image,
+                                       batch.num_rows, image, column)
+            columns.append(column)
+        first += batch.num_rows
+        yield pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+@contextlib.contextmanager
+def _translated(address: str) -> Iterator[None]:
+    """Flight's errors as trainfeed's: refusals, undecodable records and refused tokens as
+    such, everything else (the connection lost, the stream cut) as _Died."""
+    try:
+        yield
+    except flight.FlightUnauthenticatedError as e:
+        raise AuthenticationError(f"decoder {address} refused the token: "
+                                  f"{_message(e)}") from None
+    except flight.FlightServerError as e:
+        kind = bytes(e.extra_info or b"")
+        if kind == b"refused":
+            raise DecoderRefusedError(f"decoder {address}: {_message(e)}") from None
+        if kind == b"decode":
+            raise DecodeError(_message(e)) from None
+        if kind == NO_SHARED_PIXELS:
+            raise _NoSharedPixels(_message(e)) from None
+        raise _Died(_message(e)) from None
+    except (flight.FlightError, OSError, pa.ArrowException) as e:
+        raise _Died(_message(e)) from None
 
 
 def _finish(writer: flight.FlightStreamWriter, reader: flight.FlightStreamReader) -> None:
@@ -321,6 +452,10 @@ class _Wait:
 
 class _Died(Exception):
     """A decoder went away mid-call (connection lost, stream cut, internal error)."""
+
+
+class _NoSharedPixels(Exception):
+    """A decoder cannot open this trainer's shared memfd (trainfeed.decode.remote.shared_pixels)."""
 
 
 def _message(error: BaseException) -> str:
@@ -388,7 +523,10 @@ def received_pixels(column: pa.ChunkedArray | pa.Array,
                     shape: tuple[int, int, int]) -> DecodedBatch:
     """A column of decoded pixels (fixed-size binary, null: failed under "skip") as the
     DecodedBatch local decode makes: the images of the rows that decoded, and which did."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):  # (combine_chunks copies even a single chunk)
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        array = column
     n = len(array)
     size = int(np.prod(shape))
     if array.type.byte_width != size:  # a decoder answering with other options
@@ -397,8 +535,9 @@ def received_pixels(column: pa.ChunkedArray | pa.Array,
     data = array.buffers()[1]
     images = (np.frombuffer(data, np.uint8, count=n * size, offset=array.offset * size)
               .reshape(n, *shape) if n else np.empty((0, *shape), np.uint8))
-    if not images.flags.writeable:  # as received (no shuffle took rows): local batches are
-        images = images.copy()      # writable, and torch.from_numpy warns on read-only ones
+    if not images.flags.writeable:  # as received over the network (no shuffle took rows):
+        images = images.copy()      # local batches are writable, and torch.from_numpy warns
+                                    # on read-only ones (shared memory's are writable)
     if not array.null_count:
         return DecodedBatch(images, np.ones(n, dtype=bool), ())
     ok = array.is_valid().to_numpy(zero_copy_only=False)

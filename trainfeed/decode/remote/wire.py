@@ -5,7 +5,10 @@ JSON of `DecodeRequest`; the trainer grants credit (`{"credit": n}`, metadata-on
 the decoder sends at most that many chunks ahead; each chunk is a record batch of the partition's
 records in delivery order: `_id`, the small fields as stored, and each image field as
 `fixed_size_binary(H*W*C)` uint8 pixels (null: a record that failed to decode under "skip").
-The stream ends with a metadata-only message `{"end": records}`.
+The stream ends with a metadata-only message `{"end": records}`. A decoder on the trainer's host
+writes the pixels into the memfd the request's `shared_pixels` names instead, and each image
+field of a chunk is then one boolean per record, true where it decoded
+(trainfeed.decode.remote.shared_pixels).
 
 Flight was chosen by measurement (benchmarks/remote_decode.py --transport, 2026-11-29, a shared
 2-core machine at load 18-21): receiving 64-image chunks of 224x224x3 on one core cost the
@@ -46,6 +49,8 @@ MAX_REQUEST_BYTES = 16 << 10
 # Images per chunk: enough that per-message costs vanish (measured: 64 vs 32 within noise),
 # few enough that a chunk decodes in tens of milliseconds on one decoder.
 CHUNK_IMAGE_BYTES = 8 << 20
+# Keys a request may leave out (older trainers).
+OPTIONAL = {"shared_pixels"}
 
 
 def chunk_records(image_bytes: int) -> int:
@@ -82,6 +87,9 @@ class DecodeRequest:
     decode: dict[str, Any]
     max_pixels: int
     chunk: int
+    # A decoder on the trainer's host writes the pixels here (trainfeed.decode.remote.shared_pixels:
+    # "<pid>/<fd>/<name>" of a memfd); None: they travel in the chunks.
+    shared_pixels: str | None = None
 
     @property
     def records(self) -> int:
@@ -106,7 +114,7 @@ class DecodeRequest:
         try:
             raw = json.loads(data)
             names = {f.name for f in dataclasses.fields(cls)}
-            if not isinstance(raw, dict) or set(raw) != names:
+            if not isinstance(raw, dict) or not names - OPTIONAL <= set(raw) <= names:
                 raise TypeError(f"expected the keys {sorted(names)}")
             raw["fields"] = tuple(raw["fields"])
             raw["image_fields"] = tuple(raw["image_fields"])
@@ -133,18 +141,15 @@ class DecodeRequest:
                 raise DecoderRefusedError(f"{name} must be a whole number ≥ 0, got {value!r}")
         for name, text in (("dataset", self.dataset), ("shard", self.shard),
                            ("mode", self.mode)):
-            if not isinstance(text, str) or not text or len(text) > 1024:
-                raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
-                                          f"characters")
+            _check_text(name, text)
         for name, optional in (("version", self.version), ("shuffle_seed", self.shuffle_seed)):
-            if optional is not None and (type(optional) is not int or optional < 0):
-                raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
-                                          f"{str(optional)[:100]!r}")
+            _check_optional_int(name, optional)
         for name, names in (("fields", self.fields), ("image_fields", self.image_fields)):
-            if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
-                raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
+            _check_names(name, names)
         if not isinstance(self.decode, dict):
             raise DecoderRefusedError("decode must be an object of DecodeOptions' fields")
+        if self.shared_pixels is not None:
+            _check_text("shared_pixels", self.shared_pixels)
 
     def _check_bounds(self) -> None:
         if self.records > MAX_RECORDS or self.num_records > MAX_RECORDS:
@@ -163,6 +168,23 @@ class DecodeRequest:
             raise DecoderRefusedError(
                 f"chunks of {self.chunk} records of {image}-byte images are over the "
                 f"{MAX_CHUNK_BYTES}-byte bound per chunk")
+
+
+def _check_text(name: str, text: object) -> None:
+    if not isinstance(text, str) or not text or len(text) > 1024:
+        raise DecoderRefusedError(f"{name} must be a non-empty string of at most 1024 "
+                                  f"characters")
+
+
+def _check_optional_int(name: str, value: object) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise DecoderRefusedError(f"{name} must be a whole number ≥ 0 or null, got "
+                                  f"{str(value)[:100]!r}")
+
+
+def _check_names(name: str, names: tuple[str, ...]) -> None:
+    if len(names) > 1024 or not all(isinstance(n, str) and n for n in names):
+        raise DecoderRefusedError(f"{name} must be a list of at most 1024 field names")
 
 
 def credit_message(n: int) -> bytes:

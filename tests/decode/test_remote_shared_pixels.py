@@ -1,0 +1,214 @@
+"""Pixels through shared memory (trainfeed.decode.remote.shared_pixels), both ends in one process:
+what a decoder writes, the trainer reads back zero-copy; a decoder opens only the sealed,
+allocated memfd of the exact size a request names, so that a trainer can neither make it
+allocate nor write elsewhere nor fault it; a trainer reads only inside its own memfd."""
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from trainfeed.decode.remote.shared_pixels import (
+    PREFIX,
+    PixelsWriter,
+    SharedPixels,
+    SharedPixelsUnavailable,
+    is_local,
+)
+from trainfeed.errors import DecoderRefusedError
+
+IMAGE = 12  # bytes per image
+
+
+def test_pixels_written_by_the_decoder_are_read_by_the_trainer_zero_copy() -> None:
+    shared = SharedPixels(4 * IMAGE)
+    shared.view(4 * IMAGE)
+    writer = PixelsWriter(shared.address, 4 * IMAGE)
+    pixels = np.arange(4 * IMAGE, dtype=np.uint8)
+    writer.write(0, pixels[:2 * IMAGE])
+    writer.write(2 * IMAGE, pixels[2 * IMAGE:])
+    writer.close()
+    writer.close()  # idempotent
+    column = shared.column(IMAGE, 3, IMAGE, pa.array([True, False, True]))
+    recycled: list[SharedPixels] = []
+    shared.recycle(recycled.append)
+    assert not recycled  # the column still uses it
+    shared.close()
+    shared.close()
+    assert column.type == pa.binary(IMAGE) and column.null_count == 1
+    assert column[0].as_py() == pixels[IMAGE:2 * IMAGE].tobytes()
+    assert column[2].as_py() == pixels[3 * IMAGE:].tobytes()
+    # The trainer's pixels are its own writable memory (no copy made for torch).
+    view = np.frombuffer(column.buffers()[1], np.uint8)
+    assert view.flags.writeable
+    del column, view
+    assert recycled == [shared]  # reused once its pixels are dropped
+
+
+def test_a_memfd_is_reused_only_once_its_pixels_are_dropped() -> None:
+    shared = SharedPixels(2 * IMAGE)
+    recycled: list[SharedPixels] = []
+    shared.view(IMAGE)
+    shared.recycle(recycled.append)  # no column made: free at once
+    assert recycled == [shared]
+    shared.view(2 * IMAGE)
+    table = pa.table({"image": shared.column(0, 2, IMAGE, pa.array([True, True]))})
+    shared.recycle(recycled.append)
+    batch = table.slice(1, 1)
+    del table
+    assert len(recycled) == 1  # a slice of the table still reads it
+    taken = batch.take([0])  # (the shuffle buffer's take copies)
+    del batch
+    assert len(recycled) == 2 and taken.num_rows == 1
+    shared.close()
+
+
+def test_the_trainer_reads_only_inside_its_memfd() -> None:
+    shared = SharedPixels(8 * IMAGE)
+    shared.view(4 * IMAGE)  # this call's bytes: the rest is not the decoder's to send
+    with pytest.raises(DecoderRefusedError, match="bytes"):
+        shared.column(2 * IMAGE, 3, IMAGE, pa.array([True] * 3))  # rows past the end
+    with pytest.raises(DecoderRefusedError, match="bytes"):
+        shared.column(-IMAGE, 1, IMAGE, pa.array([True]))
+    with pytest.raises(DecoderRefusedError, match="validity"):
+        shared.column(0, 2, IMAGE, pa.array([True] * 3))  # not one boolean per row
+    with pytest.raises(DecoderRefusedError, match="validity"):
+        shared.column(0, 2, IMAGE, pa.array([1, 1]))
+    shared.close()
+
+
+def test_a_decoder_cannot_shrink_the_trainers_memfd() -> None:
+    """The seals: neither side can fault the other with SIGBUS by resizing the memfd."""
+    shared = SharedPixels(4 * IMAGE)
+    pid, fd, _ = shared.address.split("/")
+    theirs = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(theirs, 0)
+    finally:
+        os.close(theirs)
+        shared.close()
+
+
+@pytest.mark.parametrize("address", [
+    "1/2/../../etc/passwd", f"0/3/{PREFIX}{'0' * 32}", f"1/2/{PREFIX}{'0' * 31}",
+    f"1/2/{PREFIX}{'0' * 32}/x", f"1/2/other-{'0' * 32}", "", f"1/-2/{PREFIX}{'0' * 32}"])
+def test_a_malformed_memfd_address_is_refused(address: str) -> None:
+    with pytest.raises(DecoderRefusedError, match="is not"):
+        PixelsWriter(address, IMAGE)
+
+
+def test_a_memfd_elsewhere_is_unavailable_not_fatal() -> None:
+    """Another host or pid namespace: the decoder says so, and the trainer asks again over
+    the network (trainfeed.decode.remote.client)."""
+    with pytest.raises(SharedPixelsUnavailable):
+        PixelsWriter(f"999999999/3/{PREFIX}{'0' * 32}", IMAGE)
+
+
+def test_a_decoder_opens_nothing_but_the_named_memfd() -> None:
+    """A request naming another of the trainer's (or the decoder's) descriptors, a regular
+    file, is refused, and the file is left as it was."""
+    with tempfile.TemporaryFile() as f:
+        f.write(b"x" * IMAGE)
+        f.flush()
+        address = f"{os.getpid()}/{f.fileno()}/{PREFIX}{secrets.token_hex(16)}"
+        with pytest.raises(SharedPixelsUnavailable):
+            PixelsWriter(address, IMAGE)
+        f.seek(0)
+        assert f.read() == b"x" * IMAGE
+    # Another trainer's memfd, whose name this request does not know.
+    other = SharedPixels(IMAGE)
+    pid, fd, _ = other.address.split("/")
+    with pytest.raises(SharedPixelsUnavailable):
+        PixelsWriter(f"{pid}/{fd}/{PREFIX}{secrets.token_hex(16)}", IMAGE)
+    other.close()
+
+
+def _memfd(size: int, allocate: bool, seal: bool) -> tuple[int, str]:
+    name = PREFIX + secrets.token_hex(16)
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if allocate:
+        os.posix_fallocate(fd, 0, size)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd, f"{os.getpid()}/{fd}/{name}"
+
+
+@pytest.mark.parametrize("allocate, seal, size, message", [
+    (True, False, IMAGE, "not sealed"),  # could be shrunk under the decoder: SIGBUS
+    (False, True, IMAGE, "not allocated"),  # the decoder's writes would allocate it
+    (True, True, 2 * IMAGE, "has 12 bytes"),  # smaller than the request's pixels
+])
+def test_a_memfd_not_as_the_request_says_is_refused(allocate: bool, seal: bool, size: int,
+                                                       message: str) -> None:
+    fd, address = _memfd(IMAGE, allocate, seal)
+    try:
+        with pytest.raises(DecoderRefusedError, match=message):
+            PixelsWriter(address, size)
+    finally:
+        os.close(fd)
+
+
+def test_a_decoder_writes_only_inside_the_requests_pixels() -> None:
+    """A memfd larger than the request (reused from a larger call) is mapped only as far as
+    the request's pixels go."""
+    shared = SharedPixels(4 * IMAGE)
+    writer = PixelsWriter(shared.address, 2 * IMAGE)
+    with pytest.raises(DecoderRefusedError, match="do not fit"):
+        writer.write(IMAGE + 1, np.zeros(IMAGE, np.uint8))
+    writer.close()
+    shared.close()
+
+
+def test_only_loopback_decoders_are_offered_a_memfd() -> None:
+    assert is_local("127.0.0.1:5000") and is_local("localhost:5000") and is_local("[::1]:50")
+    assert not is_local("decoder-0.decoders:5000") and not is_local("10.0.0.3:5000")
+
+
+def test_a_pool_reuses_its_memfds_but_a_forked_child_makes_its_own() -> None:
+    """Two processes writing through one memfd would mix their pixels: a DataLoader worker
+    forked from a trainer whose pool holds free memfds makes new ones."""
+    from trainfeed.decode.remote.client import DecoderPool
+
+    pool = DecoderPool(["127.0.0.1:1"], None)
+    decoder = pool._decoders["127.0.0.1:1"]
+    first = pool._shared(decoder, IMAGE)
+    assert first is not None
+    first.view(IMAGE)
+    first.recycle(pool._put_shared)
+    again = pool._shared(decoder, IMAGE // 2)
+    assert again is first  # free, and large enough
+    again.view(IMAGE // 2)
+    again.recycle(pool._put_shared)
+    child = os.fork()
+    if child == 0:  # (no Flight connection is open: the pool never called a decoder)
+        os._exit(0 if pool._shared(decoder, IMAGE) is not first else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pool.close()
+
+
+def test_the_free_memfds_a_pool_keeps_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most FREE_SHARED and FREE_SHARED_BYTES of them, the smallest closed first, but the
+    largest always kept (the next partition needs as much)."""
+    from trainfeed.decode.remote import client
+    from trainfeed.decode.remote.client import DecoderPool
+
+    monkeypatch.setattr(client, "FREE_SHARED", 3)
+    monkeypatch.setattr(client, "FREE_SHARED_BYTES", 10 * IMAGE)
+    pool = DecoderPool(["127.0.0.1:1"], None)
+    made = [SharedPixels(n * IMAGE) for n in (1, 2, 3, 4, 20)]
+    for shared in made[:4]:
+        pool._put_shared(shared)
+    assert [s.capacity for s in pool._free] == [4 * IMAGE, 3 * IMAGE, 2 * IMAGE]  # count
+    pool._put_shared(made[4])  # over the bytes alone: kept, the others closed
+    assert pool._free == [made[4]]
+    assert all(s._fd is None for s in made[:4]) and made[4]._fd is not None
+    pool.close()
+    assert made[4]._fd is None

@@ -22,6 +22,8 @@ from trainfeed.lease.tasks import _task
 from trainfeed.master.core.coordinator import Coordinator
 from trainfeed.master.core.jobs import Job, MasterConfig
 from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.core.messages import Granted, Heard
+from trainfeed.master.serve import convert
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
@@ -73,9 +75,10 @@ class Call:
         if isinstance(self.request, pb.GetTasksRequest):
             self.response = serve_get_tasks(core, job, rank.worker, self.request, now)
         else:
-            answer, _ = core.handle(job, rank.worker, pb.SessionMessage(
-                seq=1, report=self.request), now)
-            assert isinstance(answer, pb.WatchEvent)
+            heard, _ = core.handle(job, rank.worker, convert.message(pb.SessionMessage(
+                seq=1, report=self.request)), now)
+            assert isinstance(heard, Heard)
+            answer = convert.answer(heard)
             answer.revoked.extend(answer.refused)
             self.response = answer
         rank.arrived += 1
@@ -227,9 +230,10 @@ def serve_get_tasks(core: Coordinator, job: Job, worker: str, request: pb.GetTas
     """A `get_tasks` message as the master's stream serves it, without its long-poll (wait_ms
     0): the grant."""
     assert not request.wait_ms
-    answer, _ = core.handle(job, worker, pb.SessionMessage(seq=1, get_tasks=request), now)
-    assert isinstance(answer, pb.WatchEvent) and answer.HasField("grant"), answer
-    return answer.grant
+    answer, _ = core.handle(job, worker, convert.message(pb.SessionMessage(
+        seq=1, get_tasks=request)), now)
+    assert isinstance(answer, Granted), answer
+    return convert.grant(answer.grant)
 
 
 def duplicates(ranks: list[Rank], epoch: int) -> list[tuple[tuple[int, int, int], int]]:

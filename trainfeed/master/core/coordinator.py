@@ -39,7 +39,16 @@ from trainfeed.master.core.jobs import (
     ResourceExhausted,
     new_worker_id,
 )
-from trainfeed.master.core.ledger import LeaseResult, LeaseStatus, Verdict
+from trainfeed.master.core.ledger import LeaseResult, LeaseStatus, Outcome, Verdict
+from trainfeed.master.core.messages import (
+    GetTasks,
+    Granted,
+    Heard,
+    Heartbeat,
+    HeldTask,
+    Report,
+    SessionMessage,
+)
 from trainfeed.master.core.news import Newsroom, Told
 from trainfeed.master.core.opening import TOKEN_KEY_BYTES
 from trainfeed.master.core.reader_stats import ReaderBoard
@@ -79,17 +88,17 @@ class Ask:
     wait ran out: that attempt answers, whatever it gets)."""
 
     seq: int
-    request: pb.GetTasksRequest
+    request: GetTasks
     epoch: int
     held: Held
-    revoked: list[pb.HeldTask]  # (its refused reports' leases among them)
-    refused: list[pb.HeldTask]
+    revoked: list[HeldTask]  # (its refused reports' leases among them)
+    refused: list[HeldTask]
     refused_count: int
     last: bool = False
 
 
 # What `handle` answers: the message's answer, an Ask to hold, or None (a message without seq).
-Answer = pb.WatchEvent | Ask | None
+Answer = Heard | Granted | Ask | None
 
 
 class Coordinator:
@@ -353,13 +362,14 @@ class Coordinator:
         return back, cut
 
     # -- the Session stream -------------------------------------------------------------------
-    def open_stream(self, job: Job, request: pb.WatchRequest) -> tuple[str, str]:
+    def open_stream(self, job: Job, worker: str, secret: str, exchange: bool
+                    ) -> tuple[str, str]:
         """Checks a Session stream's `open` (PERMISSION_DENIED without the session's secret);
         unless it is an `exchange`, the session is told its events on it from now on. Returns
         the session's key."""
-        self.session(job, request.worker_id, request.session_secret)
-        key = (job.name, request.worker_id)
-        if not request.exchange:
+        self.session(job, worker, secret)
+        key = (job.name, worker)
+        if not exchange:
             self.news.watching.add(key)
         return key
 
@@ -367,7 +377,7 @@ class Coordinator:
         """The session's stream ended (not the reader leaving: its leases run on)."""
         self.news.watching.discard(key)
 
-    def handle(self, job: Job, worker: str, message: pb.SessionMessage | Ask, now: float
+    def handle(self, job: Job, worker: str, message: SessionMessage | Ask, now: float
                ) -> tuple[Answer, list[Told]]:
         """One message of session `worker`'s stream (its secret was checked when the stream
         opened), or an Ask handed back for its next attempt. Returns the answer (None for a
@@ -375,38 +385,34 @@ class Coordinator:
         it decided. The shell answers once the ledger's changes (its journal) are durable."""
         if isinstance(message, Ask):
             answer: Answer = self._attempt(job, worker, message, now)
-        elif message.HasField("get_tasks"):
-            answer = self._ask(job, worker, message.seq, message.get_tasks, now)
+        elif isinstance(message, GetTasks):
+            answer = self._ask(job, worker, message, now)
         else:
             answer = self._heartbeat(job, worker, message, now)
         return answer, self.news.take()
 
-    def _heartbeat(self, job: Job, worker: str, message: pb.SessionMessage, now: float
-                   ) -> pb.WatchEvent | None:
+    def _heartbeat(self, job: Job, worker: str, message: Heartbeat, now: float
+                   ) -> Heard | None:
         """A heartbeat: renews `worker`'s leases and takes its reports and stats. One without
         `seq` (nobody waits for its answer) carries PROGRESS reports only (INVALID_ARGUMENT for
         others: a DONE must be confirmed). Reports not from the holder with its token do not
         refuse the message: the others are applied, and the answer lists them in `refused`."""
-        request = message.report
         if not message.seq:
-            reports.check_unanswered(job, request.reports)
-        held = reports.check_held(job, request.held)
-        refused = self._take_reports(job, worker, request, now, listed=True)
+            reports.check_unanswered(job, message.reports)
+        held = reports.check_held(job, message.held)
+        refused = self._take_reports(job, worker, message, now, listed=True)
         self.touch(job, worker, now)
-        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
-                                 now)
+        stop = admission.on_call(job, worker, message.sync, now)
         if not message.seq:
             return None
-        why = admission.revoked_why(job, worker)
-        return pb.WatchEvent(
-            current_epoch=job.ledger.epoch, answers=message.seq,
-            revoked=reports.revoked(job, worker, held, request.reports),
+        return Heard(
+            seq=message.seq, epoch=job.ledger.epoch,
+            revoked=reports.revoked(job, worker, held, message.reports),
             give_back=answers.asked_back(job, worker, held), group_broken=stop,
-            revoked_why=why, superseded=why, refused_count=len(refused),
-            refused=reports.listed(refused))
+            why=admission.revoked_why(job, worker), refused=reports.listed(refused),
+            refused_count=len(refused))
 
-    def _ask(self, job: Job, worker: str, seq: int, request: pb.GetTasksRequest, now: float
-             ) -> pb.WatchEvent | Ask:
+    def _ask(self, job: Job, worker: str, request: GetTasks, now: float) -> Granted | Ask:
         """A `get_tasks`: checks, applies its reports (its refused ones are listed, and go in
         its grant's `revoked` too), reconciles, then makes its first lease attempt."""
         if not -1 <= request.epoch <= job.ledger.epoch + 1:
@@ -424,18 +430,17 @@ class Coordinator:
                 logger.warning("job %r: worker %s did not know of its lease(s) on %s (an answer "
                                "lost to a restart?); back to todo", job.name, worker, orphans)
         self.touch(job, worker, now)
-        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
-                                 now)
+        stop = admission.on_call(job, worker, request.sync, now)
         why = admission.revoked_why(job, worker)
         if stop or why:  # a broken synchronous group, or a superseded reader: no more tasks
-            return pb.WatchEvent(current_epoch=job.ledger.epoch, answers=seq,
-                                 grant=answers.stopped(job, revoked, stop, why),
-                                 refused_count=len(refused), refused=reports.listed(refused))
+            return Granted(seq=request.seq, epoch=job.ledger.epoch,
+                           grant=answers.stopped(job, revoked, stop, why),
+                           refused=reports.listed(refused), refused_count=len(refused))
         epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
-        ask = Ask(seq, request, epoch, held, revoked, reports.listed(refused), len(refused))
+        ask = Ask(request.seq, request, epoch, held, revoked, reports.listed(refused), len(refused))
         return self._attempt(job, worker, ask, now)
 
-    def _attempt(self, job: Job, worker: str, ask: Ask, now: float) -> pb.WatchEvent | Ask:
+    def _attempt(self, job: Job, worker: str, ask: Ask, now: float) -> Granted | Ask:
         """One lease attempt of `ask`: its answer, or `ask` again while it found nothing to
         lease yet and may wait (no `last`, a `wait_ms`, and no broken group). On WAIT (and no
         synchronous group) it asks other readers to give back what the reader would finish
@@ -444,10 +449,9 @@ class Coordinator:
         if (result.status is LeaseStatus.WAIT and not ask.last and ask.request.wait_ms
                 and not self._group_waits(job, worker, now)):
             return ask
-        return pb.WatchEvent(
-            current_epoch=job.ledger.epoch, answers=ask.seq, refused_count=ask.refused_count,
-            refused=ask.refused,
-            grant=answers.grant(job, worker, ask.held, ask.revoked, result, ask.epoch, now))
+        grant = answers.grant(job, worker, ask.held, ask.revoked, result, ask.epoch, now)
+        return Granted(seq=ask.seq, epoch=job.ledger.epoch, grant=grant, refused=ask.refused,
+                       refused_count=ask.refused_count)
 
     def _lease(self, job: Job, worker: str, ask: Ask, now: float) -> LeaseResult:
         if self._expire(job, now) and job.members is not None and job.members.message_for(
@@ -483,8 +487,8 @@ class Coordinator:
         return bool(job.members.message_for(worker))
 
     # -- reports and work stealing ------------------------------------------------------------
-    def _take_reports(self, job: Job, worker: str, request: pb.ReportRequest | pb.GetTasksRequest,
-                      now: float, listed: bool) -> list[pb.TaskReport]:
+    def _take_reports(self, job: Job, worker: str, request: SessionMessage, now: float,
+                      listed: bool) -> list[Report]:
         """Stats and reports of a message (and, `listed`, its held leases' started marks);
         returns the refused reports (counted and logged but for progress: unanswered progress
         may race a DONE of another message, and is no sign of a hostile caller). Long-polls are
@@ -510,7 +514,7 @@ class Coordinator:
                 (t.partition, t.started) for t in request.held if t.epoch == job.ledger.epoch)):
             self.on_change(job.name)  # an ask for a lease begun is void: the thief may ask again
         refused = reports.refused(request.reports, verdicts)
-        counted = [r for r in refused if r.outcome != pb.TaskReport.PROGRESS]
+        counted = [r for r in refused if r.outcome is not Outcome.PROGRESS]
         if counted:
             self.metrics[job.name].reports_refused += len(counted)
             first = counted[0]

@@ -15,6 +15,7 @@ from typing import Any
 from trainfeed.errors import ConfigurationError
 from trainfeed.formats.manifest import Manifest
 from trainfeed.master.core.ledger import DEFAULT_MAX_FAILURES, Ledger
+from trainfeed.master.core.messages import Holding
 from trainfeed.master.core.sessions import DEFAULT_MAX_SESSIONS, SessionKeys
 from trainfeed.master.core.stealing import Stealing
 from trainfeed.master.core.sync_group import SyncMembers
@@ -158,7 +159,7 @@ class Job:
     order_by: str = ""
     superseded: dict[str, str] = field(default_factory=dict)
     # admission.holdings' last answer: (when, epoch, holders); recomputed at most twice a second.
-    holdings_cache: tuple[float, int, list[pb.Holding]] = (float("-inf"), -1, [])
+    holdings_cache: tuple[float, int, list[Holding]] = (float("-inf"), -1, [])
     # The last epoch announced complete to watching sessions (once per epoch).
     announced_complete: int = -1
 

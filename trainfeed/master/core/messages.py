@@ -1,0 +1,241 @@
+"""What a reader session and the master's core say to each other, in the core's own types.
+
+The core (trainfeed.master.core) speaks these, never the wire's generated classes: the shell
+(trainfeed.master.serve.convert) turns each Session message into one of them once, as it arrives,
+and each answer and event back into the wire's `WatchEvent` once, as it leaves. So the core's
+rules read and test without gRPC or protobuf, and a change of the wire is a change of one
+converter (issue 36).
+
+A reader's messages: a `Heartbeat` (renews its leases, carries its reports and stats; with a
+`seq` it waits for a `Heard`), or a `GetTasks` (answered by a `Granted`). What the master tells a
+session unasked is an `Event` (`GiveBack`, `Revoked`, `Superseded`, `EpochComplete`,
+`GroupBroken`).
+
+Frozen and slotted: a message is read by the core, never changed, and a heartbeat (each
+reader's, every second) costs only its few small objects. Repeated parts are sequences as built
+(the converter's lists, the core's lists), never copied again.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainfeed.master.core.ledger import LeaseStatus, Outcome
+
+__all__ = ["NO_STATS", "EpochComplete", "Event", "FailedPartition", "GetTasks", "GiveBack",
+           "Grant", "Granted", "GroupBroken", "Heard", "Heartbeat", "HeldTask", "Holding",
+           "ReaderStats", "Report", "Revoked", "SessionMessage", "Superseded", "SyncGroup",
+           "Task"]
+
+
+# -- what a reader sends ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class HeldTask:
+    """A lease a reader holds, or one it is told about: (epoch, partition, fencing token);
+    `started`: whether the reader began reading it (a lease begun is not asked back)."""
+
+    epoch: int
+    partition: int
+    lease: int
+    started: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a reader says of one lease. `outcome` is an int for an outcome this master does not
+    know (its number on the wire), refused with INVALID_ARGUMENT naming it."""
+
+    epoch: int
+    partition: int
+    outcome: Outcome | int
+    lease: int
+    consumed: int = 0
+    reason: str = ""  # a FAILED report's
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroup:
+    """The synchronous group a rank declares (trainfeed.master.core.sync_group)."""
+
+    world_size: int
+    rank: int
+    batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderStats:
+    """What a reader measured since its previous summary (trainfeed.master.core.reader_stats).
+    The fields are the summary's figures, in the wire's order: times in seconds, then counts."""
+
+    wall_s: float = 0.0
+    input_wait_s: float = 0.0
+    batches: int = 0
+    records: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+    records_decoded: int = 0
+    decode_s: float = 0.0
+    decode_failures: int = 0
+
+
+# A message without a summary (most of them: a reader sends one with its next call once it has
+# figures): one shared instance, not one per message.
+NO_STATS = ReaderStats()
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A sign of life: renews the session's leases, applies its reports. `seq` 0: nobody waits
+    for its answer (then it carries PROGRESS reports only)."""
+
+    seq: int
+    reports: Sequence[Report] = ()
+    held: Sequence[HeldTask] = ()
+    sync: SyncGroup | None = None
+    stats: ReaderStats = NO_STATS
+
+
+@dataclass(frozen=True, slots=True)
+class GetTasks:
+    """A request for up to `max_tasks` leases of `epoch` (-1: the current one), waiting up to
+    `wait_ms` for some. `reconcile`: `held` is everything the reader holds (the master takes
+    back what it does not list)."""
+
+    seq: int
+    epoch: int
+    max_tasks: int
+    wait_ms: int = 0
+    max_records: int = 0
+    reconcile: bool = False
+    reports: Sequence[Report] = ()
+    held: Sequence[HeldTask] = ()
+    sync: SyncGroup | None = None
+    stats: ReaderStats = NO_STATS
+
+
+SessionMessage = Heartbeat | GetTasks
+
+
+# -- what the master answers ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A partition as leased: where its rows are, what of it to skip and where to stop."""
+
+    epoch: int
+    partition: int
+    shard: str
+    row_group_start: int
+    row_group_stop: int
+    num_records: int
+    skip_records: int
+    lease: int
+    stop_records: int
+    row_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedPartition:
+    partition: int
+    reason: str
+    num_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """Who holds partitions a WAIT answer waits for, and until when."""
+
+    worker: str
+    partitions: int
+    lease_until: float
+    quiet_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a `GetTasks` leased (`tasks`, of `epoch`), or why it leased nothing."""
+
+    status: LeaseStatus
+    epoch: int
+    todo_left: int = 0
+    tasks: Sequence[Task] = ()
+    revoked: Sequence[HeldTask] = ()
+    failed: Sequence[FailedPartition] = ()
+    failed_known: bool = False
+    give_back: Sequence[HeldTask] = ()
+    group_broken: str = ""
+    holders: Sequence[Holding] = ()
+    revoked_why: str = ""
+    superseded: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The answer to the `GetTasks` of `seq`: its grant, at the job's `epoch`, and the reports
+    of the message that were refused (the first listed, all counted)."""
+
+    seq: int
+    epoch: int
+    grant: Grant
+    refused: Sequence[HeldTask] = ()
+    refused_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """The answer to the `Heartbeat` of `seq`: what of the leases it listed is no longer the
+    reader's, what it is asked to give back, and its refused reports. `why`: the reader was
+    superseded (by one restored from its checkpoint)."""
+
+    seq: int
+    epoch: int
+    revoked: Sequence[HeldTask] = ()
+    give_back: Sequence[HeldTask] = ()
+    group_broken: str = ""
+    why: str = ""
+    refused: Sequence[HeldTask] = ()
+    refused_count: int = 0
+
+
+Answer = Heard | Granted
+
+
+# -- what the master tells a session unasked --------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """The session is asked to give back `leases` (work stealing)."""
+
+    epoch: int
+    leases: Sequence[HeldTask]
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """`leases` were taken from the session (expired, or by a resume: `why`)."""
+
+    epoch: int
+    leases: Sequence[HeldTask]
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """A reader restored from the session's checkpoint took over: `why`."""
+
+    epoch: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class EpochComplete:
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupBroken:
+    """The session's synchronous group broke: `why` it must stop."""
+
+    epoch: int
+    why: str
+
+
+Event = GiveBack | Revoked | Superseded | EpochComplete | GroupBroken

@@ -1,0 +1,156 @@
+"""The wire and the core: each Session message into the core's types, each answer and event back.
+
+The core (trainfeed.master.core) speaks its own types (trainfeed.master.core.messages); this is
+the one place that knows both them and the generated protobuf classes. Each message is converted
+once, as it arrives (`message`), and each answer or event once, as it leaves (`answer`,
+`event`): nothing of the wire travels further in, nothing of the core further out.
+
+Cost: a heartbeat (every reader's, every second) is its few reports and held leases, each read
+once into a small slotted object; a message without a summary or a group shares one empty one.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from trainfeed.master.core.ledger import LeaseStatus, Outcome
+from trainfeed.master.core.messages import (
+    NO_STATS,
+    Answer,
+    EpochComplete,
+    Event,
+    FailedPartition,
+    GetTasks,
+    GiveBack,
+    Grant,
+    Granted,
+    GroupBroken,
+    Heard,
+    Heartbeat,
+    HeldTask,
+    Holding,
+    ReaderStats,
+    Report,
+    Revoked,
+    SessionMessage,
+    Superseded,
+    SyncGroup,
+    Task,
+)
+from trainfeed.v1 import master_pb2 as pb
+
+__all__ = ["answer", "event", "grant", "held", "message", "reader_stats", "reports", "sync",
+           "watch_event"]
+
+# The wire's outcomes; any other number stays an int (refused by the core, naming it).
+OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
+            pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
+STATUS = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
+          LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
+          LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}
+
+
+# -- in ---------------------------------------------------------------------------------------
+def message(m: pb.SessionMessage) -> SessionMessage:
+    """A Session message after its `open`: a `get_tasks`, else a heartbeat (its `report`, which
+    may be empty)."""
+    if m.HasField("get_tasks"):
+        g = m.get_tasks
+        return GetTasks(seq=m.seq, epoch=g.epoch, max_tasks=g.max_tasks, wait_ms=g.wait_ms,
+                        max_records=g.max_records, reconcile=g.reconcile,
+                        reports=reports(g.reports), held=held(g.held),
+                        sync=sync(g.sync) if g.HasField("sync") else None,
+                        stats=reader_stats(g.stats) if g.HasField("stats") else NO_STATS)
+    r = m.report
+    return Heartbeat(seq=m.seq, reports=reports(r.reports), held=held(r.held),
+                     sync=sync(r.sync) if r.HasField("sync") else None,
+                     stats=reader_stats(r.stats) if r.HasField("stats") else NO_STATS)
+
+
+def reports(items: Iterable[pb.TaskReport]) -> list[Report]:
+    get = OUTCOMES.get
+    return [Report(r.epoch, r.partition, get(r.outcome, r.outcome), r.lease, r.consumed,
+                   r.reason) for r in items]
+
+
+def held(items: Iterable[pb.HeldTask]) -> list[HeldTask]:
+    return [HeldTask(t.epoch, t.partition, t.lease, t.started) for t in items]
+
+
+def sync(s: pb.SyncGroup) -> SyncGroup:
+    return SyncGroup(world_size=s.world_size, rank=s.rank, batch_size=s.batch_size)
+
+
+def reader_stats(s: pb.ReaderStats) -> ReaderStats:
+    return ReaderStats(wall_s=s.wall_s, input_wait_s=s.input_wait_s, batches=s.batches,
+                       records=s.records, bytes_read=s.bytes_read, read_s=s.read_s,
+                       records_decoded=s.records_decoded, decode_s=s.decode_s,
+                       decode_failures=s.decode_failures)
+
+
+# -- out --------------------------------------------------------------------------------------
+def _leases(items: Sequence[HeldTask]) -> list[pb.HeldTask]:
+    return [pb.HeldTask(epoch=t.epoch, partition=t.partition, lease=t.lease) for t in items]
+
+
+def _task(t: Task) -> pb.Task:
+    return pb.Task(epoch=t.epoch, partition=t.partition, shard=t.shard,
+                   row_group_start=t.row_group_start, row_group_stop=t.row_group_stop,
+                   num_records=t.num_records, skip_records=t.skip_records, lease=t.lease,
+                   stop_records=t.stop_records, row_start=t.row_start)
+
+
+def _failed(f: FailedPartition) -> pb.FailedPartition:
+    return pb.FailedPartition(partition=f.partition, reason=f.reason, num_records=f.num_records)
+
+
+def _holding(h: Holding) -> pb.Holding:
+    return pb.Holding(worker=h.worker, partitions=h.partitions, lease_until=h.lease_until,
+                      quiet_s=h.quiet_s)
+
+
+def grant(g: Grant) -> pb.GetTasksResponse:
+    return pb.GetTasksResponse(
+        status=STATUS[g.status], current_epoch=g.epoch, todo_left=g.todo_left,
+        tasks=[_task(t) for t in g.tasks], revoked=_leases(g.revoked),
+        failed=[_failed(f) for f in g.failed], failed_known=g.failed_known,
+        give_back=_leases(g.give_back), group_broken=g.group_broken,
+        holders=[_holding(h) for h in g.holders], revoked_why=g.revoked_why,
+        superseded=g.superseded)
+
+
+def answer(a: Answer) -> pb.WatchEvent:
+    """The answer to a message (its `answers` is the message's seq)."""
+    if isinstance(a, Granted):
+        return pb.WatchEvent(current_epoch=a.epoch, answers=a.seq, grant=grant(a.grant),
+                             refused=_leases(a.refused), refused_count=a.refused_count)
+    return _heard(a)
+
+
+def _heard(a: Heard) -> pb.WatchEvent:
+    return pb.WatchEvent(current_epoch=a.epoch, answers=a.seq, revoked=_leases(a.revoked),
+                         give_back=_leases(a.give_back), group_broken=a.group_broken,
+                         revoked_why=a.why, superseded=a.why, refused=_leases(a.refused),
+                         refused_count=a.refused_count)
+
+
+def event(e: Event) -> pb.WatchEvent:
+    """An event the master tells a session unasked."""
+    if isinstance(e, GiveBack):
+        return pb.WatchEvent(current_epoch=e.epoch, give_back=_leases(e.leases))
+    if isinstance(e, Revoked):
+        return pb.WatchEvent(current_epoch=e.epoch, revoked=_leases(e.leases),
+                             revoked_why=e.why)
+    if isinstance(e, Superseded):
+        return pb.WatchEvent(current_epoch=e.epoch, superseded=e.why, revoked_why=e.why)
+    if isinstance(e, EpochComplete):
+        return pb.WatchEvent(current_epoch=e.epoch, epoch_complete=e.epoch)
+    if isinstance(e, GroupBroken):
+        return pb.WatchEvent(current_epoch=e.epoch, group_broken=e.why)
+    raise TypeError(f"no wire form for event {e!r}")  # (Event names every kind above)
+
+
+def watch_event(x: Answer | Event) -> pb.WatchEvent:
+    """An answer or an event, whichever `x` is (tests hand both to one assertion)."""
+    if isinstance(x, Granted | Heard):
+        return answer(x)
+    return event(x)

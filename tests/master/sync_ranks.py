@@ -50,7 +50,8 @@ def manifest(sizes: tuple[int, ...] = SIZES) -> Manifest:
 def sync_job(sizes: tuple[int, ...] = SIZES) -> tuple[Coordinator, Job]:
     core = Coordinator(MasterConfig(open_storage(tempfile.gettempdir()), lease_timeout_s=T,
                                     target_partitions=len(sizes)))
-    request = pb.OpenJobRequest(job="j", dataset="d", protocol_version=PROTOCOL_VERSION)
+    request = convert.open_job(pb.OpenJobRequest(job="j", dataset="d",
+                                                 protocol_version=PROTOCOL_VERSION))
     job = core.create_job(request, manifest(sizes), core.check_open(request, None), b"k" * 32)
     assert job.ledger.sizes == sizes, job.ledger.sizes  # one partition per row group
     return core, job
@@ -113,9 +114,9 @@ class Rank:
 
     def __post_init__(self) -> None:
         sync = self.sync
-        response, _ = self.core.open_session(self.job, pb.OpenJobRequest(
+        response, _ = self.core.open_session(self.job, convert.open_job(pb.OpenJobRequest(
             job="j", dataset="d", worker_name=f"rank{self.rank}", sync=sync,
-            protocol_version=PROTOCOL_VERSION), self.now)
+            protocol_version=PROTOCOL_VERSION)), self.now)
         self.worker, self.secret = response.worker_id, response.session_secret
         self.book = LeaseBook(response.lease_timeout_s, self.now)
         self.book.begin_pass(self.quota)

@@ -15,6 +15,7 @@ from trainfeed.master.core.jobs import (
     NotFound,
     PermissionDenied,
 )
+from trainfeed.master.core.messages import OpenJob
 from trainfeed.master.serve import convert
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.protocol import PROTOCOL_VERSION
@@ -43,9 +44,11 @@ def core(tmp_path: object) -> Coordinator:
                                     target_partitions=PARTITIONS))
 
 
-def open_request(version: int = PROTOCOL_VERSION, **kw: object) -> pb.OpenJobRequest:
-    return pb.OpenJobRequest(job="j", dataset="d", worker_name="r", protocol_version=version,
-                             **kw)  # type: ignore[arg-type]
+def open_request(version: int = PROTOCOL_VERSION, **kw: object) -> OpenJob:
+    """An OpenJob as the shell hands it to the core (its wire form, converted)."""
+    return convert.open_job(pb.OpenJobRequest(
+        job="j", dataset="d", worker_name="r", protocol_version=version,
+        **kw))  # type: ignore[arg-type]
 
 
 def new_job(core: Coordinator) -> Job:

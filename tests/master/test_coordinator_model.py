@@ -43,6 +43,7 @@ from trainfeed.master.core.messages import (
     Heard,
     Heartbeat,
     HeldTask,
+    Leave,
     Report,
     SessionMessage,
     Task,
@@ -331,8 +332,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
         reader = data.draw(st.sampled_from(self.live()))
-        self.core.leave(self.job, pb.LeaveJobRequest(
-            job="j", worker_id=reader.worker, session_secret=reader.secret), self.now)
+        self.core.leave(self.job, Leave("j", reader.worker, reader.secret), self.now)
         reader.book.left()
         reader.alive, reader.credential = False, ""  # (a reader that left is not resumed)
         self.model.drop(reader.worker)

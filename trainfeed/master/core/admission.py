@@ -23,9 +23,8 @@ from typing import Protocol
 
 from trainfeed.master.core import delivery_order
 from trainfeed.master.core.ledger import Ledger
-from trainfeed.master.core.messages import Holding, SyncGroup
+from trainfeed.master.core.messages import DeliveryOrder, Holding, SyncGroup
 from trainfeed.master.core.sync_group import SyncMembers, alive_window
-from trainfeed.v1 import master_pb2 as pb
 
 
 class Job(Protocol):
@@ -35,7 +34,7 @@ class Job(Protocol):
     ledger: Ledger
     workers: dict[str, float]  # worker id -> last heard from (time.time)
     members: SyncMembers | None
-    order: pb.DeliveryOrder | None
+    order: DeliveryOrder | None
     order_by: str
     superseded: dict[str, str]
     # The holdings of a WAIT answer as last computed: (when, epoch, holders), see `holdings`.
@@ -72,7 +71,7 @@ class Refusal(Exception):
         self.trailer = trailer
 
 
-def check_order(job: Job, order: pb.DeliveryOrder, name: str, now: float,
+def check_order(job: Job, order: DeliveryOrder, name: str, now: float,
                 lease_timeout_s: float) -> None:
     """Records the job's delivery order from its first reader; raises Refusal for a reader whose
     order differs while a reader of the job's order is alive or its epoch is half read (a job

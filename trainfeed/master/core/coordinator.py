@@ -46,7 +46,12 @@ from trainfeed.master.core.messages import (
     Heard,
     Heartbeat,
     HeldTask,
+    JobStatus,
+    Leave,
+    Opened,
+    OpenJob,
     Report,
+    ResumePosition,
     SessionMessage,
 )
 from trainfeed.master.core.news import Newsroom, Told
@@ -57,7 +62,6 @@ from trainfeed.master.core.saved_job import SavedJob
 from trainfeed.master.core.sessions import RateLimitedLog, clip
 from trainfeed.names import validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.v1 import master_pb2 as pb
 
 __all__ = ["MAX_REFUSED_LISTED", "RESTART_GRACE_LEASES", "TOKEN_KEY_BYTES", "Ask", "Coordinator",
            "Told"]
@@ -270,13 +274,13 @@ class Coordinator:
         job.ledger.renew(worker, now, self.config.lease_timeout_s)
 
     # -- OpenJob ------------------------------------------------------------------------------
-    def check_open(self, request: pb.OpenJobRequest, scope: str | None) -> DistributionRules:
+    def check_open(self, request: OpenJob, scope: str | None) -> DistributionRules:
         """What an OpenJob must get right before any job is touched or created."""
         _check_scope(request.job, scope)
         opening.check_version(request, ACCEPT_UNVERSIONED)
         return opening.check_names(request)
 
-    def create_job(self, request: pb.OpenJobRequest, manifest: Manifest,
+    def create_job(self, request: OpenJob, manifest: Manifest,
                    rules: DistributionRules, token_key: bytes) -> Job:
         """A new job of `manifest` (the shell snapshots it before answering)."""
         job = opening.new_job(request, manifest, rules, token_key, self.config)
@@ -287,52 +291,51 @@ class Coordinator:
                     len(job.partitions), str(job.rules))
         return job
 
-    def open_session(self, job: Job, request: pb.OpenJobRequest, now: float
-                     ) -> tuple[pb.OpenJobResponse, bool]:
+    def open_session(self, job: Job, request: OpenJob, now: float) -> tuple[Opened, bool]:
         """Admits a reader to `job` (refusals raise before anything changed, but for a new
         synchronous group, which takes effect first). Returns the answer and whether the
         ledger changed."""
         opening.check_joinable(job, request)
         self._admit(job, request, now)
         changed = False
-        if request.HasField("sync"):
+        if request.sync is not None:
             changed = opening.join_group(job, request.sync)
         elif job.ledger.group is not None:
             raise FailedPrecondition(
                 f"job {job.name!r} is synchronous (world size {job.ledger.group[0]}, batch size "
                 f"{job.ledger.group[1]}): read it with dist.reader(..., sync=True), or use "
                 f"another job name")
-        if request.HasField("resume"):
+        if request.resume is not None:
             self._check_resume(job, request.resume)
         self.check_room(job, now)
         worker = new_worker_id(job, request.worker_name)
         self.touch(job, worker, now)
         resumed: list[int] = []
         cut: list[int] = []
-        if request.HasField("sync"):
+        if request.sync is not None:
             admission.join_rank(job, request.sync, worker, request.worker_name or "a reader",
                                 opening.resumes(request), now, self.config.lease_timeout_s)
-        if request.HasField("resume"):
-            resumed, cut = self._resume(job, worker, request)
+        if request.resume is not None:
+            resumed, cut = self._resume(job, worker, request.resume, request.worker_name)
             changed = True
         return opening.answer(job, worker, self.config, len(resumed), len(cut)), changed
 
-    def _admit(self, job: Job, request: pb.OpenJobRequest, now: float) -> None:
+    def _admit(self, job: Job, request: OpenJob, now: float) -> None:
         """Before the reader has an id: FAILED_PRECONDITION for a reader whose delivery order
         differs from the job's, or a synchronous rank a live reader holds (see admission)."""
         timeout = self.config.lease_timeout_s
         name = request.worker_name or "a reader"
         try:
-            if request.HasField("order"):
+            if request.order is not None:
                 admission.check_order(job, request.order, name, now, timeout)
-            if request.HasField("sync"):
+            if request.sync is not None:
                 admission.check_rank(job, request.sync, name, opening.resumes(request), now,
                                      timeout)
         except Refusal as e:
             logger.warning("job %r: refused %s: %s", job.name, name, e.message[:500])
             raise FailedPrecondition(e.message, e.trailer) from None
 
-    def _check_resume(self, job: Job, resume: pb.ResumePosition) -> None:
+    def _check_resume(self, job: Job, resume: ResumePosition) -> None:
         """PERMISSION_DENIED, before anything changed, for a resume without the checkpointing
         session's resume credential; INVALID_ARGUMENT for a resume position naming a partition
         that does not exist or more records of one than it has."""
@@ -347,13 +350,14 @@ class Coordinator:
                 f"resume credentials cannot be resumed: start the reader without state)")
         opening.check_resume_range(job, resume)
 
-    def _resume(self, job: Job, worker: str, request: pb.OpenJobRequest
+    def _resume(self, job: Job, worker: str, resume: ResumePosition, name: str
                 ) -> tuple[list[int], list[int]]:
-        """Session `worker` takes over from the checkpointing session: its later work is undone
-        (opening.rewind), and it is told it was superseded, with the leases taken from it."""
-        old = request.resume.worker_id
-        admission.superseded(job, old, request.worker_name, worker)
-        back, cut, tokens = opening.rewind(job, worker, request.resume)
+        """Session `worker` (named `name`) takes over from the checkpointing session: its later
+        work is undone (opening.rewind), and it is told it was superseded, with the leases taken
+        from it."""
+        old = resume.worker_id
+        admission.superseded(job, old, name, worker)
+        back, cut, tokens = opening.rewind(job, worker, resume)
         self.news.revoked(job, [(p, tokens[p]) for p in back if p in tokens],
                           admission.revoked_why(job, old))
         job.workers.pop(old, None)  # the checkpointing reader is gone
@@ -544,8 +548,9 @@ class Coordinator:
                 self.news.give_back(job, victim, partition, ask.lease)
 
     # -- LeaveJob, GetJobStatus ---------------------------------------------------------------
-    def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
-              ) -> tuple[pb.LeaveJobResponse, bool]:
+    def leave(self, job: Job, request: Leave, now: float) -> int:
+        """Session `request.worker_id` leaves (PERMISSION_DENIED without its secret): its
+        leases go back to todo. Returns how many (the ledger changed if any)."""
         self.session(job, request.worker_id, request.session_secret)
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
@@ -557,11 +562,11 @@ class Coordinator:
             logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,
                         request.worker_id, len(released))
             self.on_change(job.name)
-        return pb.LeaveJobResponse(released_tasks=len(released)), bool(released)
+        return len(released)
 
-    def status(self, job: Job, now: float) -> pb.JobStatus:
+    def status(self, job: Job, now: float) -> JobStatus:
         metrics = self.metrics[job.name]
-        return pb.JobStatus(
+        return JobStatus(
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
             num_partitions=len(job.partitions),
             workers=liveness.readers_alive(job.workers, now, self.config.lease_timeout_s),

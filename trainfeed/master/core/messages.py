@@ -6,10 +6,11 @@ and each answer and event back into the wire's `WatchEvent` once, as it leaves. 
 rules read and test without gRPC or protobuf, and a change of the wire is a change of one
 converter (issue 36).
 
-A reader's messages: a `Heartbeat` (renews its leases, carries its reports and stats; with a
-`seq` it waits for a `Heard`), or a `GetTasks` (answered by a `Granted`). What the master tells a
-session unasked is an `Event` (`GiveBack`, `Revoked`, `Superseded`, `EpochComplete`,
-`GroupBroken`).
+After OpenJob (an `OpenJob`, answered by `Opened`) a reader's messages are a `Heartbeat`
+(renews its leases, carries its reports and stats; with a `seq` it waits for a `Heard`) or a
+`GetTasks` (answered by a `Granted`). What the master tells a session unasked is an `Event`
+(`GiveBack`, `Revoked`, `Superseded`, `EpochComplete`, `GroupBroken`). LeaveJob is a `Leave`;
+GetJobStatus's answer a `JobStatus`.
 
 Frozen and slotted: a message is read by the core, never changed, and a heartbeat (each
 reader's, every second) costs only its few small objects. Repeated parts are sequences as built
@@ -17,14 +18,15 @@ reader's, every second) costs only its few small objects. Repeated parts are seq
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from trainfeed.master.core.ledger import LeaseStatus, Outcome
 
-__all__ = ["NO_STATS", "EpochComplete", "Event", "FailedPartition", "GetTasks", "GiveBack",
-           "Grant", "Granted", "GroupBroken", "Heard", "Heartbeat", "HeldTask", "Holding",
-           "ReaderStats", "Report", "Revoked", "SessionMessage", "Superseded", "SyncGroup",
+__all__ = ["NO_STATS", "DeliveryOrder", "EpochComplete", "Event", "FailedPartition", "GetTasks",
+           "GiveBack", "Grant", "Granted", "GroupBroken", "Heard", "Heartbeat", "HeldTask",
+           "Holding", "JobStatus", "Leave", "OpenJob", "Opened", "ReaderStats", "Report",
+           "Resources", "ResumePosition", "Revoked", "SessionMessage", "Superseded", "SyncGroup",
            "Task"]
 
 
@@ -239,3 +241,106 @@ class GroupBroken:
 
 
 Event = GiveBack | Revoked | Superseded | EpochComplete | GroupBroken
+
+
+# -- OpenJob, LeaveJob, GetJobStatus ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What a reader says of where it runs (the job's distribution rules admit it or not)."""
+
+    hostname: str = ""
+    name: str = ""
+    gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOrder:
+    """The sampling options every reader of a job shares (trainfeed.master.core.delivery_order).
+    Equal options are equal objects."""
+
+    seed: int = 0
+    shuffle_buffer: int = 0
+    resample: str = ""
+    sync_batch_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePosition:
+    """A checkpoint a reader resumes: of session `worker_id` in `epoch`, the partitions it had
+    whole (`done`) and the records it had of others (`positions`: partition -> records)."""
+
+    epoch: int
+    worker_id: str
+    done: Sequence[int] = ()
+    positions: Mapping[int, int] = field(default_factory=dict)
+    credential: str = ""
+    dataset_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenJob:
+    """A reader asks to join job `job` (reading `dataset`), creating it if it is new."""
+
+    job: str
+    dataset: str
+    worker_name: str = ""
+    seed: int = 0
+    distribution_rules: str = ""
+    resources: Resources = Resources()
+    resume: ResumePosition | None = None
+    sync: SyncGroup | None = None
+    order: DeliveryOrder | None = None
+    protocol_version: int = 0
+    dataset_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The answer to an OpenJob: the session, where the dataset is, and what it is."""
+
+    worker_id: str
+    job: str
+    dataset: str
+    dataset_url: str
+    storage_options_json: str
+    fields: Sequence[tuple[str, str]]  # (name, type)
+    num_records: int
+    num_partitions: int
+    current_epoch: int
+    lease_timeout_s: float
+    num_bytes: int
+    resumed_partitions: int
+    session_secret: str
+    resume_credential: str
+    resume_cut: int
+    protocol_version: int
+    dataset_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """Session `worker_id` leaves: its leases go back at once."""
+
+    job: str
+    worker_id: str
+    session_secret: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """What `trainfeed status` shows of a job."""
+
+    job: str
+    dataset: str
+    epoch: int
+    num_partitions: int
+    todo: int
+    pending: int
+    done: int
+    failed: int
+    workers: int
+    failed_reasons: Sequence[str]
+    records_served: int
+    bytes_served: int
+    reports_refused: int
+    metrics_port: int

@@ -1,9 +1,10 @@
-"""The wire and the core: each Session message into the core's types, each answer and event back.
+"""The wire and the core: each message into the core's types, each answer and event back.
 
 The core (trainfeed.master.core) speaks its own types (trainfeed.master.core.messages); this is
 the one place that knows both them and the generated protobuf classes. Each message is converted
-once, as it arrives (`message`), and each answer or event once, as it leaves (`answer`,
-`event`): nothing of the wire travels further in, nothing of the core further out.
+once, as it arrives (`message`; `open_job`, `leave`), and each answer or event once, as it
+leaves (`answer`, `event`; `opened`, `job_status`): nothing of the wire travels further in,
+nothing of the core further out.
 
 Cost: a heartbeat (every reader's, every second) is its few reports and held leases, each read
 once into a small slotted object; a message without a summary or a group shares one empty one.
@@ -16,6 +17,7 @@ from trainfeed.master.core.ledger import LeaseStatus, Outcome
 from trainfeed.master.core.messages import (
     NO_STATS,
     Answer,
+    DeliveryOrder,
     EpochComplete,
     Event,
     FailedPartition,
@@ -28,8 +30,14 @@ from trainfeed.master.core.messages import (
     Heartbeat,
     HeldTask,
     Holding,
+    JobStatus,
+    Leave,
+    Opened,
+    OpenJob,
     ReaderStats,
     Report,
+    Resources,
+    ResumePosition,
     Revoked,
     SessionMessage,
     Superseded,
@@ -38,8 +46,8 @@ from trainfeed.master.core.messages import (
 )
 from trainfeed.v1 import master_pb2 as pb
 
-__all__ = ["answer", "event", "grant", "held", "message", "reader_stats", "reports", "sync",
-           "watch_event"]
+__all__ = ["answer", "event", "grant", "held", "job_status", "leave", "message", "open_job",
+           "opened", "reader_stats", "reports", "sync", "watch_event"]
 
 # The wire's outcomes; any other number stays an int (refused by the core, naming it).
 OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
@@ -154,3 +162,53 @@ def watch_event(x: Answer | Event) -> pb.WatchEvent:
     if isinstance(x, Granted | Heard):
         return answer(x)
     return event(x)
+
+
+# -- OpenJob, LeaveJob, GetJobStatus ----------------------------------------------------------
+def open_job(r: pb.OpenJobRequest) -> OpenJob:
+    res = r.resources
+    return OpenJob(
+        job=r.job, dataset=r.dataset, worker_name=r.worker_name, seed=r.seed,
+        distribution_rules=r.distribution_rules,
+        resources=Resources(hostname=res.hostname, name=res.name, gpus=res.gpus),
+        resume=resume(r.resume) if r.HasField("resume") else None,
+        sync=sync(r.sync) if r.HasField("sync") else None,
+        order=order(r.order) if r.HasField("order") else None,
+        protocol_version=r.protocol_version, dataset_version=r.dataset_version)
+
+
+def resume(r: pb.ResumePosition) -> ResumePosition:
+    return ResumePosition(epoch=r.epoch, worker_id=r.worker_id, done=list(r.done),
+                          positions=dict(r.positions), credential=r.credential,
+                          dataset_version=r.dataset_version)
+
+
+def order(o: pb.DeliveryOrder) -> DeliveryOrder:
+    return DeliveryOrder(seed=o.seed, shuffle_buffer=o.shuffle_buffer, resample=o.resample,
+                         sync_batch_size=o.sync_batch_size)
+
+
+def opened(o: Opened) -> pb.OpenJobResponse:
+    return pb.OpenJobResponse(
+        worker_id=o.worker_id, job=o.job, dataset=o.dataset, dataset_url=o.dataset_url,
+        storage_options_json=o.storage_options_json,
+        fields=[pb.Field(name=name, type=kind) for name, kind in o.fields],
+        num_records=o.num_records, num_partitions=o.num_partitions,
+        current_epoch=o.current_epoch, lease_timeout_s=o.lease_timeout_s,
+        num_bytes=o.num_bytes, resumed_partitions=o.resumed_partitions,
+        session_secret=o.session_secret, resume_credential=o.resume_credential,
+        resume_cut=o.resume_cut, protocol_version=o.protocol_version,
+        dataset_version=o.dataset_version)
+
+
+def leave(r: pb.LeaveJobRequest) -> Leave:
+    return Leave(job=r.job, worker_id=r.worker_id, session_secret=r.session_secret)
+
+
+def job_status(s: JobStatus) -> pb.JobStatus:
+    return pb.JobStatus(
+        job=s.job, dataset=s.dataset, epoch=s.epoch, num_partitions=s.num_partitions,
+        todo=s.todo, pending=s.pending, done=s.done, failed=s.failed, workers=s.workers,
+        failed_reasons=s.failed_reasons, records_served=s.records_served,
+        bytes_served=s.bytes_served, reports_refused=s.reports_refused,
+        metrics_port=s.metrics_port)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from trainfeed.master.core.messages import ReaderStats
 
@@ -43,9 +43,10 @@ INPUT_BOUND_FLAG = 0.5
 SLOW_FLAG = 0.5
 MAX_REFUSALS = 20
 # The figures summed (the fields of ReaderStats, in the wire's order).
-FIELDS = tuple(f.name for f in fields(ReaderStats))
-# The time fields (floats); the others are counts.
-SECONDS = tuple(f.name for f in fields(ReaderStats) if f.type == "float")
+FIELDS = ReaderStats._fields
+# The time fields (floats: their defaults are 0.0); the others are counts.
+SECONDS = tuple(name for name, zero in ReaderStats._field_defaults.items()
+                if isinstance(zero, float))
 # A summary covers the time since the reader's previous call (a third of the lease timeout at
 # most, a day at most: trainfeed.master.core.jobs.MAX_LEASE_TIMEOUT_S); read and decode times add up
 # the threads that did the work. 30 days is beyond any honest summary.
@@ -166,7 +167,7 @@ class ReaderBoard:
             track = readers[worker] = ReaderTrack(worker, now, now)
             self._forget(job, now)
         track.last_seen = now
-        values = tuple(getattr(stats, name) for name in FIELDS)
+        values = tuple(stats)  # (in FIELDS' order)
         _add(track.totals, values)
         _add(self._totals.setdefault(job, _zero()), values)
         track.add(now, stats)

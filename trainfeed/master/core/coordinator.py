@@ -9,8 +9,10 @@ may let a long-poll lease calls `Coordinator.on_change(job)`, and the shell wake
 
 One conversation (issue 36): after OpenJob a reader session speaks on its Session stream, and
 every message of it goes through one entry, `handle(job, worker, message, now) -> (answer,
-events)`: a heartbeat (`report`), or a request for tasks (`get_tasks`), whose answer may be an
-`Ask` the shell holds while it long-polls and hands back for the next attempt. Everything a
+events)`: a `Heartbeat`, or a `GetTasks`, whose answer may be an `Ask` the shell holds while it
+long-polls and hands back for the next attempt. The core takes and gives its own types
+(trainfeed.master.core.messages), never the wire's: the shell converts each message once
+(trainfeed.master.serve.convert). Everything a
 reader is told that it did not ask (give-backs, revocations, the end of an epoch, a broken group,
 being superseded) is a `Told` event (trainfeed.master.core.news), whichever entry decided it.
 

@@ -2,9 +2,11 @@
 
 A stream's first message names its session (`open`, checked by the coordinator); then each
 message goes to `Coordinator.handle`, on the event loop, and its answer is sent once the ledger's
-changes are durable. A `get_tasks` runs in a task of its own, so that its long-poll (the wait,
-which stays here, in the shell) holds up none of the later messages. The events the coordinator
-decides (`Told`) go to their session's stream, whichever call decided them.
+changes are durable. Each message is converted into the core's types once, as it is read, and
+each answer and event into a WatchEvent once, as it is queued (trainfeed.master.serve.convert).
+A `get_tasks` runs in a task of its own, so that its long-poll (the wait, which stays here, in
+the shell) holds up none of the later messages. The events the coordinator decides (`Told`) go
+to their session's stream, whichever call decided them.
 
 Bounds, each against a client that floods or stalls: MAX_GRANTS_IN_FLIGHT long-polls per stream,
 MAX_UNSENT_ANSWERS answers not yet sent (then the stream's messages are not read: HTTP/2 flow

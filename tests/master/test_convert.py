@@ -62,6 +62,8 @@ def filled(message: Message, depth: int = 0) -> Message:
 
 
 def _value(f: FieldDescriptor) -> Any:
+    """A value of `f` that is not its default, and differs from its siblings' (a converter that
+    swaps two fields is caught)."""
     if f.enum_type is not None:
         return max(v.number for v in f.enum_type.values)  # (not 0: the default)
     if f.type == FieldDescriptor.TYPE_BOOL:
@@ -69,8 +71,8 @@ def _value(f: FieldDescriptor) -> Any:
     if f.type == FieldDescriptor.TYPE_STRING:
         return f"a {f.name}"
     if f.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-        return 2.5
-    return 3
+        return f.number + 0.5
+    return f.number + 100
 
 
 def unset(message: Message, prefix: str = "") -> list[str]:

@@ -52,6 +52,9 @@ __all__ = ["answer", "event", "grant", "held", "job_status", "leave", "message",
 # The wire's outcomes; any other number stays an int (refused by the core, naming it).
 OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
             pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
+# Builds a named tuple from its values without its Python-level __new__ (which handles keywords
+# and defaults: a third of a heartbeat's conversion, measured). Every field is given, in order.
+_new = tuple.__new__
 STATUS = {LeaseStatus.TASKS: pb.GetTasksResponse.TASKS,
           LeaseStatus.WAIT: pb.GetTasksResponse.WAIT,
           LeaseStatus.EPOCH_DONE: pb.GetTasksResponse.EPOCH_DONE}
@@ -76,12 +79,12 @@ def message(m: pb.SessionMessage) -> SessionMessage:
 
 def reports(items: Iterable[pb.TaskReport]) -> list[Report]:
     get = OUTCOMES.get
-    return [Report(r.epoch, r.partition, get(r.outcome, r.outcome), r.lease, r.consumed,
-                   r.reason) for r in items]
+    return [_new(Report, (r.epoch, r.partition, get(r.outcome, r.outcome), r.lease, r.consumed,
+                          r.reason)) for r in items]
 
 
 def held(items: Iterable[pb.HeldTask]) -> list[HeldTask]:
-    return [HeldTask(t.epoch, t.partition, t.lease, t.started) for t in items]
+    return [_new(HeldTask, (t.epoch, t.partition, t.lease, t.started)) for t in items]
 
 
 def sync(s: pb.SyncGroup) -> SyncGroup:
@@ -89,10 +92,8 @@ def sync(s: pb.SyncGroup) -> SyncGroup:
 
 
 def reader_stats(s: pb.ReaderStats) -> ReaderStats:
-    return ReaderStats(wall_s=s.wall_s, input_wait_s=s.input_wait_s, batches=s.batches,
-                       records=s.records, bytes_read=s.bytes_read, read_s=s.read_s,
-                       records_decoded=s.records_decoded, decode_s=s.decode_s,
-                       decode_failures=s.decode_failures)
+    return _new(ReaderStats, (s.wall_s, s.input_wait_s, s.batches, s.records, s.bytes_read,
+                              s.read_s, s.records_decoded, s.decode_s, s.decode_failures))
 
 
 # -- out --------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The layers of the house, checked by import-linter (`[tool.importlinter]` in pyproject.toml):
 no import cycles, the reader never imports the master, the master never imports the reader, the
-worker neither, the master's core no I/O (grpc, asyncio, HTTP, the journal writer, a store),
+worker neither, the master's core no I/O (grpc, asyncio, HTTP, the journal writer, a store)
+and nothing of the wire (trainfeed.v1: it speaks its own types),
 ingest no reader, lease or master, SQL sources nothing of the read side, and the foundations
 (formats, storage, settings, planning) nothing above them.
 
@@ -69,6 +70,7 @@ def test_an_import_cycle_between_packages_is_caught(tmp_path: Path) -> None:
 
 
 CORE = "The master's core does no I/O: no gRPC, event loop, HTTP server, journal writer or store"
+WIRE = "The master's core speaks its own types: it imports nothing of the wire (trainfeed.v1)"
 INGEST = "Ingest writes datasets: it imports no reader, lease or master"
 SQL = "SQL sources sit under the read side: they import no reader, io, lease, master or ingest"
 DECODER = "The decode service serves the read side and is never imported by it, nor by the master"
@@ -84,6 +86,9 @@ PROBES = [
     ("trainfeed.master.core.layer_probe", "from trainfeed.master.stores import StateStore\n",
      CORE,
      "trainfeed.master.core.layer_probe -> trainfeed.master.stores"),
+    ("trainfeed.master.core.layer_probe", "from trainfeed.v1 import master_pb2 as pb\n",
+     WIRE,
+     "trainfeed.master.core.layer_probe -> trainfeed.v1.master_pb2"),
     ("trainfeed.ingest.layer_probe", "from trainfeed.lease.book import LeaseBook\n",
      INGEST,
      "trainfeed.ingest.layer_probe -> trainfeed.lease.book"),

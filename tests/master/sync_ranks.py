@@ -22,6 +22,8 @@ from trainfeed.lease.tasks import _task
 from trainfeed.master.core.coordinator import Coordinator
 from trainfeed.master.core.jobs import Job, MasterConfig
 from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.core.messages import Granted, Heard
+from trainfeed.master.serve import convert
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
@@ -48,7 +50,8 @@ def manifest(sizes: tuple[int, ...] = SIZES) -> Manifest:
 def sync_job(sizes: tuple[int, ...] = SIZES) -> tuple[Coordinator, Job]:
     core = Coordinator(MasterConfig(open_storage(tempfile.gettempdir()), lease_timeout_s=T,
                                     target_partitions=len(sizes)))
-    request = pb.OpenJobRequest(job="j", dataset="d", protocol_version=PROTOCOL_VERSION)
+    request = convert.open_job(pb.OpenJobRequest(job="j", dataset="d",
+                                                 protocol_version=PROTOCOL_VERSION))
     job = core.create_job(request, manifest(sizes), core.check_open(request, None), b"k" * 32)
     assert job.ledger.sizes == sizes, job.ledger.sizes  # one partition per row group
     return core, job
@@ -73,9 +76,10 @@ class Call:
         if isinstance(self.request, pb.GetTasksRequest):
             self.response = serve_get_tasks(core, job, rank.worker, self.request, now)
         else:
-            answer, _ = core.handle(job, rank.worker, pb.SessionMessage(
-                seq=1, report=self.request), now)
-            assert isinstance(answer, pb.WatchEvent)
+            heard, _ = core.handle(job, rank.worker, convert.message(pb.SessionMessage(
+                seq=1, report=self.request)), now)
+            assert isinstance(heard, Heard)
+            answer = convert.answer(heard)
             answer.revoked.extend(answer.refused)
             self.response = answer
         rank.arrived += 1
@@ -110,9 +114,9 @@ class Rank:
 
     def __post_init__(self) -> None:
         sync = self.sync
-        response, _ = self.core.open_session(self.job, pb.OpenJobRequest(
+        response, _ = self.core.open_session(self.job, convert.open_job(pb.OpenJobRequest(
             job="j", dataset="d", worker_name=f"rank{self.rank}", sync=sync,
-            protocol_version=PROTOCOL_VERSION), self.now)
+            protocol_version=PROTOCOL_VERSION)), self.now)
         self.worker, self.secret = response.worker_id, response.session_secret
         self.book = LeaseBook(response.lease_timeout_s, self.now)
         self.book.begin_pass(self.quota)
@@ -227,9 +231,10 @@ def serve_get_tasks(core: Coordinator, job: Job, worker: str, request: pb.GetTas
     """A `get_tasks` message as the master's stream serves it, without its long-poll (wait_ms
     0): the grant."""
     assert not request.wait_ms
-    answer, _ = core.handle(job, worker, pb.SessionMessage(seq=1, get_tasks=request), now)
-    assert isinstance(answer, pb.WatchEvent) and answer.HasField("grant"), answer
-    return answer.grant
+    answer, _ = core.handle(job, worker, convert.message(pb.SessionMessage(
+        seq=1, get_tasks=request)), now)
+    assert isinstance(answer, Granted), answer
+    return convert.grant(answer.grant)
 
 
 def duplicates(ranks: list[Rank], epoch: int) -> list[tuple[tuple[int, int, int], int]]:

@@ -7,7 +7,7 @@ import pytest
 
 from trainfeed.formats.manifest import FieldSpec, Manifest, RowGroupInfo, ShardInfo
 from trainfeed.master.core import coordinator
-from trainfeed.master.core.coordinator import Answer, Coordinator
+from trainfeed.master.core.coordinator import Ask, Coordinator
 from trainfeed.master.core.jobs import (
     FailedPrecondition,
     Job,
@@ -15,6 +15,8 @@ from trainfeed.master.core.jobs import (
     NotFound,
     PermissionDenied,
 )
+from trainfeed.master.core.messages import OpenJob
+from trainfeed.master.serve import convert
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.protocol import PROTOCOL_VERSION
 from trainfeed.storage import open_storage
@@ -42,9 +44,11 @@ def core(tmp_path: object) -> Coordinator:
                                     target_partitions=PARTITIONS))
 
 
-def open_request(version: int = PROTOCOL_VERSION, **kw: object) -> pb.OpenJobRequest:
-    return pb.OpenJobRequest(job="j", dataset="d", worker_name="r", protocol_version=version,
-                             **kw)  # type: ignore[arg-type]
+def open_request(version: int = PROTOCOL_VERSION, **kw: object) -> OpenJob:
+    """An OpenJob as the shell hands it to the core (its wire form, converted)."""
+    return convert.open_job(pb.OpenJobRequest(
+        job="j", dataset="d", worker_name="r", protocol_version=version,
+        **kw))  # type: ignore[arg-type]
 
 
 def new_job(core: Coordinator) -> Job:
@@ -59,19 +63,22 @@ def join(core: Coordinator, job: Job, now: float = 0.0) -> tuple[str, str]:
     return response.worker_id, response.session_secret
 
 
-def send(core: Coordinator, job: Job, worker: str, message: pb.SessionMessage, now: float
-         ) -> tuple[Answer, bool]:
-    """A message of `worker`'s stream, as the shell hands it to the core: its answer, and
-    whether it changed the ledger (journaled ops). Its events stay queued for `events`."""
+def send(core: Coordinator, job: Job, worker: str, message: pb.SessionMessage | Ask,
+         now: float) -> tuple[pb.WatchEvent | Ask | None, bool]:
+    """A message of `worker`'s stream, as the shell hands it to the core (converted, as
+    trainfeed.master.serve.streams does): its answer on the wire (an Ask as is), and whether
+    it changed the ledger (journaled ops). Its events stay queued for `events`."""
     job.ledger.take_journal()
-    answer, told = core.handle(job, worker, message, now)
+    answer, told = core.handle(
+        job, worker, message if isinstance(message, Ask) else convert.message(message), now)
     core.news.pending.extend(told)
-    return answer, bool(job.ledger.take_journal())
+    wire = None if answer is None or isinstance(answer, Ask) else convert.answer(answer)
+    return (answer if isinstance(answer, Ask) else wire), bool(job.ledger.take_journal())
 
 
 def events(core: Coordinator, key: tuple[str, str]) -> list[pb.WatchEvent]:
-    """The events told to session `key` (its stream's) since last taken."""
-    mine = [t.event for t in core.news.pending if (t.job, t.worker) == key]
+    """The events told to session `key` (its stream's) since last taken, on the wire."""
+    mine = [convert.event(t.event) for t in core.news.pending if (t.job, t.worker) == key]
     core.news.pending = [t for t in core.news.pending if (t.job, t.worker) != key]
     return mine
 
@@ -106,8 +113,7 @@ def drain(core: Coordinator, job: Job, worker: str, secret: str, now: float
 
 
 def watch(core: Coordinator, job: Job, worker: str, secret: str) -> tuple[str, str]:
-    return core.open_stream(job, pb.WatchRequest(job="j", worker_id=worker,
-                                                 session_secret=secret))
+    return core.open_stream(job, worker, secret, exchange=False)
 
 
 def test_a_reader_of_another_protocol_is_refused_naming_both_versions(

@@ -1,7 +1,9 @@
 """A model-based test of the master's core and the reader's book together (issue 36, item 6).
 
-Hypothesis drives `Coordinator.handle` (real Session messages, in-process, time as an argument)
-and one real `LeaseBook` per simulated reader through random interleavings of: readers joining
+Hypothesis drives `Coordinator.handle` (Session messages in the core's own types, built from
+the book as WorkerSession builds its wire messages; in-process, time as an argument; each answer
+and event reaches the book through the wire's form, as a reader reads it) and one real
+`LeaseBook` per simulated reader through random interleavings of: readers joining
 (OpenJob) and resuming a killed one's checkpoint, asking for tasks, progress, DONE, give-backs
 (the master's asks, answered by the book with RELEASED reports) and leaving, time passing lease
 expiry with the lease timer ticking, a reader killed (it stops talking), and stale fencing tokens.
@@ -26,14 +28,28 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from sync_ranks import Call, Rank, duplicates, held_tasks, sync_job
+from sync_ranks import Call, Rank, duplicates, sync_job
 from test_coordinator import manifest, open_request
 
-from trainfeed.lease.book import LeaseBook, Report
-from trainfeed.lease.messages import answer_of, leases, to_message
+from trainfeed.lease.book import LeaseBook
+from trainfeed.lease.book import Report as BookReport
+from trainfeed.lease.messages import answer_of, leases
 from trainfeed.master.core.coordinator import Coordinator
 from trainfeed.master.core.jobs import Job, MasterConfig
+from trainfeed.master.core.ledger import Outcome
+from trainfeed.master.core.messages import (
+    GetTasks,
+    Granted,
+    Heard,
+    Heartbeat,
+    HeldTask,
+    Leave,
+    Report,
+    SessionMessage,
+    Task,
+)
 from trainfeed.master.core.news import Told
+from trainfeed.master.serve import convert
 from trainfeed.storage import open_storage
 from trainfeed.v1 import master_pb2 as pb
 
@@ -60,7 +76,7 @@ class Reader:
     # what its checkpoint would name (a resume keeps them).
     done: dict[int, set[int]] = field(default_factory=dict)
     # The DONE reports of its last message that carried any: a retry sends them again.
-    sent_done: list[pb.TaskReport] = field(default_factory=list)
+    sent_done: list[Report] = field(default_factory=list)
 
 
 @dataclass
@@ -75,26 +91,26 @@ class Model:
     latest: dict[Key, Holder] = field(default_factory=dict)  # each partition's latest lease
     newly_done: list[int] = field(default_factory=list)  # DONEs applied since last checked
 
-    def refuses(self, worker: str, report: pb.TaskReport) -> bool:
+    def refuses(self, worker: str, report: Report) -> bool:
         """Fencing: a report counts only from the partition's latest lease this epoch."""
         return (report.epoch != self.epoch
                 or self.latest.get((report.epoch, report.partition)) != (worker, report.lease))
 
-    def apply(self, worker: str, report: pb.TaskReport) -> None:
+    def apply(self, worker: str, report: Report) -> None:
         """A report the core did not refuse. From the live lease it applies; from the latest
         lease after its expiry or hand-back (nobody leased the partition since) only a DONE
         changes anything (it saves re-reading what the trainer had)."""
         key = (report.epoch, report.partition)
         live = self.current.get(key) == (worker, report.lease)
         done = self.done.setdefault(report.epoch, {})
-        if report.outcome == pb.TaskReport.DONE and report.partition not in done:
+        if report.outcome is Outcome.DONE and report.partition not in done:
             done[report.partition] = worker
             self.newly_done.append(report.partition)
             self.current.pop(key, None)
-        elif live and report.outcome in (pb.TaskReport.RELEASED, pb.TaskReport.FAILED):
+        elif live and report.outcome in (Outcome.RELEASED, Outcome.FAILED):
             del self.current[key]
 
-    def granted(self, worker: str, tasks: list[pb.Task], now: float) -> None:
+    def granted(self, worker: str, tasks: list[Task], now: float) -> None:
         for t in tasks:
             key = (t.epoch, t.partition)
             assert key not in self.current, (
@@ -127,19 +143,31 @@ class Model:
                 del self.current[key]
 
 
-def message_of(book: LeaseBook, seq: int, get: pb.GetTasksRequest | None = None
-               ) -> tuple[pb.SessionMessage, list[Report]]:
+@dataclass(frozen=True)
+class Ask:
+    """A request for tasks, before the book's reports and held leases are added."""
+
+    epoch: int
+    max_tasks: int
+
+
+def report_of(report: BookReport) -> Report:
+    """A report of the book as the core reads it (the wire's TaskReport, converted)."""
+    return Report(report.epoch, report.partition, Outcome[report.outcome.name], report.lease,
+                  report.consumed, report.reason)
+
+
+def message_of(book: LeaseBook, seq: int, get: Ask | None = None
+               ) -> tuple[SessionMessage, list[BookReport]]:
     """A Session message as WorkerSession builds one: the book's reports, its held leases."""
     sent = book.drain()
     held, begun = book.held_now()
-    reports = [to_message(r) for r in sent]
+    reports = [report_of(r) for r in sent]
+    listed = [HeldTask(e, p, t, (e, p, t) in begun) for e, p, t in held]
     if get is not None:
-        get.reports.extend(reports)
-        get.held.extend(held_tasks(held, begun))
-        get.reconcile = True
-        return pb.SessionMessage(seq=seq, get_tasks=get), sent
-    return pb.SessionMessage(seq=seq, report=pb.ReportRequest(
-        reports=reports, held=held_tasks(held, begun))), sent
+        return GetTasks(seq=seq, epoch=get.epoch, max_tasks=get.max_tasks, reports=reports,
+                        held=listed, reconcile=True), sent
+    return Heartbeat(seq=seq, reports=reports, held=listed), sent
 
 
 def ledger_view(job: Job) -> tuple:
@@ -173,35 +201,36 @@ class CoordinatorModel(RuleBasedStateMachine):
         for t in told:
             reader = by_worker.get(t.worker)
             if reader is not None:
-                event(f"told: {sorted(f.name for f, _ in t.event.ListFields())}")
-                reader.book.told(answer_of(t.event), self.now)
+                event(f"told: {type(t.event).__name__}")
+                reader.book.told(answer_of(convert.event(t.event)), self.now)
 
-    def send(self, reader: Reader, get: pb.GetTasksRequest | None = None) -> pb.WatchEvent:
+    def send(self, reader: Reader, get: Ask | None = None) -> Heard | Granted:
         """One message of `reader`, checked against the model's fencing rule."""
         self.seq += 1
         message, sent = message_of(reader.book, self.seq, get)
-        reports = list(message.get_tasks.reports if get is not None else message.report.reports)
-        reader.sent_done = [r for r in reports if r.outcome == pb.TaskReport.DONE] or (
+        reports = list(message.reports)
+        reader.sent_done = [r for r in reports if r.outcome is Outcome.DONE] or (
             reader.sent_done)
         expected = [not self.model.refuses(reader.worker, r) for r in reports]
         answer, told = self.core.handle(self.job, reader.worker, message, self.now)
-        assert isinstance(answer, pb.WatchEvent) and answer.answers == self.seq, answer
+        assert isinstance(answer, Heard | Granted) and answer.seq == self.seq, answer
         refused = {(t.epoch, t.partition, t.lease) for t in answer.refused}
         for report, accepted in zip(reports, expected):
             names = (report.epoch, report.partition, report.lease)
+            outcome = report.outcome.name if isinstance(report.outcome, Outcome) else "?"
             assert (names not in refused) == accepted, (
-                f"report {pb.TaskReport.Outcome.Name(report.outcome)} of {names} by "
+                f"report {outcome} of {names} by "
                 f"{reader.worker}: the model says {'apply' if accepted else 'refuse'}, the core "
                 f"{'refused' if names in refused else 'applied'} it (current "
                 f"{self.model.current.get(names[:2])})")
-            event(f"{pb.TaskReport.Outcome.Name(report.outcome)} "
-                  f"{'applied' if accepted else 'refused'}")
+            event(f"{outcome} {'applied' if accepted else 'refused'}")
             if accepted:
                 self.model.apply(reader.worker, report)
         self.model.deadline[reader.worker] = self.now + T  # every message renews
-        tasks = list(answer.grant.tasks) if answer.HasField("grant") else []
+        tasks = list(answer.grant.tasks) if isinstance(answer, Granted) else []
         self.model.granted(reader.worker, tasks, self.now)
-        reader.book.answered(sent, answer_of(answer), self.now, self.now, leases(tasks))
+        reader.book.answered(sent, answer_of(convert.answer(answer)), self.now, self.now,
+                             leases(tasks))
         for _ in tasks:
             reader.book.handed_over()
         self.told(told)
@@ -221,8 +250,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.model.deadline[response.worker_id] = self.now + T
         reader = Reader(f"r{len(self.readers)}", response.worker_id, response.session_secret,
                         response.resume_credential, LeaseBook(response.lease_timeout_s, self.now))
-        self.core.open_stream(self.job, pb.WatchRequest(
-            job="j", worker_id=reader.worker, session_secret=reader.secret))
+        self.core.open_stream(self.job, reader.worker, reader.secret, exchange=False)
         self.readers.append(reader)
 
     @precondition(lambda self: self.live())
@@ -230,7 +258,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     def ask(self, data: st.DataObject, max_tasks: int, ahead: int) -> None:
         reader = data.draw(st.sampled_from(self.live()))
         epoch = -1 if ahead < 0 else self.job.ledger.epoch + ahead
-        self.send(reader, pb.GetTasksRequest(epoch=epoch, max_tasks=max_tasks))
+        self.send(reader, Ask(epoch=epoch, max_tasks=max_tasks))
 
     @precondition(lambda self: self.live())
     @rule(data=st.data())
@@ -260,7 +288,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         """A reader in its stride: it asks, its trainer has every record of what it holds, and
         its DONEs go on a heartbeat (so that epochs end within a run)."""
         reader = data.draw(st.sampled_from(self.live()))
-        self.send(reader, pb.GetTasksRequest(epoch=-1, max_tasks=max_tasks))
+        self.send(reader, Ask(epoch=-1, max_tasks=max_tasks))
         for (epoch, partition), token in sorted(reader.book.held.items()):
             lease = (epoch, partition, token)
             reader.book.claim(lease)
@@ -276,9 +304,9 @@ class CoordinatorModel(RuleBasedStateMachine):
         reader = data.draw(st.sampled_from([r for r in self.live() if r.sent_done]))
         before = ledger_view(self.job)
         self.seq += 1
-        answer, told = self.core.handle(self.job, reader.worker, pb.SessionMessage(
-            seq=self.seq, report=pb.ReportRequest(reports=reader.sent_done)), self.now)
-        assert isinstance(answer, pb.WatchEvent)
+        answer, told = self.core.handle(self.job, reader.worker, Heartbeat(
+            seq=self.seq, reports=reader.sent_done), self.now)
+        assert isinstance(answer, Heard)
         refused = {(t.epoch, t.partition, t.lease) for t in answer.refused}
         for r in reader.sent_done:
             assert ((r.epoch, r.partition, r.lease) in refused) == self.model.refuses(
@@ -304,8 +332,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
         reader = data.draw(st.sampled_from(self.live()))
-        self.core.leave(self.job, pb.LeaveJobRequest(
-            job="j", worker_id=reader.worker, session_secret=reader.secret), self.now)
+        self.core.leave(self.job, Leave("j", reader.worker, reader.secret), self.now)
         reader.book.left()
         reader.alive, reader.credential = False, ""  # (a reader that left is not resumed)
         self.model.drop(reader.worker)
@@ -334,8 +361,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         reader = Reader(f"r{len(self.readers)}", response.worker_id, response.session_secret,
                         response.resume_credential, LeaseBook(response.lease_timeout_s, self.now))
         self.model.deadline[reader.worker] = self.now + T
-        self.core.open_stream(self.job, pb.WatchRequest(
-            job="j", worker_id=reader.worker, session_secret=reader.secret))
+        self.core.open_stream(self.job, reader.worker, reader.secret, exchange=False)
         self.readers.append(reader)
         event(f"resumed, {len(done)} DONE kept")
         self.told(self.core.news.take())
@@ -351,25 +377,22 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live() and self.model.issued)
     @rule(data=st.data(), outcome=st.sampled_from(
-        [pb.TaskReport.DONE, pb.TaskReport.RELEASED, pb.TaskReport.PROGRESS,
-         pb.TaskReport.FAILED]))
-    def stale_report(self, data: st.DataObject, outcome: int) -> None:
+        [Outcome.DONE, Outcome.RELEASED, Outcome.PROGRESS, Outcome.FAILED]))
+    def stale_report(self, data: st.DataObject, outcome: Outcome) -> None:
         """A report naming a lease that is not the sender's now (an old token, another reader's
         lease, an ended one): refused, and nothing changes."""
         sender = data.draw(st.sampled_from(self.live()))
         stale = [(e, p, t) for w, e, p, t in self.model.issued
-                 if self.model.refuses(sender.worker, pb.TaskReport(
-                     epoch=e, partition=p, lease=t))]
+                 if self.model.refuses(sender.worker, Report(e, p, Outcome.PROGRESS, t))]
         if not stale:
             return
         epoch, partition, token = data.draw(st.sampled_from(stale))
         before = ledger_view(self.job)
         self.seq += 1
-        answer, told = self.core.handle(self.job, sender.worker, pb.SessionMessage(
-            seq=self.seq, report=pb.ReportRequest(reports=[pb.TaskReport(
-                epoch=epoch, partition=partition, lease=token, outcome=outcome,  # type: ignore[arg-type]
-                consumed=5)])), self.now)
-        assert isinstance(answer, pb.WatchEvent)
+        answer, told = self.core.handle(self.job, sender.worker, Heartbeat(
+            seq=self.seq, reports=[Report(epoch, partition, outcome, token, consumed=5)]),
+            self.now)
+        assert isinstance(answer, Heard)
         assert [(t.epoch, t.partition, t.lease) for t in answer.refused] == [
             (epoch, partition, token)], f"a stale report was not refused: {answer}"
         assert ledger_view(self.job) == before, "a stale report changed the ledger"

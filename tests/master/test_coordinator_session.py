@@ -154,7 +154,7 @@ def test_a_streams_end_is_not_the_reader_leaving(core: Coordinator) -> None:  # 
     time out, and the session is not forgotten."""
     job = new_job(core)
     worker, secret = join(core, job)
-    key = core.open_stream(job, pb.WatchRequest(job="j", worker_id=worker, session_secret=secret))
+    key = core.open_stream(job, worker, secret, exchange=False)
     tasks = lease(core, job, worker, secret, 2, 0.0).tasks
     core.close_stream(key)
     assert {t.partition for t in tasks} <= set(job.ledger.pending)

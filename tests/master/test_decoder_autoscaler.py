@@ -12,9 +12,9 @@ from cluster.apiserver import FakeApiServer
 
 from trainfeed.cli.main import main
 from trainfeed.master.core.decoder_scaling import UP_INPUT_BOUND, trainer_shares
+from trainfeed.master.core.messages import ReaderStats
 from trainfeed.master.core.reader_stats import ReaderBoard
 from trainfeed.master.serve.decoder_autoscaler import MAX_DETAIL, STEP_S, DecoderAutoscaler
-from trainfeed.v1 import master_pb2 as pb
 
 NS = "team-a"
 COOLDOWN_S = 60.0
@@ -57,7 +57,7 @@ class SimulatedJob:
     def figures(self, now: float, n: int) -> tuple[dict[str, list[float]], list[float]]:
         if self.running:
             for worker in ("trainer-0", "trainer-1"):
-                self.board.record("resnet", worker, pb.ReaderStats(
+                self.board.record("resnet", worker, ReaderStats(
                     wall_s=STEP_S, input_wait_s=self.share(n) * STEP_S, records=100), now)
         shares = trainer_shares(self.board.views("resnet", now))
         busy = min(self.DEMAND, n) / n if self.running else 0.0

@@ -20,8 +20,8 @@ from trainfeed.master.core.decoder_scaling import (
     Observation,
     trainer_shares,
 )
+from trainfeed.master.core.messages import ReaderStats
 from trainfeed.master.core.reader_stats import RECENT_S, ReaderBoard
-from trainfeed.v1 import master_pb2 as pb
 
 COOLDOWN = 60.0
 
@@ -131,9 +131,9 @@ def test_trainer_shares_are_the_boards_current_ones() -> None:
     """What the master feeds the policy: each reader's share over its last RECENT_S, from the
     summaries it sends; one silent for longer has no current share and is left out."""
     board = ReaderBoard()
-    board.record("resnet", "quiet", pb.ReaderStats(wall_s=10, input_wait_s=9), 0.0)
-    board.record("resnet", "busy", pb.ReaderStats(wall_s=10, input_wait_s=6), RECENT_S + 1)
-    board.record("resnet", "fed", pb.ReaderStats(wall_s=10, input_wait_s=0.5), RECENT_S + 1)
+    board.record("resnet", "quiet", ReaderStats(wall_s=10, input_wait_s=9), 0.0)
+    board.record("resnet", "busy", ReaderStats(wall_s=10, input_wait_s=6), RECENT_S + 1)
+    board.record("resnet", "fed", ReaderStats(wall_s=10, input_wait_s=0.5), RECENT_S + 1)
     assert trainer_shares(board.views("resnet", RECENT_S + 1)) == [0.6, 0.05]
     assert trainer_shares(board.views("resnet", 3 * RECENT_S)) == []
     assert trainer_shares(board.views("other", 0.0)) == []

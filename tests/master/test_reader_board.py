@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainfeed.master.core.messages import ReaderStats
 from trainfeed.master.core.reader_stats import (
     FORGET_S,
     HISTORY_BUCKET_S,
@@ -11,11 +12,10 @@ from trainfeed.master.core.reader_stats import (
     RECENT_S,
     ReaderBoard,
 )
-from trainfeed.v1 import master_pb2 as pb
 
 
-def summary(wall: float, wait: float, records: int = 0) -> pb.ReaderStats:
-    return pb.ReaderStats(wall_s=wall, input_wait_s=wait, records=records, batches=1)
+def summary(wall: float, wait: float, records: int = 0) -> ReaderStats:
+    return ReaderStats(wall_s=wall, input_wait_s=wait, records=records, batches=1)
 
 
 def test_the_current_share_is_over_the_recent_window_not_the_readers_life() -> None:
@@ -43,8 +43,8 @@ def test_a_reader_far_below_the_median_rate_is_flagged_slow() -> None:
 
 def test_empty_or_timeless_summaries_are_ignored() -> None:
     board = ReaderBoard()
-    board.record("j", "r", pb.ReaderStats(), 1.0)
-    board.record("j", "r", pb.ReaderStats(wall_s=float("nan")), 1.0)
+    board.record("j", "r", ReaderStats(), 1.0)
+    board.record("j", "r", ReaderStats(wall_s=float("nan")), 1.0)
     assert board.views("j", 2.0) == []
 
 

@@ -1,7 +1,12 @@
 """trainfeed.master.core.sync_group and delivery_order: pure rules, time as an argument."""
 from __future__ import annotations
 
+import hashlib
+
+import pytest
+
 from trainfeed.master.core import delivery_order
+from trainfeed.master.core.messages import DeliveryOrder
 from trainfeed.master.core.sync_group import SyncMembers, Verdict, alive_window
 from trainfeed.v1 import master_pb2 as pb
 
@@ -88,9 +93,9 @@ def test_a_fresh_group_tells_the_old_members_why() -> None:
 
 
 def test_delivery_orders_are_named_and_get_a_stable_job_of_their_own() -> None:
-    plain = pb.DeliveryOrder(seed=0)
-    mixed = pb.DeliveryOrder(seed=0, shuffle_buffer=256, resample='"uniform"')
-    assert delivery_order.same(plain, pb.DeliveryOrder())
+    plain = DeliveryOrder(seed=0)
+    mixed = DeliveryOrder(seed=0, shuffle_buffer=256, resample='"uniform"')
+    assert delivery_order.same(plain, DeliveryOrder())
     assert not delivery_order.same(plain, mixed)
     text = delivery_order.conflict("default", plain, mixed, "h:1")
     assert "read with seed=0, shuffle_buffer=0, resample=None (by h:1)" in text
@@ -99,3 +104,16 @@ def test_delivery_orders_are_named_and_get_a_stable_job_of_their_own() -> None:
     assert f"TRAINFEED_JOB={suggested}" in text
     assert suggested == delivery_order.other_job_name("default", mixed) != \
         delivery_order.other_job_name("default", plain)
+
+
+@pytest.mark.parametrize("order", [
+    DeliveryOrder(), DeliveryOrder(seed=7), DeliveryOrder(seed=2 ** 64 - 1, shuffle_buffer=256),
+    DeliveryOrder(resample='"uniform"', sync_batch_size=32),
+    DeliveryOrder(seed=300, shuffle_buffer=1 << 31, resample="é" * 200, sync_batch_size=1)])
+def test_the_suggested_job_name_is_the_one_the_wire_form_gave(order: DeliveryOrder) -> None:
+    """The core hashes its own DeliveryOrder in the wire's encoding: the name it suggests is
+    the one a master that hashed the wire message suggested (readers told to move meet)."""
+    wire = pb.DeliveryOrder(seed=order.seed, shuffle_buffer=order.shuffle_buffer,
+                            resample=order.resample, sync_batch_size=order.sync_batch_size)
+    digest = hashlib.sha256(wire.SerializeToString(deterministic=True)).hexdigest()[:6]
+    assert delivery_order.other_job_name("j", order) == f"j-{digest}"

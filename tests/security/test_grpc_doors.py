@@ -30,6 +30,7 @@ from trainfeed.errors import ConfigurationError
 from trainfeed.lease.client import CHANNEL_OPTIONS
 from trainfeed.master.core.jobs import MAX_LEASE_TIMEOUT_S, MIN_LEASE_TIMEOUT_S, MasterConfig
 from trainfeed.master.core.reader_stats import FIELDS, MAX_COUNT, MAX_SECONDS, SECONDS, ReaderBoard
+from trainfeed.master.serve import convert
 from trainfeed.master.serve.health import MAX_HEALTH_WATCHES
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.master.serve.server import ServerOptions
@@ -171,13 +172,13 @@ BAD = [(name, bad) for name in SECONDS
 def test_a_summary_with_a_figure_no_reader_measures_is_dropped_whole(
         field: str, bad: float, caplog: pytest.LogCaptureFixture) -> None:
     board = ReaderBoard()
-    board.record("j", "r", good_summary(), 100.0)
+    board.record("j", "r", convert.reader_stats(good_summary()), 100.0)
     before = board.totals("j")
     hostile = good_summary()
     setattr(hostile, field, bad)
     with caplog.at_level(logging.WARNING, "trainfeed.master.core.reader_stats"):
         for t in range(3):
-            board.record("j", "r", hostile, 101.0 + t)
+            board.record("j", "r", convert.reader_stats(hostile), 101.0 + t)
     assert board.totals("j") == before
     assert all(math.isfinite(v) for v in board.totals("j").values())
     [view] = board.views("j", 104.0)
@@ -185,7 +186,7 @@ def test_a_summary_with_a_figure_no_reader_measures_is_dropped_whole(
     assert board.dropped == 3
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 1 and field in logged[0], logged  # the first one, naming the field
-    board.record("j", "r", good_summary(), 105.0)  # an honest summary is still summed
+    board.record("j", "r", convert.reader_stats(good_summary()), 105.0)  # honest: still summed
     assert board.totals("j")["records"] == 8
 
 
@@ -193,7 +194,7 @@ def test_figures_at_their_bounds_are_kept() -> None:
     board = ReaderBoard()
     edge = pb.ReaderStats(wall_s=MAX_SECONDS, input_wait_s=0, read_s=MAX_SECONDS,
                           decode_s=0, records=MAX_COUNT, bytes_read=MAX_COUNT)
-    board.record("j", "r", edge, 100.0)
+    board.record("j", "r", convert.reader_stats(edge), 100.0)
     assert board.dropped == 0 and board.totals("j")["records"] == MAX_COUNT
 
 

@@ -2,7 +2,8 @@
 
 Every module here takes the current time as an argument and returns what changed; none imports
 grpc, asyncio, an HTTP server, the journal writer or a state store (the `forbidden` contract in
-pyproject.toml's [tool.importlinter], checked by tests/test_layers.py). Messages of the wire
-(`trainfeed.v1.master_pb2`, generated data classes) may still cross it. The shells that wrap it
-sit beside it in trainfeed.master.serve.
+pyproject.toml's [tool.importlinter], checked by tests/test_layers.py), nor the wire's
+generated classes (`trainfeed.v1`): it speaks its own types (trainfeed.master.core.messages),
+and the shells that wrap it, beside it in trainfeed.master.serve, convert each message once
+(trainfeed.master.serve.convert).
 """

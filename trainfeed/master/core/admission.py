@@ -23,8 +23,8 @@ from typing import Protocol
 
 from trainfeed.master.core import delivery_order
 from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.core.messages import DeliveryOrder, Holding, SyncGroup
 from trainfeed.master.core.sync_group import SyncMembers, alive_window
-from trainfeed.v1 import master_pb2 as pb
 
 
 class Job(Protocol):
@@ -34,11 +34,11 @@ class Job(Protocol):
     ledger: Ledger
     workers: dict[str, float]  # worker id -> last heard from (time.time)
     members: SyncMembers | None
-    order: pb.DeliveryOrder | None
+    order: DeliveryOrder | None
     order_by: str
     superseded: dict[str, str]
     # The holdings of a WAIT answer as last computed: (when, epoch, holders), see `holdings`.
-    holdings_cache: tuple[float, int, list[pb.Holding]]
+    holdings_cache: tuple[float, int, list[Holding]]
 
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Refusal(Exception):
         self.trailer = trailer
 
 
-def check_order(job: Job, order: pb.DeliveryOrder, name: str, now: float,
+def check_order(job: Job, order: DeliveryOrder, name: str, now: float,
                 lease_timeout_s: float) -> None:
     """Records the job's delivery order from its first reader; raises Refusal for a reader whose
     order differs while a reader of the job's order is alive or its epoch is half read (a job
@@ -92,7 +92,7 @@ def check_order(job: Job, order: pb.DeliveryOrder, name: str, now: float,
     job.order, job.order_by = order, name
 
 
-def check_rank(job: Job, sync: pb.SyncGroup, name: str, resumes: str, now: float,
+def check_rank(job: Job, sync: SyncGroup, name: str, resumes: str, now: float,
                lease_timeout_s: float) -> None:
     """Raises Refusal if reader `name` (resuming reader `resumes`' checkpoint, or "") may not
     be rank `sync.rank` of the job's group: a live reader holds the rank, or the live ranks
@@ -128,7 +128,7 @@ def check_rank(job: Job, sync: pb.SyncGroup, name: str, resumes: str, now: float
          (RANK_LAPSE_TRAILER, f"{lapse:.3f}")))
 
 
-def join_rank(job: Job, sync: pb.SyncGroup, worker: str, name: str, resumes: str, now: float,
+def join_rank(job: Job, sync: SyncGroup, worker: str, name: str, resumes: str, now: float,
               lease_timeout_s: float) -> None:
     """Makes `worker` (named `name`) rank `sync.rank` of the job's group (admitted by
     `check_rank`), forming the group if it has none, or its old one is empty, broken or of
@@ -156,7 +156,7 @@ def revoked_why(job: Job, worker: str) -> str:
     return job.superseded.get(worker, "")
 
 
-def on_call(job: Job, worker: str, sync: pb.SyncGroup | None, now: float) -> str:
+def on_call(job: Job, worker: str, sync: SyncGroup | None, now: float) -> str:
     """A call of `worker` (a synchronous rank declaring `sync`, or None) reached the master:
     notes it, re-learns a rank a restarted master forgot, and returns why the caller must stop
     ("" if it may go on)."""
@@ -210,7 +210,7 @@ def hold_off(job: Job, now: float, until: float) -> None:
         job.members.hold_off(now, until)
 
 
-def holdings(job: Job, now: float, caller: str) -> list[pb.Holding]:
+def holdings(job: Job, now: float, caller: str) -> list[Holding]:
     """Who but `caller` holds the current epoch's partitions still out, until when (for a WAIT
     answer to `caller`, whose own leases wait for its trainer, not for others): the first
     MAX_HOLDERS by worker id, as of at most HOLDINGS_REFRESH_S ago in this epoch."""
@@ -220,9 +220,9 @@ def holdings(job: Job, now: float, caller: str) -> list[pb.Holding]:
         # One more than named, for when the caller is among them.
         first = heapq.nsmallest(MAX_HOLDERS + 1,
                                 (w for w, held in ledger.by_worker.items() if held))
-        holders = [pb.Holding(worker=worker, partitions=len(ledger.by_worker[worker]),
-                              lease_until=ledger.deadlines.get(worker, 0.0),
-                              quiet_s=max(0.0, now - job.workers.get(worker, now)))
+        holders = [Holding(worker=worker, partitions=len(ledger.by_worker[worker]),
+                           lease_until=ledger.deadlines.get(worker, 0.0),
+                           quiet_s=max(0.0, now - job.workers.get(worker, now)))
                    for worker in first]
         job.holdings_cache = (now, ledger.epoch, holders)
     return [h for h in holders if h.worker != caller][:MAX_HOLDERS]

@@ -9,8 +9,10 @@ may let a long-poll lease calls `Coordinator.on_change(job)`, and the shell wake
 
 One conversation (issue 36): after OpenJob a reader session speaks on its Session stream, and
 every message of it goes through one entry, `handle(job, worker, message, now) -> (answer,
-events)`: a heartbeat (`report`), or a request for tasks (`get_tasks`), whose answer may be an
-`Ask` the shell holds while it long-polls and hands back for the next attempt. Everything a
+events)`: a `Heartbeat`, or a `GetTasks`, whose answer may be an `Ask` the shell holds while it
+long-polls and hands back for the next attempt. The core takes and gives its own types
+(trainfeed.master.core.messages), never the wire's: the shell converts each message once
+(trainfeed.master.serve.convert). Everything a
 reader is told that it did not ask (give-backs, revocations, the end of an epoch, a broken group,
 being superseded) is a `Told` event (trainfeed.master.core.news), whichever entry decided it.
 
@@ -39,7 +41,21 @@ from trainfeed.master.core.jobs import (
     ResourceExhausted,
     new_worker_id,
 )
-from trainfeed.master.core.ledger import LeaseResult, LeaseStatus, Verdict
+from trainfeed.master.core.ledger import LeaseResult, LeaseStatus, Outcome, Verdict
+from trainfeed.master.core.messages import (
+    GetTasks,
+    Granted,
+    Heard,
+    Heartbeat,
+    HeldTask,
+    JobStatus,
+    Leave,
+    Opened,
+    OpenJob,
+    Report,
+    ResumePosition,
+    SessionMessage,
+)
 from trainfeed.master.core.news import Newsroom, Told
 from trainfeed.master.core.opening import TOKEN_KEY_BYTES
 from trainfeed.master.core.reader_stats import ReaderBoard
@@ -48,7 +64,6 @@ from trainfeed.master.core.saved_job import SavedJob
 from trainfeed.master.core.sessions import RateLimitedLog, clip
 from trainfeed.names import validate_job_name
 from trainfeed.planning.distribution import DistributionRules
-from trainfeed.v1 import master_pb2 as pb
 
 __all__ = ["MAX_REFUSED_LISTED", "RESTART_GRACE_LEASES", "TOKEN_KEY_BYTES", "Ask", "Coordinator",
            "Told"]
@@ -79,17 +94,17 @@ class Ask:
     wait ran out: that attempt answers, whatever it gets)."""
 
     seq: int
-    request: pb.GetTasksRequest
+    request: GetTasks
     epoch: int
     held: Held
-    revoked: list[pb.HeldTask]  # (its refused reports' leases among them)
-    refused: list[pb.HeldTask]
+    revoked: list[HeldTask]  # (its refused reports' leases among them)
+    refused: list[HeldTask]
     refused_count: int
     last: bool = False
 
 
 # What `handle` answers: the message's answer, an Ask to hold, or None (a message without seq).
-Answer = pb.WatchEvent | Ask | None
+Answer = Heard | Granted | Ask | None
 
 
 class Coordinator:
@@ -261,13 +276,13 @@ class Coordinator:
         job.ledger.renew(worker, now, self.config.lease_timeout_s)
 
     # -- OpenJob ------------------------------------------------------------------------------
-    def check_open(self, request: pb.OpenJobRequest, scope: str | None) -> DistributionRules:
+    def check_open(self, request: OpenJob, scope: str | None) -> DistributionRules:
         """What an OpenJob must get right before any job is touched or created."""
         _check_scope(request.job, scope)
         opening.check_version(request, ACCEPT_UNVERSIONED)
         return opening.check_names(request)
 
-    def create_job(self, request: pb.OpenJobRequest, manifest: Manifest,
+    def create_job(self, request: OpenJob, manifest: Manifest,
                    rules: DistributionRules, token_key: bytes) -> Job:
         """A new job of `manifest` (the shell snapshots it before answering)."""
         job = opening.new_job(request, manifest, rules, token_key, self.config)
@@ -278,52 +293,51 @@ class Coordinator:
                     len(job.partitions), str(job.rules))
         return job
 
-    def open_session(self, job: Job, request: pb.OpenJobRequest, now: float
-                     ) -> tuple[pb.OpenJobResponse, bool]:
+    def open_session(self, job: Job, request: OpenJob, now: float) -> tuple[Opened, bool]:
         """Admits a reader to `job` (refusals raise before anything changed, but for a new
         synchronous group, which takes effect first). Returns the answer and whether the
         ledger changed."""
         opening.check_joinable(job, request)
         self._admit(job, request, now)
         changed = False
-        if request.HasField("sync"):
+        if request.sync is not None:
             changed = opening.join_group(job, request.sync)
         elif job.ledger.group is not None:
             raise FailedPrecondition(
                 f"job {job.name!r} is synchronous (world size {job.ledger.group[0]}, batch size "
                 f"{job.ledger.group[1]}): read it with dist.reader(..., sync=True), or use "
                 f"another job name")
-        if request.HasField("resume"):
+        if request.resume is not None:
             self._check_resume(job, request.resume)
         self.check_room(job, now)
         worker = new_worker_id(job, request.worker_name)
         self.touch(job, worker, now)
         resumed: list[int] = []
         cut: list[int] = []
-        if request.HasField("sync"):
+        if request.sync is not None:
             admission.join_rank(job, request.sync, worker, request.worker_name or "a reader",
                                 opening.resumes(request), now, self.config.lease_timeout_s)
-        if request.HasField("resume"):
-            resumed, cut = self._resume(job, worker, request)
+        if request.resume is not None:
+            resumed, cut = self._resume(job, worker, request.resume, request.worker_name)
             changed = True
         return opening.answer(job, worker, self.config, len(resumed), len(cut)), changed
 
-    def _admit(self, job: Job, request: pb.OpenJobRequest, now: float) -> None:
+    def _admit(self, job: Job, request: OpenJob, now: float) -> None:
         """Before the reader has an id: FAILED_PRECONDITION for a reader whose delivery order
         differs from the job's, or a synchronous rank a live reader holds (see admission)."""
         timeout = self.config.lease_timeout_s
         name = request.worker_name or "a reader"
         try:
-            if request.HasField("order"):
+            if request.order is not None:
                 admission.check_order(job, request.order, name, now, timeout)
-            if request.HasField("sync"):
+            if request.sync is not None:
                 admission.check_rank(job, request.sync, name, opening.resumes(request), now,
                                      timeout)
         except Refusal as e:
             logger.warning("job %r: refused %s: %s", job.name, name, e.message[:500])
             raise FailedPrecondition(e.message, e.trailer) from None
 
-    def _check_resume(self, job: Job, resume: pb.ResumePosition) -> None:
+    def _check_resume(self, job: Job, resume: ResumePosition) -> None:
         """PERMISSION_DENIED, before anything changed, for a resume without the checkpointing
         session's resume credential; INVALID_ARGUMENT for a resume position naming a partition
         that does not exist or more records of one than it has."""
@@ -338,13 +352,14 @@ class Coordinator:
                 f"resume credentials cannot be resumed: start the reader without state)")
         opening.check_resume_range(job, resume)
 
-    def _resume(self, job: Job, worker: str, request: pb.OpenJobRequest
+    def _resume(self, job: Job, worker: str, resume: ResumePosition, name: str
                 ) -> tuple[list[int], list[int]]:
-        """Session `worker` takes over from the checkpointing session: its later work is undone
-        (opening.rewind), and it is told it was superseded, with the leases taken from it."""
-        old = request.resume.worker_id
-        admission.superseded(job, old, request.worker_name, worker)
-        back, cut, tokens = opening.rewind(job, worker, request.resume)
+        """Session `worker` (named `name`) takes over from the checkpointing session: its later
+        work is undone (opening.rewind), and it is told it was superseded, with the leases taken
+        from it."""
+        old = resume.worker_id
+        admission.superseded(job, old, name, worker)
+        back, cut, tokens = opening.rewind(job, worker, resume)
         self.news.revoked(job, [(p, tokens[p]) for p in back if p in tokens],
                           admission.revoked_why(job, old))
         job.workers.pop(old, None)  # the checkpointing reader is gone
@@ -353,13 +368,14 @@ class Coordinator:
         return back, cut
 
     # -- the Session stream -------------------------------------------------------------------
-    def open_stream(self, job: Job, request: pb.WatchRequest) -> tuple[str, str]:
+    def open_stream(self, job: Job, worker: str, secret: str, exchange: bool
+                    ) -> tuple[str, str]:
         """Checks a Session stream's `open` (PERMISSION_DENIED without the session's secret);
         unless it is an `exchange`, the session is told its events on it from now on. Returns
         the session's key."""
-        self.session(job, request.worker_id, request.session_secret)
-        key = (job.name, request.worker_id)
-        if not request.exchange:
+        self.session(job, worker, secret)
+        key = (job.name, worker)
+        if not exchange:
             self.news.watching.add(key)
         return key
 
@@ -367,7 +383,7 @@ class Coordinator:
         """The session's stream ended (not the reader leaving: its leases run on)."""
         self.news.watching.discard(key)
 
-    def handle(self, job: Job, worker: str, message: pb.SessionMessage | Ask, now: float
+    def handle(self, job: Job, worker: str, message: SessionMessage | Ask, now: float
                ) -> tuple[Answer, list[Told]]:
         """One message of session `worker`'s stream (its secret was checked when the stream
         opened), or an Ask handed back for its next attempt. Returns the answer (None for a
@@ -375,38 +391,34 @@ class Coordinator:
         it decided. The shell answers once the ledger's changes (its journal) are durable."""
         if isinstance(message, Ask):
             answer: Answer = self._attempt(job, worker, message, now)
-        elif message.HasField("get_tasks"):
-            answer = self._ask(job, worker, message.seq, message.get_tasks, now)
+        elif isinstance(message, GetTasks):
+            answer = self._ask(job, worker, message, now)
         else:
             answer = self._heartbeat(job, worker, message, now)
         return answer, self.news.take()
 
-    def _heartbeat(self, job: Job, worker: str, message: pb.SessionMessage, now: float
-                   ) -> pb.WatchEvent | None:
+    def _heartbeat(self, job: Job, worker: str, message: Heartbeat, now: float
+                   ) -> Heard | None:
         """A heartbeat: renews `worker`'s leases and takes its reports and stats. One without
         `seq` (nobody waits for its answer) carries PROGRESS reports only (INVALID_ARGUMENT for
         others: a DONE must be confirmed). Reports not from the holder with its token do not
         refuse the message: the others are applied, and the answer lists them in `refused`."""
-        request = message.report
         if not message.seq:
-            reports.check_unanswered(job, request.reports)
-        held = reports.check_held(job, request.held)
-        refused = self._take_reports(job, worker, request, now, listed=True)
+            reports.check_unanswered(job, message.reports)
+        held = reports.check_held(job, message.held)
+        refused = self._take_reports(job, worker, message, now, listed=True)
         self.touch(job, worker, now)
-        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
-                                 now)
+        stop = admission.on_call(job, worker, message.sync, now)
         if not message.seq:
             return None
-        why = admission.revoked_why(job, worker)
-        return pb.WatchEvent(
-            current_epoch=job.ledger.epoch, answers=message.seq,
-            revoked=reports.revoked(job, worker, held, request.reports),
+        return Heard(
+            seq=message.seq, epoch=job.ledger.epoch,
+            revoked=reports.revoked(job, worker, held, message.reports),
             give_back=answers.asked_back(job, worker, held), group_broken=stop,
-            revoked_why=why, superseded=why, refused_count=len(refused),
-            refused=reports.listed(refused))
+            why=admission.revoked_why(job, worker), refused=reports.listed(refused),
+            refused_count=len(refused))
 
-    def _ask(self, job: Job, worker: str, seq: int, request: pb.GetTasksRequest, now: float
-             ) -> pb.WatchEvent | Ask:
+    def _ask(self, job: Job, worker: str, request: GetTasks, now: float) -> Granted | Ask:
         """A `get_tasks`: checks, applies its reports (its refused ones are listed, and go in
         its grant's `revoked` too), reconciles, then makes its first lease attempt."""
         if not -1 <= request.epoch <= job.ledger.epoch + 1:
@@ -424,18 +436,17 @@ class Coordinator:
                 logger.warning("job %r: worker %s did not know of its lease(s) on %s (an answer "
                                "lost to a restart?); back to todo", job.name, worker, orphans)
         self.touch(job, worker, now)
-        stop = admission.on_call(job, worker, request.sync if request.HasField("sync") else None,
-                                 now)
+        stop = admission.on_call(job, worker, request.sync, now)
         why = admission.revoked_why(job, worker)
         if stop or why:  # a broken synchronous group, or a superseded reader: no more tasks
-            return pb.WatchEvent(current_epoch=job.ledger.epoch, answers=seq,
-                                 grant=answers.stopped(job, revoked, stop, why),
-                                 refused_count=len(refused), refused=reports.listed(refused))
+            return Granted(seq=request.seq, epoch=job.ledger.epoch,
+                           grant=answers.stopped(job, revoked, stop, why),
+                           refused=reports.listed(refused), refused_count=len(refused))
         epoch = request.epoch if request.epoch >= 0 else job.ledger.join_epoch()
-        ask = Ask(seq, request, epoch, held, revoked, reports.listed(refused), len(refused))
+        ask = Ask(request.seq, request, epoch, held, revoked, reports.listed(refused), len(refused))
         return self._attempt(job, worker, ask, now)
 
-    def _attempt(self, job: Job, worker: str, ask: Ask, now: float) -> pb.WatchEvent | Ask:
+    def _attempt(self, job: Job, worker: str, ask: Ask, now: float) -> Granted | Ask:
         """One lease attempt of `ask`: its answer, or `ask` again while it found nothing to
         lease yet and may wait (no `last`, a `wait_ms`, and no broken group). On WAIT (and no
         synchronous group) it asks other readers to give back what the reader would finish
@@ -444,10 +455,9 @@ class Coordinator:
         if (result.status is LeaseStatus.WAIT and not ask.last and ask.request.wait_ms
                 and not self._group_waits(job, worker, now)):
             return ask
-        return pb.WatchEvent(
-            current_epoch=job.ledger.epoch, answers=ask.seq, refused_count=ask.refused_count,
-            refused=ask.refused,
-            grant=answers.grant(job, worker, ask.held, ask.revoked, result, ask.epoch, now))
+        grant = answers.grant(job, worker, ask.held, ask.revoked, result, ask.epoch, now)
+        return Granted(seq=ask.seq, epoch=job.ledger.epoch, grant=grant, refused=ask.refused,
+                       refused_count=ask.refused_count)
 
     def _lease(self, job: Job, worker: str, ask: Ask, now: float) -> LeaseResult:
         if self._expire(job, now) and job.members is not None and job.members.message_for(
@@ -483,8 +493,8 @@ class Coordinator:
         return bool(job.members.message_for(worker))
 
     # -- reports and work stealing ------------------------------------------------------------
-    def _take_reports(self, job: Job, worker: str, request: pb.ReportRequest | pb.GetTasksRequest,
-                      now: float, listed: bool) -> list[pb.TaskReport]:
+    def _take_reports(self, job: Job, worker: str, request: SessionMessage, now: float,
+                      listed: bool) -> list[Report]:
         """Stats and reports of a message (and, `listed`, its held leases' started marks);
         returns the refused reports (counted and logged but for progress: unanswered progress
         may race a DONE of another message, and is no sign of a hostile caller). Long-polls are
@@ -510,7 +520,7 @@ class Coordinator:
                 (t.partition, t.started) for t in request.held if t.epoch == job.ledger.epoch)):
             self.on_change(job.name)  # an ask for a lease begun is void: the thief may ask again
         refused = reports.refused(request.reports, verdicts)
-        counted = [r for r in refused if r.outcome != pb.TaskReport.PROGRESS]
+        counted = [r for r in refused if r.outcome is not Outcome.PROGRESS]
         if counted:
             self.metrics[job.name].reports_refused += len(counted)
             first = counted[0]
@@ -540,8 +550,9 @@ class Coordinator:
                 self.news.give_back(job, victim, partition, ask.lease)
 
     # -- LeaveJob, GetJobStatus ---------------------------------------------------------------
-    def leave(self, job: Job, request: pb.LeaveJobRequest, now: float
-              ) -> tuple[pb.LeaveJobResponse, bool]:
+    def leave(self, job: Job, request: Leave, now: float) -> int:
+        """Session `request.worker_id` leaves (PERMISSION_DENIED without its secret): its
+        leases go back to todo. Returns how many (the ledger changed if any)."""
         self.session(job, request.worker_id, request.session_secret)
         released = job.ledger.release(request.worker_id)
         job.workers.pop(request.worker_id, None)
@@ -553,11 +564,11 @@ class Coordinator:
             logger.info("job %r: worker %s left, %d task(s) back to todo", job.name,
                         request.worker_id, len(released))
             self.on_change(job.name)
-        return pb.LeaveJobResponse(released_tasks=len(released)), bool(released)
+        return len(released)
 
-    def status(self, job: Job, now: float) -> pb.JobStatus:
+    def status(self, job: Job, now: float) -> JobStatus:
         metrics = self.metrics[job.name]
-        return pb.JobStatus(
+        return JobStatus(
             job=job.name, dataset=job.manifest.name, epoch=job.ledger.epoch,
             num_partitions=len(job.partitions),
             workers=liveness.readers_alive(job.workers, now, self.config.lease_timeout_s),

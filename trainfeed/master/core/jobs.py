@@ -15,13 +15,13 @@ from typing import Any
 from trainfeed.errors import ConfigurationError
 from trainfeed.formats.manifest import Manifest
 from trainfeed.master.core.ledger import DEFAULT_MAX_FAILURES, Ledger
+from trainfeed.master.core.messages import DeliveryOrder, Holding
 from trainfeed.master.core.sessions import DEFAULT_MAX_SESSIONS, SessionKeys
 from trainfeed.master.core.stealing import Stealing
 from trainfeed.master.core.sync_group import SyncMembers
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, Partition
 from trainfeed.storage import Storage
-from trainfeed.v1 import master_pb2 as pb
 
 JOB_STATE_VERSION = 1
 # A reader heartbeats every third of this; 30 s rides out a GC pause or a slow storage read while
@@ -154,11 +154,11 @@ class Job:
     # which reader set it), readers whose partitions went to a reader restored from their
     # checkpoint (worker id -> why).
     members: SyncMembers | None = None
-    order: pb.DeliveryOrder | None = None
+    order: DeliveryOrder | None = None
     order_by: str = ""
     superseded: dict[str, str] = field(default_factory=dict)
     # admission.holdings' last answer: (when, epoch, holders); recomputed at most twice a second.
-    holdings_cache: tuple[float, int, list[pb.Holding]] = (float("-inf"), -1, [])
+    holdings_cache: tuple[float, int, list[Holding]] = (float("-inf"), -1, [])
     # The last epoch announced complete to watching sessions (once per epoch).
     announced_complete: int = -1
 

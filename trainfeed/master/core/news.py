@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 from trainfeed.master.core import admission
 from trainfeed.master.core.jobs import Job
-from trainfeed.v1 import master_pb2 as pb
+from trainfeed.master.core.messages import (
+    EpochComplete,
+    Event,
+    GiveBack,
+    GroupBroken,
+    HeldTask,
+    Revoked,
+    Superseded,
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +34,7 @@ class Told:
 
     job: str
     worker: str
-    event: pb.WatchEvent
+    event: Event
 
 
 @dataclass
@@ -44,7 +52,7 @@ class Newsroom:
         told, self.pending = self.pending, []
         return told
 
-    def tell(self, job: Job, worker: str, event: pb.WatchEvent) -> None:
+    def tell(self, job: Job, worker: str, event: Event) -> None:
         if (job.name, worker) in self.watching:
             self.pending.append(Told(job.name, worker, event))
 
@@ -52,21 +60,19 @@ class Newsroom:
                 why: str) -> None:
         """Tells each watching former holder the leases just taken from it (partition, its
         last lease as (holder, token))."""
-        by_worker: dict[str, list[pb.HeldTask]] = {}
+        epoch = job.ledger.epoch
+        by_worker: dict[str, list[HeldTask]] = {}
         for p, lease in taken:
             if lease is not None and self.watches(job.name, lease[0]):
-                by_worker.setdefault(lease[0], []).append(
-                    pb.HeldTask(epoch=job.ledger.epoch, partition=p, lease=lease[1]))
+                by_worker.setdefault(lease[0], []).append(HeldTask(epoch, p, lease[1]))
         for worker, revoked in by_worker.items():
-            self.tell(job, worker, pb.WatchEvent(current_epoch=job.ledger.epoch,
-                                                 revoked=revoked, revoked_why=why))
+            self.tell(job, worker, Revoked(epoch, revoked, why))
 
     def superseded(self, job: Job, old: str) -> None:
         """Tells session `old` that a reader restored from its checkpoint took over."""
         why = admission.revoked_why(job, old)
         if why:
-            self.tell(job, old, pb.WatchEvent(current_epoch=job.ledger.epoch, superseded=why,
-                                              revoked_why=why))
+            self.tell(job, old, Superseded(job.ledger.epoch, why))
 
     def complete(self, job: Job) -> None:
         """Every watching session of `job`: its epoch is complete (once per epoch)."""
@@ -75,7 +81,7 @@ class Newsroom:
             return
         job.announced_complete = epoch
         for worker in self._workers(job):
-            self.tell(job, worker, pb.WatchEvent(current_epoch=epoch, epoch_complete=epoch))
+            self.tell(job, worker, EpochComplete(epoch))
 
     def group(self, job: Job) -> None:
         """Every watching rank of a group that just broke: why it must stop."""
@@ -84,12 +90,11 @@ class Newsroom:
         for worker in self._workers(job):
             why = job.members.message_for(worker)
             if why:
-                self.tell(job, worker, pb.WatchEvent(current_epoch=job.ledger.epoch,
-                                                     group_broken=why))
+                self.tell(job, worker, GroupBroken(job.ledger.epoch, why))
 
     def give_back(self, job: Job, worker: str, partition: int, lease: int) -> None:
-        self.tell(job, worker, pb.WatchEvent(current_epoch=job.ledger.epoch, give_back=[
-            pb.HeldTask(epoch=job.ledger.epoch, partition=partition, lease=lease)]))
+        epoch = job.ledger.epoch
+        self.tell(job, worker, GiveBack(epoch, [HeldTask(epoch, partition, lease)]))
 
     def _workers(self, job: Job) -> list[str]:
         return [w for j, w in self.watching if j == job.name]

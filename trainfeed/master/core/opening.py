@@ -22,6 +22,7 @@ from trainfeed.master.core.jobs import (
     max_delivered,
 )
 from trainfeed.master.core.ledger import Ledger
+from trainfeed.master.core.messages import Opened, OpenJob, ResumePosition, SyncGroup
 from trainfeed.master.core.reports import out_of_range
 from trainfeed.master.core.saved_job import SavedJob
 from trainfeed.master.core.sessions import SessionKeys, check_worker_name, clip
@@ -29,7 +30,6 @@ from trainfeed.names import validate_dataset_name, validate_job_name
 from trainfeed.planning.distribution import DistributionRules
 from trainfeed.planning.partitions import plan_partitions, restored_plan
 from trainfeed.protocol import PROTOCOL_VERSION
-from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 TOKEN_KEY_BYTES = 32
 
 
-def check_version(request: pb.OpenJobRequest, accept_unversioned: bool) -> None:
+def check_version(request: OpenJob, accept_unversioned: bool) -> None:
     """FAILED_PRECONDITION, naming both versions, for a reader of another protocol."""
     version = request.protocol_version
     if version == PROTOCOL_VERSION or (version == 0 and accept_unversioned):
@@ -49,7 +49,7 @@ def check_version(request: pb.OpenJobRequest, accept_unversioned: bool) -> None:
         f"(pip show trainfeed on both sides)")
 
 
-def check_names(request: pb.OpenJobRequest) -> DistributionRules:
+def check_names(request: OpenJob) -> DistributionRules:
     """INVALID_ARGUMENT for a worker, job or dataset name no reader may send, or distribution
     rules that do not parse; else the rules."""
     bad_name = (check_worker_name(request.worker_name)
@@ -65,7 +65,7 @@ def check_names(request: pb.OpenJobRequest) -> DistributionRules:
         raise InvalidArgument(str(e)) from None
 
 
-def new_job(request: pb.OpenJobRequest, manifest: Manifest, rules: DistributionRules,
+def new_job(request: OpenJob, manifest: Manifest, rules: DistributionRules,
             token_key: bytes, config: MasterConfig) -> Job:
     """A new job of `manifest`, planned into partitions."""
     if not request.distribution_rules and manifest.kind == PACKED_KIND:
@@ -114,7 +114,7 @@ def restore_job(name: str, saved: SavedJob, read_manifest: Callable[[str, int | 
                sessions=SessionKeys.from_state(state.get("session_key")))
 
 
-def check_joinable(job: Job, request: pb.OpenJobRequest) -> None:
+def check_joinable(job: Job, request: OpenJob) -> None:
     """FAILED_PRECONDITION for a reader of another dataset or version, or one the job's
     distribution rules do not admit."""
     if job.manifest.name != request.dataset:
@@ -127,7 +127,7 @@ def check_joinable(job: Job, request: pb.OpenJobRequest) -> None:
         raise FailedPrecondition(job.rules.refusal(job.name, res.name, res.hostname, res.gpus))
 
 
-def join_group(job: Job, sync: pb.SyncGroup) -> bool:
+def join_group(job: Job, sync: SyncGroup) -> bool:
     """Checks a synchronous rank's group against the job's; a new group (the first ranks of
     the job, or a group restarted with another world size) takes effect at once if the
     current epoch is untouched, else from the next epoch, refused while one is half done.
@@ -163,7 +163,7 @@ def join_group(job: Job, sync: pb.SyncGroup) -> bool:
     return True
 
 
-def check_resume_range(job: Job, resume: pb.ResumePosition) -> None:
+def check_resume_range(job: Job, resume: ResumePosition) -> None:
     """INVALID_ARGUMENT for a resume position naming a partition that does not exist or more
     records of one than it has."""
     for p in (*resume.done, *resume.positions):
@@ -176,7 +176,7 @@ def check_resume_range(job: Job, resume: pb.ResumePosition) -> None:
                 f"which has {job.partitions[p].num_records}")
 
 
-def rewind(job: Job, worker: str, resume: pb.ResumePosition
+def rewind(job: Job, worker: str, resume: ResumePosition
            ) -> tuple[list[int], list[int], dict[int, tuple[str, int] | None]]:
     """Rewinds what the checkpointing reader `resume.worker_id` did after its checkpoint, as
     far as the ledger can vouch for it (Ledger.vouched_resume): returns the partitions put
@@ -185,7 +185,7 @@ def rewind(job: Job, worker: str, resume: pb.ResumePosition
     old = resume.worker_id
     tokens = {p: job.ledger.leases.get(p) for p in job.ledger.held_by(old)}
     keep, positions, cut = job.ledger.vouched_resume(
-        resume.epoch, old, resume.done, {int(p): int(n) for p, n in resume.positions.items()})
+        resume.epoch, old, resume.done, dict(resume.positions))
     if cut:
         logger.warning("job %r: the checkpoint of %s claims more than its reports showed "
                        "consumed, or partitions it never held, in %d partition(s) (%s): "
@@ -204,13 +204,13 @@ def rewind(job: Job, worker: str, resume: pb.ResumePosition
 
 
 def answer(job: Job, worker: str, config: MasterConfig, resumed: int, cut: int
-           ) -> pb.OpenJobResponse:
+           ) -> Opened:
     """The OpenJob answer of session `worker`."""
     folder = dataset_storage(config.storage, job.manifest.name)
-    return pb.OpenJobResponse(
+    return Opened(
         worker_id=worker, job=job.name, dataset=job.manifest.name, dataset_url=folder.url,
         storage_options_json=folder.options_json(),
-        fields=[pb.Field(name=f.name, type=f.type) for f in job.manifest.fields],
+        fields=[(f.name, f.type) for f in job.manifest.fields],
         num_records=job.manifest.num_records, num_partitions=len(job.partitions),
         current_epoch=job.ledger.join_epoch(), lease_timeout_s=config.lease_timeout_s,
         num_bytes=job.manifest.num_bytes, resumed_partitions=resumed,
@@ -219,12 +219,12 @@ def answer(job: Job, worker: str, config: MasterConfig, resumed: int, cut: int
         protocol_version=PROTOCOL_VERSION, dataset_version=job.manifest.dataset_version)
 
 
-def resumes(request: pb.OpenJobRequest) -> str:
+def resumes(request: OpenJob) -> str:
     """The worker id a request resumes ("" for none)."""
-    return request.resume.worker_id if request.HasField("resume") else ""
+    return request.resume.worker_id if request.resume is not None else ""
 
 
-def _check_version(job: Job, request: pb.OpenJobRequest) -> None:
+def _check_version(job: Job, request: OpenJob) -> None:
     """FAILED_PRECONDITION for a reader of `job` asking for another version of its dataset, or
     resuming a state saved on another: a job reads the version it was created on until it ends
     (trainfeed.formats.manifest, "Versions"). Before anything changed."""
@@ -235,7 +235,7 @@ def _check_version(job: Job, request: pb.OpenJobRequest) -> None:
             f"not version {request.dataset_version}: a job reads the version it was created "
             f"on until it ends. Read {request.dataset}@{pinned}, or read version "
             f"{request.dataset_version} under another job name (TRAINFEED_JOB or job=...)")
-    saved = request.resume.dataset_version if request.HasField("resume") else 0
+    saved = request.resume.dataset_version if request.resume is not None else 0
     if saved and saved != pinned:
         raise FailedPrecondition(
             f"job {request.job!r} reads version {pinned} of dataset {request.dataset!r}; "

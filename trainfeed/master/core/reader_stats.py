@@ -1,7 +1,7 @@
 """The master's record of what each reader measured (issue 29): a pure board, time an argument.
 
-Readers send a `pb.ReaderStats` summary (what changed since their previous one: trainfeed.reader.
-meter) with the GetTasks and Report calls they make anyway; the servicer hands each one to
+Readers send a `ReaderStats` summary (what changed since their previous one: trainfeed.reader.
+meter) with the Session messages they send anyway; the coordinator hands each one to
 `ReaderBoard.record`. The board keeps, per job and reader:
 - running totals (wall time, the trainer's wait, records, bytes read, decode figures), and per
   job the totals of every reader ever heard (monotonic: Prometheus counters);
@@ -25,7 +25,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from trainfeed.v1 import master_pb2 as pb
+from trainfeed.master.core.messages import ReaderStats
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,11 @@ INPUT_BOUND_FLAG = 0.5
 # A reader at less than this share of its job's median rate (with 3 readers or more) is slow.
 SLOW_FLAG = 0.5
 MAX_REFUSALS = 20
-# The figures summed (the fields of pb.ReaderStats, in its order).
-FIELDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields)
-# The time fields (doubles); the others are counts (uint64).
-SECONDS = tuple(f.name for f in pb.ReaderStats.DESCRIPTOR.fields
-                if f.type == f.TYPE_DOUBLE)
+# The figures summed (the fields of ReaderStats, in the wire's order).
+FIELDS = ReaderStats._fields
+# The time fields (floats: their defaults are 0.0); the others are counts.
+SECONDS = tuple(name for name, zero in ReaderStats._field_defaults.items()
+                if isinstance(zero, float))
 # A summary covers the time since the reader's previous call (a third of the lease timeout at
 # most, a day at most: trainfeed.master.core.jobs.MAX_LEASE_TIMEOUT_S); read and decode times add up
 # the threads that did the work. 30 days is beyond any honest summary.
@@ -56,7 +56,7 @@ MAX_SECONDS = 30 * 86_400.0
 MAX_COUNT = 1 << 53
 
 
-def problem(stats: pb.ReaderStats) -> str | None:
+def problem(stats: ReaderStats) -> str | None:
     """None if every figure of `stats` is one a reader can have measured, else which is not
     (the first: its field, its value and the rule)."""
     for name in FIELDS:
@@ -93,7 +93,7 @@ class ReaderTrack:
     # bucket number (int(time / HISTORY_BUCKET_S)) -> [records, wait seconds, wall seconds]
     history: dict[int, list[float]] = field(default_factory=dict)
 
-    def add(self, now: float, stats: pb.ReaderStats) -> None:
+    def add(self, now: float, stats: ReaderStats) -> None:
         entry = (now, stats.wall_s, stats.input_wait_s, float(stats.records),
                  float(stats.bytes_read))
         self.recent.append(entry)
@@ -148,7 +148,7 @@ class ReaderBoard:
         self._refusals: dict[str, deque[Refusal]] = {}
         self.dropped = 0  # summaries with a figure no reader can have measured
 
-    def record(self, job: str, worker: str, stats: pb.ReaderStats, now: float) -> None:
+    def record(self, job: str, worker: str, stats: ReaderStats, now: float) -> None:
         """Adds one summary of `worker` (an empty or timeless one, from a reader that sends
         none or whose trainer has not asked for data yet, is ignored; one with a figure no
         reader can have measured is dropped whole and counted in `dropped`)."""
@@ -167,7 +167,7 @@ class ReaderBoard:
             track = readers[worker] = ReaderTrack(worker, now, now)
             self._forget(job, now)
         track.last_seen = now
-        values = tuple(getattr(stats, name) for name in FIELDS)
+        values = tuple(stats)  # (in FIELDS' order)
         _add(track.totals, values)
         _add(self._totals.setdefault(job, _zero()), values)
         track.add(now, stats)
@@ -188,7 +188,7 @@ class ReaderBoard:
         return list(reversed(self._refusals.get(job, ())))
 
     def totals(self, job: str) -> dict[str, float]:
-        """The sums of every summary the job's readers sent (pb.ReaderStats' field names)."""
+        """The sums of every summary the job's readers sent (ReaderStats' field names)."""
         return dict(self._totals.get(job, _zero()))
 
     def _forget(self, job: str, now: float) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from trainfeed.master.core.jobs import InvalidArgument, Job, JobMetrics, max_delivered
 from trainfeed.master.core.ledger import Outcome, Verdict
+from trainfeed.master.core.messages import HeldTask, Report
 from trainfeed.master.core.sessions import clip
-from trainfeed.v1 import master_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_REFUSED_LISTED = 512
 # A FAILED report's reason is kept in the ledger (and its state) and shown by status: this much.
 MAX_REASON_CHARS = 2000
-OUTCOMES = {pb.TaskReport.DONE: Outcome.DONE, pb.TaskReport.FAILED: Outcome.FAILED,
-            pb.TaskReport.PROGRESS: Outcome.PROGRESS, pb.TaskReport.RELEASED: Outcome.RELEASED}
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ def out_of_range(job: Job, what: str) -> str:
             f"reports name an epoch from 0 to the current one, {job.ledger.epoch}")
 
 
-def check_held(job: Job, held: Any) -> Held:
+def check_held(job: Job, held: Iterable[HeldTask]) -> Held:
     """The (epoch, partition, lease) triples a message says it holds; INVALID_ARGUMENT for a
     partition that cannot exist."""
     triples = [(t.epoch, t.partition, t.lease) for t in held]
@@ -53,13 +51,13 @@ def check_held(job: Job, held: Any) -> Held:
     return Held(triples)
 
 
-def verdicts(job: Job, worker: str, reports: Any) -> list[Verdict]:
+def verdicts(job: Job, worker: str, reports: Sequence[Report]) -> list[Verdict]:
     """Each report's verdict (REFUSE: not from the holder with its token). Raises, before
     anything changed, INVALID_ARGUMENT if a report names what cannot exist."""
     found: list[Verdict] = []
     for r in reports:
-        outcome = OUTCOMES.get(r.outcome)
-        if outcome is None:
+        outcome = r.outcome
+        if not isinstance(outcome, Outcome):
             raise InvalidArgument(f"report on partition {r.partition}: outcome {r.outcome} "
                                   f"is not DONE, FAILED, PROGRESS or RELEASED")
         verdict = job.ledger.check_report(worker, r.epoch, r.partition, r.lease, outcome,
@@ -76,26 +74,24 @@ def verdicts(job: Job, worker: str, reports: Any) -> list[Verdict]:
     return found
 
 
-def check_unanswered(job: Job, reports: Any) -> None:
+def check_unanswered(job: Job, reports: Sequence[Report]) -> None:
     """INVALID_ARGUMENT unless every report of a message nobody waits for (no `seq`) is
     PROGRESS: a DONE must be confirmed."""
     for r in reports:
-        if r.outcome != pb.TaskReport.PROGRESS:
-            # (an outcome no enum value names was a ValueError, which ended the stream)
-            outcome = (pb.TaskReport.Outcome.Name(r.outcome)
-                       if r.outcome in pb.TaskReport.Outcome.values()
-                       else f"outcome {r.outcome}")
+        if r.outcome is not Outcome.PROGRESS:
+            outcome = (r.outcome.name if isinstance(r.outcome, Outcome)
+                       else "OUTCOME_UNSPECIFIED" if r.outcome == 0 else f"outcome {r.outcome}")
             raise InvalidArgument(
                 f"job {job.name!r}: a Session message without seq carries only PROGRESS "
                 f"reports; the {outcome} report on partition {r.partition} needs an answer "
                 f"(give the message a seq)")
 
 
-def apply(job: Job, worker: str, report: Any, now: float, metrics: JobMetrics) -> bool:
+def apply(job: Job, worker: str, report: Report, now: float, metrics: JobMetrics) -> bool:
     """Applies one report checked APPLY; returns whether the ledger changed."""
     ledger = job.ledger
     current = report.epoch == ledger.epoch
-    if report.outcome == pb.TaskReport.DONE:
+    if report.outcome is Outcome.DONE:
         left = ledger.remaining(report.partition) if current else 0
         if not ledger.report_done(report.epoch, report.partition, worker):
             return False
@@ -104,13 +100,13 @@ def apply(job: Job, worker: str, report: Any, now: float, metrics: JobMetrics) -
         metrics.records_served += served.num_records
         metrics.bytes_served += served.num_bytes
         return True
-    if report.outcome == pb.TaskReport.PROGRESS:
+    if report.outcome is Outcome.PROGRESS:
         had = ledger.progress.get(report.partition, 0) if current else report.consumed
         if not ledger.report_progress(report.epoch, report.partition, report.consumed, worker):
             return False
         job.stealing.rates.add(worker, report.consumed - had, now)
         return True
-    if report.outcome == pb.TaskReport.RELEASED:
+    if report.outcome is Outcome.RELEASED:
         if not ledger.report_released(report.epoch, report.partition, report.consumed, worker):
             return False
         job.stealing.released(worker, report.partition, now)
@@ -125,26 +121,24 @@ def apply(job: Job, worker: str, report: Any, now: float, metrics: JobMetrics) -
     return True
 
 
-def frees(report: Any) -> bool:
+def frees(report: Report) -> bool:
     """Whether an applied report may put a partition back in todo (FAILED, RELEASED)."""
-    return report.outcome not in (pb.TaskReport.PROGRESS, pb.TaskReport.DONE)
+    return report.outcome is not Outcome.PROGRESS and report.outcome is not Outcome.DONE
 
 
-def revoked(job: Job, worker: str, held: Held, reports: Any) -> list[pb.HeldTask]:
+def revoked(job: Job, worker: str, held: Held, reports: Iterable[Report]) -> list[HeldTask]:
     """Of `held`, the leases no longer `worker`'s, but for those the message reported: the
     first MAX_REFUSED_LISTED (the reader learns the rest with its next message)."""
-    reported = {(r.epoch, r.partition) for r in reports if r.outcome != pb.TaskReport.PROGRESS}
+    reported = {(r.epoch, r.partition) for r in reports if r.outcome is not Outcome.PROGRESS}
     gone = (t for t in job.ledger.revoked(worker, held.triples) if t[:2] not in reported)
-    return [pb.HeldTask(epoch=e, partition=p, lease=t)
-            for e, p, t in itertools.islice(gone, MAX_REFUSED_LISTED)]
+    return [HeldTask(e, p, t) for e, p, t in itertools.islice(gone, MAX_REFUSED_LISTED)]
 
 
-def refused(reports: Any, found: list[Verdict]) -> list[Any]:
+def refused(reports: Sequence[Report], found: list[Verdict]) -> list[Report]:
     """The reports whose verdict is REFUSE."""
     return [r for r, v in zip(reports, found) if v is Verdict.REFUSE]
 
 
-def listed(reports: list[Any]) -> list[pb.HeldTask]:
+def listed(reports: list[Report]) -> list[HeldTask]:
     """The leases of `reports`, the first MAX_REFUSED_LISTED (an answer's `refused`)."""
-    return [pb.HeldTask(epoch=r.epoch, partition=r.partition, lease=r.lease)
-            for r in reports[:MAX_REFUSED_LISTED]]
+    return [HeldTask(r.epoch, r.partition, r.lease) for r in reports[:MAX_REFUSED_LISTED]]

@@ -65,7 +65,7 @@ from trainfeed.master.core.jobs import (
     ResourceExhausted,
 )
 from trainfeed.master.core.reader_stats import ReaderBoard
-from trainfeed.master.serve import auth
+from trainfeed.master.serve import auth, convert
 from trainfeed.master.serve.decoder_autoscaler import DecoderAutoscaler
 from trainfeed.master.serve.journal import JournalWriter
 from trainfeed.master.serve.streams import (
@@ -279,21 +279,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @_answers
     async def OpenJob(self, request: pb.OpenJobRequest,
                       context: grpc.aio.ServicerContext) -> pb.OpenJobResponse:
-        rules = self.core.check_open(request, self.scope(context))
-        job = self.core.jobs.get(request.job)
+        asked = convert.open_job(request)
+        rules = self.core.check_open(asked, self.scope(context))
+        job = self.core.jobs.get(asked.job)
         if job is None:
-            manifest = await self._read_manifest(request.job, request.dataset,
-                                                 request.dataset_version or None)
-            job = self.core.jobs.get(request.job)  # another OpenJob may have won while we read
+            manifest = await self._read_manifest(asked.job, asked.dataset,
+                                                 asked.dataset_version or None)
+            job = self.core.jobs.get(asked.job)  # another OpenJob may have won while we read
             if job is None:
-                job = self.core.create_job(request, manifest, rules,
+                job = self.core.create_job(asked, manifest, rules,
                                            secrets.token_bytes(TOKEN_KEY_BYTES))
                 await self.durable(job, snapshot=True)
-        response, changed = self.core.open_session(job, request, time.time())
+        opened, changed = self.core.open_session(job, asked, time.time())
         self.streams.deliver(self.core.news.take())
         if changed:
             await self.durable(job)
-        return response
+        return convert.opened(opened)
 
     async def _read_manifest(self, job: str, dataset: str, version: int | None) -> Manifest:
         """The manifest of `dataset` (its `version`, None: the current one), read on a thread;
@@ -311,15 +312,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def LeaveJob(self, request: pb.LeaveJobRequest,
                        context: grpc.aio.ServicerContext) -> pb.LeaveJobResponse:
         job = self.core.job(request.job, self.scope(context))
-        response, changed = self.core.leave(job, request, time.time())
-        if changed:
+        released = self.core.leave(job, convert.leave(request), time.time())
+        if released:
             await self.durable(job)
-        return response
+        return pb.LeaveJobResponse(released_tasks=released)
 
     @_answers
     async def GetJobStatus(self, request: pb.GetJobStatusRequest,
                            context: grpc.aio.ServicerContext) -> pb.JobStatus:
-        return self.core.status(self.core.job(request.job, self.scope(context)), time.time())
+        job = self.core.job(request.job, self.scope(context))
+        return convert.job_status(self.core.status(job, time.time()))
 
     async def Session(self, requests: AsyncIterator[pb.SessionMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEvent]:

@@ -2,9 +2,11 @@
 
 A stream's first message names its session (`open`, checked by the coordinator); then each
 message goes to `Coordinator.handle`, on the event loop, and its answer is sent once the ledger's
-changes are durable. A `get_tasks` runs in a task of its own, so that its long-poll (the wait,
-which stays here, in the shell) holds up none of the later messages. The events the coordinator
-decides (`Told`) go to their session's stream, whichever call decided them.
+changes are durable. Each message is converted into the core's types once, as it is read, and
+each answer and event into a WatchEvent once, as it is queued (trainfeed.master.serve.convert).
+A `get_tasks` runs in a task of its own, so that its long-poll (the wait, which stays here, in
+the shell) holds up none of the later messages. The events the coordinator decides (`Told`) go
+to their session's stream, whichever call decided them.
 
 Bounds, each against a client that floods or stalls: MAX_GRANTS_IN_FLIGHT long-polls per stream,
 MAX_UNSENT_ANSWERS answers not yet sent (then the stream's messages are not read: HTTP/2 flow
@@ -29,7 +31,9 @@ import grpc
 from trainfeed.master.core.coordinator import Ask, Coordinator, Told
 from trainfeed.master.core.decoders import DecoderRegistry
 from trainfeed.master.core.jobs import CallError, Job
+from trainfeed.master.core.messages import GetTasks
 from trainfeed.master.core.sessions import clip
+from trainfeed.master.serve import convert
 from trainfeed.master.serve.decoder_streams import DecoderStreams
 from trainfeed.v1 import master_pb2 as pb
 
@@ -114,7 +118,7 @@ class Streams:
         for t in told:
             outbox = self._open.get((t.job, t.worker))
             if outbox is not None:
-                outbox.tell(t.event)
+                outbox.tell(convert.event(t.event))
 
     def broadcast(self, event: pb.WatchEvent) -> None:
         """Sends `event` to every reader stream (the decoders' list: one shared message)."""
@@ -135,7 +139,8 @@ class Streams:
             return
         try:
             job = self.core.job(opening.open.job, self.shell.scope(context))
-            key = self.core.open_stream(job, opening.open)
+            key = self.core.open_stream(job, opening.open.worker_id,
+                                        opening.open.session_secret, opening.open.exchange)
         except CallError as e:
             self._refuse(context, e)
             return
@@ -203,10 +208,11 @@ class Streams:
         try:
             while True:
                 await outbox.room.acquire()  # (released once this message's answer is sent)
-                message = await anext(messages, None)
-                if message is None:
+                received = await anext(messages, None)
+                if received is None:
                     return
-                if message.HasField("get_tasks"):
+                message = convert.message(received)
+                if isinstance(message, GetTasks):
                     self._start_grant(job, worker, message, outbox, granting)
                     continue
                 answer, told = self.core.handle(job, worker, message, time.time())
@@ -216,16 +222,16 @@ class Streams:
                         self.shell.submit_soon(job)  # nobody waits for it: durable soon
                     else:
                         await self.shell.durable(job)
-                if isinstance(answer, pb.WatchEvent):
-                    outbox.put(answer)
-                else:
+                if answer is None or isinstance(answer, Ask):  # (an Ask: only of a get_tasks)
                     outbox.room.release()
+                else:
+                    outbox.put(convert.answer(answer))
         finally:
             for task in granting:
                 task.cancel()
             outbox.wake.set()
 
-    def _start_grant(self, job: Job, worker: str, message: pb.SessionMessage, outbox: _Outbox,
+    def _start_grant(self, job: Job, worker: str, message: GetTasks, outbox: _Outbox,
                      granting: set[asyncio.Task[None]]) -> None:
         if len(granting) >= MAX_GRANTS_IN_FLIGHT:
             outbox.put(pb.WatchEvent(
@@ -238,15 +244,14 @@ class Streams:
         granting.add(task)
         task.add_done_callback(granting.discard)
 
-    async def _grant(self, job: Job, worker: str, message: pb.SessionMessage,
-                     outbox: _Outbox) -> None:
+    async def _grant(self, job: Job, worker: str, message: GetTasks, outbox: _Outbox) -> None:
         """Answers a `get_tasks` once durable, long-polling (up to its `wait_ms`, at most
         MAX_WAIT_MS) while the coordinator hands back an Ask; refused, with `grant_refused`
         (its status code's name, then why)."""
         started = time.perf_counter()
         try:
             event = await self._long_poll(job, worker, message)
-            if not message.get_tasks.wait_ms:
+            if not message.wait_ms:
                 self.on_grant(time.perf_counter() - started)
         except self.refusals as e:
             self.shell.flush()  # (what it changed is made durable, not waited for)
@@ -255,18 +260,17 @@ class Streams:
                                   grant_refused=f"{self.status_code(e).name}: {why}")
         outbox.put(event)
 
-    async def _long_poll(self, job: Job, worker: str, message: pb.SessionMessage
-                         ) -> pb.WatchEvent:
+    async def _long_poll(self, job: Job, worker: str, message: GetTasks) -> pb.WatchEvent:
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + min(message.get_tasks.wait_ms, MAX_WAIT_MS) / 1000
+        give_up = loop.time() + min(message.wait_ms, MAX_WAIT_MS) / 1000
         answer, told = self.core.handle(job, worker, message, time.time())
         while True:
             self.deliver(told)
             if job.ledger.journal:
                 await self.shell.durable(job)
             if not isinstance(answer, Ask):
-                assert answer is not None  # (a get_tasks always has a seq)
-                return answer
+                assert answer is not None  # (a get_tasks is always answered)
+                return convert.answer(answer)
             await self.shell.wait_changed(job.name, give_up - loop.time())
             answer.last = loop.time() >= give_up
             answer, told = self.core.handle(job, worker, answer, time.time())

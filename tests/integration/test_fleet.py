@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,39 +27,47 @@ MAX_MESSAGES_PER_READER_S = 0.9
 SESSION_CALLS = {"OpenJob", "LeaveJob"}
 
 
-@pytest.mark.timeout(240)
-def test_200_simulated_readers_read_every_record_once_with_grants_on_their_streams(
-        tmp_path: Path) -> None:
+def fleet(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """Runs benchmarks/fleet.py with `args` (and a storage under `tmp_path`): its JSON summary,
+    once it exited cleanly and reported no reader error."""
     out = tmp_path / "fleet.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/fleet.py"), "--readers", "200",
-         "--processes", "2", "--partitions", "800", "--records", "20", "--rate", "10",
-         "--lease-timeout-s", "6", "--dying-share", "0.02", "--storage",
+        [sys.executable, str(ROOT / "benchmarks/fleet.py"), *args, "--storage",
          str(tmp_path / "storage"), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=220,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(out.read_text())
+    summary: dict[str, Any] = json.loads(out.read_text())
     assert not summary["errors"], summary["errors"]
+    summary["stdout"] = result.stdout
+    return summary
+
+
+@pytest.mark.timeout(240)
+def test_200_simulated_readers_read_every_record_once_with_grants_on_their_streams(
+        tmp_path: Path) -> None:
+    summary = fleet(tmp_path, "--readers", "200", "--processes", "2", "--partitions", "800",
+                    "--records", "20", "--rate", "10", "--lease-timeout-s", "6",
+                    "--dying-share", "0.02")
     assert summary["kinds"]["dying"] >= 1 and summary["kinds"]["slow"] >= 1
     [epoch] = summary["epochs"].values()
     assert epoch == {"expected": 800 * 20, "missing": 0, "duplicated": 0, "uncertain": 0}, \
-        result.stdout
-    assert summary["messages_per_reader_s"] <= MAX_MESSAGES_PER_READER_S, result.stdout
+        summary["stdout"]
+    assert summary["messages_per_reader_s"] <= MAX_MESSAGES_PER_READER_S, summary["stdout"]
     # One conversation: one Session stream per reader for the whole run, never reopened in a
     # healthy run, and no unary call but the session's own.
     assert summary["streams"] == {"opened": 200, "reopened": 0, "broken_on_purpose": 0,
-                                  "heartbeats_unanswered": 0}, result.stdout
-    assert set(summary["calls_per_s"]) <= SESSION_CALLS, result.stdout
-    assert summary["calls_per_reader_s"] == 0, result.stdout
+                                  "heartbeats_unanswered": 0}, summary["stdout"]
+    assert set(summary["calls_per_s"]) <= SESSION_CALLS, summary["stdout"]
+    assert summary["calls_per_reader_s"] == 0, summary["stdout"]
     # Every partition was granted on a stream (at most `depth`, 2, per grant), each answered.
     grants = summary["grants"]
-    assert grants["on_stream"] >= 800 // 2 and grants["unanswered"] == 0, result.stdout
-    assert summary["stream_answers"] >= 100, result.stdout  # (reports and heartbeats)
+    assert grants["on_stream"] >= 800 // 2 and grants["unanswered"] == 0, summary["stdout"]
+    assert summary["stream_answers"] >= 100, summary["stdout"]  # (reports and heartbeats)
     # What the streams carried: at least the opening events, and give-backs that were handed
     # back (a dying reader's and the slow readers' leases at the tail).
-    assert summary["watch_events"] >= 200, result.stdout
-    print(result.stdout)
+    assert summary["watch_events"] >= 200, summary["stdout"]
+    print(summary["stdout"])
 
 
 @pytest.mark.timeout(240)
@@ -68,24 +77,16 @@ def test_32_simulated_ranks_of_a_synchronous_group_read_equal_shares_exactly_onc
     the rest of its last partition with a RELEASED): every rank reads the same 624 records,
     every record of the group's epochs once. (fleet.py's ranks sent a DONE for such a cut
     partition, which the master refuses: 404 records were missing per epoch, ranks unequal.)"""
-    out = tmp_path / "sync.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/fleet.py"), "--readers", "32", "--processes",
-         "2", "--sync", "--batch", "4", "--partitions", "200", "--records", "100", "--rate",
-         "200", "--epochs", "2", "--storage", str(tmp_path / "storage"), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=220,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(out.read_text())
-    assert not summary["errors"], summary["errors"]
+    summary = fleet(tmp_path, "--readers", "32", "--processes", "2", "--sync", "--batch", "4",
+                    "--partitions", "200", "--records", "100", "--rate", "200", "--epochs", "2")
     quota = 200 * 100 // (32 * 4) * 4  # 624
     for epoch in summary["epochs"].values():
         assert epoch == {"expected": 32 * quota, "missing": 0, "duplicated": 0,
-                         "uncertain": 0}, result.stdout
+                         "uncertain": 0}, summary["stdout"]
     assert [s["records_per_rank"] for s in summary["sync"].values()] == [[quota]] * 2, \
-        result.stdout
+        summary["stdout"]
     # (a rank's cut goes back as a message of its stream, not on a stream of its own)
-    assert summary["streams"]["opened"] == 32, result.stdout
+    assert summary["streams"]["opened"] == 32, summary["stdout"]
 
 
 @pytest.mark.timeout(240)
@@ -94,24 +95,16 @@ def test_simulated_readers_whose_streams_break_reopen_them_and_read_every_record
     """60 readers (dying ones among them) each cancel their Session stream every ~2 s: their
     Transport reopens it (its backoff) and sends again what went unanswered, with no other
     dialect to fall back to; the epoch is still delivered exactly once."""
-    out = tmp_path / "breaks.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/fleet.py"), "--readers", "60", "--processes",
-         "2", "--partitions", "240", "--records", "20", "--rate", "10", "--lease-timeout-s",
-         "6", "--dying-share", "0.05", "--break-every-s", "2", "--storage",
-         str(tmp_path / "storage"), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=220,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(out.read_text())
-    assert not summary["errors"], summary["errors"]
+    summary = fleet(tmp_path, "--readers", "60", "--processes", "2", "--partitions", "240",
+                    "--records", "20", "--rate", "10", "--lease-timeout-s", "6",
+                    "--dying-share", "0.05", "--break-every-s", "2")
     assert summary["kinds"].get("dying", 0) >= 1, summary["kinds"]
     [epoch] = summary["epochs"].values()
     assert epoch == {"expected": 240 * 20, "missing": 0, "duplicated": 0, "uncertain": 0}, \
-        result.stdout
+        summary["stdout"]
     streams = summary["streams"]
     # Every stream cut was reopened (a reader cut after its last message, or dying, may end
     # before it reopens), and nothing went by another path than the streams.
-    assert streams["broken_on_purpose"] >= 60, result.stdout
-    assert streams["reopened"] >= streams["broken_on_purpose"] - 60, result.stdout
-    assert set(summary["calls_per_s"]) <= SESSION_CALLS, result.stdout
+    assert streams["broken_on_purpose"] >= 60, summary["stdout"]
+    assert streams["reopened"] >= streams["broken_on_purpose"] - 60, summary["stdout"]
+    assert set(summary["calls_per_s"]) <= SESSION_CALLS, summary["stdout"]

@@ -38,8 +38,10 @@ from trainfeed.v1 import master_pb2 as pb
 
 # Fields the shell reads itself and the core never sees: a stream's `open` (its session), and
 # WatchEvent's stream-level ones (the shell's greeting `grants`, a refused grant's
-# `grant_refused`: neither is the core's answer).
-SHELL_ONLY = {"SessionMessage.open", "WatchEvent.grants", "WatchEvent.grant_refused"}
+# `grant_refused`: neither is the core's answer); and the decode workers' (issue 37: their beats
+# and the list the readers are told are the shell's, trainfeed.master.serve.decoder_streams).
+SHELL_ONLY = {"SessionMessage.open", "WatchEvent.grants", "WatchEvent.grant_refused",
+              "SessionMessage.decoder", "WatchEvent.decoders", "WatchEvent.decoders_listed"}
 # Fields only a reader sends: whether it began a lease it lists (a lease the master names back
 # to it, revoked or asked back, says no more than which one).
 INBOUND_ONLY = {"HeldTask.started"}
@@ -184,7 +186,7 @@ def test_every_field_of_a_watch_event_is_some_answers_or_events() -> None:
                                          Superseded(2, "why"), EpochComplete(2),
                                          GroupBroken(2, "broken")))]
     everywhere = set.intersection(*(set(unset(w)) for w in told))
-    assert everywhere == SHELL_ONLY - {"SessionMessage.open"}
+    assert everywhere == SHELL_ONLY - {"SessionMessage.open", "SessionMessage.decoder"}
     heard = told[1]
     assert (heard.revoked_why, heard.superseded, heard.group_broken) == ("why", "why", "broken")
 

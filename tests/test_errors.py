@@ -18,6 +18,15 @@ from trainfeed import errors
 # Exceptions that never leave trainfeed, each with why it stays where it is. A class defined in a
 # private module or with a private name (leading `_`) is skipped without being listed.
 INTERNAL = {
+    "trainfeed.decode.remote.shared_pixels.SharedPixelsUnavailable":
+        "a decoder that cannot open the trainer's memfd answers `no-shared-pixels` "
+        "(trainfeed.decoder.service); the trainer asks it again over the network, never raises it",
+    "trainfeed.master.core.decoders.DecoderRefused":
+        "a decoder registration the master refuses; the decoders' stream ends with its text as "
+        "INVALID_ARGUMENT (trainfeed.master.serve.decoder_streams); callers see the status",
+    "trainfeed.master.core.decoders.DecodersFull":
+        "the decoders' list is full; the stream ends with RESOURCE_EXHAUSTED "
+        "(trainfeed.master.serve.decoder_streams); callers see the status",
     "trainfeed.master.core.admission.Refusal":
         "the master's admission control turns it into a gRPC status; callers never see it",
     "trainfeed.master.core.jobs.CallError":

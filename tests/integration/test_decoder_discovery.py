@@ -143,25 +143,26 @@ def ended_with(client: MasterClient, messages: Iterator[pb.SessionMessage]
 
 
 @pytest.fixture
-def master(storage: str) -> Iterator[MasterProcess]:
+def token_master(storage: str) -> Iterator[MasterProcess]:
+    """A master requiring TOKEN (test_close_at_tail's `master` is an insecure one)."""
     with MasterProcess(storage, token=TOKEN) as master:
         yield master
 
 
-def test_a_job_token_cannot_register_a_decoder(master: MasterProcess) -> None:
-    with MasterClient(master.address, token=job_token(TOKEN, "flowers-job")) as client:
+def test_a_job_token_cannot_register_a_decoder(token_master: MasterProcess) -> None:
+    with MasterClient(token_master.address, token=job_token(TOKEN, "flowers-job")) as client:
         events, code, details = ended_with(client, beats(decoder_beat()))
     assert code == grpc.StatusCode.PERMISSION_DENIED, details
     assert "job token" in details and not events
-    with MasterClient(master.address, token="not-the-token-at-all-0123456789") as client:
+    with MasterClient(token_master.address, token="not-the-token-at-all-0123456789") as client:
         events, code, _ = ended_with(client, beats(decoder_beat()))
     assert code == grpc.StatusCode.UNAUTHENTICATED and not events
 
 
 @pytest.mark.parametrize("address", ["no-port", "h:99999", "a b:1", "x" * 300 + ":1"])
-def test_an_address_a_trainer_could_not_dial_is_refused(master: MasterProcess,
+def test_an_address_a_trainer_could_not_dial_is_refused(token_master: MasterProcess,
                                                         address: str) -> None:
-    with MasterClient(master.address, token=TOKEN) as client:
+    with MasterClient(token_master.address, token=TOKEN) as client:
         events, code, details = ended_with(client, beats(decoder_beat(address)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     assert not events
@@ -169,9 +170,9 @@ def test_an_address_a_trainer_could_not_dial_is_refused(master: MasterProcess,
 
 
 def test_a_registered_decoder_is_listed_and_a_second_stream_cannot_take_its_address(
-        master: MasterProcess) -> None:
+        token_master: MasterProcess) -> None:
     held = threading.Event()
-    with MasterClient(master.address, token=TOKEN) as client:
+    with MasterClient(token_master.address, token=TOKEN) as client:
         first = client.decoder_stream(beats(decoder_beat(), then_wait=held))
         try:
             event = next(iter(first))
@@ -184,37 +185,37 @@ def test_a_registered_decoder_is_listed_and_a_second_stream_cannot_take_its_addr
             first.cancel()
 
 
-def test_a_decoder_stream_carries_only_beats(master: MasterProcess) -> None:
-    with MasterClient(master.address, token=TOKEN) as client:
+def test_a_decoder_stream_carries_only_beats(token_master: MasterProcess) -> None:
+    with MasterClient(token_master.address, token=TOKEN) as client:
         events, code, details = ended_with(client, beats(
             decoder_beat(), pb.SessionMessage(seq=1, report=pb.ReportRequest())))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "only" in details
     assert len(events) == 1 and events[0].decoders_listed
 
 
-def test_a_silent_decoder_is_dropped_after_the_timeout(master: MasterProcess) -> None:
+def test_a_silent_decoder_is_dropped_after_the_timeout(token_master: MasterProcess) -> None:
     """One beat, then silence: the master ends the stream (DEADLINE_EXCEEDED) after TIMEOUT_S
     and lists no decoder to a reader stream opened after."""
     held = threading.Event()
     started = time.monotonic()
     try:
-        with MasterClient(master.address, token=TOKEN) as client:
+        with MasterClient(token_master.address, token=TOKEN) as client:
             events, code, details = ended_with(client, beats(decoder_beat(), then_wait=held))
     finally:
         held.set()
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
     assert time.monotonic() - started >= TIMEOUT_S
     assert [d.address for d in events[0].decoders] == ["127.0.0.1:50999"]
-    with MasterClient(master.address, token=TOKEN) as client:
+    with MasterClient(token_master.address, token=TOKEN) as client:
         events, code, _ = ended_with(client, beats(decoder_beat("127.0.0.1:50998")))
     # (ended by the client's iterator running out: the stream ends, the decoder leaves)
     assert [d.address for d in events[0].decoders] == ["127.0.0.1:50998"]
 
 
-def test_many_readers_are_told_one_list_per_change(master: MasterProcess) -> None:
+def test_many_readers_are_told_one_list_per_change(token_master: MasterProcess) -> None:
     """Counter of what reader streams are told: each registration reaches an open reader
     stream once (coalesced), as a listing with the new decoder."""
-    with MasterClient(master.address, token=TOKEN) as client:
+    with MasterClient(token_master.address, token=TOKEN) as client:
         opened = client.open_job("told", "flowers", 0)
         stream = client.session(opened.job, opened.worker_id)
         events = iter(stream)

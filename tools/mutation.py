@@ -69,7 +69,7 @@ MODULES: dict[str, tuple[str, ...]] = {
                                    "tests/master/test_sync_group.py",
                                    "tests/master/test_admission_holdings.py"),
     # Its progress within partitions (lease/progress.py), driven through the book as well.
-    "lease/progress.py": ("tests/lease/test_progress.py", "tests/lease/test_lease_book*.py",
+    "lease/progress.py": ("tests/lease/test_lease_progress.py", "tests/lease/test_lease_book*.py",
                           "tests/lease/test_sync_cut.py", "tests/master/test_sync_quota.py"),
 }
 # What a bare `python tools/mutation.py` measures: the modules held to 90 % (docs/testing.md).

@@ -12,6 +12,15 @@ pass records
 and `verdict` gives a ratio only when every side had at least `MIN_SHARE` of the cores it asked
 for and no more than `MAX_FOREIGN` cores of foreign load; otherwise "not comparable (why)".
 
+"Had" means the machine gave them. A side that used under `MIN_SHARE` of its cores while the
+machine held the rest idle for it (its `machine_cores` less the foreign load still covers
+`MIN_SHARE` of what it asked) was not starved: it could not use them (a serial part, the GIL).
+Its figure is then its own, and the ratio is printed with that said beside it
+(`self_limited`), rather than refused: refusing it would hide exactly what a reader of the
+table needs to see, a side that leaves cores idle. A side with no `machine_cores` (0) is held
+to the strict rule. (A CPU quota the machine's counters do not show, such as a cgroup's, would
+pass for idle cores: these benchmarks run without one.)
+
 `verdict` is a pure function of measured numbers (tests/test_fairness.py); `PassMeter` measures
 them around a pass that runs in child processes (the benchmarks' usual shape); a benchmark that
 samples a process tree itself (benchmarks/imagenet_like.py's Sampler) builds `SideLoad` from its
@@ -49,12 +58,15 @@ class SideLoad:
             cores: a side cannot be asked for more than there are).
         cores_busy: its own CPU seconds / wall seconds of the pass.
         foreign_cores: the machine's other busy CPU seconds / wall seconds of the pass.
+        machine_cores: the cores of the machine it ran on (0: unknown; see the module
+            docstring on sides that leave cores idle).
     """
 
     side: str
     cores_asked: float
     cores_busy: float
     foreign_cores: float
+    machine_cores: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.cores_asked > 0:
@@ -64,7 +76,17 @@ class SideLoad:
     def as_dict(self) -> dict[str, Any]:
         return {"side": self.side, "cores_asked": round(self.cores_asked, 3),
                 "cores_busy": round(self.cores_busy, 3),
-                "foreign_cores": round(self.foreign_cores, 3)}
+                "foreign_cores": round(self.foreign_cores, 3),
+                "machine_cores": self.machine_cores}
+
+    def short_of_share(self, min_share: float = MIN_SHARE) -> bool:
+        return self.cores_busy < min_share * self.cores_asked
+
+    def left_cores_idle(self, min_share: float = MIN_SHARE) -> bool:
+        """Whether the cores it did not use were there for it: the machine less the foreign
+        load covers its share."""
+        return (self.machine_cores > 0
+                and self.machine_cores - self.foreign_cores >= min_share * self.cores_asked)
 
 
 def cores_asked(workers: float, cores: int | None = None) -> float:
@@ -83,7 +105,7 @@ def verdict(sides: Sequence[SideLoad], min_share: float = MIN_SHARE,
         return "no side measured"
     why = []
     for s in sides:
-        if s.cores_busy < min_share * s.cores_asked:
+        if s.short_of_share(min_share) and not s.left_cores_idle(min_share):
             why.append(f"{s.side} had {s.cores_busy:.2f} of the {s.cores_asked:g} cores it "
                        f"asked for ({s.cores_busy / s.cores_asked:.0%} < {min_share:.0%})")
         if s.foreign_cores > max_foreign:
@@ -92,13 +114,26 @@ def verdict(sides: Sequence[SideLoad], min_share: float = MIN_SHARE,
     return "; ".join(why) or None
 
 
+def self_limited(sides: Sequence[SideLoad], min_share: float = MIN_SHARE) -> str | None:
+    """The sides that used under `min_share` of their cores with the rest idle for them (not a
+    refusal: see the module docstring), said in one phrase; None when there is none."""
+    said = [f"{s.side} used {s.cores_busy:.2f} of its {s.cores_asked:g} cores, the machine's "
+            f"other cores idle (foreign {s.foreign_cores:.2f})"
+            for s in sides if s.short_of_share(min_share) and s.left_cores_idle(min_share)]
+    return "self-limited: " + "; ".join(said) if said else None
+
+
 def ratio_text(ratio: float | None, sides: Sequence[SideLoad], fmt: str = "{:.2f}x") -> str:
-    """The ratio formatted when the sides are comparable, else "not comparable (why)"; "-" when
-    there is no ratio (a side did not run)."""
+    """The ratio formatted when the sides are comparable (with any side that left cores idle
+    said beside it), else "not comparable (why)"; "-" when there is no ratio (a side did not
+    run)."""
     if ratio is None:
         return "-"
     why = verdict(sides)
-    return fmt.format(ratio) if why is None else f"not comparable ({why})"
+    if why is not None:
+        return f"not comparable ({why})"
+    limited = self_limited(sides)
+    return fmt.format(ratio) + (f" ({limited})" if limited else "")
 
 
 def loads_text(sides: Sequence[SideLoad]) -> str:
@@ -110,9 +145,10 @@ def loads_text(sides: Sequence[SideLoad]) -> str:
 
 def side_of(row: Mapping[str, Any], cores: float) -> SideLoad:
     """A benchmark row's SideLoad: its `method`, `cores_busy`, `foreign_cores`, and
-    `cores_asked` (`cores` for rows written before it was recorded)."""
+    `cores_asked` (`cores` for rows written before it was recorded); the machine's cores are
+    `cores` (the machine the rows were measured on)."""
     return SideLoad(str(row["method"]), float(row.get("cores_asked") or cores),
-                    float(row["cores_busy"]), float(row["foreign_cores"]))
+                    float(row["cores_busy"]), float(row["foreign_cores"]), float(cores))
 
 
 def pass_ratios_text(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> str:
@@ -125,7 +161,18 @@ def pass_ratios_text(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> str:
     if not fair:
         return f"not comparable ({verdict(passes[0][1])})"
     each = ", ".join(f"{r:.2f}" if verdict(sides) is None else "n/c" for r, sides in passes)
-    return f"{statistics.median(fair):.2f}x ({each})"
+    busy: dict[str, list[SideLoad]] = {}
+    for _, sides in passes:
+        if verdict(sides) is None:
+            for s in sides:
+                if s.short_of_share() and s.left_cores_idle():
+                    busy.setdefault(s.side, []).append(s)
+    limited = "; ".join(
+        f"{side} used {statistics.median(s.cores_busy for s in ss):.2f} of its "
+        f"{ss[0].cores_asked:g} cores in {len(ss)} of {len(fair)} fair passes, the rest idle"
+        for side, ss in busy.items())
+    return (f"{statistics.median(fair):.2f}x ({each})"
+            + (f" (self-limited: {limited})" if limited else ""))
 
 
 def fair_median(passes: Sequence[tuple[float, Sequence[SideLoad]]]) -> float | None:
@@ -194,4 +241,5 @@ class PassMeter:
         """The pass's figures as a SideLoad (after the `with` block)."""
         wall = max(self.seconds, 1e-9)
         foreign = max(0.0, self.machine_s - self.own_s - self.harness_s) / wall
-        return SideLoad(side, self.cores_asked, self.own_s / wall, foreign)
+        return SideLoad(side, self.cores_asked, self.own_s / wall, foreign,
+                        float(os.cpu_count() or 1))

@@ -74,6 +74,8 @@ MAX_SIDE = 256
 QUALITY = 90
 COMPRESS_PROBABILITY = 0.5
 BASELINE = "ffcv"
+# `upload --raw-below` for the raw row: every image of at most MAX_SIDE on its longer side.
+RAW_BELOW = MAX_SIDE * MAX_SIDE
 METHODS: dict[str, str] = {
     "ffcv": f"FFCV Loader: RandomResizedCropRGBImageDecoder(224) + RandomHorizontalFlip + "
             f"ToTensor, QUASI_RANDOM, os_cache=True, {os.cpu_count()} workers; beton of "
@@ -82,6 +84,9 @@ METHODS: dict[str, str] = {
                      f"{MAX_SIDE} --quality {QUALITY}",
     "trainfeed-256-rst": f"{OPS['trainfeed-local']['train']}; dataset of upload --max-side "
                          f"{MAX_SIDE} --quality {QUALITY} --jpeg-restarts",
+    "trainfeed-256-raw": f"{OPS['trainfeed-local']['train']}; dataset of upload --max-side "
+                         f"{MAX_SIDE} --quality {QUALITY} --raw-below {RAW_BELOW} (every "
+                         f"image as raw pixels)",
 }
 STANDIN_NOTE = (f"stand-in: photos shrunk to {MAX_SIDE} px q{QUALITY} by this benchmark, then a "
                 f"plain upload (the installed trainfeed has no `upload --max-side`)")
@@ -195,7 +200,8 @@ def shrunk_copy(data: str, out: str) -> str:
 
 def dataset_name(method: str, standin: bool) -> str:
     return ("imagenet-like-256" + ("-standin" if standin else "")
-            + ("-rst" if method.endswith("-rst") else ""))
+            + ("-rst" if method.endswith("-rst") else "")
+            + ("-raw" if method.endswith("-raw") else ""))
 
 
 def upload_trainfeed(args: argparse.Namespace, method: str, list_path: str,
@@ -209,6 +215,11 @@ def upload_trainfeed(args: argparse.Namespace, method: str, list_path: str,
         cmd += ["--max-side", str(MAX_SIDE), "--quality", str(QUALITY)]
     if method.endswith("-rst"):
         cmd.append("--jpeg-restarts")
+    if method.endswith("-raw"):
+        if standin:
+            raise RuntimeError("trainfeed-256-raw needs `upload --raw-below`, which this "
+                               "trainfeed lacks")
+        cmd += ["--raw-below", str(RAW_BELOW)]
     t0 = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=CLI_ENV)
     if result.returncode != 0:

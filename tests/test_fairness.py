@@ -22,6 +22,7 @@ from fairness import (  # noqa: E402  (after the sys.path set-up)
     cores_asked,
     loads_text,
     machine_busy_s,
+    pass_ratios_text,
     ratio_text,
     verdict,
 )
@@ -84,3 +85,24 @@ def test_a_busy_loop_child_is_measured_as_its_cores_and_the_rest_as_foreign() ->
     assert 0 <= side.foreign_cores <= cores + 0.1
     assert machine_busy_s() - busy0 >= meter.own_s - 0.05  # the machine saw the child's CPU
     assert side.cores_asked == 1 and side.side == "loop"
+
+
+def test_a_side_that_leaves_idle_cores_unused_is_said_not_refused() -> None:
+    """A side under its share while the machine held the rest idle was not starved (its own
+    serial part): the ratio stands, with that said. The same figures with the idle cores taken
+    by foreign load, or on a machine of unknown size, are refused."""
+    raw = SideLoad("trainfeed-raw", 2, 1.57, 0.03, machine_cores=2)
+    ffcv = SideLoad("ffcv", 2, 1.87, 0.03, machine_cores=2)
+    assert verdict([ffcv, raw]) is None
+    text = ratio_text(1.9, [ffcv, raw])
+    assert text.startswith("1.90x (self-limited: trainfeed-raw used 1.57 of its 2 cores"), text
+    assert "ffcv" not in text
+    # The cores it did not use were someone else's: starved, refused.
+    taken = SideLoad("trainfeed-raw", 2, 1.57, 0.25, machine_cores=2)
+    assert "trainfeed-raw had 1.57 of the 2 cores" in (verdict([ffcv, taken]) or "")
+    # A machine of unknown size: the strict rule.
+    assert verdict([ffcv, SideLoad("trainfeed-raw", 2, 1.57, 0.03)]) is not None
+    passes = [(1.9, [ffcv, raw]), (1.8, [ffcv, raw]), (2.5, [ffcv, taken])]
+    assert pass_ratios_text(passes) == (
+        "1.85x (1.90, 1.80, n/c) (self-limited: trainfeed-raw used 1.57 of its 2 cores in 2 of "
+        "2 fair passes, the rest idle)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import queue
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -446,3 +448,68 @@ def test_a_client_closed_under_the_session_ends_its_stream_quietly(
         assert "is down for" not in caplog.text
     finally:
         session.close()
+
+
+# A script that opens a session against the master at argv[1], leases two partitions, and
+# exits without closing it (the README's train.py). With argv[2] == "fork" it first forks a
+# child that exits at once (a DataLoader worker), says so, and waits for a line on stdin.
+EXIT_WITHOUT_CLOSE = """
+import os, sys
+from trainfeed.lease.client import MasterClient
+from trainfeed.lease.session import Join, WorkerSession
+session = WorkerSession(MasterClient(sys.argv[1]), Join("j", "flowers")).open()
+session.get_tasks(0, 2, 0, 0)
+print("held", sorted(session.held()), flush=True)
+if sys.argv[2] == "fork":
+    child = os.fork()
+    if child == 0:
+        from trainfeed.lease import shutdown
+        print("child would close", len(shutdown._SESSIONS), flush=True)
+        sys.exit(0)  # a normal exit: the interpreter's atexit hooks run in the child
+    os.waitpid(child, 0)
+    print("child exited", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def exit_without_close(address: str, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", EXIT_WITHOUT_CLOSE, address, mode],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_script_that_exits_without_closing_hands_its_leases_back_and_leaves(
+        fake: tuple[FakeMaster, str]) -> None:
+    """Issue 38: nothing else sends a session's last reports when its script ends without
+    `reader.close()` (a daemon reporter, a Reader in a reference cycle), so the master saw a
+    synchronous rank go silent inside an epoch and called a finished group broken."""
+    servicer, address = fake
+    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
+    proc = exit_without_close(address, "plain")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert "held [(0, 1), (0, 2)]" in out
+    assert servicer.calls["LeaveJob"] == 1, servicer.calls
+    [leave] = [q for q in servicer.requests if isinstance(q, pb.LeaveJobRequest)]
+    assert leave.worker_id == "w1"
+
+
+def test_a_forked_child_that_exits_does_not_close_its_parents_session(
+        fake: tuple[FakeMaster, str]) -> None:
+    """A DataLoader worker is a fork of the process that opened the session: its exit must not
+    hand back the parent's leases (the master would think the parent left)."""
+    servicer, address = fake
+    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
+    proc = exit_without_close(address, "fork")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("held")
+        # (Without forgetting them, its close fails: gRPC does not work in a forked child.)
+        assert proc.stdout.readline().strip() == "child would close 0"
+        assert proc.stdout.readline().strip() == "child exited"
+        # The child's exit is over (waited for): a LeaveJob of its own would have been answered.
+        assert servicer.calls["LeaveJob"] == 0, servicer.calls
+        out, _ = proc.communicate("\n", timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert servicer.calls["LeaveJob"] == 1, servicer.calls

@@ -1,18 +1,27 @@
-"""Handing work back when a worker is told to stop (SIGTERM: pod eviction, pre-emption).
+"""Handing work back when a worker stops: told to (SIGTERM), or at the end of its script.
 
-Without this, Python dies on SIGTERM at once and its leases sit until they expire
-(`--lease-timeout`). With it, every open worker session sends its finished-task reports and hands
-its unfinished tasks back (LeaveJob), then the process dies of SIGTERM exactly as it would have,
-so supervisors see the usual exit status. The handler is installed only from the main thread and
-only where nobody installed one before: a training script's own SIGTERM handling wins (it can call
-`reader.close()` itself).
+- **SIGTERM** (pod eviction, pre-emption). Without this, Python dies on SIGTERM at once and its
+  leases sit until they expire (`--lease-timeout`). With it, every open worker session sends its
+  finished-task reports and hands its unfinished tasks back (LeaveJob), then the process dies of
+  SIGTERM exactly as it would have, so supervisors see the usual exit status. The handler is
+  installed only from the main thread and only where nobody installed one before: a training
+  script's own SIGTERM handling wins (it can call `reader.close()` itself).
+- **A normal exit without `reader.close()`** (the README's train.py: read the epochs, return).
+  The reporter is a daemon thread and a Reader sits in a reference cycle, so nothing else sends
+  the last DONE reports: the master would see a rank go silent inside an epoch it never saw end,
+  and call a finished synchronous group broken (issue 38). An `atexit` hook closes every session
+  this process opened, so its reports reach the master and it leaves the job. A forked child
+  (a DataLoader worker) forgets its parent's sessions: closing a copy would make the master think
+  the parent left.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
 import threading
+import time
 import weakref
 from types import FrameType
 from typing import Protocol
@@ -26,6 +35,9 @@ class Closable(Protocol):
 
 _SESSIONS: weakref.WeakSet[Closable] = weakref.WeakSet()
 _installed = False
+# Closing at exit says so when it takes longer than this (no silent waits): a master that does
+# not answer holds each session's close for up to its hand-back bound.
+SAY_AFTER_S = 5.0
 
 
 def register(session: Closable) -> None:
@@ -51,3 +63,28 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
             logger.warning("could not hand tasks back: %s", e)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _close_all_at_exit() -> None:
+    """Closes every session still open when the interpreter exits (see the module docstring)."""
+    sessions = list(_SESSIONS)
+    if not sessions:
+        return
+    timer = threading.Timer(SAY_AFTER_S, logger.warning, args=(
+        "exiting: still handing the tasks of %d reader(s) back to the master (reports, then "
+        "LeaveJob; each gives up after its hand-back bound) since %s", len(sessions),
+        time.strftime("%H:%M:%S")))
+    timer.daemon = True
+    timer.start()
+    try:
+        for session in sessions:
+            try:
+                session.close()
+            except Exception as e:  # exiting anyway; the leases will expire
+                logger.warning("could not hand tasks back at exit: %s", e)
+    finally:
+        timer.cancel()
+
+
+atexit.register(_close_all_at_exit)
+os.register_at_fork(after_in_child=_SESSIONS.clear)

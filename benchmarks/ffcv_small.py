@@ -112,14 +112,19 @@ def trainfeed_cli(*args: str) -> list[str]:
 CLI_ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 
 
-def upload_has_max_side() -> bool:
-    """Whether `trainfeed upload` of this interpreter's trainfeed takes --max-side."""
+def upload_help() -> str:
+    """`trainfeed upload --help` of this interpreter's trainfeed."""
     result = subprocess.run(trainfeed_cli("upload", "--help"), capture_output=True, text=True,
                             timeout=120, env=CLI_ENV)
     if result.returncode != 0:
         raise RuntimeError(f"`trainfeed upload --help` failed ({result.returncode}): "
                            f"{result.stderr.strip()[-500:]}")
-    return "--max-side" in result.stdout
+    return result.stdout
+
+
+def upload_has_max_side() -> bool:
+    """Whether `trainfeed upload` of this interpreter's trainfeed takes --max-side."""
+    return "--max-side" in upload_help()
 
 
 def digest(*parts: object) -> str:
@@ -213,6 +218,9 @@ def upload_trainfeed(args: argparse.Namespace, method: str, list_path: str,
                         "--overwrite", "--no-progress")
     if not standin:
         cmd += ["--max-side", str(MAX_SIDE), "--quality", str(QUALITY)]
+        # The JPEG rows stay JPEG where --max-side 256 stores raw pixels by default.
+        if not method.endswith("-raw") and "--no-raw" in upload_help():
+            cmd.append("--no-raw")
     if method.endswith("-rst"):
         cmd.append("--jpeg-restarts")
     if method.endswith("-raw"):

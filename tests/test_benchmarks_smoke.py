@@ -67,15 +67,19 @@ def test_ffcv_small_runs_without_ffcv_and_says_so(tmp_path: Path) -> None:
     standin = "--max-side" not in help_text  # the real option once upload has it
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     header = records[0]["header"]
-    assert header["methods_run"] == ["trainfeed-256", "trainfeed-256-rst"]
+    assert header["methods_run"] == ["trainfeed-256", "trainfeed-256-rst", "trainfeed-256-raw"]
     assert "ffcv" in header["skipped"]
     rows = [r for r in records if "method" in r]
-    assert sorted(r["method"] for r in rows) == ["trainfeed-256", "trainfeed-256-rst"]
+    assert sorted(r["method"] for r in rows) == ["trainfeed-256", "trainfeed-256-raw",
+                                                 "trainfeed-256-rst"]
     assert all(r["images"] >= 32 and r["rate"] > 0 and r["standin"] == standin for r in rows)
     sizes = {d["method"]: d for d in header["datasets"]}
     assert sizes["(the photos)"]["files"] == 16
     # At most 256 px on the longer side, re-encoded at q90: smaller than the ~83 KB photos.
     assert 0 < sizes["trainfeed-256"]["bytes"] < sizes["(the photos)"]["bytes"]
+    # The raw row stores pixels (3 bytes each), the JPEG rows JPEGs (--no-raw at 256 px).
+    assert sizes["trainfeed-256-raw"]["bytes"] > 3 * sizes["trainfeed-256"]["bytes"]
+    assert "--no-raw" in sizes["trainfeed-256"]["what"]
     lines = result.stdout.splitlines()
     assert any(line.startswith("| ffcv | skipped, FFCV cannot be imported") for line in lines)
     label = "trainfeed-256 (stand-in)" if standin else "trainfeed-256"

@@ -161,3 +161,44 @@ def test_a_manifest_whose_version_and_raw_pixels_disagree_is_refused(
         with pytest.raises(CorruptDatasetError, match=f"here: unreadable manifest: manifest "
                                                       f"version {version} "):
             manifest_format.Manifest.from_json(damaged, where="here")
+
+
+def cli_upload(listing: Path, storage: Path, name: str, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainfeed.cli.main", "upload", str(listing),
+                           "--dataset", name, "--storage", str(storage), "--no-progress", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_stores_raw_pixels_by_default_at_a_max_side_of_at_most_320(tmp_path: Path) -> None:
+    """The measured default (docs/imagenet.md): `--max-side N` with N ≤ 320 stores every image
+    as raw pixels; --no-raw keeps JPEGs, as do a larger N and --jpeg-restarts; --raw-below and
+    --no-raw exclude each other."""
+    listing = photo_list(tmp_path / "source", count=6)
+    storage = tmp_path / "s"
+    cases = {"small": (["--max-side", "32"], 32 * 32),
+             "small-jpeg": (["--max-side", "32", "--no-raw"], None),
+             "large": (["--max-side", "321"], None),
+             "restarts": (["--max-side", "32", "--jpeg-restarts"], None),
+             "chosen": (["--max-side", "32", "--raw-below", "100"], 100)}
+    for name, (args, raw_pixels) in cases.items():
+        run = cli_upload(listing, storage, name, *args)
+        assert run.returncode == 0, (name, run.stderr)
+        extra = read_manifest(open_storage(str(storage)), name).extra
+        assert extra.get("raw_pixels", {}).get("max_pixels") == raw_pixels, (name, extra)
+    assert all(raw.is_raw(image) for image in stored_images(str(storage), "small"))
+    assert not any(raw.is_raw(image) for image in stored_images(str(storage), "small-jpeg"))
+    run = cli_upload(listing, storage, "both", "--max-side", "32", "--raw-below", "9",
+                     "--no-raw")
+    assert run.returncode == 2 and "not allowed with argument" in run.stderr
+
+
+def test_submit_upload_hands_no_raw_to_its_packers() -> None:
+    import argparse
+
+    from trainfeed.cli.upload_cmd import add_upload_options, upload_arguments
+    parser = argparse.ArgumentParser()
+    add_upload_options(parser)
+    args = parser.parse_args(["--max-side", "256", "--no-raw"])
+    assert "--no-raw" in upload_arguments(args)
+    assert "--no-raw" not in upload_arguments(parser.parse_args(["--max-side", "256"]))

@@ -7,7 +7,11 @@ from collections.abc import Callable
 
 from trainfeed.cli.common import add_storage_options, say, storage_from
 from trainfeed.formats.layout import DEFAULT_ROW_GROUP_BYTES, DEFAULT_ROW_GROUP_ROWS
-from trainfeed.ingest.options import DEFAULT_RESIZE_QUALITY
+from trainfeed.ingest.options import (
+    DEFAULT_RESIZE_QUALITY,
+    RAW_DEFAULT_MAX_SIDE,
+    default_raw_below,
+)
 from trainfeed.planning.partitions import DEFAULT_TARGET_PARTITIONS, MIN_PARTITION_ROWS
 from trainfeed.upload import (
     DECODE_MEMORY_BYTES,
@@ -117,16 +121,23 @@ def add_upload_options(p: argparse.ArgumentParser) -> None:
                    help="re-encode images whose longer side exceeds N pixels to N (aspect kept) "
                         "as JPEGs at --quality: lossy and opt-in, recorded in the manifest "
                         "(FFCV's ImageNet recipe stores at most 256 px); works with "
-                        "--jpeg-restarts")
+                        f"--jpeg-restarts. At N ≤ {RAW_DEFAULT_MAX_SIDE} every image is stored "
+                        "as raw pixels unless --no-raw (see --raw-below)")
     p.add_argument("--quality", type=quality, default=DEFAULT_RESIZE_QUALITY, metavar="Q",
                    help=f"JPEG quality of images re-encoded by --max-side (default "
                         f"{DEFAULT_RESIZE_QUALITY}, FFCV's)")
-    p.add_argument("--raw-below", type=at_least(1), metavar="PIXELS",
-                   help="store images of at most PIXELS pixels (height x width, after "
-                        "--max-side) as raw uint8 RGB pixels instead of JPEG: 3 bytes a pixel, "
-                        "read without a decode (FFCV stores half its 256-px images so); "
-                        "recorded in the manifest, which only trainfeed releases that read "
-                        "raw pixels open (default: never)")
+    raw = p.add_mutually_exclusive_group()
+    raw.add_argument("--raw-below", type=at_least(1), metavar="PIXELS",
+                     help=f"store images of at most PIXELS pixels (height x width, after "
+                          f"--max-side) as raw uint8 RGB pixels instead of JPEG: 3 bytes a "
+                          f"pixel, read without a decode (FFCV stores half its 256-px images "
+                          f"so); recorded in the manifest, which only trainfeed releases that "
+                          f"read raw pixels open (default: every image when --max-side is at "
+                          f"most {RAW_DEFAULT_MAX_SIDE} and without --jpeg-restarts, a crop "
+                          f"then costs 1.9-3x less CPU for ~8x the bytes; else never)")
+    raw.add_argument("--no-raw", action="store_true",
+                     help=f"store JPEGs even with --max-side ≤ {RAW_DEFAULT_MAX_SIDE} (storage "
+                          f"or network bandwidth is the limit, not the readers' CPU)")
     p.add_argument("--processes", type=at_least(1), default=DEFAULT_PROCESSES, metavar="N",
                    help=f"packing processes (default: one per core, {DEFAULT_PROCESSES} here); "
                         f"the output does not depend on it")
@@ -144,7 +155,17 @@ def options_from(args: argparse.Namespace) -> UploadOptions:
         max_record_bytes=args.max_record_bytes,
         row_group_rows=args.rows_per_group, jpeg_restarts=args.jpeg_restarts,
         processes=args.processes, max_side=args.max_side, quality=args.quality,
-        raw_below=args.raw_below)
+        raw_below=raw_below_of(args))
+
+
+def raw_below_of(args: argparse.Namespace) -> int | None:
+    """--raw-below as given, else its default (`default_raw_below`); None with --no-raw (the
+    two exclude each other: argparse refuses both)."""
+    if args.no_raw:
+        return None
+    if args.raw_below is not None:
+        return int(args.raw_below)
+    return default_raw_below(args.max_side, args.jpeg_restarts)
 
 
 def upload_arguments(args: argparse.Namespace) -> list[str]:
@@ -159,7 +180,8 @@ def upload_arguments(args: argparse.Namespace) -> list[str]:
     flags = {"--skip-missing": args.skip_missing, "--check-images": args.check_images,
              "--no-comments": args.no_comments, "--allow-outside": args.allow_outside,
              "--allow-hard-links": args.allow_hard_links,
-             "--jpeg-restarts": args.jpeg_restarts, "--overwrite": args.overwrite}
+             "--jpeg-restarts": args.jpeg_restarts, "--overwrite": args.overwrite,
+             "--no-raw": args.no_raw}
     return out + [flag for flag, on in flags.items() if on]
 
 

@@ -32,6 +32,19 @@ DECODE_MEMORY_BYTES = 256 << 20
 HEADER_BYTES = 256 << 10
 # JPEG quality of images re-encoded by --max-side: FFCV's ImageNet recipe (q90).
 DEFAULT_RESIZE_QUALITY = 90
+# `upload --max-side N` with N at most this stores every image as raw pixels unless told not to
+# (--no-raw): at 160-320 px a training crop costs 1.9-3.0x less CPU from raw pixels than from a
+# q90 JPEG (benchmarks/raw_vs_jpeg.py, docs/imagenet.md), for 7.5-8x the bytes.
+RAW_DEFAULT_MAX_SIDE = 320
+
+
+def default_raw_below(max_side: int | None, jpeg_restarts: bool = False) -> int | None:
+    """The CLI's `--raw-below` when it is not given: every image (max_side² pixels) when images
+    are shrunk to at most RAW_DEFAULT_MAX_SIDE, else None (never). Not with --jpeg-restarts,
+    which asks for JPEGs that crop fast."""
+    if max_side is None or max_side > RAW_DEFAULT_MAX_SIDE or jpeg_restarts:
+        return None
+    return max_side * max_side
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,8 @@ class UploadOptions:
     quality: int = DEFAULT_RESIZE_QUALITY
     # Store images of at most this many pixels (height x width, after max_side) as raw uint8
     # RGB pixels instead of their encoded bytes (trainfeed.decode.raw): readers crop them
-    # without a decode. None (the default, until a measurement says otherwise): never.
+    # without a decode. None: never. (The CLI's default with `--max-side` ≤ RAW_DEFAULT_MAX_SIDE
+    # is every image, `default_raw_below`; this library option stays explicit.)
     raw_below: int | None = None
     # Add the list to the published dataset as its next version (trainfeed.ingest.publish):
     # its shards are kept, never rewritten; the list must have the dataset's fields.

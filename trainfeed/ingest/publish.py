@@ -124,7 +124,8 @@ def _check_same_transforms(base: Manifest, extra: dict[str, object], where: str)
         raise AppendMismatchError(
             f"{where}: the dataset's images were stored with {stored or 'no transform'}, this "
             f"upload would store {extra or 'no transform'}; use the dataset's --max-side, "
-            f"--quality and --raw-below")
+            f"--quality and --raw-below (--no-raw for JPEGs: `--max-side` ≤ 320 stores raw "
+            f"pixels unless told not to)")
 
 
 def build_manifest(dataset: str, inputs: Inputs, fields: tuple[FieldSpec, ...],

@@ -236,10 +236,12 @@ class Decoders:
         self._watch = threading.Thread(target=self._watching, daemon=True)
         self._watch.start()
 
-    def start(self, port: int = 0) -> Started:
+    def start(self, port: int = 0, nice: int = 0) -> Started:
+        """A decoder on `port` (0: a free one), at `nice` (0: this process's priority)."""
         from trainfeed.decoder.process import DecoderProcess
         began = time.monotonic()
-        proc = DecoderProcess(self.storage, TOKEN, port=port, threads=1, master=self.master)
+        proc = DecoderProcess(self.storage, TOKEN, port=port, threads=1, master=self.master,
+                              prefix=["nice", "-n", str(nice)] if nice else ())
         life = Started(proc.address, began, time.monotonic(), proc=proc)
         self.lives.append(life)
         return life
@@ -267,10 +269,12 @@ class Decoders:
 
 
 class Killer:
-    """Every `every_s`: SIGKILLs the next decoder (round robin) and starts it again on its port."""
+    """Every `every_s`: SIGKILLs the next decoder (round robin) and starts it again on its port
+    (at `nice`: see --restart-nice)."""
 
-    def __init__(self, decoders: Decoders, live: list[Started], every_s: float):
+    def __init__(self, decoders: Decoders, live: list[Started], every_s: float, nice: int = 0):
         self.decoders = decoders
+        self.nice = nice
         self.live = live
         self.every_s = every_s
         self.kills: list[Started] = []  # the lives killed, in order
@@ -291,10 +295,10 @@ class Killer:
             old.proc.kill()
             self.kills.append(old)
             try:
-                self.live[k] = self.decoders.start(port=old.proc.port)
+                self.live[k] = self.decoders.start(port=old.proc.port, nice=self.nice)
             except RuntimeError as e:  # the port not free again yet: another one
                 self.errors.append(f"restart on {old.address}: {e}"[:300])
-                self.live[k] = self.decoders.start()
+                self.live[k] = self.decoders.start(nice=self.nice)
 
     def stop(self) -> None:
         self._done.set()
@@ -390,7 +394,8 @@ def reference_run(storage: str, epochs: int) -> tuple[Trace, dict[str, Any]]:
 
 
 def faults_run(storage: str, epochs: int, reference: Trace, records: int, every_s: float,
-               window_s: float, events: PoolEvents, problems: Problems) -> dict[str, Any]:
+               window_s: float, events: PoolEvents, problems: Problems, nice: int = 0
+               ) -> dict[str, Any]:
     from trainfeed.master.serve.process import MasterProcess
     set_decode("remote")
     trace, load = Trace(), {}
@@ -401,7 +406,7 @@ def faults_run(storage: str, epochs: int, reference: Trace, records: int, every_
             live = [decoders.start() for _ in range(3)]
             for life in live:
                 decoders.wait_registered(life)
-            killer = Killer(decoders, live, every_s)
+            killer = Killer(decoders, live, every_s, nice)
             reader = open_reader(master.address)
             t0 = time.monotonic()
             killer.start()
@@ -414,7 +419,8 @@ def faults_run(storage: str, epochs: int, reference: Trace, records: int, every_
             decoders.close()
     restarted = decoders.lives[3:]
     return {
-        "load": load, "kill_every_s": every_s, "kills": len(killer.kills),
+        "load": load, "kill_every_s": every_s, "restart_nice": nice,
+        "kills": len(killer.kills),
         "restart_errors": killer.errors,
         "delivery": delivery(trace, reference, epochs, records),
         "trainer_error": trace.error, "trainer_warnings": problems.lines[:40],
@@ -425,6 +431,11 @@ def faults_run(storage: str, epochs: int, reference: Trace, records: int, every_
                           **around(trace, life.killed, window_s)}
                          for life in killer.kills if life.killed is not None],
         "restarts": [life_figures(life, t0) for life in restarted],
+        # (raw, for a closer look: seconds from the first pass's start)
+        "timeline": {"arrivals": [round(t - t0, 3) for t in trace.arrivals],
+                     "cuts": [(round(t - t0, 3), a) for t, a in events.cut],
+                     "registered": [(round(life.registered - t0, 3), life.address)
+                                    for life in decoders.lives if life.registered]},
         "images_per_s": round(len(trace.hashes) / max(1e-9, trace.arrivals[-1] - t0), 1)
         if trace.arrivals else 0.0}
 
@@ -503,6 +514,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--leave-at", type=float, default=0.4,
                    help="share of epoch 1's batches after which the first decoder is stopped "
                         "(default 0.4)")
+    p.add_argument("--restart-nice", type=int, default=0, metavar="N",
+                   help="restart killed decoders at this nice level (default 0): on a machine "
+                        "of few cores a restart's start (Python, its imports) takes the cores "
+                        "the surviving decoders decode on, which in a cluster it would not")
     p.add_argument("--only", choices=["faults", "elastic"], help="run one phase (and the "
                                                                  "reference)")
     p.add_argument("--json", help="write the figures here")
@@ -564,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     events = PoolEvents()
     if a.only in (None, "faults"):
         report["faults"] = faults_run(storage, a.epochs, reference, records, a.kill_every,
-                                      a.window, events, problems)
+                                      a.window, events, problems, a.restart_nice)
     if a.only in (None, "elastic"):
         events.reset()
         report["elastic"] = elastic_run(storage, reference, records, a.join_at, a.leave_at,

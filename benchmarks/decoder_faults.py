@@ -269,8 +269,9 @@ class Decoders:
 
 
 class Killer:
-    """Every `every_s`: SIGKILLs the next decoder (round robin) and starts it again on its port
-    (at `nice`: see --restart-nice)."""
+    """Every `every_s`, on schedule: SIGKILLs the next live decoder (round robin) and starts it
+    again on its port in the background (at `nice`: see --restart-nice), so that a slow restart
+    never delays the next kill (two may be down at once)."""
 
     def __init__(self, decoders: Decoders, live: list[Started], every_s: float, nice: int = 0):
         self.decoders = decoders
@@ -281,6 +282,7 @@ class Killer:
         self.errors: list[str] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._restarts: list[threading.Thread] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -288,21 +290,31 @@ class Killer:
     def _run(self) -> None:
         began, n = time.monotonic(), 0
         while not self._done.wait(max(0.0, began + (n + 1) * self.every_s - time.monotonic())):
-            k = n % len(self.live)
+            up = [k for k in range(len(self.live)) if self.live[k].killed is None]
+            if not up:
+                continue
+            k = min(up, key=lambda i: (i - n) % len(self.live))  # the next one round robin
             n += 1
             old = self.live[k]
             old.killed = time.monotonic()
             old.proc.kill()
             self.kills.append(old)
-            try:
-                self.live[k] = self.decoders.start(port=old.proc.port, nice=self.nice)
-            except RuntimeError as e:  # the port not free again yet: another one
-                self.errors.append(f"restart on {old.address}: {e}"[:300])
-                self.live[k] = self.decoders.start(nice=self.nice)
+            restart = threading.Thread(target=self._restart, args=(k, old), daemon=True)
+            restart.start()
+            self._restarts.append(restart)
+
+    def _restart(self, k: int, old: Started) -> None:
+        try:
+            self.live[k] = self.decoders.start(port=old.proc.port, nice=self.nice)
+        except RuntimeError as e:  # the port not free again yet: another one
+            self.errors.append(f"restart on {old.address}: {e}"[:300])
+            self.live[k] = self.decoders.start(nice=self.nice)
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join(60)
+        for restart in self._restarts:
+            restart.join(60)
 
 
 # --- figures --------------------------------------------------------------------------------
@@ -420,6 +432,9 @@ def faults_run(storage: str, epochs: int, reference: Trace, records: int, every_
     restarted = decoders.lives[3:]
     return {
         "load": load, "kill_every_s": every_s, "restart_nice": nice,
+        "kill_intervals_s": [round(b.killed - a.killed, 2) for a, b in
+                             zip(killer.kills, killer.kills[1:])
+                             if a.killed is not None and b.killed is not None],
         "kills": len(killer.kills),
         "restart_errors": killer.errors,
         "delivery": delivery(trace, reference, epochs, records),

@@ -188,6 +188,19 @@ def test_a_segment_goes_on_from_the_last_record_received(storage: str,
     assert len(rows) == 7
 
 
+def test_a_decoder_imports_what_a_request_needs_before_it_listens(storage: str) -> None:
+    """pandas (which pyarrow's ChunkedArray.to_numpy imports) and OpenCV are loaded when the
+    decoder says it listens (its shared libraries mapped), not by its first request: that
+    import was 1.3-1.6 s of a fresh decoder's first call on a loaded machine, and a trainer
+    sends a decoder it was just told of a segment first, so every restart stalled the
+    partition waiting for it (benchmarks/decoder_faults.py, docs/benchmarks.md)."""
+    with DecoderProcess(storage, TOKEN) as decoder:
+        with open(f"/proc/{decoder.pid}/maps") as f:
+            mapped = f.read()
+    assert "/cv2/" in mapped, "OpenCV not loaded before listening"
+    assert "/pandas/_libs/" in mapped, "pandas not loaded before listening"
+
+
 def test_a_decoder_that_comes_up_mid_read_takes_requests(storage: str, remote: Any,
                                                          monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:

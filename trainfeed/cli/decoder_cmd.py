@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainfeed.decoder.service import DecoderServer  # Flight: only for this command
+    from trainfeed.decoder.work import warm_up
 
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     master = args.master or settings.MASTER.get()
     if master:
         _check_registration(master, args.advertise)
+    warm_up()  # (before it listens: a decoder trainers are told of answers at full speed)
     server = DecoderServer(f"grpc://{host}:{port}", storage_from(args), token, args.threads)
     print(f"trainfeed decoder listening on {host}:{server.port} (pid {os.getpid()})",
           flush=True)

@@ -26,7 +26,7 @@ from trainfeed.reader.pipeline import image_decoder
 from trainfeed.reader.producer import Dataset
 from trainfeed.storage import Storage
 
-__all__ = ["Datasets", "Decoders", "decoded_chunks"]
+__all__ = ["Datasets", "Decoders", "decoded_chunks", "warm_up"]
 
 # Datasets (manifests read, partition readers' buffers) and decoders (thread pools) kept between
 # calls: a decoder serves a few jobs at a time, each with one dataset and one or two modes.
@@ -109,6 +109,19 @@ def _tuples(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_tuples(v) for v in value)
     return value
+
+
+def warm_up() -> None:
+    """Imports now what a decoder's first request would import: pandas (pyarrow's
+    ChunkedArray.to_numpy imports it, in the partition reader and in `_decoded`) and OpenCV
+    (the crops' resize). That was 1.3-1.6 s of its first request on a loaded 2-core machine
+    (0.14 s warm; benchmarks/decoder_faults.py), paid by the first partition a trainer sent it:
+    a partition waits for its slowest segment, and a trainer asks a decoder it has just been
+    told of before the others, so every restarted decoder stalled a trainer. Called before the
+    decoder listens and registers: once listed, it answers as fast as any."""
+    pa.chunked_array([pa.array([0], pa.int64())]).to_numpy()
+    from trainfeed.decode.resize import cv2_module
+    cv2_module()
 
 
 def decoded_chunks(request: DecodeRequest, datasets: Datasets,

@@ -42,6 +42,8 @@ from trainfeed.decode.remote.shared_pixels import (
 )
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
+    MAX_CHUNK_BYTES,
+    MAX_CHUNK_RECORDS,
     MAX_CREDIT,
     DecodeRequest,
     DecoderRefusedError,
@@ -281,7 +283,8 @@ class DecoderPool:
             clean = False  # a call cut off may still be written to: its bytes are not reused
             try:
                 yield from self._exchange(decoder, dataclasses.replace(
-                    request, shared_pixels=call.address, shared_offset=call.offset), call)
+                    request, shared_pixels=call.address, shared_offset=call.offset,
+                    chunk=_shared_chunk(request)), call)
                 clean = True
                 with self._lock:
                     decoder.shared += 1
@@ -383,6 +386,15 @@ class DecoderPool:
             client.close()
         for shared in free:
             shared.close()
+
+
+def _shared_chunk(request: DecodeRequest) -> int:
+    """Records per chunk when the pixels go through shared memory: as many as the bounds allow
+    (MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES of decoded pixels), since a chunk then carries only
+    the small fields, and each message costs the trainer ~0.5 ms of CPU on the project VM
+    (gRPC's wakeups: docs/benchmarks.md); the trainer uses a partition once all of it came."""
+    pixels = request.image_bytes() * max(1, len(request.image_fields))
+    return max(request.chunk, min(MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // max(1, pixels)))
 
 
 def _received(address: str, writer: flight.FlightStreamWriter,

@@ -27,16 +27,17 @@ IMAGE = 12  # bytes per image
 
 def test_pixels_written_by_the_decoder_are_read_by_the_trainer_zero_copy() -> None:
     shared = SharedPixels(4 * IMAGE)
-    shared.view(4 * IMAGE)
+    call = shared.call(4 * IMAGE)
+    assert call is not None and call.offset == 0
     writer = PixelsWriter(shared.address, 4 * IMAGE)
     pixels = np.arange(4 * IMAGE, dtype=np.uint8)
     writer.write(0, pixels[:2 * IMAGE])
     writer.write(2 * IMAGE, pixels[2 * IMAGE:])
     writer.close()
     writer.close()  # idempotent
-    column = shared.column(IMAGE, 3, IMAGE, pa.array([True, False, True]))
+    column = call.column(IMAGE, 3, IMAGE, pa.array([True, False, True]))
     recycled: list[SharedPixels] = []
-    shared.recycle(recycled.append)
+    call.end(True, recycled.append)
     assert not recycled  # the column still uses it
     shared.close()
     shared.close()
@@ -50,35 +51,72 @@ def test_pixels_written_by_the_decoder_are_read_by_the_trainer_zero_copy() -> No
     assert recycled == [shared]  # reused once its pixels are dropped
 
 
-def test_a_memfd_is_reused_only_once_its_pixels_are_dropped() -> None:
+def test_a_calls_bytes_are_reused_only_once_its_pixels_are_dropped() -> None:
     shared = SharedPixels(2 * IMAGE)
     recycled: list[SharedPixels] = []
-    shared.view(IMAGE)
-    shared.recycle(recycled.append)  # no column made: free at once
-    assert recycled == [shared]
-    shared.view(2 * IMAGE)
-    table = pa.table({"image": shared.column(0, 2, IMAGE, pa.array([True, True]))})
-    shared.recycle(recycled.append)
+    call = shared.call(IMAGE)
+    assert call is not None
+    call.end(True, recycled.append)  # no column made: free at once
+    assert recycled == [shared] and shared.idle
+    call = shared.call(2 * IMAGE)  # (from the start: no room after the last call's bytes)
+    assert call is not None and call.offset == 0
+    table = pa.table({"image": call.column(0, 2, IMAGE, pa.array([True, True]))})
+    call.end(True, recycled.append)
+    assert shared.call(IMAGE) is None  # in use: no room
     batch = table.slice(1, 1)
     del table
     assert len(recycled) == 1  # a slice of the table still reads it
     taken = batch.take([0])  # (the shuffle buffer's take copies)
     del batch
-    assert len(recycled) == 2 and taken.num_rows == 1
+    assert len(recycled) == 2 and taken.num_rows == 1 and shared.idle
+    shared.close()
+
+
+def test_consecutive_calls_lie_one_after_another_until_the_end_then_from_the_start() -> None:
+    """So that a batch spanning two partitions is one view (trainfeed.decode.remote.client.
+    received_pixels); a call never takes bytes another still uses."""
+    shared = SharedPixels(10 * IMAGE)
+    first, second = shared.call(4 * IMAGE), shared.call(4 * IMAGE)
+    assert first is not None and second is not None
+    assert (first.offset, second.offset) == (0, 4 * IMAGE)
+    assert shared.call(4 * IMAGE) is None  # past the end, and the start is in use
+    held = first.column(0, 1, IMAGE, pa.array([True]))
+    first.end(True)
+    assert shared.call(4 * IMAGE) is None  # still read by `held`
+    del held
+    third = shared.call(4 * IMAGE)
+    assert third is not None and third.offset == 0
+    assert shared.call(2 * IMAGE) is None  # after `third` is `second`, still in use
+    second.end(True)
+    fourth = shared.call(2 * IMAGE)
+    assert fourth is not None and fourth.offset == 4 * IMAGE  # right after `third`
+    shared.close()
+
+
+def test_the_bytes_of_a_call_cut_off_are_never_reused() -> None:
+    """Its decoder may still be writing there (a call given up on, not a dead decoder)."""
+    shared = SharedPixels(4 * IMAGE)
+    cut = shared.call(2 * IMAGE)
+    assert cut is not None
+    cut.end(False)
+    later = [shared.call(IMAGE) for _ in range(4)]
+    assert [c.offset for c in later if c is not None] == [2 * IMAGE, 3 * IMAGE]
+    assert not shared.idle
     shared.close()
 
 
 def test_the_trainer_reads_only_inside_its_memfd() -> None:
     shared = SharedPixels(8 * IMAGE)
-    shared.view(4 * IMAGE)  # this call's bytes: the rest is not the decoder's to send
+    call = shared.call(4 * IMAGE)  # this call's bytes: the rest is not the decoder's to send
+    assert call is not None
     with pytest.raises(DecoderRefusedError, match="bytes"):
-        shared.column(2 * IMAGE, 3, IMAGE, pa.array([True] * 3))  # rows past the end
+        call.column(2 * IMAGE, 3, IMAGE, pa.array([True] * 3))  # rows past the end
     with pytest.raises(DecoderRefusedError, match="bytes"):
-        shared.column(-IMAGE, 1, IMAGE, pa.array([True]))
+        call.column(-IMAGE, 1, IMAGE, pa.array([True]))
     with pytest.raises(DecoderRefusedError, match="validity"):
-        shared.column(0, 2, IMAGE, pa.array([True] * 3))  # not one boolean per row
+        call.column(0, 2, IMAGE, pa.array([True] * 3))  # not one boolean per row
     with pytest.raises(DecoderRefusedError, match="validity"):
-        shared.column(0, 2, IMAGE, pa.array([1, 1]))
+        call.column(0, 2, IMAGE, pa.array([1, 1]))
     shared.close()
 
 
@@ -155,6 +193,35 @@ def test_a_memfd_not_as_the_request_says_is_refused(allocate: bool, seal: bool, 
         os.close(fd)
 
 
+@pytest.mark.parametrize(("offset", "size"), [(1, 8192), (5000, 4096),
+                                               (8192 - IMAGE + 1, IMAGE), (1 << 40, IMAGE)])
+def test_a_request_whose_pixels_end_past_the_memfd_is_refused(offset: int, size: int) -> None:
+    fd, address = _memfd(8192, True, True)
+    try:
+        with pytest.raises(DecoderRefusedError, match="has 8192 bytes"):
+            PixelsWriter(address, size, offset)
+    finally:
+        os.close(fd)
+
+
+def test_a_decoder_writes_a_call_at_its_offset_and_nowhere_else() -> None:
+    """The second call's bytes start inside a page the first call's end in: the decoder maps
+    from that page but writes only the request's bytes."""
+    shared = SharedPixels(3 * 4096)
+    first, second = shared.call(4096 + IMAGE), shared.call(2 * IMAGE)
+    assert first is not None and second is not None and second.offset == 4096 + IMAGE
+    writer = PixelsWriter(shared.address, 2 * IMAGE, second.offset)
+    writer.write(0, np.full(2 * IMAGE, 7, np.uint8))
+    with pytest.raises(DecoderRefusedError, match="do not fit"):
+        writer.write(IMAGE + 1, np.zeros(IMAGE, np.uint8))
+    writer.close()
+    mine = first.column(0, 1, 4096 + IMAGE, pa.array([True]))
+    theirs = second.column(0, 2, IMAGE, pa.array([True, True]))
+    assert not any(mine[0].as_py())  # the first call's bytes: untouched
+    assert theirs[0].as_py() + theirs[1].as_py() == bytes([7]) * 2 * IMAGE
+    shared.close()
+
+
 def test_a_decoder_writes_only_inside_the_requests_pixels() -> None:
     """A memfd larger than the request (reused from a larger call) is mapped only as far as
     the request's pixels go."""
@@ -171,24 +238,36 @@ def test_only_loopback_decoders_are_offered_a_memfd() -> None:
     assert not is_local("decoder-0.decoders:5000") and not is_local("10.0.0.3:5000")
 
 
-def test_a_pool_reuses_its_memfds_but_a_forked_child_makes_its_own() -> None:
-    """Two processes writing through one memfd would mix their pixels: a DataLoader worker
-    forked from a trainer whose pool holds free memfds makes new ones."""
+def test_a_pool_reuses_its_memfds_but_a_forked_child_makes_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive calls go one after another into the pool's arena, and a call too large
+    for it into a memfd of its own, reused once free. Two processes writing through one memfd
+    would mix their pixels: a DataLoader worker forked from a trainer makes its own."""
+    from trainfeed.decode.remote import client
     from trainfeed.decode.remote.client import DecoderPool
 
+    monkeypatch.setattr(client, "ARENA_MIN_BYTES", 8 * IMAGE)
+    monkeypatch.setattr(client, "ARENA_MAX_BYTES", 8 * IMAGE)
     pool = DecoderPool(["127.0.0.1:1"], None)
     decoder = pool._decoders["127.0.0.1:1"]
     first = pool._shared(decoder, IMAGE)
-    assert first is not None
-    first.view(IMAGE)
-    first.recycle(pool._put_shared)
-    again = pool._shared(decoder, IMAGE // 2)
-    assert again is first  # free, and large enough
-    again.view(IMAGE // 2)
-    again.recycle(pool._put_shared)
+    assert first is not None and first.memory is pool._arena and first.offset == 0
+    first.end(True)
+    second = pool._shared(decoder, IMAGE)
+    assert second is not None and second.memory is pool._arena
+    assert second.offset == IMAGE  # right after the first
+    second.end(True)
+    big = pool._shared(decoder, 3 * IMAGE)  # over a quarter of the arena: its own memfd
+    assert big is not None and big.memory is not pool._arena
+    big.end(True, pool._put_shared)
+    again = pool._shared(decoder, 3 * IMAGE)
+    assert again is not None and again.memory is big.memory  # free, and large enough
+    again.end(True, pool._put_shared)
     child = os.fork()
     if child == 0:  # (no Flight connection is open: the pool never called a decoder)
-        os._exit(0 if pool._shared(decoder, IMAGE) is not first else 1)
+        mine, own = pool._shared(decoder, IMAGE), pool._shared(decoder, 3 * IMAGE)
+        os._exit(0 if mine is not None and own is not None and mine.memory is not first.memory
+                 and own.memory is not big.memory else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     pool.close()

@@ -31,6 +31,10 @@ def test_a_request_round_trips() -> None:
     request = DecodeRequest.parse(encoded())
     assert DecodeRequest.parse(request.encode()) == request
     assert request.records == 8 and request.image_bytes() == 224 * 224 * 3
+    placed = DecodeRequest.parse(encoded(shared_offset=4096 * 3 + 12))
+    assert DecodeRequest.parse(placed.encode()) == placed and placed.shared_offset == 12300
+    # (Left out when 0: the request as a trainer before shared_offset sent it.)
+    assert "shared_offset" not in json.loads(request.encode())
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -47,6 +51,8 @@ def test_a_request_round_trips() -> None:
     (encoded(decode=[1]), "decode must be an object"),
     (encoded(decode={"enabled": True}), "remote decode needs image_size"),
     (encoded(chunk=0), "outside the bound"),
+    (encoded(shared_offset=-1), "shared_offset must be a whole number"),
+    (encoded(shared_offset="4096"), "shared_offset must be a whole number"),
     (b" " * (MAX_REQUEST_BYTES + 1), f"over the {MAX_REQUEST_BYTES}-byte bound"),
 ])
 def test_a_bad_request_is_refused_naming_the_problem(data: bytes, message: str) -> None:

@@ -73,3 +73,19 @@ def test_rows_out_of_bounds_are_an_error_not_a_wrong_value() -> None:
     for rows in ([6], [-1], [0, 7]):
         with pytest.raises(IndexError, match="out of bounds"):
             gather_slices(column, np.array(rows, dtype=np.int64))
+
+
+def test_decoded_pixels_are_gathered_without_a_copy() -> None:
+    """Remote decode's fixed-size binary pixels (trainfeed.decode.remote): the shuffle
+    buffer's reorder keeps them where the decoder wrote them."""
+    size = SLICE_AT_BYTES
+    pixels = [pa.array([bytes([i]) * size for i in rows], pa.binary(size))
+              for rows in (range(0, 3), range(3, 5))]
+    table = pa.Table.from_batches([pa.record_batch({"_id": pa.array(list(rows), pa.int64()),
+                                                    "image": column})
+                                   for rows, column in zip((range(0, 3), range(3, 5)), pixels)])
+    taken = take_rows(table, np.array([4, 0, 1, 3]))
+    assert taken.column("image").type == pa.binary(size)
+    assert taken.column("image").to_pylist() == [bytes([i]) * size for i in (4, 0, 1, 3)]
+    source = {column.buffers()[1].address for column in pixels}
+    assert {chunk.buffers()[1].address for chunk in taken.column("image").chunks} <= source

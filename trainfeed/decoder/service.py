@@ -135,6 +135,7 @@ class DecoderServer(flight.FlightServerBase):
         credit = 0
         sent = 0
         began = False
+        ended = False
         for batch in _answers(request, decoded_chunks(request, self.datasets, self.decoders)):
             while credit == 0:
                 credit += _credit(reader)
@@ -144,10 +145,15 @@ class DecoderServer(flight.FlightServerBase):
             if not began:
                 writer.begin(batch.schema)
                 began = True
-            writer.write_batch(batch)
             credit -= 1
             sent += batch.num_rows
-        writer.write_metadata(end_message(sent))
+            if sent >= request.records:  # the last chunk carries the end: one message less
+                writer.write_with_metadata(batch, pa.py_buffer(end_message(sent)))
+                ended = True
+                break
+            writer.write_batch(batch)
+        if not ended:
+            writer.write_metadata(end_message(sent))
         # Returning now would drop what is still queued to send (the last chunks, the end
         # message: seen with pyarrow 26's Flight server when the trainer's credit messages are
         # unread, and the trainer then asked again for nothing): wait until it closes its side.
@@ -216,7 +222,8 @@ def _answers(request: DecodeRequest,
         yield from chunks
         return
     shared = PixelsWriter(request.shared_pixels, pixel_bytes(
-        request.records, request.image_bytes(), len(request.image_fields)))
+        request.records, request.image_bytes(), len(request.image_fields)),
+        request.shared_offset)
     first = 0
     try:
         for batch in chunks:

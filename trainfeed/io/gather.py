@@ -40,8 +40,12 @@ def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 
 def _gathered_by_slices(column: pa.ChunkedArray) -> bool:
+    """Large binary values: encoded images, or decoded pixels from remote decode (fixed-size
+    binary, in the trainer's shared memory: `take` copied each image twice, concatenating the
+    window's chunks and then taking, before the batch's own copy)."""
     kind = column.type
-    return ((pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+    return ((pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+             or pa.types.is_fixed_size_binary(kind))
             and len(column) > 0 and column.nbytes >= SLICE_AT_BYTES * len(column))
 
 

@@ -35,12 +35,15 @@ import pyarrow.flight as flight
 from trainfeed.decode.pixels import DecodedBatch
 from trainfeed.decode.remote.shared_pixels import (
     NO_SHARED_PIXELS,
+    PixelsCall,
     SharedPixels,
     is_local,
     pixel_bytes,
 )
 from trainfeed.decode.remote.wire import (
     MAX_CALLS_PER_CLIENT,
+    MAX_CHUNK_BYTES,
+    MAX_CHUNK_RECORDS,
     MAX_CREDIT,
     DecodeRequest,
     DecoderRefusedError,
@@ -74,6 +77,18 @@ GIVE_UP_S = 60.0
 # much as receiving it over the network). The ones in use are what the reader holds.
 FREE_SHARED = 8
 FREE_SHARED_BYTES = 512 << 20
+# Consecutive calls' pixels go one after another into one memfd, the arena, so that a batch
+# spanning two partitions is a view of it, not a copy (received_pixels): room for ARENA_CALLS
+# calls of the first call's size (the partitions a reader holds at once: up to 32 loaded ahead,
+# trainfeed.io.prefetch.MAX_PREFETCH, the one being cut and the batches queued), within
+# [ARENA_MIN_BYTES, ARENA_MAX_BYTES] (its memory is allocated when it is made, once per reader);
+# a call over 1/ARENA_MIN_CALLS of it (a partition of more than ~890 images of 224x224x3) gets
+# a memfd of its own: batches then rarely span two calls. When the arena is full (every byte of
+# it still held by batches and partitions), a call also gets its own.
+ARENA_CALLS = 40
+ARENA_MIN_CALLS = 4
+ARENA_MIN_BYTES = 4 << 20
+ARENA_MAX_BYTES = 512 << 20
 # A whole call's deadline: a decoder that hangs (stopped, not dead) is given up after it.
 CALL_TIMEOUT_S = 120.0
 # A fetch without a record for this long logs what it waits for and until when, then every
@@ -114,6 +129,7 @@ class DecoderPool:
         self._decoders = {a: _Decoder(a, shared_memory=shared_memory) for a in addresses}
         self._shared_memory = shared_memory
         self._free: list[SharedPixels] = []  # memfds no call uses now
+        self._arena: SharedPixels | None = None  # the memfd consecutive calls share
         self._headers = ([(AUTH_METADATA_KEY.encode(), f"{BEARER_SCHEME} {token}".encode())]
                          if token else [])
         self.give_up_s = give_up_s
@@ -261,13 +277,14 @@ class DecoderPool:
         A decoder on this host writes the pixels into a memfd of ours; one that cannot is
         asked again with the pixels in the chunks, and not offered one again."""
         size = pixel_bytes(request.records, request.image_bytes(), len(request.image_fields))
-        shared = self._shared(decoder, size)
-        if shared is not None:
-            clean = False  # a call cut off may still be written to: its memfd is not reused
+        call = self._shared(decoder, size, pixel_bytes(
+            request.num_records, request.image_bytes(), len(request.image_fields)))
+        if call is not None:
+            clean = False  # a call cut off may still be written to: its bytes are not reused
             try:
-                shared.view(size)
-                yield from self._exchange(
-                    decoder, dataclasses.replace(request, shared_pixels=shared.address), shared)
+                yield from self._exchange(decoder, dataclasses.replace(
+                    request, shared_pixels=call.address, shared_offset=call.offset,
+                    chunk=_shared_chunk(request)), call)
                 clean = True
                 with self._lock:
                     decoder.shared += 1
@@ -278,30 +295,48 @@ class DecoderPool:
                             "pixels come over the network", decoder.address, e)
                 decoder.shared_memory = False
             finally:
-                if clean:
-                    shared.recycle(self._put_shared)
-                else:
-                    shared.close()
+                own = call.memory is not self._arena  # a memfd of this call alone
+                call.end(clean, self._put_shared if own else None)
+                if own and not clean:
+                    call.memory.close()
         yield from self._exchange(decoder, request, None)
 
-    def _shared(self, decoder: _Decoder, size: int) -> SharedPixels | None:
-        """A memfd for a call's `size` pixel bytes (a free one if any is large enough), when
-        the decoder is on this host."""
+    def _shared(self, decoder: _Decoder, size: int, partition: int = 0) -> PixelsCall | None:
+        """Room for a call's `size` pixel bytes in shared memory, when the decoder is on this
+        host: in the arena, after the previous call's, if it fits; else in a memfd of its own
+        (a free one if any is large enough). `partition`: the bytes of the call's whole
+        partition (a call may be a segment of it, or its rest), which sizes the arena."""
         if not (decoder.shared_memory and size and is_local(decoder.address)):
             return None
-        with self._lock:
-            fits = [s for s in self._free if s.capacity >= size and s.pid == os.getpid()]
-            if fits:
-                chosen = min(fits, key=lambda s: s.capacity)
-                self._free.remove(chosen)
-                return chosen
         try:
-            return SharedPixels(size)
+            arena = self._arena_for(size, max(size, partition))
+            call = arena.call(size) if arena is not None else None
+            if call is not None:
+                return call
+            with self._lock:
+                fits = [s for s in self._free if s.capacity >= size and s.pid == os.getpid()]
+                if fits:
+                    chosen = min(fits, key=lambda s: s.capacity)
+                    self._free.remove(chosen)
+                    return chosen.call(size)
+            return SharedPixels(size).call(size)
         except OSError as e:  # no memfd here, or /dev/shm's memory is short
             logger.warning("no shared memory for remote decode's pixels (%s): they come over "
                            "the network", e)
             decoder.shared_memory = False
             return None
+
+    def _arena_for(self, size: int, partition: int) -> SharedPixels | None:
+        """The memfd consecutive calls share (made at the first call, ARENA_CALLS of its
+        partition's bytes within [ARENA_MIN_BYTES, ARENA_MAX_BYTES]), if a call of `size`
+        goes there."""
+        with self._lock:
+            if self._arena is None or self._arena.pid != os.getpid():
+                capacity = min(ARENA_MAX_BYTES, max(ARENA_MIN_BYTES, ARENA_CALLS * partition))
+                if size > capacity // ARENA_MIN_CALLS:
+                    return None
+                self._arena = SharedPixels(capacity)
+            return self._arena if size <= self._arena.capacity // ARENA_MIN_CALLS else None
 
     def _put_shared(self, shared: SharedPixels) -> None:
         """A memfd whose pixels are all dropped: kept for the next call, within FREE_SHARED
@@ -320,14 +355,15 @@ class DecoderPool:
             extra.close()
 
     def _exchange(self, decoder: _Decoder, request: DecodeRequest,
-                  shared: SharedPixels | None) -> Iterator[pa.RecordBatch]:
+                  shared: PixelsCall | None) -> Iterator[pa.RecordBatch]:
         assert decoder.client is not None
         options = flight.FlightCallOptions(headers=self._headers, timeout=CALL_TIMEOUT_S)
         with _translated(decoder.address):
             writer, reader = decoder.client.do_exchange(
                 flight.FlightDescriptor.for_command(request.encode()), options)
             try:
-                batches = _received(decoder.address, writer, reader, request.records)
+                batches = _received(decoder.address, writer, reader, request.records,
+                                    request.chunk)
                 yield from (batches if shared is None
                             else _from_shared(batches, request, shared))
             finally:
@@ -341,6 +377,9 @@ class DecoderPool:
             self.closed = True
             clients = [d.client for d in self._decoders.values() if d.client is not None]
             free, self._free = self._free, []
+            if self._arena is not None:
+                free.append(self._arena)
+                self._arena = None
             for d in self._decoders.values():
                 d.client = None
         for client in clients:
@@ -349,11 +388,28 @@ class DecoderPool:
             shared.close()
 
 
+def _shared_chunk(request: DecodeRequest) -> int:
+    """Records per chunk when the pixels go through shared memory: as many as the bounds allow
+    (MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES of decoded pixels), since a chunk then carries only
+    the small fields, and each message costs the trainer ~0.5 ms of CPU on the project VM
+    (gRPC's wakeups: docs/benchmarks.md); the trainer uses a partition once all of it came."""
+    pixels = request.image_bytes() * max(1, len(request.image_fields))
+    return max(request.chunk, min(MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // max(1, pixels)))
+
+
 def _received(address: str, writer: flight.FlightStreamWriter,
-              reader: flight.FlightStreamReader, expected: int) -> Iterator[pa.RecordBatch]:
-    """The call's record batches (an empty one too: it carries the schema), a chunk of credit
-    granted for each; checks the decoder's end message against what came and was asked."""
-    writer.write_metadata(credit_message(CREDIT))
+              reader: flight.FlightStreamReader, expected: int,
+              chunk_records: int) -> Iterator[pa.RecordBatch]:
+    """The call's record batches (an empty one too: it carries the schema); checks the
+    decoder's end message against what came and was asked.
+
+    Credit is granted for what the call still needs, at most CREDIT chunks ahead: a call of a
+    few chunks (a small partition) is granted them all at once and sends no message per chunk
+    (each message wakes gRPC's threads on both sides). A chunk of credit more goes out only
+    while the credit outstanding, counted in full chunks of `chunk_records`, falls short of the
+    records still to come, so a decoder sending shorter chunks is never left without credit."""
+    outstanding = min(CREDIT, max(1, -(-expected // max(1, chunk_records))))
+    writer.write_metadata(credit_message(outstanding))
     sent = 0
     while True:
         try:
@@ -361,8 +417,11 @@ def _received(address: str, writer: flight.FlightStreamWriter,
         except StopIteration:
             raise _Died(f"the stream ended after {sent} of {expected} records") from None
         if chunk.data is not None:
-            writer.write_metadata(credit_message(1))
+            outstanding -= 1
             sent += chunk.data.num_rows
+            if sent < expected and outstanding * chunk_records < expected - sent:
+                writer.write_metadata(credit_message(1))
+                outstanding += 1
             yield chunk.data
         end = parse_control(chunk.app_metadata.to_pybytes()
                             if chunk.app_metadata is not None else None).get("end")
@@ -375,10 +434,10 @@ def _received(address: str, writer: flight.FlightStreamWriter,
 
 
 def _from_shared(batches: Iterator[pa.RecordBatch], request: DecodeRequest,
-                 shared: SharedPixels) -> Iterator[pa.RecordBatch]:
+                 shared: PixelsCall) -> Iterator[pa.RecordBatch]:
     """The batches with each image field's pixels taken from the memfd (zero-copy): the
     decoder sent, for each, whether each record decoded. Every offset is ours, from the rows
-    counted, checked against it by SharedPixels.column."""
+    counted, checked against it by PixelsCall.column."""
     image = request.image_bytes()
     first = 0
     for batch in batches:
@@ -522,26 +581,63 @@ def _empty(template: RequestTemplate) -> pa.Table:
 def received_pixels(column: pa.ChunkedArray | pa.Array,
                     shape: tuple[int, int, int]) -> DecodedBatch:
     """A column of decoded pixels (fixed-size binary, null: failed under "skip") as the
-    DecodedBatch local decode makes: the images of the rows that decoded, and which did."""
-    if isinstance(column, pa.ChunkedArray):  # (combine_chunks copies even a single chunk)
-        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    else:
-        array = column
-    n = len(array)
+    DecodedBatch local decode makes: the images of the rows that decoded, and which did.
+
+    The images are the trainer's own writable memory, as local decode's are (torch.from_numpy
+    warns on read-only arrays), made without copying where possible: chunks that lie one after
+    another in writable memory (a call's pixels in shared memory, whichever chunks and
+    partitions the batch spans) are one view of it; otherwise (the pixels came over the
+    network, or a batch spans two calls' memory) each chunk is copied once, straight into the
+    batch's array."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     size = int(np.prod(shape))
-    if array.type.byte_width != size:  # a decoder answering with other options
-        raise DecoderRefusedError(f"a decoder sent images of {array.type.byte_width} bytes; "
+    if column.type.byte_width != size:  # a decoder answering with other options
+        raise DecoderRefusedError(f"a decoder sent images of {column.type.byte_width} bytes; "
                                   f"this reader's are {shape} ({size} bytes)")
-    data = array.buffers()[1]
-    images = (np.frombuffer(data, np.uint8, count=n * size, offset=array.offset * size)
-              .reshape(n, *shape) if n else np.empty((0, *shape), np.uint8))
-    if not images.flags.writeable:  # as received over the network (no shuffle took rows):
-        images = images.copy()      # local batches are writable, and torch.from_numpy warns
-                                    # on read-only ones (shared memory's are writable)
-    if not array.null_count:
+    chunks = [c for c in chunks if len(c)]
+    n = sum(len(c) for c in chunks)
+    images = _joined(chunks, n, size).reshape(n, *shape)
+    if not any(c.null_count for c in chunks):
         return DecodedBatch(images, np.ones(n, dtype=bool), ())
-    ok = array.is_valid().to_numpy(zero_copy_only=False)
+    ok = np.concatenate([c.is_valid().to_numpy(zero_copy_only=False) for c in chunks])
     return DecodedBatch(images[ok], ok, ())
+
+
+def _joined(chunks: list[pa.Array], n: int, size: int) -> np.ndarray:
+    """The pixels of `chunks` (of `n` images of `size` bytes in all) as one flat writable
+    array: a view where they are adjacent writable memory, else one copy of each."""
+    if not chunks:
+        return np.empty(0, np.uint8)
+    buffers = [c.buffers()[1] for c in chunks]
+    starts = [b.address + c.offset * size for b, c in zip(buffers, chunks)]
+    if all(b.is_mutable for b in buffers) and all(
+            start + len(c) * size == after
+            for start, c, after in zip(starts, chunks, starts[1:])):
+        if len(chunks) == 1:
+            return np.frombuffer(buffers[0], np.uint8, count=n * size,
+                                 offset=chunks[0].offset * size)
+        return np.asarray(_Adjacent(chunks, starts[0], n * size))
+    out = np.empty(n * size, np.uint8)
+    at = 0
+    for buffer, c in zip(buffers, chunks):
+        count = len(c) * size
+        out[at:at + count] = np.frombuffer(buffer, np.uint8, count=count,
+                                           offset=c.offset * size)
+        at += count
+    return out
+
+
+class _Adjacent:
+    """Chunks whose pixels lie one after another in memory, as one array (numpy's
+    `__array_interface__`): the array holds this, and this holds the chunks, so the memory
+    they read (a memfd, until it is recycled: trainfeed.decode.remote.shared_pixels) lives
+    as long as the array. Only made from chunks shown adjacent: every byte of the span is one
+    of theirs."""
+
+    def __init__(self, chunks: list[pa.Array], start: int, nbytes: int):
+        self.chunks = chunks
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (start, False), "version": 3}
 
 
 def _close(client: flight.FlightClient | None) -> None:

@@ -5,11 +5,13 @@ message (about 0.3 ms of CPU per 224x224x3 image on one core: docs/benchmarks.md
 the same host instead writes the pixels of a request straight into memory the trainer made for
 it, and the Flight stream carries only the small fields and which images decoded.
 
-The trainer gives each call a sealed memfd (`SharedPixels`, reused once the pixels of its last
-call are dropped) of at least the request's pixel bytes, allocated by the trainer
-(`posix_fallocate`: its memory, charged to it), sealed against shrinking and growing, and named
-`trainfeed-pixels-<128 random bits>`. The request names it as `"<pid>/<fd>/<name>"`; the decoder
-(`PixelsWriter`) opens `/proc/<pid>/fd/<fd>` and maps only the request's pixel bytes, and only
+The trainer gives each call room in a sealed memfd (`SharedPixels`: kept, and its bytes reused
+once the pixels of their call are dropped; consecutive calls' bytes one after another, so that a
+batch spanning two partitions needs no copy), allocated by the trainer (`posix_fallocate`: its
+memory, charged to it), sealed against shrinking and growing, and named
+`trainfeed-pixels-<128 random bits>`. The request names it as `"<pid>/<fd>/<name>"` and where
+its bytes start (`shared_offset`); the decoder (`PixelsWriter`) opens `/proc/<pid>/fd/<fd>`
+and maps only the request's pixel bytes (from the start of the page they begin in), and only
 if it is that memfd (the name, which only the trainer and the decoders it asks know, read back
 from the decoder's own descriptor), sealed, large enough, and allocated in full. So:
 
@@ -31,6 +33,7 @@ import mmap
 import os
 import re
 import secrets
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -39,8 +42,8 @@ import pyarrow as pa
 
 from trainfeed.errors import DecoderRefusedError
 
-__all__ = ["NO_SHARED_PIXELS", "PixelsWriter", "SharedPixels", "SharedPixelsUnavailable",
-           "is_local", "pixel_bytes"]
+__all__ = ["NO_SHARED_PIXELS", "PixelsCall", "PixelsWriter", "SharedPixels",
+           "SharedPixelsUnavailable", "is_local", "pixel_bytes"]
 
 PREFIX = "trainfeed-pixels-"
 # "<pid>/<fd>/<name>": what a request may name, and nothing else.
@@ -69,13 +72,17 @@ class SharedPixelsUnavailable(DecoderRefusedError):
 
 
 class SharedPixels:
-    """A sealed memfd of the trainer's, reused from call to call: making fresh memory costs
+    """A sealed memfd of the trainer's, kept from call to call: making fresh memory costs
     more than the pixels' transport (on the project VM, allocating, mapping and freeing 150 KB
     cost ~0.3 ms, copying it into warm memory 0.03 ms).
 
-    `view(size)` is one call's pixels; the columns `column()` makes from it keep it alive, and
-    `recycle()` hands the memfd to `put` once the last of them is gone. Not thread-safe: one
-    call at a time uses one."""
+    Calls take room in it with `call(size)`: right after the previous call's bytes, so that
+    consecutive calls' pixels (one partition's and the next's) lie one after another and a
+    batch spanning both is a view of this memory, not a copy
+    (trainfeed.decode.remote.client.received_pixels); from the start again once the end is
+    reached. A call's bytes are free again once the last column made from them is dropped
+    (`PixelsCall.end`). Thread-safe: calls of several threads may share one memfd, and the
+    bytes come back from whichever thread drops the last column."""
 
     def __init__(self, capacity: int):
         if capacity <= 0:
@@ -93,24 +100,73 @@ class SharedPixels:
             self.close()
             raise
         self.address = f"{self.pid}/{self._fd}/{self.name}"
-        self._pixels: np.ndarray | None = None
+        # (Reentrant: bytes come back when an array is dropped, which may happen inside.)
+        self._lock = threading.RLock()
+        self._taken: dict[int, int] = {}  # start -> end of the calls whose bytes are in use
+        self._next = 0  # where the next call goes if it fits
 
-    def view(self, size: int) -> None:
-        """Starts a call of `size` pixel bytes (at most the capacity)."""
-        if self._mapped is None or not 0 < size <= self.capacity:
+    def call(self, size: int) -> PixelsCall | None:
+        """Room for one call's `size` pixel bytes: after the previous call's, else from the
+        start; None if neither is free (or the memfd is closed)."""
+        if not 0 < size <= self.capacity:
             raise ValueError(f"a call of {size} bytes does not fit this {self.capacity}-byte "
-                             f"memfd (or it is closed)")
-        # (numpy's view: an Arrow buffer's slice is read-only, numpy's slices are not, and
-        # torch warns on read-only arrays.)
-        self._pixels = np.frombuffer(self._mapped, np.uint8, count=size)
+                             f"memfd")
+        with self._lock:
+            if self._mapped is None:
+                return None
+            taken = tuple(self._taken.items())  # (a call ending inside changes the dict)
+            for start in (self._next, 0):
+                end = start + size
+                if end <= self.capacity and all(e <= start or end <= s for s, e in taken):
+                    self._taken[start] = end
+                    self._next = end
+                    # (numpy's view: an Arrow buffer's slice is read-only, numpy's slices are
+                    # not, and torch warns on read-only arrays. Its slices' base is this
+                    # array, so the call's bytes are in use while any of them is.)
+                    return PixelsCall(self, start, np.frombuffer(self._mapped, np.uint8,
+                                                                 count=size, offset=start))
+        return None
+
+    @property
+    def idle(self) -> bool:
+        """No call's bytes are in use."""
+        with self._lock:
+            return not self._taken
+
+    def _release(self, start: int, idle: Callable[[SharedPixels], None] | None) -> None:
+        with self._lock:
+            self._taken.pop(start, None)
+            now_idle = not self._taken
+        if now_idle and idle is not None:
+            idle(self)
+
+    def close(self) -> None:
+        """Closes the descriptor and drops the mapping (idempotent); columns still using it
+        keep it mapped until they are dropped, and a decoder's own descriptor stays valid
+        until its call ends."""
+        fd, self._fd = self._fd, None
+        self._mapped = None
+        if fd is not None:
+            os.close(fd)
+
+
+class PixelsCall:
+    """One call's pixels: bytes [offset, offset + len(pixels)) of a SharedPixels memfd, which
+    the request names (`address`, `offset`). Not thread-safe: one call uses one."""
+
+    def __init__(self, memory: SharedPixels, offset: int, pixels: np.ndarray):
+        self.memory = memory
+        self.address = memory.address
+        self.offset = offset
+        self._pixels: np.ndarray | None = pixels
 
     def column(self, start: int, rows: int, image_bytes: int,
                validity: pa.Array) -> pa.Array:
-        """`rows` images of `image_bytes` each from byte `start` of this call's view on, as a
+        """`rows` images of `image_bytes` each from byte `start` of this call's bytes on, as a
         fixed-size binary column (zero-copy, null where `validity` is false); raises
-        DecoderRefusedError for rows outside the view or a validity column that is not one
+        DecoderRefusedError for rows outside the call or a validity column that is not one
         boolean per row."""
-        assert self._pixels is not None, "view() first"
+        assert self._pixels is not None, "the call ended"
         end = start + rows * image_bytes
         if not 0 <= start <= end <= len(self._pixels):
             raise DecoderRefusedError(f"a decoder sent rows at bytes [{start}, {end}) of a "
@@ -123,22 +179,14 @@ class SharedPixels:
         return pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(image_bytes), rows, [bitmap, pa.py_buffer(self._pixels[start:end])])
 
-    def recycle(self, put: Callable[[SharedPixels], None]) -> None:
-        """Ends the call: `put(self)` once no column of it is left (at once if none is)."""
+    def end(self, clean: bool, idle: Callable[[SharedPixels], None] | None = None) -> None:
+        """Ends the call. `clean`: its bytes are free for another call once no column of it
+        is left (at once if none is), and then `idle(memory)` if no other call uses the
+        memfd. Not clean (a call cut off, whose decoder may still write there): its bytes are
+        never used again."""
         pixels, self._pixels = self._pixels, None
-        if pixels is None:
-            put(self)
-        else:
-            weakref.finalize(pixels, put, self)
-
-    def close(self) -> None:
-        """Closes the descriptor and drops the mapping (idempotent); columns still using it
-        keep it mapped until they are dropped, and a decoder's own descriptor stays valid
-        until its call ends."""
-        fd, self._fd = self._fd, None
-        self._mapped = self._pixels = None
-        if fd is not None:
-            os.close(fd)
+        if clean and pixels is not None:
+            weakref.finalize(pixels, self.memory._release, self.offset, idle)
 
 
 class PixelsWriter:
@@ -146,7 +194,7 @@ class PixelsWriter:
     Raises SharedPixelsUnavailable when it cannot be opened here, DecoderRefusedError when it is
     not what the request says."""
 
-    def __init__(self, address: str, size: int):
+    def __init__(self, address: str, size: int, offset: int = 0):
         found = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
         if found is None:
             raise DecoderRefusedError(f"shared_pixels {str(address)[:100]!r} is not "
@@ -157,13 +205,18 @@ class PixelsWriter:
         except OSError as e:
             raise SharedPixelsUnavailable(f"cannot open the trainer's shared memfd here "
                                      f"({e.strerror}): not on its host?") from None
+        # (A mapping starts on a page: the page the request's bytes start in, which the
+        # previous call's last bytes may share; only the request's bytes are written.)
+        page = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:
             # (Not populated: the decoder's page tables grow only as it writes pixels.)
-            self._mapped = mmap.mmap(fd, _checked(fd, name, size), flags=mmap.MAP_SHARED)
+            self._mapped = mmap.mmap(fd, _checked(fd, name, offset + size) - page,
+                                     flags=mmap.MAP_SHARED, offset=page)
         finally:
             os.close(fd)
         self.size = size
-        self._view: np.ndarray | None = np.frombuffer(self._mapped, np.uint8)
+        self._view: np.ndarray | None = np.frombuffer(self._mapped, np.uint8, count=size,
+                                                      offset=offset - page)
 
     def write(self, start: int, data: np.ndarray) -> None:
         """`data`'s bytes at byte `start` (a decoder's own bound: inside the memfd)."""
@@ -182,7 +235,8 @@ class PixelsWriter:
 
 
 def _checked(fd: int, name: str, size: int) -> int:
-    """`size`, once the open descriptor is shown to be the named, sealed, allocated memfd."""
+    """`size` (where the request's pixels end), once the open descriptor is shown to be the
+    named, sealed, allocated memfd, of at least that size."""
     if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{name} (deleted)":
         raise SharedPixelsUnavailable(f"no shared memfd {name} here: not on the trainer's host?")
     seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
@@ -192,7 +246,7 @@ def _checked(fd: int, name: str, size: int) -> int:
     stat = os.fstat(fd)
     if stat.st_size < size:
         raise DecoderRefusedError(f"the shared memfd has {stat.st_size} bytes; the request's "
-                                  f"pixels are {size}")
+                                  f"pixels end at byte {size}")
     if stat.st_blocks * 512 < stat.st_size:
         raise DecoderRefusedError("the shared memfd is not allocated in full by the trainer")
     return size

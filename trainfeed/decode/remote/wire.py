@@ -5,10 +5,12 @@ JSON of `DecodeRequest`; the trainer grants credit (`{"credit": n}`, metadata-on
 the decoder sends at most that many chunks ahead; each chunk is a record batch of the partition's
 records in delivery order: `_id`, the small fields as stored, and each image field as
 `fixed_size_binary(H*W*C)` uint8 pixels (null: a record that failed to decode under "skip").
-The stream ends with a metadata-only message `{"end": records}`. A decoder on the trainer's host
-writes the pixels into the memfd the request's `shared_pixels` names instead, and each image
-field of a chunk is then one boolean per record, true where it decoded
-(trainfeed.decode.remote.shared_pixels).
+The last chunk carries `{"end": records}` as its metadata (a decoder before 2026-11-29 sent it
+as a metadata-only message after the last chunk; a trainer reads either). A decoder on the
+trainer's host writes the pixels into the memfd the request's `shared_pixels` names instead
+(from byte `shared_offset` on), and each image field of a chunk is then one boolean per record,
+true where it decoded (trainfeed.decode.remote.shared_pixels). The trainer grants only the
+credit a call still needs (a call of one chunk: one grant).
 
 Flight was chosen by measurement (benchmarks/remote_decode.py --transport, 2026-11-29, a shared
 2-core machine at load 18-21): receiving 64-image chunks of 224x224x3 on one core cost the
@@ -50,7 +52,7 @@ MAX_REQUEST_BYTES = 16 << 10
 # few enough that a chunk decodes in tens of milliseconds on one decoder.
 CHUNK_IMAGE_BYTES = 8 << 20
 # Keys a request may leave out (older trainers).
-OPTIONAL = {"shared_pixels"}
+OPTIONAL = {"shared_pixels", "shared_offset"}
 
 
 def chunk_records(image_bytes: int) -> int:
@@ -90,6 +92,9 @@ class DecodeRequest:
     # A decoder on the trainer's host writes the pixels here (trainfeed.decode.remote.shared_pixels:
     # "<pid>/<fd>/<name>" of a memfd); None: they travel in the chunks.
     shared_pixels: str | None = None
+    # Where in that memfd this request's pixels start (the trainer puts consecutive calls'
+    # pixels one after another in one memfd).
+    shared_offset: int = 0
 
     @property
     def records(self) -> int:
@@ -102,7 +107,12 @@ class DecodeRequest:
         return int(size[0]) * int(size[1]) * int(self.decode.get("channels", 3))
 
     def encode(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        # (Fields by name, not dataclasses.asdict: it deep-copies the decode options on every
+        # call. shared_offset 0 is left out, as a trainer before it sent its requests.)
+        raw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not self.shared_offset:
+            del raw["shared_offset"]
+        return json.dumps(raw, sort_keys=True).encode()
 
     @classmethod
     def parse(cls, data: bytes) -> DecodeRequest:
@@ -135,7 +145,7 @@ class DecodeRequest:
                 "row_group_start": self.row_group_start, "row_group_stop": self.row_group_stop,
                 "num_records": self.num_records, "row_start": self.row_start,
                 "skip": self.skip, "stop": self.stop, "seed": self.seed, "chunk": self.chunk,
-                "max_pixels": self.max_pixels}
+                "max_pixels": self.max_pixels, "shared_offset": self.shared_offset}
         for name, value in ints.items():
             if type(value) is not int or value < 0:
                 raise DecoderRefusedError(f"{name} must be a whole number ≥ 0, got {value!r}")

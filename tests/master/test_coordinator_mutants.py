@@ -323,7 +323,7 @@ def test_an_unknown_job_is_named_with_the_jobs_here_only_to_the_masters_token(
     with pytest.raises(NotFound) as err:
         core.job("x", "x")
     assert err.value.message == "no job 'x' on this master; a reader creates its job with OpenJob"
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument, match=r"^invalid job name 'no/such name': use 1-128"):
         core.job("no/such name", None)
     assert core.job("j", "j") is core.jobs["j"] and core.job("j", None) is core.jobs["j"]
 
@@ -446,7 +446,8 @@ def test_a_plain_session_changes_no_ledger_and_a_resume_does(tmp_path: Path) -> 
     core = make_core(tmp_path)
     job = make_job(core)
     opened, changed = core.open_session(job, request(), 0.0)
-    assert not changed and opened.resumed_partitions == 0 and opened.resume_cut == 0
+    assert changed is False and opened.resumed_partitions == 0 and opened.resume_cut == 0
+    assert opened.worker_id.startswith("r-")
     old = opened.worker_id
     core.open_stream(job, old, opened.session_secret, exchange=False)
     mine = tasks(core, job, old, 0.0, 3)
@@ -484,11 +485,11 @@ def test_a_resume_without_or_with_a_wrong_credential_is_refused_naming_which(
 def test_an_asynchronous_reader_of_a_synchronous_job_is_refused(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     job = make_job(core)
-    rank(core, job, 0)
+    join(core, job, sync=pb.SyncGroup(world_size=2, rank=0, batch_size=3))
     with pytest.raises(FailedPrecondition) as err:
         join(core, job)
     assert err.value.message == (
-        "job 'j' is synchronous (world size 2, batch size 2): read it with dist.reader(..., "
+        "job 'j' is synchronous (world size 2, batch size 3): read it with dist.reader(..., "
         "sync=True), or use another job name")
 
 
@@ -555,6 +556,7 @@ def test_a_heartbeat_tells_a_superseded_reader_why(tmp_path: Path) -> None:
     assert answer is not None and "restored from this reader's checkpoint" in answer.why
     granted, _ = get(core, job, old, 2.0, reports=[report(task)])
     assert granted.grant.status is LeaseStatus.WAIT and not granted.grant.tasks
+    assert granted.grant.group_broken == ""
     assert granted.grant.superseded == answer.why == granted.grant.revoked_why
     assert granted.seq == 1 and granted.epoch == 0
     assert granted.refused == [held(task)] == list(granted.grant.revoked)
@@ -984,3 +986,143 @@ def test_ranks_that_all_ask_for_the_next_epoch_while_todo_is_left_are_logged(
     [line] = messages(caplog)
     assert line.startswith("job 'j': every rank of the synchronous group (world size 2) had "
                            "its quota of epoch 0 and asks for the next")
+
+
+def test_a_reader_restored_from_a_ranks_checkpoint_takes_its_rank_at_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    sync = pb.SyncGroup(world_size=2, rank=0, batch_size=2)
+    opened, _ = core.open_session(job, request(sync=sync), 0.0)
+    old = opened.worker_id
+    mine = tasks(core, job, old, 0.0, 2)
+    with caplog.at_level(logging.INFO, logger="trainfeed.master.core.opening"):
+        resumed, _ = core.open_session(job, request(sync=sync, resume=pb.ResumePosition(
+            epoch=0, worker_id=old, credential=opened.resume_credential)), 1.0)
+    assert job.members is not None and job.members.rank_of(resumed.worker_id) == 0
+    assert "restored from its checkpoint" in job.members.message_for(old)
+    assert [r.getMessage() for r in caplog.records if "resumes the checkpoint" in
+            r.getMessage()] == [f"job 'j': worker {resumed.worker_id} resumes the checkpoint of "
+                                f"{old} in epoch 0: {len(mine)} partition(s) back to todo"]
+
+
+def test_a_reader_that_left_can_be_resumed_and_leaving_twice_is_harmless(
+        tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    opened, _ = core.open_session(job, request(), 0.0)
+    old = opened.worker_id
+    leave = Leave("j", old, opened.session_secret)
+    assert core.leave(job, leave, 1.0) == 0 and core.leave(job, leave, 1.5) == 0
+    resumed, changed = core.open_session(job, request(resume=pb.ResumePosition(
+        epoch=0, worker_id=old, credential=opened.resume_credential)), 2.0)
+    assert changed and resumed.worker_id in job.workers and old not in job.workers
+
+
+def test_a_get_tasks_does_not_revoke_the_leases_still_the_readers(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    worker = join(core, job)
+    mine = tasks(core, job, worker, 0.0, 2)
+    answer, _ = get(core, job, worker, 1.0, 1, held=[held(t) for t in mine])
+    assert answer.grant.revoked == [] and answer.grant.status is LeaseStatus.TASKS
+
+
+def test_a_given_back_partition_is_kept_for_the_reader_that_asked(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    slow, fast, mine = slow_and_fast(core, job)
+    third = join(core, job, 1.0)
+    heard, _ = beat(core, job, slow, 1.5, held=[held(t) for t in mine])
+    assert heard is not None and heard.give_back
+    back = heard.give_back[0]
+    beat(core, job, slow, 1.6, reports=[Report(back.epoch, back.partition, Outcome.RELEASED,
+                                               back.lease)])
+    assert back.partition in job.ledger.todo
+    waited, _ = get(core, job, third, 1.7, 1)
+    assert waited.grant.status is LeaseStatus.WAIT  # (kept for the thief)
+    got, _ = get(core, job, fast, 1.8, 1)
+    assert [t.partition for t in got.grant.tasks] == [back.partition]
+
+
+def test_a_reader_asking_when_others_leases_ran_out_leases_them_at_once(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    a, b = join(core, job, 10.0), join(core, job, 10.0)
+    mine = tasks(core, job, a, 10.0, 2)
+    for t in range(11, int(10 + T) + 1):
+        beat(core, job, b, float(t), seq=0)  # (no timer tick: b's call finds the expiry)
+    got, _ = get(core, job, b, 10.0 + T, 2)
+    assert got.grant.status is LeaseStatus.TASKS
+    assert {t.partition for t in mine} <= {t.partition for t in got.grant.tasks} | set(
+        job.ledger.todo)
+
+
+def test_a_get_tasks_leases_no_more_than_covers_max_records(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    worker = join(core, job)
+    answer, _ = get(core, job, worker, 0.0, 4, max_records=RECORDS + 5)
+    assert len(answer.grant.tasks) == 2
+
+
+def test_a_rank_that_waited_in_the_current_epoch_did_not_ask_ahead(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    r0, r1 = rank(core, job, 0), rank(core, job, 1)
+    mine = tasks(core, job, r0, 1.0)
+    while True:
+        waited, _ = get(core, job, r1, 1.0)
+        if waited.grant.status is not LeaseStatus.TASKS:
+            break
+        mine += waited.grant.tasks
+    assert waited.grant.status is LeaseStatus.WAIT and not job.ledger.todo  # the current epoch
+    owners = dict(job.ledger.pending)
+    for w in (r0, r1):
+        beat(core, job, w, 1.5, reports=[report(t, Outcome.RELEASED) for t in mine
+                                          if owners[t.partition] == w])
+    assert not job.ledger.pending and job.ledger.todo
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        get(core, job, r0, 2.0, 1, epoch=1)
+    assert not messages(caplog)
+
+
+def test_a_handed_back_ask_leases_to_its_reader(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    a, b = join(core, job), join(core, job)
+    mine: list[Task] = []
+    while len(mine) < PARTITIONS:
+        mine += tasks(core, job, a, 0.0)
+    ask, _ = core.handle(job, b, GetTasks(seq=3, epoch=0, max_tasks=1, wait_ms=1000), 1.0)
+    assert isinstance(ask, Ask)
+    beat(core, job, a, 1.2, reports=[report(mine[0], Outcome.RELEASED)])
+    answer, _ = core.handle(job, b, ask, 1.4)
+    assert isinstance(answer, Granted) and answer.grant.status is LeaseStatus.TASKS
+    assert job.ledger.pending[mine[0].partition] == b
+
+
+def test_a_closed_stream_is_told_nothing_more(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    worker = join(core, job)
+    key = core.open_stream(job, worker, job.sessions.secret(worker), exchange=False)
+    core.close_stream(key)
+    assert not core.news.watches("j", worker)
+
+
+def test_a_job_leases_with_the_token_key_it_was_created_with(tmp_path: Path) -> None:
+    core = make_core(tmp_path)
+    job = make_job(core)
+    assert job.ledger.token_key == b"k" * 32
+
+
+def test_a_master_that_accepts_unversioned_readers_admits_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    core = make_core(tmp_path)
+    unversioned = convert.open_job(pb.OpenJobRequest(job="j", dataset="d"))
+    with pytest.raises(FailedPrecondition):
+        core.check_open(unversioned, None)
+    monkeypatch.setattr(coordinator_module, "ACCEPT_UNVERSIONED", True)
+    assert core.check_open(unversioned, None) is not None

@@ -119,11 +119,14 @@ class Coordinator:
         self.jobs: dict[str, Job] = {}
         self.metrics: dict[str, JobMetrics] = {}
         # When the event loop last ran: a longer gap is a stall (see `alive`).
+        # mutmut: `None` for 0.0 is equivalent: both are falsy, which is all `alive` asks of it
+        # before the first sign of life sets it, and nothing else reads it before then.
         self.alive_at = 0.0
         # Refusals (of reports, of sessions) hostile callers can make at will: a bounded log.
         self.refusal_log = RateLimitedLog(logger)
         self.reader_stats = ReaderBoard()  # what readers measure (issue 29): the status page
         self.news = Newsroom()  # who has a stream, and what they are to be told
+        # mutmut: `lambda job: 0` is equivalent: no caller uses what on_change returns.
         self.on_change: Callable[[str], None] = lambda job: None
         # Synchronous job -> (its epoch, the ranks that asked for the next one while it was
         # open, whether the stuck epoch was logged): see admission.note_ahead.

@@ -142,6 +142,16 @@ class Model:
             if w == worker:
                 del self.current[key]
 
+    def rewind(self, worker: str, keep: set[int]) -> None:
+        """A resume of `worker` from a checkpoint that saw only `keep` DONE: what it completed
+        beyond that goes back to be read again (trainfeed.master.core.ledger_resume: its
+        trainer lost those records). A DONE that was applied but never confirmed to the reader
+        is such a one."""
+        done = self.done.get(self.epoch, {})
+        for p, w in list(done.items()):
+            if w == worker and p not in keep:
+                del done[p]
+
 
 @dataclass(frozen=True)
 class Ask:
@@ -357,6 +367,7 @@ class CoordinatorModel(RuleBasedStateMachine):
             epoch=epoch, worker_id=old.worker, done=done, credential=old.credential))
         response, _ = self.core.open_session(self.job, request, self.now)
         self.model.drop(old.worker)
+        self.model.rewind(old.worker, set(done))
         old.done, old.credential = {}, ""  # (superseded: resumed once)
         reader = Reader(f"r{len(self.readers)}", response.worker_id, response.session_secret,
                         response.resume_credential, LeaseBook(response.lease_timeout_s, self.now))

@@ -524,14 +524,7 @@ def test_a_taken_rank_is_refused_with_its_trailer(tmp_path: Path) -> None:
 def test_a_heartbeat_answers_every_field(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     job = make_job(core)
-    slow, fast = join(core, job), join(core, job)
-    job.stealing.rates.add(slow, 1, 0.0)  # slow: 1 record/s; fast: 100
-    job.stealing.rates.add(slow, 1, 1.0)
-    job.stealing.rates.add(fast, 100, 0.0)
-    job.stealing.rates.add(fast, 100, 1.0)
-    mine = tasks(core, job, slow, 1.0)
-    while get(core, job, fast, 1.0)[0].grant.status is LeaseStatus.TASKS:
-        pass  # the rest, then nothing: it asks the slow reader to give back
+    slow, fast, mine = slow_and_fast(core, job)  # it asks the slow reader to give back
     wrong = Report(mine[0].epoch, mine[0].partition, Outcome.DONE, mine[0].lease + 1)
     gone = HeldTask(0, mine[1].partition, mine[1].lease + 1)
     answer, _ = beat(core, job, slow, 1.5, seq=9, reports=[wrong],
@@ -667,13 +660,7 @@ def test_a_waiting_reader_asks_the_holders_that_have_not_started_to_give_back(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(tmp_path)
     job = make_job(core)
-    slow, fast = join(core, job), join(core, job)
-    core.open_stream(job, slow, job.sessions.secret(slow), exchange=False)
-    job.stealing.rates.add(slow, 1, 0.0)
-    job.stealing.rates.add(slow, 1, 1.0)
-    job.stealing.rates.add(fast, 100, 0.0)
-    job.stealing.rates.add(fast, 100, 1.0)
-    mine = tasks(core, job, slow, 1.0)
+    slow, fast, mine = rated_pair(core, job, watching=True)
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         while True:
             answer, told = get(core, job, fast, 1.0)
@@ -691,12 +678,7 @@ def test_a_waiting_reader_asks_the_holders_that_have_not_started_to_give_back(
 def test_a_reader_without_a_stream_is_asked_in_its_answer_not_told(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     job = make_job(core)
-    slow, fast = join(core, job), join(core, job)
-    job.stealing.rates.add(slow, 1, 0.0)
-    job.stealing.rates.add(slow, 1, 1.0)
-    job.stealing.rates.add(fast, 100, 0.0)
-    job.stealing.rates.add(fast, 100, 1.0)
-    mine = tasks(core, job, slow, 1.0)
+    slow, fast, mine = rated_pair(core, job)
     while True:
         answer, told = get(core, job, fast, 1.0)
         if answer.grant.status is not LeaseStatus.TASKS:
@@ -770,14 +752,7 @@ def test_a_released_lease_wakes_the_long_polls_and_an_epochs_end_is_told_once(
 def test_a_held_lease_begun_voids_its_ask_and_wakes_the_thief(tmp_path: Path) -> None:
     core = make_core(tmp_path)
     job = make_job(core)
-    slow, fast = join(core, job), join(core, job)
-    job.stealing.rates.add(slow, 1, 0.0)
-    job.stealing.rates.add(slow, 1, 1.0)
-    job.stealing.rates.add(fast, 100, 0.0)
-    job.stealing.rates.add(fast, 100, 1.0)
-    mine = tasks(core, job, slow, 1.0)
-    while get(core, job, fast, 1.0)[0].grant.status is LeaseStatus.TASKS:
-        pass
+    slow, fast, mine = slow_and_fast(core, job)
     asked = set(job.stealing.asks)
     assert asked
     woken: list[str] = []
@@ -839,10 +814,10 @@ def test_a_rank_that_left_breaks_the_group_once_another_waits(tmp_path: Path) ->
     assert [t.worker for t in told if isinstance(t.event, GroupBroken)] == [r0]
 
 
-def slow_and_fast(core: Coordinator, job: Job, watching: bool = False
-                  ) -> tuple[str, str, list[Task]]:
-    """Two readers, `slow` (1 record/s, holding its fair share) and `fast` (100 records/s),
-    which leased the rest and then asked `slow` to give back what it would finish sooner."""
+def rated_pair(core: Coordinator, job: Job, watching: bool = False
+               ) -> tuple[str, str, list[Task]]:
+    """Two readers, `slow` (1 record/s, which leased its fair share: returned) and `fast`
+    (100 records/s, nothing leased yet); `watching`: `slow` has a stream open."""
     slow, fast = join(core, job), join(core, job)
     if watching:
         core.open_stream(job, slow, job.sessions.secret(slow), exchange=False)
@@ -850,7 +825,14 @@ def slow_and_fast(core: Coordinator, job: Job, watching: bool = False
     job.stealing.rates.add(slow, 1, 1.0)
     job.stealing.rates.add(fast, 100, 0.0)
     job.stealing.rates.add(fast, 100, 1.0)
-    mine = tasks(core, job, slow, 1.0)
+    return slow, fast, tasks(core, job, slow, 1.0)
+
+
+def slow_and_fast(core: Coordinator, job: Job, watching: bool = False
+                  ) -> tuple[str, str, list[Task]]:
+    """`rated_pair`, then `fast` leased the rest and asked `slow` to give back what it would
+    finish sooner."""
+    slow, fast, mine = rated_pair(core, job, watching)
     while get(core, job, fast, 1.0)[0].grant.status is LeaseStatus.TASKS:
         pass
     assert job.stealing.asks

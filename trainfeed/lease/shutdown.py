@@ -56,11 +56,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     sessions = list(_SESSIONS)
     logger.warning("SIGTERM: handing the tasks of %d reader(s) back to the master",
                    len(sessions))
-    for session in sessions:
-        try:
-            session.close()
-        except Exception as e:  # dying anyway; the leases will expire
-            logger.warning("could not hand tasks back: %s", e)
+    _close_each(sessions, "")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -77,13 +73,19 @@ def _close_all_at_exit() -> None:
     timer.daemon = True
     timer.start()
     try:
-        for session in sessions:
-            try:
-                session.close()
-            except Exception as e:  # exiting anyway; the leases will expire
-                logger.warning("could not hand tasks back at exit: %s", e)
+        _close_each(sessions, " at exit")
     finally:
         timer.cancel()
+
+
+def _close_each(sessions: list[Closable], when: str) -> None:
+    """Closes every session; one that fails is said and the others still close (the process
+    ends anyway, and a lease not handed back expires)."""
+    for session in sessions:
+        try:
+            session.close()
+        except Exception as e:
+            logger.warning("could not hand tasks back%s: %s", when, e)
 
 
 atexit.register(_close_all_at_exit)

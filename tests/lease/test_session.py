@@ -37,7 +37,7 @@ from trainfeed.lease import session as session_module
 from trainfeed.lease import shutdown
 from trainfeed.lease import transport as transport_module
 from trainfeed.lease.client import PROTOCOL_VERSION, MasterClient
-from trainfeed.lease.session import Join, WorkerSession
+from trainfeed.lease.session import CLOSE_BOUND_S, Join, WorkerSession
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
 from trainfeed.v1 import master_pb2 as pb
@@ -456,10 +456,12 @@ def test_a_client_closed_under_the_session_ends_its_stream_quietly(
 EXIT_WITHOUT_CLOSE = """
 import os, sys
 from trainfeed.lease.client import MasterClient
-from trainfeed.lease.session import Join, WorkerSession
+from trainfeed.lease.session import CLOSE_BOUND_S, Join, WorkerSession
 session = WorkerSession(MasterClient(sys.argv[1]), Join("j", "flowers")).open()
 session.get_tasks(0, 2, 0, 0)
 print("held", sorted(session.held()), flush=True)
+if sys.argv[2] == "mute":  # the test mutes the master, then lets the script end
+    sys.stdin.readline()
 if sys.argv[2] == "fork":
     child = os.fork()
     if child == 0:
@@ -474,7 +476,41 @@ if sys.argv[2] == "fork":
 
 def exit_without_close(address: str, mode: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", EXIT_WITHOUT_CLOSE, address, mode],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def seconds_of_day(t: time.struct_time) -> int:
+    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
+
+
+def test_an_exit_held_up_by_a_master_that_does_not_answer_says_until_when(
+        fake: tuple[FakeMaster, str]) -> None:
+    """No silent waits (issue 38): a script ending while its master stopped answering waits at
+    exit for its hand-back. After 5 s it says what it waits for and by when it gives up, and it
+    ends by then (the bound is CLOSE_BOUND_S per session: reporter, hand-back, one LeaveJob)."""
+    servicer, address = fake
+    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
+    proc = exit_without_close(address, "mute")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("held")
+        servicer.mute = True
+        _, err = proc.communicate("\n", timeout=300)
+        ended = time.time()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    said = re.search(r"exiting: still handing the tasks of 1 reader\(s\) back to the master "
+                     r"\(reports, then LeaveJob\) since (\d\d:\d\d:\d\d); a master that does "
+                     r"not answer is given up by (\d\d:\d\d:\d\d) at the latest", err)
+    assert said, err
+    since, latest = (seconds_of_day(time.strptime(t, "%H:%M:%S")) for t in said.groups())
+    assert (latest - since) % 86400 == CLOSE_BOUND_S
+    # It kept its word, to the second the message shows (modulo a day: a run past midnight).
+    assert (latest + 1 - seconds_of_day(time.localtime(ended))) % 86400 < 43200
+    assert "could not hand tasks back on close" in err
+    assert servicer.calls["LeaveJob"] == 0, servicer.calls
 
 
 def test_a_script_that_exits_without_closing_hands_its_leases_back_and_leaves(

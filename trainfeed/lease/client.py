@@ -168,8 +168,10 @@ class MasterClient:
         # (job, worker id) -> the secret its OpenJob answer gave: sent with its every call.
         self._secrets: dict[tuple[str, str], str] = {}
 
-    def _call(self, method: Callable[..., T], request: object, timeout: float) -> T:
+    def _call(self, method: Callable[..., T], request: object, timeout: float,
+              give_up_s: float | None = None) -> T:
         started = time.monotonic()
+        give_up = self.give_up_s if give_up_s is None else give_up_s
         delay = 0.05
         logged = 0.0  # when the last "still unreachable" line was logged (monotonic)
         while True:
@@ -194,18 +196,17 @@ class MasterClient:
                         f"${TLS_CA_ENV} (the CA that signed the master's certificate) and "
                         f"${TLS_SERVER_NAME_ENV} (a name that certificate holds)") from None
                 waited = time.monotonic() - started
-                if waited >= self.give_up_s:
+                if waited >= give_up:
                     raise MasterUnavailableError(
                         f"master {self.address} unreachable for {waited:.0f} s ({details}); "
-                        f"is it running? (give-up time: ${GIVE_UP_ENV}={self.give_up_s:g})"
+                        f"is it running? (give-up time: ${GIVE_UP_ENV}={give_up:g})"
                         f"{self._unreachable_hint(details)}") from None
                 if waited >= WAIT_LOG_S and time.monotonic() - logged >= WAIT_LOG_EVERY_S:
                     logged = time.monotonic()
                     logger.warning(
                         "master %s unreachable for %.0f s (%s); retrying until %s (give-up "
                         "time: $%s=%g)", self.address, waited, details,
-                        wall_clock(time.time() + self.give_up_s - waited), GIVE_UP_ENV,
-                        self.give_up_s)
+                        wall_clock(time.time() + give_up - waited), GIVE_UP_ENV, give_up)
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
@@ -351,10 +352,14 @@ class MasterClient:
             return _answer_of(stream, request, abandoned)
         return self._call(exchange, message, timeout)
 
-    def leave_job(self, job: str, worker: str) -> pb.LeaveJobResponse:
+    def leave_job(self, job: str, worker: str,
+                  give_up_s: float | None = None) -> pb.LeaveJobResponse:
+        """`give_up_s`: retry a master that does not answer no longer than this (default: the
+        client's give-up time); a closing session bounds it by its hand-back deadline."""
         method: Callable[..., pb.LeaveJobResponse] = self._stub.LeaveJob
         return self._call(method, pb.LeaveJobRequest(
-            job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S)
+            job=job, worker_id=worker, session_secret=self.secret(job, worker)), CALL_TIMEOUT_S,
+            give_up_s)
 
     def job_status(self, job: str) -> pb.JobStatus:
         method: Callable[..., pb.JobStatus] = self._stub.GetJobStatus

@@ -61,6 +61,11 @@ REFUSED_RETRY_S = 0.1
 # What is left to send when a pass is abandoned or the session closes is given up after this
 # long without a stream that answers (the leases then expire on the master): close() returns.
 HAND_BACK_S = CALL_TIMEOUT_S
+# close() waits this long for the reporter thread to stop (it wakes on `_stopping`).
+REPORTER_JOIN_S = 10.0
+# close() returns within this, whatever the master does: the reporter's join, the hand-back,
+# and one LeaveJob call begun just before the hand-back's deadline (said at exit, shutdown.py).
+CLOSE_BOUND_S = REPORTER_JOIN_S + HAND_BACK_S + CALL_TIMEOUT_S
 
 # The reader's figures since its last summary (issue 29), attached to every message it answers.
 StatsHook = Callable[[], "pb.ReaderStats | None"]
@@ -93,6 +98,8 @@ class WorkerSession:
             None: no stats. Settable later, as `on_decoders` is (remote decode: told each list
             of decoders the master sends, issue 37).
     """
+
+    close_bound_s = CLOSE_BOUND_S  # (the exit hook says when it gives up, shutdown.py)
 
     def __init__(self, client: MasterClient, join: Join, stats: StatsHook | None = None):
         self.client = client
@@ -460,7 +467,9 @@ class WorkerSession:
         deadline = time.monotonic() + HAND_BACK_S
         try:
             self.send(given_up=lambda: time.monotonic() > deadline)
-            released = self.client.leave_job(self.job, self.worker).released_tasks
+            released = self.client.leave_job(
+                self.job, self.worker,
+                give_up_s=max(0.0, deadline - time.monotonic())).released_tasks
         except Exception as e:  # the master or the channel is gone: the leases then expire
             logger.warning("could not hand tasks back %s: %s", when, e)
             return
@@ -477,7 +486,7 @@ class WorkerSession:
             self._stopping = True
             self._cond.notify_all()
         for thread in self._threads:
-            thread.join(10)
+            thread.join(REPORTER_JOIN_S)
         if self._opened is not None:  # (never joined: nothing to hand back)
             self._hand_back("on close")
         self.transport.close()

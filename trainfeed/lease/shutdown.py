@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 
 class Closable(Protocol):
+    # close() returns within this many seconds, whatever the master does.
+    close_bound_s: float
+
     def close(self) -> None: ...
 
 
@@ -66,10 +69,13 @@ def _close_all_at_exit() -> None:
     sessions = list(_SESSIONS)
     if not sessions:
         return
+    started = time.time()
+    latest = started + sum(session.close_bound_s for session in sessions)
     timer = threading.Timer(SAY_AFTER_S, logger.warning, args=(
         "exiting: still handing the tasks of %d reader(s) back to the master (reports, then "
-        "LeaveJob; each gives up after its hand-back bound) since %s", len(sessions),
-        time.strftime("%H:%M:%S")))
+        "LeaveJob) since %s; a master that does not answer is given up by %s at the latest "
+        "(its leases then expire)", len(sessions), time.strftime("%H:%M:%S",
+        time.localtime(started)), time.strftime("%H:%M:%S", time.localtime(latest))))
     timer.daemon = True
     timer.start()
     try:

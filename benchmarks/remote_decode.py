@@ -25,6 +25,13 @@ the train workload (224x224 uint8, RandomResizedCrop + flip):
 partitions are small (768 images: 12 a partition, one decode call each), ImageNet's hold ~20,000
 images, and per-call costs (a Flight call, its messages) are paid per partition.
 
+`--sweep 64,4` splits the trainer's remote CPU into a cost per image and a cost per partition:
+the remote trainer at each partition count, alternated `--repeats` times, and a least-squares
+line through (1 / images per partition, ms per image). Its intercept is what a partition of
+ImageNet's size costs per image (the planner's 64 partitions of 1.28 M images: ~20,000 each):
+
+    python benchmarks/remote_decode.py --images 1500 --sweep 64,4 --repeats 2
+
 Figures depend on the machine and on what else runs on it: the JSON records both.
 """
 from __future__ import annotations
@@ -346,6 +353,52 @@ def pipeline(storage: str, partitions: int) -> dict[str, Any]:
     return out
 
 
+# Images per partition of ImageNet's train split (1,281,167) in the planner's 64 partitions.
+IMAGENET_PARTITION = 1_281_167 // 64
+
+
+def sweep(storage: str, counts: Sequence[int], repeats: int) -> dict[str, Any]:
+    """The remote trainer at each partition count in `counts`, alternated `repeats` times
+    (A B A B: load drifts fall on both), and the line ms_per_image = per_image +
+    per_partition / images_per_partition fitted to every run."""
+    from trainfeed.decoder.process import DecoderProcess
+    from trainfeed.formats.manifest import read_manifest
+    from trainfeed.planning.partitions import plan_partitions
+    from trainfeed.storage import open_storage
+    manifest = read_manifest(open_storage(storage), "imagenet")
+    sizes = {n: manifest.num_records / len(plan_partitions(manifest, target=n)) for n in counts}
+    runs: list[dict[str, Any]] = []
+    with DecoderProcess(storage, TOKEN, threads=1, prefix=["taskset", "-c", "1"]) as decoder:
+        for _ in range(repeats):
+            for n in counts:
+                env = {"TRAINFEED_DECODE": "remote", "TRAINFEED_DECODERS": decoder.address,
+                       "TRAINFEED_TOKEN": TOKEN, "BENCH_PARTITIONS": str(n)}
+                load = os.getloadavg()[0]
+                r = run_role("trainer", storage, 0, env)
+                runs.append({"partitions": n, "images_per_partition": sizes[n],
+                             "ms_per_image": r["ms_per_image"],
+                             "images_per_s": r["images_per_s"], "load_1min": load})
+    x = np.array([1 / r["images_per_partition"] for r in runs])
+    y = np.array([r["ms_per_image"] for r in runs])
+    per_partition, per_image = np.polyfit(x, y, 1)
+    return {"runs": runs, "per_image_ms": float(per_image),
+            "per_partition_ms": float(per_partition),
+            "imagenet_partition": IMAGENET_PARTITION,
+            "ms_per_image_at_imagenet_partition":
+                float(per_image + per_partition / IMAGENET_PARTITION)}
+
+
+def print_sweep(figures: dict[str, Any]) -> None:
+    print("\n| partitions | images per partition | trainer CPU per image | images/s | load |")
+    print("|---:|---:|---:|---:|---:|")
+    for r in figures["runs"]:
+        print(f"| {r['partitions']} | {r['images_per_partition']:.0f} | "
+              f"{r['ms_per_image']:.3f} ms | {r['images_per_s']:.0f} | {r['load_1min']:.1f} |")
+    print(f"fit: {figures['per_image_ms']:.3f} ms per image + {figures['per_partition_ms']:.2f} "
+          f"ms per partition; at ImageNet's {figures['imagenet_partition']:,} images per "
+          f"partition: {figures['ms_per_image_at_imagenet_partition']:.3f} ms per image")
+
+
 def make_storage(images: int, workdir: str) -> str:
     sys.path.insert(0, HERE)
     from make_imagenet_like import ensure_dataset
@@ -367,6 +420,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="64-image chunks per transport run (default 150)")
     p.add_argument("--partitions", type=int, default=0,
                    help="partitions the reader plans (default: the planner's 64)")
+    p.add_argument("--sweep", help="partition counts, e.g. 64,4: the remote trainer at each, "
+                                    "and its CPU split per image and per partition")
+    p.add_argument("--repeats", type=int, default=2, help="--sweep's rounds (default 2)")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--transport", action="store_true", help="measure the transports only")
     p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
@@ -387,6 +443,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "python": platform.python_version(), "load_avg": os.getloadavg()},
         "settings": {"images": a.images, "image": IMAGE, "batch": BATCH, "workload": TRAIN,
                      "partitions": a.partitions or "the planner's"}}
+    if a.sweep:
+        counts = [int(n) for n in a.sweep.split(",")]
+        with tempfile.TemporaryDirectory() as tmp:
+            report["sweep"] = sweep(make_storage(a.images, a.workdir or tmp), counts, a.repeats)
+        print_sweep(report["sweep"])
+        return finish(report, a.json)
     report["transport"] = transport(a.chunks, 2)
     print("| transport | images/s | client CPU per image | per MB |")
     print("|---|---:|---:|---:|")
@@ -417,9 +479,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{receive['ms_per_image']:.3f} ms/image) of the decoder's "
               f"{discard['images_per_s']:.0f} images/s discarded locally: "
               f"{receive['images_per_s'] / discard['images_per_s']:.0%}")
+    return finish(report, a.json)
+
+
+def finish(report: dict[str, Any], path: str | None) -> int:
     report["machine"]["load_avg_after"] = os.getloadavg()
-    if a.json:
-        with open(a.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(report, f, indent=2)
     return 0
 

@@ -178,23 +178,8 @@ class MasterClient:
             try:
                 return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as e:
-                code = e.code()
                 details = e.details()
-                if code is grpc.StatusCode.UNAUTHENTICATED:
-                    sent = "a token" if self._metadata else "no token"
-                    raise AuthenticationError(
-                        f"master {self.address} refused the call, which carried {sent} "
-                        f"(UNAUTHENTICATED: {details})") from None
-                if code is grpc.StatusCode.FAILED_PRECONDITION:
-                    self._refusal(e, details)
-                if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
-                                              and _TOO_LARGE.search(details or "")):
-                    raise JobError(f"master {self.address}: {code.name}: {details}") from None
-                if _TLS_REFUSED.search(details or ""):  # this client's settings: no retry helps
-                    raise ConfigurationError(
-                        f"master {self.address}: the TLS handshake failed ({details}); check "
-                        f"${TLS_CA_ENV} (the CA that signed the master's certificate) and "
-                        f"${TLS_SERVER_NAME_ENV} (a name that certificate holds)") from None
+                self._raise_if_final(e, details)
                 waited = time.monotonic() - started
                 if waited >= give_up:
                     raise MasterUnavailableError(
@@ -209,6 +194,26 @@ class MasterClient:
                         wall_clock(time.time() + give_up - waited), GIVE_UP_ENV, give_up)
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def _raise_if_final(self, error: grpc.RpcError, details: str | None) -> None:
+        """Raises what no retry changes (a refused token, a refusal, a call the master will
+        never take, this client's TLS settings); returns for what a retry may get past."""
+        code = error.code()
+        if code is grpc.StatusCode.UNAUTHENTICATED:
+            sent = "a token" if self._metadata else "no token"
+            raise AuthenticationError(
+                f"master {self.address} refused the call, which carried {sent} "
+                f"(UNAUTHENTICATED: {details})") from None
+        if code is grpc.StatusCode.FAILED_PRECONDITION:
+            self._refusal(error, details)
+        if code not in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED
+                                      and _TOO_LARGE.search(details or "")):
+            raise JobError(f"master {self.address}: {code.name}: {details}") from None
+        if _TLS_REFUSED.search(details or ""):  # this client's settings: no retry helps
+            raise ConfigurationError(
+                f"master {self.address}: the TLS handshake failed ({details}); check "
+                f"${TLS_CA_ENV} (the CA that signed the master's certificate) and "
+                f"${TLS_SERVER_NAME_ENV} (a name that certificate holds)") from None
 
     def _refusal(self, error: grpc.RpcError, details: str | None) -> None:
         """Raises what a FAILED_PRECONDITION answer refused, where its trailers or text say

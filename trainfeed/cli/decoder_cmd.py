@@ -65,16 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfeed.decoder.stopping import serve_until_stopped
     from trainfeed.decoder.work import warm_up
 
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigurationError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. "
-                                 f"0.0.0.0:50052")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
-    if not 0 <= args.drain_s <= MAX_DRAIN_S:
-        raise ConfigurationError(f"--drain-s {args.drain_s:g}: expected seconds in [0, "
-                                 f"{MAX_DRAIN_S:g}] (and under the pod's "
-                                 f"terminationGracePeriodSeconds)")
+    host, port = _checked(args)
     drain = Drain(args.drain_s)
     token = _token(args.insecure)
     master = args.master or settings.MASTER.get()
@@ -97,6 +88,21 @@ def run(args: argparse.Namespace) -> int:
         if registrar is not None:
             registrar.close()
         server.close()
+
+
+def _checked(args: argparse.Namespace) -> tuple[str, str]:
+    """--listen (as host, port), --threads and --drain-s, refused before anything starts."""
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigurationError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. "
+                                 f"0.0.0.0:50052")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
+    if not 0 <= args.drain_s <= MAX_DRAIN_S:
+        raise ConfigurationError(f"--drain-s {args.drain_s:g}: expected seconds in [0, "
+                                 f"{MAX_DRAIN_S:g}] (and under the pod's "
+                                 f"terminationGracePeriodSeconds)")
+    return host, port
 
 
 def _token(insecure: bool) -> str | None:

@@ -331,6 +331,15 @@ def test_decoder_pods_are_locked_down_and_read_the_storage_with_the_masters_toke
     assert pod(master)["automountServiceAccountToken"] is False
 
 
+def test_a_decoder_pod_outlives_its_drain_grace() -> None:
+    """Issue 37: on SIGTERM a decoder drains its calls for up to DRAIN_S; the pod's grace
+    period leaves it that and time to exit, before Kubernetes' SIGKILL cuts the calls."""
+    from trainfeed.decoder.drain import DRAIN_S
+
+    _, deployment = _decoders(decoders=(1, 4))
+    assert pod(deployment)["terminationGracePeriodSeconds"] >= DRAIN_S + 5
+
+
 def test_an_autoscaled_pool_lets_the_master_patch_that_deployment_only() -> None:
     objs, deployment = _decoders(decoders=(2, 9))
     assert deployment["spec"]["replicas"] == 2

@@ -8,6 +8,7 @@ import socket
 
 from trainfeed import settings
 from trainfeed.cli.common import add_storage_options, storage_from
+from trainfeed.decoder.drain import DRAIN_S, Drain
 from trainfeed.errors import ConfigurationError
 from trainfeed.security import (
     HOW_TO_MAKE_A_TOKEN,
@@ -18,6 +19,9 @@ from trainfeed.security import (
 )
 
 logger = logging.getLogger(__name__)
+
+# --drain-s at most: an hour (a longer grace is a pod that never stops).
+MAX_DRAIN_S = 3600.0
 
 HELP = "run a decode worker (trainers with TRAINFEED_DECODE=remote send it partitions)"
 
@@ -45,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--advertise", metavar="HOST:PORT", default=None,
                    help="the address trainers dial, as told by the master (default: the "
                         "--listen host, else $POD_IP, else this host's name; the listening port)")
+    p.add_argument("--drain-s", type=float, default=DRAIN_S, metavar="SECONDS",
+                   help=f"on SIGTERM or SIGINT, refuse new calls (trainers ask another decoder), "
+                        f"leave the master's list, and let the calls in flight finish for up to "
+                        f"this long before cutting them (default {DRAIN_S:g}; keep it under the "
+                        f"pod's terminationGracePeriodSeconds)")
     p.add_argument("--insecure", action="store_true",
                    help="serve without a token: anyone who can reach the port can read the "
                         "storage's datasets through it")
@@ -53,14 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainfeed.decoder.service import DecoderServer  # Flight: only for this command
+    from trainfeed.decoder.stopping import serve_until_stopped
     from trainfeed.decoder.work import warm_up
 
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigurationError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. "
-                                 f"0.0.0.0:50052")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
+    host, port = _checked(args)
+    drain = Drain(args.drain_s)
     token = _token(args.insecure)
     master = args.master or settings.MASTER.get()
     if master:
@@ -77,12 +83,26 @@ def run(args: argparse.Namespace) -> int:
         registrar = Registrar(master, advertise, server.figures, args.threads).start()
         print(f"registering with master {master} as {advertise}", flush=True)
     try:
-        server.serve()
+        return serve_until_stopped(server, drain, registrar)
     finally:
         if registrar is not None:
             registrar.close()
         server.close()
-    return 0
+
+
+def _checked(args: argparse.Namespace) -> tuple[str, str]:
+    """--listen (as host, port), --threads and --drain-s, refused before anything starts."""
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigurationError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. "
+                                 f"0.0.0.0:50052")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigurationError(f"--threads {args.threads}: expected a number ≥ 1")
+    if not 0 <= args.drain_s <= MAX_DRAIN_S:
+        raise ConfigurationError(f"--drain-s {args.drain_s:g}: expected seconds in [0, "
+                                 f"{MAX_DRAIN_S:g}] (and under the pod's "
+                                 f"terminationGracePeriodSeconds)")
+    return host, port
 
 
 def _token(insecure: bool) -> str | None:

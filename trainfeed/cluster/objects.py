@@ -47,6 +47,11 @@ MASTER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
 # A decoder holds a few requests in flight (encoded records and their decoded arrays: a 256-image
 # batch of 224 x 224 x 3 is 38 MB) per core; the limit guards against a leak.
 DECODER_MEMORY = {"requests": "2Gi", "limits": "4Gi"}
+# A decoder pod's terminationGracePeriodSeconds: on SIGTERM (a scale-down, a rollout) the decoder
+# lets its calls in flight finish for its --drain-s grace (20 s by default:
+# trainfeed.decoder.drain.DRAIN_S, not imported: the decoder imports the master, which imports
+# this package), then exits; 10 s more for that exit before Kubernetes' SIGKILL.
+DECODER_TERMINATION_GRACE_S = 30
 # The annotation of the decoders' Deployment that bounds its size: "MIN:MAX" (the master's
 # autoscaler reads it there, so `kubectl annotate` changes the bounds of a running job).
 DECODERS_ANNOTATION = "trainfeed.io/decoders"
@@ -410,6 +415,7 @@ def decoders_deployment(spec: JobSpec) -> Obj:
         **pull_secrets(spec.image_pull_secrets),
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *data_volumes],
+        "terminationGracePeriodSeconds": DECODER_TERMINATION_GRACE_S,
     }
     if spec.tolerations:  # decoders may share the workers' (GPU) nodes' spare cores
         pod_spec["tolerations"] = [t.to_dict() for t in spec.tolerations]

@@ -7,6 +7,10 @@ was started with or a job token made from it (trainfeed.master.serve.auth decide
 as the master's), checked before the request is read. A request over a bound, naming a dataset
 outside the decoder's storage, or with options it cannot run is refused (FlightServerError with
 extra_info b"refused"); an undecodable record under "raise" with extra_info b"decode".
+
+Once draining (`drain()`, on SIGTERM: trainfeed.decoder.drain), a new call is refused with
+extra_info DRAINING, which the trainer takes as "ask another decoder now", and the calls already
+admitted go on; `in_flight()` says how many are left.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from trainfeed.decode.remote.shared_pixels import (
     pixel_bytes,
 )
 from trainfeed.decode.remote.wire import (
+    DRAINING,
     MAX_CALLS_PER_CLIENT,
     MAX_CREDIT,
     MAX_RECORDS,
@@ -90,6 +95,8 @@ class DecoderServer(flight.FlightServerBase):
         self.decoders = Decoders(threads)
         self._lock = threading.Lock()
         self._calls: Counter[str] = Counter()
+        self._draining = False
+        self._closed = False
         self.records_sent = 0
 
     def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
@@ -97,6 +104,10 @@ class DecoderServer(flight.FlightServerBase):
                     writer: flight.MetadataRecordBatchWriter) -> None:
         peer = context.peer()
         with self._lock:
+            if self._draining:  # (the trainer asks another decoder, without counting a failure)
+                raise flight.FlightServerError(
+                    "this decoder is stopping (draining its calls in flight): ask another",
+                    extra_info=DRAINING)
             if self._calls[peer] >= MAX_CALLS_PER_CLIENT:
                 raise _refused(f"{self._calls[peer]} calls of this client are in flight: the "
                                f"bound is {MAX_CALLS_PER_CLIENT} per client connection")
@@ -195,7 +206,23 @@ class DecoderServer(flight.FlightServerBase):
             in_flight = sum(self._calls.values())
         return self.decoders.threads or os.cpu_count() or 1, in_flight
 
+    def drain(self) -> None:
+        """Refuses every call from now on (DRAINING); the calls admitted go on. Idempotent."""
+        with self._lock:
+            self._draining = True
+
+    def in_flight(self) -> int:
+        """Calls admitted and not yet ended."""
+        with self._lock:
+            return sum(self._calls.values())
+
     def close(self) -> None:
+        """Stops serving (waits for the calls in flight) and its decode threads; idempotent
+        (Flight's shutdown may be called only once)."""
+        with self._lock:
+            closed, self._closed = self._closed, True
+        if closed:
+            return
         self.shutdown()
         self.decoders.close()
 

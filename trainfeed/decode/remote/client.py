@@ -10,7 +10,9 @@ segment per decoder, fetches the segments at once, and returns them joined, in d
 the image fields as fixed-size binary pixels (`received_pixels` turns them into the arrays local
 decode makes). A decoder that dies mid-segment loses nothing: the rest of the segment, from the
 last record received, goes to another decoder, which decodes it to the same bytes (crops are
-seeded per record).
+seeded per record). A decoder that is stopping (draining: trainfeed.decoder.drain) refuses new
+calls: the call goes to another decoder at once, and the refusal is not counted as a failure
+(its calls in flight, on the same connection, go on).
 
 Thread-safety: a pool is shared by a reader's passes and their segment threads (one lock);
 `close()` is idempotent.
@@ -41,6 +43,7 @@ from trainfeed.decode.remote.shared_pixels import (
     pixel_bytes,
 )
 from trainfeed.decode.remote.wire import (
+    DRAINING,
     MAX_CALLS_PER_CLIENT,
     MAX_CHUNK_BYTES,
     MAX_CHUNK_RECORDS,
@@ -105,6 +108,7 @@ class _Decoder:
     asked: int = 0
     served: int = 0  # calls answered whole
     failed: int = 0  # calls cut off (the decoder died, or the stream broke)
+    drained: int = 0  # calls it refused because it is stopping (not failures)
     down_until: float = 0.0
     busy: float = 0.0  # its busy share when the master last listed it
     shared_memory: bool = True  # offered a shared memfd when on this host (until it cannot)
@@ -215,12 +219,23 @@ class DecoderPool:
                 chosen.client = flight.connect(f"grpc://{chosen.address}")
             return chosen
 
-    def _give(self, decoder: _Decoder, failed: bool, served: bool = False) -> None:
+    def drained(self) -> dict[str, int]:
+        """Calls each decoder refused because it was stopping (tests, status)."""
+        with self._lock:
+            return {a: d.drained for a, d in self._decoders.items()}
+
+    def _give(self, decoder: _Decoder, failed: bool, served: bool = False,
+              draining: bool = False) -> None:
+        """A call ended. `failed`: cut off (the decoder is not asked for DOWN_S, its connection
+        closed); `draining`: refused by a stopping decoder (not asked for DOWN_S either, by
+        which time the master no longer lists it, but its connection stays: calls of ours may
+        still be in flight on it)."""
         with self._lock:
             decoder.outstanding -= 1
             decoder.served += served
             decoder.failed += failed
-            if failed:
+            decoder.drained += draining
+            if failed or draining:
                 decoder.down_until = time.monotonic() + DOWN_S
             unlisted = self._decoders.get(decoder.address) is not decoder
             client = None
@@ -260,6 +275,11 @@ class DecoderPool:
                     got.append(batch)
                     received += batch.num_rows
                     progress_at = time.monotonic()
+            except _Draining as e:  # (before any record: refused when the call came)
+                self._give(decoder, failed=False, draining=True)
+                wait.last = f"{decoder.address}: {e}"
+                logger.debug("decoder %s is stopping; asking another", decoder.address)
+                continue
             except _Died as e:
                 self._give(decoder, failed=True)
                 wait.last = f"{decoder.address}: {e}"
@@ -289,6 +309,9 @@ class DecoderPool:
                 with self._lock:
                     decoder.shared += 1
                 return
+            except _Draining:  # (refused before anything was written: the bytes are free)
+                clean = True
+                raise
             except _NoSharedPixels as e:  # (before any record: the decoder opens it first)
                 clean = True
                 logger.info("decoder %s cannot use this trainer's shared memory (%s): its "
@@ -469,6 +492,8 @@ def _translated(address: str) -> Iterator[None]:
             raise DecodeError(_message(e)) from None
         if kind == NO_SHARED_PIXELS:
             raise _NoSharedPixels(_message(e)) from None
+        if kind == DRAINING:
+            raise _Draining(_message(e)) from None
         raise _Died(_message(e)) from None
     except (flight.FlightError, OSError, pa.ArrowException) as e:
         raise _Died(_message(e)) from None
@@ -511,6 +536,10 @@ class _Wait:
 
 class _Died(Exception):
     """A decoder went away mid-call (connection lost, stream cut, internal error)."""
+
+
+class _Draining(Exception):
+    """A decoder that is stopping refused a new call (its calls in flight go on)."""
 
 
 class _NoSharedPixels(Exception):

@@ -27,9 +27,14 @@ from typing import Any
 
 from trainfeed.errors import DecoderRefusedError  # (re-exported: its old home)
 
-__all__ = ["DecodeRequest", "DecoderRefusedError", "MAX_CHUNK_BYTES", "MAX_CHUNK_RECORDS",
-           "MAX_CREDIT", "MAX_CALLS_PER_CLIENT", "MAX_IMAGE_BYTES", "MAX_RECORDS",
-           "MAX_REQUEST_BYTES", "chunk_records"]
+__all__ = ["DRAINING", "DecodeRequest", "DecoderRefusedError", "MAX_CHUNK_BYTES",
+           "MAX_CHUNK_RECORDS", "MAX_CREDIT", "MAX_CALLS_PER_CLIENT", "MAX_IMAGE_BYTES",
+           "MAX_RECORDS", "MAX_REQUEST_BYTES", "chunk_records"]
+
+# Flight's extra_info of a call refused by a decoder that is stopping (SIGTERM: it lets its calls
+# in flight finish, trainfeed.decoder.drain): the trainer asks another decoder at once, and does
+# not count the refusal as that decoder's failure.
+DRAINING = b"draining"
 
 # The bounds of one request (the decoder refuses a request outside them, naming the bound):
 # records one request may ask for (a partition is at most ~1 GB of shards; 2^20 records of a

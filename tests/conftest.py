@@ -36,6 +36,7 @@ from integration.services import (  # noqa: E402
     postgres_server,
     seaweedfs_s3,
 )
+from machine_load import scale_timeout  # noqa: E402
 
 T = TypeVar("T")
 
@@ -189,7 +190,9 @@ def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
     """Under xdist, a test marked timing runs (set-up and teardown too) with no other test
-    running on any worker; any other test runs beside any but those."""
+    running on any worker; any other test runs beside any but those. Its pytest-timeout bound
+    is scaled to the machine's load when it starts (tests/machine_load.py)."""
+    scale_timeout(item)
     lock = item.config.stash.get(_RUN_ALONE, None)
     if lock is None:
         return (yield)
@@ -339,3 +342,4 @@ def storage(image_list: Path, storage_dir: str) -> str:
     upload(str(image_list), "flowers", storage_dir, UploadOptions(row_group_rows=8),
            progress=False)
     return storage_dir
+

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from machine_load import hang_bound
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # tests/ and benchmarks/ import each other's modules by file name (pytest's rootdir insertion,
@@ -21,7 +23,7 @@ SCRIPT_ROOTS = ("tests", "tests/integration", "tests/ingest", "tests/lease", "te
 
 def deptry(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deptry", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=hang_bound(300))
 
 
 def test_the_package_imports_only_what_it_declares() -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from machine_load import hang_bound
 from optional import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +19,8 @@ def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
     require("mkdocs")
     require("mkdocstrings_handlers.python")
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(site)], cwd=root, capture_output=True, text=True, timeout=300)
+                           str(site)], cwd=root, capture_output=True, text=True,
+                          timeout=hang_bound(300))
 
 
 @pytest.mark.slow

@@ -6,13 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from machine_load import hang_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=hang_bound(300))
 
 
 @pytest.mark.slow

@@ -94,13 +94,10 @@ class WorkerSession:
     leases and stops the threads; it is idempotent.
 
     Args:
-        stats: called before each answered message; what it returns rides on it (issue 29).
-            None: no stats. Settable later, as `on_decoders` is (remote decode: told each list
-            of decoders the master sends, issue 37).
+        stats: called before each answered message; what it returns rides on it (issue 29);
+            None: none. Settable later, as `on_decoders` is (the master's decoders, issue 37).
     """
-
     close_bound_s = CLOSE_BOUND_S  # (the exit hook says when it gives up, shutdown.py)
-
     def __init__(self, client: MasterClient, join: Join, stats: StatsHook | None = None):
         self.client = client
         self.join = join
@@ -467,9 +464,8 @@ class WorkerSession:
         deadline = time.monotonic() + HAND_BACK_S
         try:
             self.send(given_up=lambda: time.monotonic() > deadline)
-            released = self.client.leave_job(
-                self.job, self.worker,
-                give_up_s=max(0.0, deadline - time.monotonic())).released_tasks
+            left = max(0.0, deadline - time.monotonic())
+            released = self.client.leave_job(self.job, self.worker, left).released_tasks
         except Exception as e:  # the master or the channel is gone: the leases then expire
             logger.warning("could not hand tasks back %s: %s", when, e)
             return

@@ -474,7 +474,10 @@ if sys.argv[2] == "fork":
 """
 
 
-def exit_without_close(address: str, mode: str) -> subprocess.Popen[str]:
+def exit_without_close(fake: tuple[FakeMaster, str], mode: str) -> subprocess.Popen[str]:
+    """EXIT_WITHOUT_CLOSE against `fake`, which grants it partitions 1 and 2."""
+    servicer, address = fake
+    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
     return subprocess.Popen([sys.executable, "-c", EXIT_WITHOUT_CLOSE, address, mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -489,9 +492,8 @@ def test_an_exit_held_up_by_a_master_that_does_not_answer_says_until_when(
     """No silent waits (issue 38): a script ending while its master stopped answering waits at
     exit for its hand-back. After 5 s it says what it waits for and by when it gives up, and it
     ends by then (the bound is CLOSE_BOUND_S per session: reporter, hand-back, one LeaveJob)."""
-    servicer, address = fake
-    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
-    proc = exit_without_close(address, "mute")
+    servicer, _ = fake
+    proc = exit_without_close(fake, "mute")
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("held")
@@ -518,9 +520,8 @@ def test_a_script_that_exits_without_closing_hands_its_leases_back_and_leaves(
     """Issue 38: nothing else sends a session's last reports when its script ends without
     `reader.close()` (a daemon reporter, a Reader in a reference cycle), so the master saw a
     synchronous rank go silent inside an epoch and called a finished group broken."""
-    servicer, address = fake
-    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
-    proc = exit_without_close(address, "plain")
+    servicer, _ = fake
+    proc = exit_without_close(fake, "plain")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert "held [(0, 1), (0, 2)]" in out
@@ -533,9 +534,8 @@ def test_a_forked_child_that_exits_does_not_close_its_parents_session(
         fake: tuple[FakeMaster, str]) -> None:
     """A DataLoader worker is a fork of the process that opened the session: its exit must not
     hand back the parent's leases (the master would think the parent left)."""
-    servicer, address = fake
-    servicer.grant = [pb.Task(epoch=0, partition=p, lease=10 + p, num_records=8) for p in (1, 2)]
-    proc = exit_without_close(address, "fork")
+    servicer, _ = fake
+    proc = exit_without_close(fake, "fork")
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("held")

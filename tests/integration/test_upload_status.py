@@ -23,6 +23,7 @@ import pytest
 import s3fs
 from ingest import test_upload_slices
 from ingest.test_upload_slices import IMAGES, cli, slice_args
+from machine_load import hang_bound
 from sample_data import make_image_list
 from webdriver import Browser, require_chromium
 
@@ -90,8 +91,9 @@ def status_lines(env: dict[str, str], storage: str, *extra: str) -> str:
 def master_uploads(master: MasterProcess, token: str | None = None) -> list[dict[str, Any]]:
     url = master.metrics_url.replace("/metrics", "/status.json")  # type: ignore[union-attr]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    # (10 s against a hang, scaled to the load: beside stress-ng at load 18 it ran out.)
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                timeout=10) as answer:
+                                timeout=hang_bound(10)) as answer:
         data = json.load(answer)
     assert data["uploads_error"] is None, data["uploads_error"]
     return list(data["uploads"])

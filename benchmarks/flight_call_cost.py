@@ -26,6 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from trainfeed.decode.remote.client import _finish as finish
+
 SCHEMA = pa.schema([("_id", pa.int64())])
 CHUNK = pa.RecordBatch.from_arrays([pa.array(range(23), pa.int64())], schema=SCHEMA)
 END = b'{"end": 23}'
@@ -56,12 +58,7 @@ def per_call(client: flight.FlightClient, options: flight.FlightCallOptions) -> 
         flight.FlightDescriptor.for_command(b'{"partition": 1}'), options)
     writer.write_metadata(b'{"credit": 1}')
     reader.read_chunk()
-    writer.done_writing()
-    try:
-        while True:
-            reader.read_chunk()
-    except StopIteration:
-        pass
+    finish(writer, reader)  # (trainfeed's own end of a call: its side closed, the status read)
     writer.close()
 
 

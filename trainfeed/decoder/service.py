@@ -202,9 +202,7 @@ class DecoderServer(flight.FlightServerBase):
     def figures(self) -> tuple[int, int]:
         """(slots, calls in flight): what its registration tells the master (issue 37). Slots
         are its decode threads (its cores when not set)."""
-        with self._lock:
-            in_flight = sum(self._calls.values())
-        return self.decoders.threads or os.cpu_count() or 1, in_flight
+        return self.decoders.threads or os.cpu_count() or 1, self.in_flight()
 
     def drain(self) -> None:
         """Refuses every call from now on (DRAINING); the calls admitted go on. Idempotent."""

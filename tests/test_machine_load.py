@@ -4,7 +4,7 @@ only slow."""
 from __future__ import annotations
 
 import pytest
-from machine_load import MAX_SLOWDOWN, hang_bound, scale_timeout, slowdown
+from machine_load import MAX_SLOWDOWN, hang_bound, latency_bound, scale_timeout, slowdown
 
 
 def loaded(monkeypatch: pytest.MonkeyPatch, load: float, cores: int = 2) -> None:
@@ -19,6 +19,7 @@ def test_a_hang_bound_grows_with_the_runnable_tasks_per_core(
     expected = MAX_SLOWDOWN if factor is None else factor
     assert slowdown() == expected
     assert hang_bound(300) == 300 * expected
+    assert latency_bound(2.0) == 2.0 * expected
 
 
 @pytest.mark.timeout(40)

@@ -7,8 +7,11 @@ epoch it trained in, the ids and label classes of every batch TensorFlow took fr
 the number of training steps Keras ran, and the final loss.
 
 A start barrier keeps one worker from finishing the epoch before the other has started (TF's
-import and Keras's first trace take seconds): the worker touches `--ready` once its model is
-built and its reader has joined the job, then waits for `--go` to appear.
+import and Keras's first trace take seconds, minutes on a loaded machine): the worker touches
+`--ready` once its first training step is done, then waits for `--go` to appear. A worker with a
+batch of epoch 0 in hand holds a lease of it, so epoch 0 cannot complete without it. (A barrier
+before `fit` was not enough: beside stress-ng in CI one worker trained the whole epoch before the
+other's first step, which then trained epoch 1, and every record came twice.)
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from trainfeed import (
 )
 from trainfeed.reader.adapters import as_tf_dataset
 
-BARRIER_TIMEOUT_S = 60
+BARRIER_TIMEOUT_S = 600  # the test's own bound ends the wait sooner; this one ends an orphan
 
 
 class Recorded:
@@ -102,10 +105,15 @@ def main() -> None:
     _, label_spec = dataset.element_spec
     model = tiny_conv_net(label_spec.shape[-1])
     steps: list[int] = []
-    pace = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda batch, logs: (steps.append(batch), time.sleep(args.delay)))
-    args.ready.touch()
-    wait_for(args.go)
+
+    def step_done(batch: int, logs: Any) -> None:
+        steps.append(batch)
+        if len(steps) == 1:
+            args.ready.touch()
+            wait_for(args.go)
+        time.sleep(args.delay)
+
+    pace = keras.callbacks.LambdaCallback(on_train_batch_end=step_done)
 
     history = model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[pace])
     result = {"epoch": reader.reader.epoch, "ids": reader.ids, "classes": reader.classes,

@@ -9,6 +9,12 @@ of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [..
 Checkpoints: with `--checkpoint-after K` it saves `reader.state_dict()` to `--state-file`
 (atomically) after its K-th batch and then writes {"checkpoint": true}; `--resume FILE` restores
 such a state.
+
+Start barrier: with `--ready FILE --go FILE` it touches `--ready` once it holds its first batch
+and then waits for `--go` to appear. A reader with a batch of epoch 0 in hand holds a lease of it,
+so epoch 0 cannot complete without it: readers started together really share their epochs even
+on a loaded machine, where one process may be scheduled seconds after another (CI, beside
+stress-ng: one reader read a whole epoch before the other read its first batch).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from trainfeed import (
     BatchOptions,
@@ -29,6 +36,18 @@ from trainfeed import (
     batch,
     dist,
 )
+
+
+GO_TIMEOUT_S = 600  # the parent's own bound ends the wait sooner; this one ends an orphan
+
+
+def wait_for_go(ready: Path, go: Path) -> None:
+    ready.touch()
+    deadline = time.monotonic() + GO_TIMEOUT_S
+    while not go.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"reader_worker: {go} did not appear within {GO_TIMEOUT_S} s")
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -47,6 +66,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-after", type=int, default=0, metavar="K")
     parser.add_argument("--state-file")
     parser.add_argument("--resume", metavar="FILE", help="a saved reader.state_dict() to continue")
+    parser.add_argument("--ready", type=Path, help="touch this file once holding a first batch")
+    parser.add_argument("--go", type=Path, help="then wait for this file before reading on")
     args = parser.parse_args()
 
     state = None
@@ -69,6 +90,8 @@ def main() -> None:
                 reader, args.batch, columnar=args.mode == "columns")
             for b in batches():
                 received = time.time()  # when the trainer got it (a test compares with signals)
+                if args.ready is not None and not args.ready.exists():
+                    wait_for_go(args.ready, args.go)
                 if args.mode == "pipeline":
                     assert b["image"].shape[1:] == (16, 16, 3), b["image"].shape
                     line = {"pass": k, "epoch": reader.epoch, "ids": b["_id"].tolist(),

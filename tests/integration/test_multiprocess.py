@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from machine_load import hang_bound
 from sample_data import file_digests, make_image_list
 
 from trainfeed.lease.book import PROGRESS_MIN_RECORDS
@@ -27,6 +28,30 @@ TIMEOUT_S = 120
 def start_reader(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, WORKER, "--dataset", "flowers", "--out", str(out),
                              *args], env={**os.environ, **env})
+
+
+def start_together(runs: list[tuple[Path, tuple[str, ...]]],
+                   env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """Starts one reader per (out, args) and lets them read on once each holds its first batch
+    (reader_worker.py's start barrier): then all of them take part in epoch 0 however late the
+    machine's load schedules one of them."""
+    go = runs[0][0].with_name("go")
+    ready = [out.with_suffix(".ready") for out, _ in runs]
+    procs = [start_reader(out, env, *args, "--ready", str(flag), "--go", str(go))
+             for (out, args), flag in zip(runs, ready)]
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT_S)
+        while not all(flag.exists() for flag in ready):
+            for p in procs:
+                assert p.poll() is None, f"reader exited with {p.returncode} before its 1st batch"
+            assert time.monotonic() < deadline, "readers did not all get a first batch in time"
+            time.sleep(0.01)
+        go.touch()
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return procs
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -98,12 +123,9 @@ def test_readers_of_one_job_split_every_epoch_exactly_once(dataset: tuple[str, P
     with MasterProcess(storage) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         outs = [tmp_path / f"reader{i}.jsonl" for i in range(3)]
-        # A little "training" per batch, so that an epoch outlasts the readers' start-up skew.
         slow = ("--epochs", "2", "--delay", "0.05")
-        procs = [start_reader(outs[0], env, *slow),
-                 start_reader(outs[1], env, *slow, "--batch", "7"),
-                 start_reader(outs[2], env, *slow, "--mode", "tuples")]
-        wait_all(procs)
+        wait_all(start_together([(outs[0], slow), (outs[1], (*slow, "--batch", "7")),
+                                 (outs[2], (*slow, "--mode", "tuples"))], env))
     per_epoch = delivered(outs, digests)
     assert per_epoch, "no records delivered"
     for epoch, counts in sorted(per_epoch.items()):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sample_data import file_digests, make_image_list
-from test_multiprocess import delivered, lines, start_reader, wait_all
+from test_multiprocess import delivered, lines, start_together, wait_all
 
 from trainfeed.formats.manifest import read_manifest
 from trainfeed.lease.client import MasterClient
@@ -39,8 +39,7 @@ def test_two_readers_split_sliced_epochs_exactly_once(dataset: tuple[str, Path],
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         outs = [tmp_path / f"reader{i}.jsonl" for i in range(2)]
         slow = ("--epochs", "2", "--delay", "0.02")
-        wait_all([start_reader(outs[0], env, *slow),
-                  start_reader(outs[1], env, *slow, "--batch", "7")])
+        wait_all(start_together([(outs[0], slow), (outs[1], (*slow, "--batch", "7"))], env))
         with MasterClient(master.address) as client:
             status = client.job_status("train")
     assert status.num_partitions == 64
@@ -62,8 +61,8 @@ def test_pipeline_readers_decode_and_shuffle_slices_exactly_once(dataset: tuple[
     with MasterProcess(storage) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         outs = [tmp_path / f"pipeline{i}.jsonl" for i in range(2)]
-        wait_all([start_reader(out, env, "--mode", "pipeline", "--epochs", "2", "--batch", "16",
-                               "--delay", "0.01") for out in outs])
+        wait_all(start_together([(out, ("--mode", "pipeline", "--epochs", "2", "--batch", "16",
+                                         "--delay", "0.01")) for out in outs], env))
     per_epoch: dict[int, Counter[int]] = {}
     for out in outs:
         for line in lines(out):

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from integration.decoding import DECODER_TOKEN
 from integration.services import free_port
+from machine_load import latency_bound
 from optional import require
 
 from trainfeed import (
@@ -153,6 +154,8 @@ def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
             else:
                 pytest.fail("the epoch never reached half way")
         joined = time.time()  # the newcomer (imported, its reader built) starts now
+        # 2 s with a core to itself; scaled when the machine is busier (tests/machine_load.py).
+        bound = latency_bound(2.0)
         go.touch()
         wait_all(first + late)
     finally:
@@ -162,7 +165,8 @@ def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
     newcomer = batches(outs[2])
     assert newcomer, "the reader that joined got nothing of the epoch"
     assert newcomer[0]["epoch"] == 0
-    assert newcomer[0]["got"] - joined <= 2.0, newcomer[0]["got"] - joined
+    waited = newcomer[0]["got"] - joined
+    assert waited <= bound, f"the newcomer's first batch came {waited:.2f} s after it joined"
     assert_exactly_once(per_epoch(outs), 1)
 
 

@@ -37,7 +37,6 @@ from trainfeed import (
     dist,
 )
 
-
 GO_TIMEOUT_S = 600  # the parent's own bound ends the wait sooner; this one ends an orphan
 
 

@@ -16,6 +16,13 @@ Modes:
 or Report call carrying a RELEASED report (a rank's quota cut inside a partition) is held, once
 drained, until the rank's next GetTasks was answered (at most S seconds), as a reporter thread
 starved of CPU between the two would be: the next pass's first GetTasks overtakes it.
+
+`--ready FILE --go FILE`: a start barrier just before the reader is built (and the rank joins its
+group). The master breaks a group whose rank did not arrive within one lease timeout of the
+first; the tests' lease is 3 s, and under load two processes started together finished their
+imports more than 3 s apart (CI beside stress-ng: "rank 0 never arrived (3 s after the group's
+first rank)"). torchrun's ranks meet in init_process_group before they build readers; this is
+that meeting for ranks without a gloo group.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from trainfeed import BatchOptions, PipelineOptions, SyncOptions, dist
@@ -84,7 +92,21 @@ def late_releases(max_s: float, epochs: int) -> None:
     client.MasterClient.get_tasks = counted_get_tasks  # type: ignore[method-assign]
 
 
+GO_TIMEOUT_S = 600  # the test's own bound ends the wait sooner; this one ends an orphan
+
+
+def wait_for_go(ready: Path, go: Path) -> None:
+    ready.touch()
+    deadline = time.monotonic() + GO_TIMEOUT_S
+    while not go.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"sync_rank_worker: {go} did not appear within {GO_TIMEOUT_S} s")
+        time.sleep(0.01)
+
+
 def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
+    if args.ready is not None:
+        wait_for_go(args.ready, args.go)
     if args.late_releases:
         late_releases(args.late_releases, args.epochs)
     reader = dist.reader(args.dataset,
@@ -149,6 +171,8 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--late-releases", type=float, default=0.0)
+    parser.add_argument("--ready", type=Path, help="touch this file before building the reader")
+    parser.add_argument("--go", type=Path, help="then wait for this file")
     args = parser.parse_args()
     if args.mode == "spawn":
         import torch.multiprocessing as mp

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from machine_load import hang_bound
 from PIL import Image
 from sample_data import make_image_list
 from webdriver import Browser, require_chromium
@@ -42,15 +43,19 @@ JOB = "live"
 # A job read through before the page is opened: finished, and listed below `live` though its
 # name sorts first.
 EARLIER = "earlier"
-# 600 records in 60 partitions of 10: the readers below take 45 of them, so none waits for
-# another's partitions at an epoch's tail.
+# 600 records in 60 partitions of 10. A fast reader pauses after 12 partitions, holding up to 4
+# leased ahead; the slow one reads about as fast (each spends 0.6 s a partition besides what the
+# load adds to both: on storage, or in training): about 12 + 12 + 13 + 3 x 4 = 49 of the 60
+# partitions are taken before the page is read, and no fast reader waits at the epoch's tail for
+# a partition a paused one holds. (With 20 partitions each, beside stress-ng the three took all
+# 60, and a fast reader waited 65 s for a partition the paused other held.)
 RECORDS = 600
 # A fast reader trains 0.3 s per batch: beside `stress-ng --cpu 8 --io 2 --vm 2` (load ~22 on 2
 # cores) a batch of these photos took over 0.05 s to read, and readers training 0.05 s per batch
 # were flagged input-bound (INPUT_BOUND_FLAG: over half their time waiting) with the slow one.
 READERS = {  # name -> (seconds per partition read, seconds of training per batch, batches)
-    "fast-a": (0.0, 0.3, 40),
-    "fast-b": (0.0, 0.3, 40),
+    "fast-a": (0.0, 0.3, 24),
+    "fast-b": (0.0, 0.3, 24),
     "slow": (0.6, 0.05, 0),  # never pauses: a trainer stopped is not waiting for data
 }
 
@@ -76,7 +81,7 @@ def live_job(tmp_path: Path) -> Iterator[tuple[MasterProcess, dict[int, str]]]:
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
             for proc, (_, _, batches) in zip(procs, READERS.values()):
                 if batches:
-                    wait_paused(proc, 90)
+                    wait_paused(proc, hang_bound(90))
             yield master, {proc.pid: name for proc, name in zip(procs, READERS)}
         finally:
             for proc in procs:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from integration.services import free_port
+from machine_load import hang_bound
 from optional import require
 from test_chaos import wait_for
 from test_status_json import status_of
@@ -84,6 +85,32 @@ def errors(path: Path) -> list[dict[str, Any]]:
 def rank(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, WORKER, "--dataset", "rows", "--out", str(out),
                              *args], env=env)
+
+
+Run = tuple[Path, dict[str, str], tuple[str, ...]]  # a rank's output file, environment, flags
+
+
+def ranks(runs: list[Run]) -> list[subprocess.Popen[bytes]]:
+    """Starts one rank per (out, env, args); they build their readers (and join their group)
+    together, once each has imported what it needs (sync_rank_worker.py's `--ready`/`--go`),
+    as torchrun's ranks do after init_process_group."""
+    go = runs[0][0].with_name("go")
+    flags = [out.with_suffix(".ready") for out, _, _ in runs]
+    procs = [rank(out, env, *args, "--ready", str(flag), "--go", str(go))
+             for (out, env, args), flag in zip(runs, flags)]
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT_S)
+        while not all(flag.exists() for flag in flags):
+            for p in procs:
+                assert p.poll() is None, f"a rank exited with {p.returncode} before it was ready"
+            assert time.monotonic() < deadline, "the ranks were not all ready in time"
+            time.sleep(0.01)
+        go.touch()
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return procs
 
 
 def finish(procs: list[subprocess.Popen[bytes]], timeout: float = TIMEOUT_S) -> list[int]:
@@ -158,9 +185,10 @@ def test_a_second_process_claiming_a_held_rank_is_refused_naming_both(
     """WORLD_SIZE=3 with RANK=0, 0, 1: one RANK=0 process is refused with RankTakenError naming
     the holder and itself; the group then misses rank 2, and the others say so."""
     outs = [tmp_path / f"p{i}.jsonl" for i in range(3)]
-    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="twice",
-                                 WORLD_SIZE="3", RANK=str(r)), "--epochs", "3", "--delay", "0.05")
-             for r, out in zip((0, 0, 1), outs)]
+    procs = ranks([(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="twice",
+                                   WORLD_SIZE="3", RANK=str(r)),
+                    ("--epochs", "3", "--delay", "0.05"))
+                   for r, out in zip((0, 0, 1), outs)])
     codes = finish(procs)
     assert codes == [3, 3, 3]
     refused = [(p, e) for p, out in zip(procs[:2], outs[:2]) for e in errors(out)
@@ -221,11 +249,11 @@ def test_a_rank_whose_cut_is_reported_late_does_not_hang_the_epoch(
     never complete. Now: 2 epochs, every rank the same steps, every kept record once."""
     outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
     batch, epochs = 16, 2
-    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="late-cut",
-                                 WORLD_SIZE="2", RANK=str(r)),
-                  "--epochs", str(epochs), "--batch", str(batch), "--delay", "0.05",
-                  "--late-releases", "1.5")
-             for r, out in enumerate(outs)]
+    procs = ranks([(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="late-cut",
+                                   WORLD_SIZE="2", RANK=str(r)),
+                    ("--epochs", str(epochs), "--batch", str(batch), "--delay", "0.05",
+                     "--late-releases", "1.5"))
+                   for r, out in enumerate(outs)])
     codes = finish(procs, timeout=60)
     assert codes == [0, 0], [errors(out) for out in outs]
     steps = RECORDS // (2 * batch)
@@ -247,10 +275,10 @@ def test_a_rank_frozen_past_the_lease_timeout_breaks_the_group_for_both(
     naming rank 1 (rank 1 at its first call after waking); no record was read twice, and
     nothing hangs."""
     outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
-    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="frozen",
-                                 WORLD_SIZE="2", RANK=str(r)),
-                  "--epochs", "3", "--batch", "16", "--delay", "0.05")
-             for r, out in enumerate(outs)]
+    procs = ranks([(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="frozen",
+                                   WORLD_SIZE="2", RANK=str(r)),
+                    ("--epochs", "3", "--batch", "16", "--delay", "0.05"))
+                   for r, out in enumerate(outs)])
     try:
         wait_for(lambda: lines(outs[1]), "rank 1's first batch")
         procs[1].send_signal(signal.SIGSTOP)
@@ -282,10 +310,10 @@ def test_ranks_that_finish_their_epochs_and_exit_leave_a_finished_group_not_a_br
     (trainfeed.lease.shutdown): a rank's last DONE reports died with its process, so the master
     saw it go silent inside an epoch that never ended."""
     outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
-    procs = [rank(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="done",
-                                 WORLD_SIZE="2", RANK=str(r), LOCAL_RANK=str(r)),
-                  "--epochs", "2", "--no-close")
-             for r, out in enumerate(outs)]
+    procs = ranks([(out, clean_env(TRAINFEED_MASTER=master.address, TRAINFEED_JOB="done",
+                                   WORLD_SIZE="2", RANK=str(r), LOCAL_RANK=str(r)),
+                    ("--epochs", "2", "--no-close"))
+                   for r, out in enumerate(outs)])
     assert finish(procs) == [0, 0], [lines(out)[-1:] for out in outs]
     ids = Counter(i for out in outs for line in lines(out) for i in line["ids"])
     assert len(ids) == RECORDS and set(ids.values()) == {2}  # each record once an epoch

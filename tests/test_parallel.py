@@ -111,3 +111,11 @@ def test_each_xdist_worker_draws_ports_from_its_own_slice(
     taken = [set(range(*s)) for s in slices]
     assert all(not (a & b) for i, a in enumerate(taken) for b in taken[i + 1:]), slices
     assert low <= min(s[0] for s in slices) and max(s[1] for s in slices) <= high
+
+
+def test_no_server_of_the_suite_is_given_a_port_glusterd_binds_as_fixed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(services, "_port_range", lambda: (24006, 24010))
+    for _ in range(20):
+        ports = services._free_ports(2)
+        assert not set(ports) & {24007, 24008}, ports

@@ -76,6 +76,11 @@ GRPC_OFFSET = 10000
 # and the server's own bind; with the +10000 gRPC offset the pair stays below 65536.
 _PORT_RANGE = (15000, 25000)
 
+#: Ports a service here binds whatever it is asked: glusterd's management ports. The worker
+#: whose slice held them once gave 24007 to its own SeaweedFS or etcd before the GlusterFS tests
+#: started glusterd on it ("binding to  failed: Address already in use"; CI, 4 errors).
+_FIXED_PORTS = frozenset({24007, 24008})
+
 
 def _port_range() -> tuple[int, int]:
     """This process's share of ``_PORT_RANGE``: under pytest-xdist, worker ``gwN`` of ``M``
@@ -149,7 +154,7 @@ def _free_ports(count: int, *, grpc_offset: int | None = None) -> list[int]:
             break
         port = rng.randrange(*port_range)
         wanted = [port] if grpc_offset is None else [port, port + grpc_offset]
-        if any(p in taken or p >= 65536 for p in wanted):
+        if any(p in taken or p in _FIXED_PORTS or p >= 65536 for p in wanted):
             continue
         if all(_port_is_free(p) for p in wanted):
             ports.append(port)

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 from sample_data import file_digests, make_image_list
+from test_multiprocess import start_together
 
 from trainfeed.cluster.spec import RUN_AS_USER
 
 # One xdist worker runs them all: one working container (a full copy of the image in vfs).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("image")]
 IMAGE_ENV = "TRAINFEED_IMAGE"
-WORKER = str(Path(__file__).with_name("reader_worker.py"))
 N = 240  # records: 30 partitions of 8, several for each of the two readers
 TIMEOUT_S = 120
 # The default image (EXTRAS=s3,etcd,sql) measured 803 MB uncompressed on 2026-11-26
@@ -217,11 +217,10 @@ def test_a_master_in_the_image_serves_host_readers_an_epoch_exactly_once(
                         "--dataset", "flowers", "--storage", str(storage), "--rows-per-group",
                         "8", "--no-progress"], check=True, timeout=TIMEOUT_S, env=env)
         outs = [tmp_path / f"reader{i}.jsonl" for i in range(2)]
-        # "Training" of 0.3 s per batch: one reader alone would take 9 s, far more than the
-        # readers' start-up skew on a loaded machine, so both get a share of the epoch.
-        readers = [subprocess.Popen([sys.executable, WORKER, "--dataset", "flowers", "--out",
-                                     str(out), "--batch", "8", "--delay", "0.3"], env=env)
-                   for out in outs]
+        # Both hold a first batch before either reads on (start_together), so both get a
+        # share of the epoch however late the machine's load schedules one of them.
+        readers = start_together([(out, ("--batch", "8", "--delay", "0.3")) for out in outs],
+                                 env)
         try:
             for reader in readers:
                 assert reader.wait(TIMEOUT_S) == 0, f"reader exited with {reader.returncode}"

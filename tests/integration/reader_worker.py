@@ -3,8 +3,9 @@
 It reads `--epochs` passes of a dataset through `trainfeed.dist.reader` exactly as a user's
 script would (the environment decides: TRAINFEED_MASTER, or TRAIN_LOCAL=1) and appends one JSON
 line per batch to `--out`, flushed at once, so that a test can count every delivered record even
-of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [...], "labels": [...]}
-(ids are null in the tuple mode, where the Paddle-style tuples carry no id).
+of a reader it SIGKILLs. Lines: {"pass": k, "epoch": e, "ids": [...], "sha": [...], "labels": [...],
+"asked": t, "received": t} (ids are null in the tuple mode, where the Paddle-style tuples carry no
+id; the times are when the trainer asked for the batch and when it got it).
 
 Checkpoints: with `--checkpoint-after K` it saves `reader.state_dict()` to `--state-file`
 (atomically) after its K-th batch and then writes {"checkpoint": true}; `--resume FILE` restores
@@ -87,14 +88,22 @@ def main() -> None:
         for k in range(args.epochs):
             batches = reader if args.mode == "pipeline" else batch(
                 reader, args.batch, columnar=args.mode == "columns")
-            for b in batches():
-                received = time.time()  # when the trainer got it (a test compares with signals)
+            stream = iter(batches())
+            while True:
+                # When the trainer asked for the batch and when it got it (a test compares them
+                # with the signals it sends).
+                asked = time.time()
+                b = next(stream, None)
+                if b is None:
+                    break
+                received = time.time()
                 if args.ready is not None and not args.ready.exists():
                     wait_for_go(args.ready, args.go)
                 if args.mode == "pipeline":
                     assert b["image"].shape[1:] == (16, 16, 3), b["image"].shape
                     line = {"pass": k, "epoch": reader.epoch, "ids": b["_id"].tolist(),
-                            "class_ids": b["label"].tolist(), "received": received}
+                            "class_ids": b["label"].tolist(), "asked": asked,
+                            "received": received}
                     out.write(json.dumps(line) + "\n")
                     out.flush()
                     time.sleep(args.delay)
@@ -105,7 +114,7 @@ def main() -> None:
                     ids, images, labels = None, [i for i, _ in b], [l for _, l in b]
                 line = {"pass": k, "epoch": reader.epoch, "ids": ids, "labels": labels,
                         "sha": [hashlib.sha256(x).hexdigest() for x in images],
-                        "received": received}
+                        "asked": asked, "received": received}
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 time.sleep(args.delay)

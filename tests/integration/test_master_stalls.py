@@ -109,8 +109,13 @@ def test_a_reader_frozen_past_its_lease_delivers_nothing_another_reader_delivere
                     r.kill()
     others = Counter((line["epoch"], i) for out in outs[1:] for line in lines(out)
                      if not line.get("end") for i in line["ids"])
+    # What its trainer asked for after it continued. A batch asked for before the SIGSTOP and
+    # got after the SIGCONT is the one in hand-over at the freeze: if its leases were checked
+    # before the freeze (while they were sure to live) it was delivered then, and the trainer
+    # is merely late to take it (CI, under load: 16 records of two partitions). If checked
+    # after, a lost lease's rows were dropped: nothing after it shows.
     after = [(line["epoch"], i) for line in lines(outs[0])
-             if not line.get("end") and line["received"] >= continued_at for i in line["ids"]]
+             if not line.get("end") and line["asked"] >= continued_at for i in line["ids"]]
     twice = [key for key in after if others[key]]
     print(f"\nafter its freeze the frozen reader delivered {len(after)} records "
           f"({sum(e == frozen_epoch for e, _ in after)} in the epoch it was frozen in), "

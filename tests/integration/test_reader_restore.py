@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from sample_data import make_image_list
-from test_multiprocess import lines, signal_after, start_reader, wait_all
+from test_multiprocess import lines, signal_after, start_reader, start_together, wait_all
 
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -38,9 +38,14 @@ def test_a_reader_restored_from_a_checkpoint_sees_exactly_what_the_model_missed(
     with MasterProcess(storage) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         common = ("--batch", "12", "--prefetch", "2", "--delay", "0.05")
-        crashed = start_reader(outs["crashed"], env, *common, "--checkpoint-after",
-                               str(CHECKPOINT_AFTER), "--state-file", str(state_file))
-        other = start_reader(outs["other"], env, *common)
+        # Both hold a first batch before either reads on, and the other trains slower: the
+        # crashed one reaches its checkpoint and 4 batches more however the load schedules
+        # them. (CI beside stress-ng: the other read nearly all of the epoch first, and the
+        # crashed one ended its pass before its 8th batch.)
+        crashed, other = start_together(
+            [(outs["crashed"], (*common, "--checkpoint-after", str(CHECKPOINT_AFTER),
+                                "--state-file", str(state_file))),
+             (outs["other"], (*common[:-1], "0.25"))], env)
         try:
             # The crashed trainer goes on past its checkpoint (those records are lost with
             # it), then dies holding partitions.

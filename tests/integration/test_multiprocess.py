@@ -79,7 +79,7 @@ def signal_after(victim: subprocess.Popen[bytes], out: Path, batches: int, sig: 
     """Sends `sig` to a reader once it wrote `batches` batch lines (and `pause_s` later);
     returns its exit status. The victim is killed in any case."""
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + hang_bound(60)
         while len(lines(out)) < batches:
             assert time.monotonic() < deadline and victim.poll() is None
             time.sleep(0.01)

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from start_barrier import wait_for_go
+
 from trainfeed import (
     BatchOptions,
     DecodeOptions,
@@ -37,17 +39,6 @@ from trainfeed import (
     batch,
     dist,
 )
-
-GO_TIMEOUT_S = 600  # the parent's own bound ends the wait sooner; this one ends an orphan
-
-
-def wait_for_go(ready: Path, go: Path) -> None:
-    ready.touch()
-    deadline = time.monotonic() + GO_TIMEOUT_S
-    while not go.exists():
-        if time.monotonic() > deadline:
-            sys.exit(f"reader_worker: {go} did not appear within {GO_TIMEOUT_S} s")
-        time.sleep(0.01)
 
 
 def main() -> None:

@@ -92,20 +92,11 @@ def late_releases(max_s: float, epochs: int) -> None:
     client.MasterClient.get_tasks = counted_get_tasks  # type: ignore[method-assign]
 
 
-GO_TIMEOUT_S = 600  # the test's own bound ends the wait sooner; this one ends an orphan
-
-
-def wait_for_go(ready: Path, go: Path) -> None:
-    ready.touch()
-    deadline = time.monotonic() + GO_TIMEOUT_S
-    while not go.exists():
-        if time.monotonic() > deadline:
-            sys.exit(f"sync_rank_worker: {go} did not appear within {GO_TIMEOUT_S} s")
-        time.sleep(0.01)
-
-
 def read(args: argparse.Namespace, out: str, rank: int | None) -> None:
     if args.ready is not None:
+        # Imported here: runpy runs this file from elsewhere (torchrun's test).
+        from start_barrier import wait_for_go
+
         wait_for_go(args.ready, args.go)
     if args.late_releases:
         late_releases(args.late_releases, args.epochs)

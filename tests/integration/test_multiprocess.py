@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from machine_load import hang_bound
 from sample_data import file_digests, make_image_list
+from start_barrier import release_when_ready
 
 from trainfeed.lease.book import PROGRESS_MIN_RECORDS
 from trainfeed.lease.client import MasterClient
@@ -39,18 +40,7 @@ def start_together(runs: list[tuple[Path, tuple[str, ...]]],
     ready = [out.with_suffix(".ready") for out, _ in runs]
     procs = [start_reader(out, env, *args, "--ready", str(flag), "--go", str(go))
              for (out, args), flag in zip(runs, ready)]
-    try:
-        deadline = time.monotonic() + hang_bound(TIMEOUT_S)
-        while not all(flag.exists() for flag in ready):
-            for p in procs:
-                assert p.poll() is None, f"reader exited with {p.returncode} before its 1st batch"
-            assert time.monotonic() < deadline, "readers did not all get a first batch in time"
-            time.sleep(0.01)
-        go.touch()
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
+    release_when_ready(procs, ready, go, TIMEOUT_S)
     return procs
 
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 from integration.services import free_port
-from machine_load import hang_bound
 from optional import require
+from start_barrier import release_when_ready
 from test_chaos import wait_for
 from test_status_json import status_of
 
@@ -98,18 +98,7 @@ def ranks(runs: list[Run]) -> list[subprocess.Popen[bytes]]:
     flags = [out.with_suffix(".ready") for out, _, _ in runs]
     procs = [rank(out, env, *args, "--ready", str(flag), "--go", str(go))
              for (out, env, args), flag in zip(runs, flags)]
-    try:
-        deadline = time.monotonic() + hang_bound(TIMEOUT_S)
-        while not all(flag.exists() for flag in flags):
-            for p in procs:
-                assert p.poll() is None, f"a rank exited with {p.returncode} before it was ready"
-            assert time.monotonic() < deadline, "the ranks were not all ready in time"
-            time.sleep(0.01)
-        go.touch()
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
+    release_when_ready(procs, flags, go, TIMEOUT_S)
     return procs
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import tensorflow as tf
+from start_barrier import wait_for_go
 
 from trainfeed import (
     BatchOptions,
@@ -39,8 +39,6 @@ from trainfeed import (
     dist,
 )
 from trainfeed.reader.adapters import as_tf_dataset
-
-BARRIER_TIMEOUT_S = 600  # the test's own bound ends the wait sooner; this one ends an orphan
 
 
 class Recorded:
@@ -75,14 +73,6 @@ def tiny_conv_net(num_classes: int) -> Any:
     return model
 
 
-def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while not path.exists():
-        if time.monotonic() > deadline:
-            sys.exit(f"keras_worker: {path} did not appear within {BARRIER_TIMEOUT_S} s")
-        time.sleep(0.01)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dataset", required=True)
@@ -109,8 +99,7 @@ def main() -> None:
     def step_done(batch: int, logs: Any) -> None:
         steps.append(batch)
         if len(steps) == 1:
-            args.ready.touch()
-            wait_for(args.go)
+            wait_for_go(args.ready, args.go)
         time.sleep(args.delay)
 
     pace = keras.callbacks.LambdaCallback(on_train_batch_end=step_done)

@@ -3,10 +3,10 @@ chromedriver, logs in with the token and reads the page of a running master (a s
 while three reader processes read a job, one of them on throttled storage.
 
 The page must show the ledger's progress (GetJobStatus, read before and after the page: equal
-when nothing moved in between), flag the throttled reader as input-bound and no other, list the
-running job above a finished one (folded), show the records left in the epoch and the time to
-its end as /status.json says them (issue 38), show no token, fit a phone's width, and render
-something (its screenshot is not blank). With TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot
+when nothing moved in between), flag the throttled reader as input-bound and no other as such,
+list the running job above a finished one (folded), show the records left in the epoch and the
+time to its end as /status.json says them (issue 38), show no token, fit a phone's width, and
+render something (its screenshot is not blank). With TRAINFEED_UPDATE_SCREENSHOT=1 the screenshot
 replaces docs/images/status.png (the README's)."""
 from __future__ import annotations
 
@@ -186,7 +186,10 @@ def test_the_status_page_shows_the_ledgers_progress_and_flags_the_throttled_read
         assert f'{after["done"] + after["failed"]}/{after["partitions"]} partitions' in page
         assert sorted(rows) == ["fast-a", "fast-b", "slow"], rows
         assert "input-bound" in rows["slow"].split(), rows
-        assert not rows["fast-a"] and not rows["fast-b"], rows  # neither flagged
+        # Neither fast reader waits for its data. Either may be flagged "slow", rightly: both
+        # are paused, and under load one paused seconds before the other, so over the last 30 s
+        # it read less than half the median (a CI run beside stress-ng flagged fast-b so).
+        assert "input-bound" not in rows["fast-a"].split() + rows["fast-b"].split(), rows
         assert TOKEN not in page and "session_secret" not in page
         assert "<svg" in page and "cat" in page  # sparklines, the label histogram
         # The running job first; the finished one (its name sorts first) folded below it.

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from machine_load import hang_bound
+from machine_load import hang_bound, latency_bound
 from sample_data import file_digests, make_image_list
 from start_barrier import release_when_ready
 
@@ -23,6 +23,7 @@ from trainfeed.upload import UploadOptions, upload
 pytestmark = pytest.mark.integration
 WORKER = str(Path(__file__).with_name("reader_worker.py"))
 N = 300
+# A bound against a hung reader, on an idle machine (scaled to the load where it is used).
 TIMEOUT_S = 120
 
 
@@ -45,9 +46,13 @@ def start_together(runs: list[tuple[Path, tuple[str, ...]]],
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Waits for every reader to exit cleanly; the bound is against a hang, so it follows the
+    load (beside stress-ng a reader's imports alone take tens of seconds)."""
+    deadline = time.monotonic() + hang_bound(TIMEOUT_S)
     try:
         for p in procs:
-            assert p.wait(TIMEOUT_S) == 0, f"reader exited with {p.returncode}"
+            assert p.wait(max(1.0, deadline - time.monotonic())) == 0, \
+                f"reader exited with {p.returncode}"
     finally:
         for p in procs:
             if p.poll() is None:
@@ -64,18 +69,28 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
+def batch_lines(path: Path) -> list[dict]:
+    """The batch lines a reader wrote so far (not its pass ends or checkpoint lines)."""
+    return [line for line in lines(path) if "ids" in line]
+
+
 def signal_after(victim: subprocess.Popen[bytes], out: Path, batches: int, sig: int,
                  pause_s: float = 0.0) -> int:
     """Sends `sig` to a reader once it wrote `batches` batch lines (and `pause_s` later);
-    returns its exit status. The victim is killed in any case."""
+    returns its exit status. The victim is killed in any case.
+
+    Only batch lines count: a pass's end line (a reader the load scheduled late can find its
+    first epoch at its tail and end that pass after one batch) or a checkpoint line is no
+    batch in the trainer's hands. Both waits are bounds against a hang, so follow the load
+    (a SIGTERMed reader hands its leases back before it dies)."""
     try:
         deadline = time.monotonic() + hang_bound(60)
-        while len(lines(out)) < batches:
+        while len(batch_lines(out)) < batches:
             assert time.monotonic() < deadline and victim.poll() is None
             time.sleep(0.01)
         time.sleep(pause_s)
         victim.send_signal(sig)
-        return victim.wait(10)
+        return victim.wait(hang_bound(10))
     finally:
         if victim.poll() is None:
             victim.kill()
@@ -169,18 +184,27 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
 @pytest.mark.timing
 def test_heartbeats_keep_leases_of_slow_partitions_alive(dataset: tuple[str, Path],
                                                          tmp_path: Path) -> None:
-    # One 8-row partition takes ~2.4 s to "train" (0.3 s per batch of 1) against a 1 s lease:
-    # only heartbeats keep the leases; an expiry would hand partitions out twice.
+    # One 8-row partition takes 2.4 lease timeouts to "train" (0.3 of one per batch of 1), and
+    # its prefetched ones wait longer still: only heartbeats keep the leases; an expiry would
+    # hand partitions out twice. The lease is 1 s on an idle machine. A heartbeat goes every
+    # third of it, so a reader that cannot run for 2/3 s loses its leases, as it should (this
+    # test failed at load 64 on 2 cores, issue 38). So the lease, a latency claimed for a
+    # reader with a core of its own, is scaled by the load, and the training with it.
+    lease_s = latency_bound(1.0)
     storage, source = dataset
-    with MasterProcess(storage, extra_args=["--lease-timeout", "1"]) as master:
+    with MasterProcess(storage, extra_args=["--lease-timeout", f"{lease_s:.3f}"]) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "slow", "TRAIN_LOCAL": ""}
         outs = [tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"]
-        wait_all([start_reader(outs[0], env, "--batch", "1", "--delay", "0.3", "--prefetch", "2"),
-                  start_reader(outs[1], env, "--delay", "0.05")])
+        # Both hold a first batch of epoch 0 before either reads on: else the fast one could
+        # read the whole epoch before the slow one (scheduled late) leased anything.
+        wait_all(start_together([
+            (outs[0], ("--batch", "1", "--delay", f"{0.3 * lease_s:.3f}", "--prefetch", "2")),
+            (outs[1], ("--delay", "0.05"))], env))
         log = "".join(master.log)
     counts = delivered(outs, file_digests(source))[0]
     assert counts == Counter(range(N)), counts.most_common(3)
     assert "expired" not in log, log
+    assert batch_lines(outs[0]), "the slow reader read nothing: no slow lease was tested"
 
 
 @pytest.mark.slow
@@ -223,9 +247,7 @@ def test_a_sigtermed_reader_hands_its_tasks_back_at_once(dataset: tuple[str, Pat
         victim = start_reader(victim_out, env, "--delay", "0.3")
         # It still dies of SIGTERM, as supervisors expect.
         assert signal_after(victim, victim_out, 2, signal.SIGTERM) == -signal.SIGTERM
-        survivor = start_reader(survivor_out, env)
-        survivor.wait(30)
-        wait_all([survivor])
+        wait_all([start_reader(survivor_out, env)])
         log = "".join(master.log)
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]
     assert set(counts) == set(range(N))

@@ -6,7 +6,10 @@ script does, "trains" `--delay` seconds per batch, and appends one JSON line per
 `--out`, flushed at once: {"pass": k, "epoch": e, "ids": [...], "t0": asked, "got": received,
 "t1": trained} (wall-clock times: the batch was asked for, arrived, and its step ended), and
 {"pass": k, "epoch": e, "end": true, "t": ...} after each pass. With `--go-file` it starts once
-that file exists instead (after importing and building its reader: a joiner ready to go).
+that file exists instead (after importing and building its reader: a joiner ready to go), and
+`--after-go` seconds later; `--ready` is touched once the reader is built, so that a test can
+wait for every process to be ready before it touches the go file (tests/integration/
+start_barrier.py: beside stress-ng the imports alone outlast any head start a test could give).
 
 `--sync`: a synchronous rank (`dist.reader(..., sync=True)`; WORLD_SIZE/RANK from the
 environment). `--ddp`: also joins a torch.distributed gloo group (MASTER_ADDR/MASTER_PORT, as
@@ -34,6 +37,9 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'training' a batch")
     parser.add_argument("--start-at", type=float, default=0.0, help="wall-clock start time")
     parser.add_argument("--go-file", help="start once this file exists")
+    parser.add_argument("--after-go", type=float, default=0.0,
+                        help="seconds to wait after the go file appeared")
+    parser.add_argument("--ready", help="touch this file once the reader is built")
     parser.add_argument("--sync", action="store_true")
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--torch", action="store_true", help="iterate reader.as_torch()")
@@ -49,9 +55,13 @@ def main() -> None:
         batch=BatchOptions(size=args.batch),
         sampling=SamplingOptions(shuffle_buffer=4 * args.batch if args.sync else 0)),
         sync=SyncOptions() if args.sync else None)
+    if args.ready:
+        open(args.ready, "a").close()
     time.sleep(max(0.0, args.start_at - time.time()))
-    while args.go_file and not os.path.exists(args.go_file):
-        time.sleep(0.01)
+    if args.go_file:
+        while not os.path.exists(args.go_file):
+            time.sleep(0.01)
+        time.sleep(args.after_go)
     with open(args.out, "a") as out:
         def write(line: dict[str, Any]) -> None:
             out.write(json.dumps(line) + "\n")

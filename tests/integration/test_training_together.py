@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from integration.decoding import DECODER_TOKEN
 from integration.services import free_port
-from machine_load import latency_bound
+from machine_load import hang_bound, latency_bound, slowdown
 from optional import require
+from start_barrier import release_when_ready
 
 from trainfeed import (
     BatchOptions,
@@ -44,6 +45,7 @@ from trainfeed.upload import UploadOptions, upload
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("team_worker.py"))
 RECORDS = 3000
+# A bound against a hang, on an idle machine (scaled to the load where it is used).
 TIMEOUT_S = 180
 
 
@@ -71,7 +73,7 @@ def start(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + hang_bound(timeout)
     try:
         for p in procs:
             assert p.wait(max(1.0, deadline - time.monotonic())) == 0, \
@@ -83,7 +85,34 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = TIMEOUT_S) -
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The complete lines a reader wrote so far (a line still being written is left for the
+    next look: the join test polls a running reader's output)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def step_s(idle_s: float) -> float:
+    """A training step of `idle_s` on an idle machine, as long as the machine's load makes the
+    readers' own work (imports, calls, parsing: CPU that a loaded machine gives slowly) per
+    step: the tests below compare the readers' shares and waits, which then keep the proportions
+    they have on an idle machine (tests/machine_load.py). Unscaled, a reader that cannot run
+    for a few seconds under load gets less than its share of a 6 s epoch, or joins it after
+    the others ended it."""
+    return idle_s * slowdown()
+
+
+def start_ready(runs: list[tuple[Path, tuple[str, ...]]], env: dict[str, str],
+                go: Path) -> list[subprocess.Popen[bytes]]:
+    """Starts one reader per (out, args), each waiting for `go` once its reader is built;
+    touches `go` once every one of them is: their imports (tens of seconds under load) do not
+    decide who starts first."""
+    ready = [out.with_suffix(".ready") for out, _ in runs]
+    procs = [start(out, env, *args, "--ready", str(flag), "--go-file", str(go))
+             for (out, args), flag in zip(runs, ready)]
+    release_when_ready(procs, ready, go, TIMEOUT_S)
+    return procs
 
 
 def batches(path: Path) -> list[dict[str, Any]]:
@@ -115,11 +144,12 @@ def assert_exactly_once(seen: dict[int, list[Counter[int]]], epochs: int) -> Non
 def test_three_readers_started_together_share_every_epoch_and_line_up(
         team_master: MasterProcess, tmp_path: Path) -> None:
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
-    begin = time.time() + 8  # after every process imported trainfeed, whatever the load
-    # ~170 records/s each: an epoch takes ~6 s, the third reader starts 1 s after the first.
-    procs = [start(out, master_env(team_master, "together"), "--epochs", "3", "--batch", "50",
-                   "--delay", "0.3", "--start-at", str(begin + 0.5 * i))
-             for i, out in enumerate(outs)]
+    # ~170 records/s each (idle): an epoch takes ~6 s, the third reader starts 1 s after the
+    # first, counted from when all three are ready (their imports done, whatever the load).
+    procs = start_ready([(out, ("--epochs", "3", "--batch", "50", "--delay", f"{step_s(0.3):.3f}",
+                                "--after-go", str(0.5 * i)))
+                         for i, out in enumerate(outs)],
+                        master_env(team_master, "together"), tmp_path / "go")
     wait_all(procs)
     seen = per_epoch(outs)
     assert_exactly_once(seen, 3)
@@ -138,14 +168,21 @@ def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
         team_master: MasterProcess, tmp_path: Path) -> None:
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
     env = master_env(team_master, "join")
-    begin = time.time() + 6
-    first = [start(out, env, "--batch", "25", "--delay", "0.15", "--start-at", str(begin))
-             for out in outs[:2]]
-    go = tmp_path / "go"
-    late = [start(outs[2], env, "--batch", "25", "--delay", "0.15", "--go-file", str(go))]
+    # The half epoch left when the newcomer joins lasts ~4.5 s idle, as long as the load makes
+    # the newcomer's 2 s (both scaled alike): else under load the others could end the epoch
+    # before the newcomer got anything, and it would read epoch 1.
+    args = ("--batch", "25", "--delay", f"{step_s(0.15):.3f}")
+    go, late_go = tmp_path / "go", tmp_path / "late-go"
+    readies = [out.with_suffix(".ready") for out in outs]
+    procs = [start(out, env, *args, "--ready", str(flag), "--go-file", str(g))
+             for out, flag, g in zip(outs, readies, (go, go, late_go))]
+    first, late = procs[:2], procs[2:]
     try:
+        # The first two start once all three are built: the newcomer is ready to go when it
+        # joins, however long the load made its imports.
+        release_when_ready(procs, readies, go, TIMEOUT_S)
         with MasterClient(team_master.address) as client:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + hang_bound(90)
             while time.monotonic() < deadline:
                 status = client.job_status("join") if batches(outs[0]) else None
                 if status is not None and status.done >= status.num_partitions // 2:
@@ -153,10 +190,12 @@ def test_a_reader_joining_mid_epoch_gets_records_of_it_within_two_seconds(
                 time.sleep(0.1)
             else:
                 pytest.fail("the epoch never reached half way")
-        joined = time.time()  # the newcomer (imported, its reader built) starts now
         # 2 s with a core to itself; scaled when the machine is busier (tests/machine_load.py).
         bound = latency_bound(2.0)
-        go.touch()
+        late_go.touch()
+        # The newcomer starts when its go file appears (not when this process, maybe scheduled
+        # late, reads the clock after touching it).
+        joined = late_go.stat().st_mtime
         wait_all(first + late)
     finally:
         for p in first + late:
@@ -181,12 +220,13 @@ def test_work_stealing_finishes_readers_of_unequal_speed_near_the_ideal_time(
     reader ever waiting for input; the epoch runs from its first batch to its last step's end."""
     outs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
     env = master_env(team_master, "steal")
-    batch, fast = 10, 0.08  # 125 records/s; the slow one 42: the ideal epoch is 10.3 s
+    # Idle: 125 records/s; the slow one 42: the ideal epoch is 10.3 s (longer under load).
+    batch, fast = 10, step_s(0.08)
     delays = [fast, fast, 3 * fast]
-    begin = time.time() + 8
-    procs = [start(out, env, "--epochs", "2", "--batch", str(batch), "--delay", str(delay),
-                   "--start-at", str(begin))
-             for out, delay in zip(outs, delays)]
+    # All three start together once built: a reader the load let start late would make the
+    # epoch longer than the ideal, which assumes all three read from its start.
+    procs = start_ready([(out, ("--epochs", "2", "--batch", str(batch), "--delay", f"{delay:.3f}"))
+                         for out, delay in zip(outs, delays)], env, tmp_path / "go")
     wait_all(procs)
     seen = per_epoch(outs)
     assert_exactly_once(seen, 2)
@@ -259,8 +299,8 @@ def test_sync_ranks_under_torchrun(team_master: MasterProcess, tmp_path: Path) -
         "'--batch', '50']\n"
         f"runpy.run_path({WORKER!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "3", str(script)], env=env, timeout=TIMEOUT_S,
-                          capture_output=True, text=True)
+                           "--nproc-per-node", "3", str(script)], env=env,
+                          timeout=hang_bound(TIMEOUT_S), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_sync([Path(f"{out}{rank}") for rank in range(3)], 2, 50)
 

@@ -16,6 +16,9 @@ and then waits for `--go` to appear. A reader with a batch of epoch 0 in hand ho
 so epoch 0 cannot complete without it: readers started together really share their epochs even
 on a loaded machine, where one process may be scheduled seconds after another (CI, beside
 stress-ng: one reader read a whole epoch before the other read its first batch).
+
+Hold: with `--hold-after K --hold FILE` it waits for FILE to appear after its K-th batch (and
+its step), so that a test can let another reader go on first, however the load schedules them.
 """
 from __future__ import annotations
 
@@ -59,6 +62,9 @@ def main() -> None:
     parser.add_argument("--resume", metavar="FILE", help="a saved reader.state_dict() to continue")
     parser.add_argument("--ready", type=Path, help="touch this file once holding a first batch")
     parser.add_argument("--go", type=Path, help="then wait for this file before reading on")
+    parser.add_argument("--hold-after", type=int, default=0, metavar="K",
+                        help="after the K-th batch, wait for --hold to appear")
+    parser.add_argument("--hold", type=Path)
     args = parser.parse_args()
 
     state = None
@@ -116,6 +122,8 @@ def main() -> None:
                     os.replace(args.state_file + ".tmp", args.state_file)
                     out.write(json.dumps({"checkpoint": True}) + "\n")
                     out.flush()
+                if handed == args.hold_after:
+                    wait_for_go(args.hold.with_suffix(".held"), args.hold)
             out.write(json.dumps({"pass": k, "epoch": reader.epoch, "end": True}) + "\n")
             out.flush()
     reader.close()

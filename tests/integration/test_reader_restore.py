@@ -38,19 +38,24 @@ def test_a_reader_restored_from_a_checkpoint_sees_exactly_what_the_model_missed(
     with MasterProcess(storage) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         common = ("--batch", "12", "--prefetch", "2", "--delay", "0.05")
-        # Both hold a first batch before either reads on, and the other trains slower: the
-        # crashed one reaches its checkpoint and 4 batches more however the load schedules
-        # them. (CI beside stress-ng: the other read nearly all of the epoch first, and the
-        # crashed one ended its pass before its 8th batch.)
+        # Both hold a first batch before either reads on, and the other, slower, waits after
+        # its 4th batch until the crash: the crashed one reaches its checkpoint and 4 batches
+        # more however the load schedules them. (CI beside stress-ng: the other read nearly
+        # all of the epoch first, and the crashed one ended its pass before its 8th batch;
+        # training slower alone still left that to a load that stops the crashed one for a
+        # few seconds. The other's 4 batches are 48 of the 300 records.)
+        hold = tmp_path / "other-go"
         crashed, other = start_together(
             [(outs["crashed"], (*common, "--checkpoint-after", str(CHECKPOINT_AFTER),
                                 "--state-file", str(state_file))),
-             (outs["other"], (*common[:-1], "0.25"))], env)
+             (outs["other"], (*common[:-1], "0.25", "--hold-after", "4", "--hold", str(hold)))],
+            env)
         try:
             # The crashed trainer goes on past its checkpoint (those records are lost with
             # it), then dies holding partitions.
             assert signal_after(crashed, outs["crashed"], CHECKPOINT_AFTER + 4,
                                 signal.SIGKILL) == -signal.SIGKILL
+            hold.touch()
             saved = json.loads(state_file.read_text())
             assert saved["mode"] == "distributed" and saved["epoch"] == 0
             restored = start_reader(outs["restored"], env, *common, "--resume", str(state_file))

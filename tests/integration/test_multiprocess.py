@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from machine_load import hang_bound, latency_bound
+from machine_load import hang_bound, latency_bound, slowdown
 from sample_data import file_digests, make_image_list
 from start_barrier import release_when_ready
 
@@ -165,10 +165,13 @@ def test_a_killed_reader_loses_nothing_its_leases_expire_to_the_others(
     with MasterProcess(storage, extra_args=["--lease-timeout", "2"]) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
-        victim = start_reader(victim_out, env, "--delay", "0.5")
+        # Its steps and the pause below as long as the load makes its reporter's work: a
+        # reporter that the load kept from sending for 0.25 s would leave more unacknowledged.
+        k = slowdown()
+        victim = start_reader(victim_out, env, "--delay", f"{0.5 * k:.3f}")
         # Mid-"training step", 3 batches in: past the reporter's coalescing window (COALESCE_S,
         # 50 ms), so only the batch in the trainer's hands is unacknowledged.
-        signal_after(victim, victim_out, 3, signal.SIGKILL, pause_s=0.25)
+        signal_after(victim, victim_out, 3, signal.SIGKILL, pause_s=0.25 * k)
         wait_all([start_reader(survivor_out, env)])
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]
     assert set(counts) == set(range(N))
@@ -267,7 +270,9 @@ def test_a_crash_repeats_only_records_in_flight_not_the_partition(tmp_path: Path
     with MasterProcess(storage, extra_args=["--lease-timeout", "2"]) as master:
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         victim_out, survivor_out = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
-        victim = start_reader(victim_out, env, "--batch", "4", "--delay", "0.1")
+        # ~40 records/s on an idle machine, slower as the load slows its reporter: the records
+        # it consumes while its progress report is late stay as few as the bound says.
+        victim = start_reader(victim_out, env, "--batch", "4", "--delay", f"{0.1 * slowdown():.3f}")
         signal_after(victim, victim_out, 20, signal.SIGKILL)  # 80 records of its first partition
         wait_all([start_reader(survivor_out, env)])
     counts = delivered([victim_out, survivor_out], file_digests(source))[0]

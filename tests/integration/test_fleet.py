@@ -36,8 +36,11 @@ def timescale() -> float:
     even if its lease lapsed meanwhile (fleet.py drops only leases not begun), so a renewal a
     lease timeout late shows as records twice, and a heartbeat unanswered for 5 s
     (ANSWER_TIMEOUT_S) as a stream reopened. Slowed alike, the fleet asks of each process the
-    share of a core it gets; the figures then read as on an idle machine, messages per
-    reader-second multiplied back by the same factor."""
+    share of a core it gets. Its messages per reader-second then fall with the rates: the bound
+    on them is as strict as before on an idle machine, looser under load. (Not multiplied back:
+    not every timer of the fleet slows down, the tail's 5 s long-polls for one; at load 15 that
+    gave 0.114 × 7.6 = 0.87 of the 0.9.)
+    """
     return slowdown()
 
 
@@ -68,7 +71,7 @@ def test_200_simulated_readers_read_every_record_once_with_grants_on_their_strea
     [epoch] = summary["epochs"].values()
     assert epoch == {"expected": 800 * 20, "missing": 0, "duplicated": 0, "uncertain": 0}, \
         summary["stdout"]
-    assert summary["messages_per_reader_s"] * k <= MAX_MESSAGES_PER_READER_S, summary["stdout"]
+    assert summary["messages_per_reader_s"] <= MAX_MESSAGES_PER_READER_S, summary["stdout"]
     # One conversation: one Session stream per reader for the whole run, never reopened in a
     # healthy run, and no unary call but the session's own.
     assert summary["streams"] == {"opened": 200, "reopened": 0, "broken_on_purpose": 0,

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from machine_load import hang_bound
 from sample_data import make_image_list
-from test_multiprocess import lines, signal_after, start_reader, start_together, wait_all
+from test_multiprocess import (
+    TIMEOUT_S,
+    batch_lines,
+    lines,
+    signal_after,
+    start_reader,
+    start_together,
+    wait_all,
+)
 
 from trainfeed.master.serve.process import MasterProcess
 from trainfeed.upload import UploadOptions, upload
@@ -39,12 +50,14 @@ def test_a_reader_restored_from_a_checkpoint_sees_exactly_what_the_model_missed(
         env = {"TRAINFEED_MASTER": master.address, "TRAINFEED_JOB": "train", "TRAIN_LOCAL": ""}
         common = ("--batch", "12", "--prefetch", "2", "--delay", "0.05")
         # Both hold a first batch before either reads on, and the other, slower, waits after
-        # its 4th batch until the crash: the crashed one reaches its checkpoint and 4 batches
-        # more however the load schedules them. (CI beside stress-ng: the other read nearly
-        # all of the epoch first, and the crashed one ended its pass before its 8th batch;
-        # training slower alone still left that to a load that stops the crashed one for a
-        # few seconds. The other's 4 batches are 48 of the 300 records.)
+        # its 4th batch until the restored reader got its first: the crashed one reaches its
+        # checkpoint and 4 batches more, and the restored one resumes within epoch 0, however
+        # the load schedules them. (CI beside stress-ng: the other read nearly all of the epoch
+        # first, and the crashed one ended its pass before its 8th batch; training slower alone
+        # still left that to a load that stops the crashed one for a few seconds. The other's
+        # 4 batches are 48 of the 300 records.)
         hold = tmp_path / "other-go"
+        restored: subprocess.Popen[bytes] | None = None
         crashed, other = start_together(
             [(outs["crashed"], (*common, "--checkpoint-after", str(CHECKPOINT_AFTER),
                                 "--state-file", str(state_file))),
@@ -55,14 +68,20 @@ def test_a_reader_restored_from_a_checkpoint_sees_exactly_what_the_model_missed(
             # it), then dies holding partitions.
             assert signal_after(crashed, outs["crashed"], CHECKPOINT_AFTER + 4,
                                 signal.SIGKILL) == -signal.SIGKILL
-            hold.touch()
             saved = json.loads(state_file.read_text())
             assert saved["mode"] == "distributed" and saved["epoch"] == 0
             restored = start_reader(outs["restored"], env, *common, "--resume", str(state_file))
+            # The other goes on once the restored reader is back in epoch 0 (else, with the
+            # restored one's imports slow under load, the other could end the epoch first).
+            deadline = time.monotonic() + hang_bound(TIMEOUT_S)
+            while not batch_lines(outs["restored"]) and restored.poll() is None:
+                assert time.monotonic() < deadline, "the restored reader got no batch"
+                time.sleep(0.01)
+            hold.touch()
             wait_all([other, restored])
         finally:
-            for p in (crashed, other):
-                if p.poll() is None:
+            for p in (crashed, other, restored):
+                if p is not None and p.poll() is None:
                     p.kill()
         log = "".join(master.log)
     assert "resumes the checkpoint of" in log, log[-2000:]

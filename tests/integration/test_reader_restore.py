@@ -71,8 +71,9 @@ def test_a_reader_restored_from_a_checkpoint_sees_exactly_what_the_model_missed(
             saved = json.loads(state_file.read_text())
             assert saved["mode"] == "distributed" and saved["epoch"] == 0
             restored = start_reader(outs["restored"], env, *common, "--resume", str(state_file))
-            # The other goes on once the restored reader is back in epoch 0 (else, with the
-            # restored one's imports slow under load, the other could end the epoch first).
+            # The other goes on once the restored reader is back in epoch 0: else a restored
+            # reader that the load kept from starting for longer than the crashed one's lease
+            # (the master's default, 30 s) could find epoch 0 ended by the other.
             deadline = time.monotonic() + hang_bound(TIMEOUT_S)
             while not batch_lines(outs["restored"]) and restored.poll() is None:
                 assert time.monotonic() < deadline, "the restored reader got no batch"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from integration import services
+from machine_load import hang_bound
 
 TESTS = Path(__file__).resolve().parent
 
@@ -73,7 +74,7 @@ def test_grouped_tests_share_one_worker_and_timing_tests_run_alone(tmp_path: Pat
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "3",
          "--dist", "loadgroup", "--no-loadscope-reorder", "test_groups.py"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=240)
+        cwd=project, env=env, capture_output=True, text=True, timeout=hang_bound(240))
     assert result.returncode == 0, result.stdout + result.stderr
     workers: dict[str, set[str]] = defaultdict(set)
     for worker, name in re.findall(r"^\[(gw\d+)\] .*PASSED test_groups\.py::(test_\w+)",

@@ -36,6 +36,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# What a reader through a master imports when it is built (gRPC, the lease session), imported
+# now: the ranks meet (`--ready`/`--go`, or gloo's init_process_group) before they build their
+# readers, and these imports after the meeting would part them again by their CPU time (0.12 s
+# at load 15 on 2 cores; several times that beside stress-ng), against a 3 s lease.
+import trainfeed.reader.distributed  # noqa: F401
 from trainfeed import BatchOptions, PipelineOptions, SyncOptions, dist
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from machine_load import hang_bound
 
 from trainfeed import BatchOptions, DecodeOptions, MasterSource, PipelineOptions, dist
 from trainfeed.lease.client import MasterClient
@@ -81,7 +82,9 @@ def scraped_master(storage: str, tmp_path: Path,
              f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            yield master, f"http://127.0.0.1:{port}"
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(base)
+            yield master, base
         finally:
             proc.terminate()
             try:
@@ -91,7 +94,27 @@ def scraped_master(storage: str, tmp_path: Path,
                 proc.wait(10)
 
 
+def wait_ready(base: str, timeout_s: float = 60) -> None:
+    """Until Prometheus says it is ready (/-/ready): before that its API answers 503 "Service
+    Unavailable" in plain text (beside stress-ng it opened its port well before its storage was
+    ready, and the first query failed on that text). `timeout_s` (scaled to the load) ends a
+    hang."""
+    bound = hang_bound(timeout_s)
+    deadline = time.monotonic() + bound
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/-/ready", timeout=10) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass  # not listening yet, or 503 (urllib's HTTPError is an OSError)
+        assert time.monotonic() < deadline, f"Prometheus not ready within {bound:g} s"
+        time.sleep(0.5)
+
+
 def query_until(base: str, promql: str, timeout_s: float = 60) -> list[Any]:
+    """The query's result once it has one; `timeout_s` (scaled to the load) ends a hang."""
+    timeout_s = hang_bound(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

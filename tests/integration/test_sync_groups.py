@@ -17,7 +17,6 @@ Real processes: a master (`--lease-timeout 3`, scaled to the load), and ranks
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -34,6 +33,7 @@ from machine_load import hang_bound, latency_bound
 from optional import require
 from start_barrier import release_when_ready
 from test_chaos import wait_for
+from test_multiprocess import lines
 from test_status_json import status_of
 
 from trainfeed.cli import status_watch
@@ -95,15 +95,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in WHO}
     env.update(extra)
     return env
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    """The complete lines a rank wrote so far: one still being written is left for the next
-    look (a test polls a running rank's file; as in test_multiprocess.lines)."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def errors(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from integration.services import free_port
 from machine_load import hang_bound, latency_bound, slowdown
 from optional import require
 from start_barrier import release_when_ready
+from test_multiprocess import lines
 
 from trainfeed import (
     BatchOptions,
@@ -82,15 +82,6 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = TIMEOUT_S) -
         for p in procs:
             if p.poll() is None:
                 p.kill()
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    """The complete lines a reader wrote so far (a line still being written is left for the
-    next look: the join test polls a running reader's output)."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def step_s(idle_s: float) -> float:

@@ -7,8 +7,10 @@ to a fresh folder, and ends with `sync`, so that every method pays for getting i
 disk:
 
 - `cp`: `cp -r` of the image folder, then `sync` (the baseline);
-- `upload`: `trainfeed upload` with its default processes (one per core), then `sync`;
+- `upload`: `trainfeed upload` with its default processes (one per core and one more), then `sync`;
 - `upload-1p`: the same with `--processes 1` (what one process does);
+- `upload-cores`: the same with one process per core (the default before 2026-11-30, which now
+  adds one process to pack while another waits for the disk);
 - `restarts`: `trainfeed upload --jpeg-restarts`;
 - `restarts-1p`: the same with `--processes 1`;
 - `resized`: `trainfeed upload --max-side 256 --jpeg-restarts` (FFCV's ImageNet ingest size);
@@ -70,6 +72,7 @@ METHODS: dict[str, list[str] | None] = {
     "cp": None,
     "upload": [],
     "upload-1p": ["--processes", "1"],
+    "upload-cores": ["--processes", str(os.cpu_count() or 1)],
     "restarts": ["--jpeg-restarts"],
     "restarts-1p": ["--jpeg-restarts", "--processes", "1"],
     "resized": ["--max-side", "256", "--jpeg-restarts"],
@@ -80,7 +83,7 @@ METHODS: dict[str, list[str] | None] = {
 def cores_of(method: str) -> float:
     """The cores a method is set up to use (benchmarks/fairness.py's verdict): `cp` and the
     one-process uploads one, the others a process per core."""
-    single = method in ("cp", "cli-start") or "--processes" in (METHODS[method] or [])
+    single = method in ("cp", "cli-start") or method.endswith("-1p")
     return cores_asked(1 if single else os.cpu_count() or 1)
 
 

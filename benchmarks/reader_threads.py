@@ -13,6 +13,7 @@ thread that needs it waits). CPU time per image is what load on a shared machine
 Pair it with py-spy for what each thread runs, and which of it holds the GIL:
 
     python benchmarks/reader_threads.py --storage DIR --dataset NAME
+    python benchmarks/reader_threads.py --storage DIR --dataset NAME --offcpu 6
     py-spy record --native --threads --gil -r 100 -f raw -o gil.raw -- \\
         python benchmarks/reader_threads.py --storage DIR --dataset NAME
 """
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from imagenet_methods import trainfeed_batches
+from offcpu import Recording, shares
 
 TICK = os.sysconf("SC_CLK_TCK")
 POOLS = ("trainfeed-decode", "trainfeed-convert", "trainfeed-read", "ThreadPoolExecutor")
@@ -91,7 +93,11 @@ def role(name: str) -> str:
     return next((pool for pool in POOLS if name.startswith(pool)), name)
 
 
-def measure(storage: str, dataset: str, images: int, warmup: int) -> dict[str, Any]:
+def measure(storage: str, dataset: str, images: int, warmup: int,
+            offcpu_s: float = 0.0) -> dict[str, Any]:
+    """The window's figures; with `offcpu_s`, after the window, that many seconds more under
+    `perf record` (benchmarks/offcpu.py): each thread role's share of them on CPU and in each
+    wait."""
     collections = Collections()
     batches = trainfeed_batches(dataset, storage, "train")
     seen = 0
@@ -114,6 +120,7 @@ def measure(storage: str, dataset: str, images: int, warmup: int) -> dict[str, A
     per: dict[str, float] = defaultdict(float)
     for tid, spent in after.items():
         per[role(names.get(tid, f"native-{tid}"))] += spent - before.get(tid, 0.0)
+    waits = _offcpu(batches, names, offcpu_s) if offcpu_s > 0 else None
     return {
         "images": seen, "wall_s": round(wall, 2), "load": [load, os.getloadavg()[0]],
         "cpu_ms_per_image": round(cpu * 1e3 / seen, 4),
@@ -124,7 +131,25 @@ def measure(storage: str, dataset: str, images: int, warmup: int) -> dict[str, A
         "gc_us_per_image": {f"gen{g}": round(collections.seconds[g] * 1e6 / seen, 2)
                             for g in range(3)},
         "gc_tracked_objects": tracked,
+        **({"offcpu_share": waits} if waits is not None else {}),
     }
+
+
+def _offcpu(batches: Any, names: dict[int, str], seconds: float) -> dict[str, dict[str, float]]:
+    """Each thread role's share of `seconds` of reading on CPU and in each wait (perf)."""
+    recording = Recording(f"/tmp/reader_threads-{os.getpid()}.perf")
+    recording.start()
+    try:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            next(batches)
+            names.update(thread_names())
+        for tid, (name, _) in ENDED.items():
+            names.setdefault(tid, name)
+        recording.stop()
+        return shares(recording.script(), names, role)
+    finally:
+        os.remove(recording.path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,8 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", required=True)
     p.add_argument("--images", type=int, default=8000, help="images in the window")
     p.add_argument("--warmup", type=int, default=1024, help="images before the window")
+    p.add_argument("--offcpu", type=float, default=0.0, metavar="SECONDS",
+                   help="then read SECONDS more under `perf record` and print each thread "
+                        "role's share of them on CPU and in each wait (needs perf, root)")
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.storage, args.dataset, args.images, args.warmup), indent=1))
+    print(json.dumps(measure(args.storage, args.dataset, args.images, args.warmup,
+                             args.offcpu), indent=1))
     sys.stdout.flush()
     os._exit(0)  # the reader's threads end with the process
 

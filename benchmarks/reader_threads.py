@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -137,7 +138,8 @@ def measure(storage: str, dataset: str, images: int, warmup: int,
 
 def _offcpu(batches: Any, names: dict[int, str], seconds: float) -> dict[str, dict[str, float]]:
     """Each thread role's share of `seconds` of reading on CPU and in each wait (perf)."""
-    recording = Recording(f"/tmp/reader_threads-{os.getpid()}.perf")
+    recording = Recording(os.path.join(tempfile.gettempdir(),
+                                       f"reader_threads-{os.getpid()}.perf"))
     recording.start()
     try:
         ends = time.monotonic() + seconds

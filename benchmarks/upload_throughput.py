@@ -4,7 +4,10 @@ Data: ImageNet-like JPEGs (benchmarks/make_imagenet_like.py: natural-photo crops
 ~83 KB at quality 90), generated on first use. Each pass, interleaved, runs every method in a
 process of its own, from a warm page cache (the files are read once before each run), writing
 to a fresh folder, and ends with `sync`, so that every method pays for getting its bytes to
-disk:
+disk. The copies stay until the run ends (`--root` needs room for all of them): deleting 10,000
+files before the next run made ext4 search its inode tables for each file the next `cp` created
+(`recently_deleted`, `ext4_find_dest_de` in `perf`), and `cp` took 2.9, then 7.7, then 11.6 s in
+successive passes, all of it system CPU; the upload, writing a dozen files, paid none of that.
 
 - `cp`: `cp -r` of the image folder, then `sync` (the baseline);
 - `upload`: `trainfeed upload` with its default processes (one per core and one more), then `sync`;
@@ -155,8 +158,9 @@ def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
     """One run of `method`, its source `cache`: "warm" (every file read first) or "cold"
     (every file dropped from the page cache first, see `cool`)."""
     label = label or method
-    out = os.path.join(scratch, f"out-{label.replace('@', '-')}")
-    shutil.rmtree(out, ignore_errors=True)
+    # A folder no earlier run used, kept until the run ends (the module docstring: ext4).
+    out = tempfile.mkdtemp(prefix=f"out-{label.replace('@', '-')}-", dir=scratch)
+    os.rmdir(out)  # `cp -r SOURCE OUT` makes OUT itself
     subprocess.run(["sync"], check=True)
     source = os.path.dirname(list_path)
     source_bytes = warm(source) if cache == "warm" else cool(source)
@@ -177,7 +181,6 @@ def run_one(method: str, list_path: str, scratch: str, tree: str = REPO,
         raise SystemExit(f"{method} failed ({run.returncode}): {run.stderr[-2000:]}")
     stored = sum(os.path.getsize(os.path.join(p, n)) for p, _, names in os.walk(out)
                  for n in names)
-    shutil.rmtree(out, ignore_errors=True)
     user = after.ru_utime - before.ru_utime
     cpu = user + (after.ru_stime - before.ru_stime)
     return {"method": label, "tree": tree, "seconds": seconds,

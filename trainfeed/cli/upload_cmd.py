@@ -139,8 +139,9 @@ def add_upload_options(p: argparse.ArgumentParser) -> None:
                      help=f"store JPEGs even with --max-side ≤ {RAW_DEFAULT_MAX_SIDE} (storage "
                           f"or network bandwidth is the limit, not the readers' CPU)")
     p.add_argument("--processes", type=at_least(1), default=DEFAULT_PROCESSES, metavar="N",
-                   help=f"packing processes (default: one per core and one more, to pack while "
-                        f"another waits for the disk: {DEFAULT_PROCESSES} here); "
+                   help=f"packing processes (default: one per core this process may use and "
+                        f"one more, to pack while another waits for the disk: "
+                        f"{DEFAULT_PROCESSES} here); "
                         f"the output does not depend on it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different dataset of the same name")

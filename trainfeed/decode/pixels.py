@@ -22,7 +22,6 @@ thread.
 from __future__ import annotations
 
 import functools
-import os
 import struct
 import threading
 from collections import Counter
@@ -37,6 +36,7 @@ import simplejpeg
 from PIL import features
 
 from trainfeed import settings
+from trainfeed.cores import usable_cores
 from trainfeed.decode.crops import CropOptions, Plan, aspect_crop, record_uniforms, whole_image
 from trainfeed.decode.image import decode_into, decode_whole
 from trainfeed.decode.pixel_budget import DECODE_FAILURES, failure_reason, max_image_pixels
@@ -112,9 +112,7 @@ def default_decode_threads(environ: Mapping[str, str] | None = None) -> int:
     (`LOCAL_WORLD_SIZE`): N ranks each decoding on every core would oversubscribe them N times
     (8 ranks on a 96-core node would start 768 decode threads). On the benchmark's 2 cores the
     difference was within the machine's noise (docs/benchmarks.md)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-    return max(1, cores // (settings.LOCAL_WORLD_SIZE.get(environ) or 1))
+    return max(1, usable_cores() // (settings.LOCAL_WORLD_SIZE.get(environ) or 1))
 
 
 class ImageDecoder:

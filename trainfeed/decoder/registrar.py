@@ -17,7 +17,6 @@ threads (a decoder with 4 threads using 3 cores is 0.75 busy).
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from trainfeed.cores import usable_cores
 from trainfeed.security import ClientSecurity
 from trainfeed.v1 import master_pb2 as pb
 from trainfeed.v1 import master_pb2_grpc
@@ -79,7 +79,7 @@ class Registrar:
         self.master = master
         self.advertise = advertise
         self._figures = figures
-        self._meter = BusyMeter(threads or os.cpu_count() or 1)
+        self._meter = BusyMeter(threads or usable_cores())
         self.beat_s = beat_s
         self._stop = threading.Event()
         self._lock = threading.Lock()

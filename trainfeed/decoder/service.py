@@ -15,7 +15,6 @@ admitted go on; `in_flight()` says how many are left.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from trainfeed.cores import usable_cores
 from trainfeed.decode.remote.shared_pixels import (
     NO_SHARED_PIXELS,
     PixelsWriter,
@@ -202,7 +202,7 @@ class DecoderServer(flight.FlightServerBase):
     def figures(self) -> tuple[int, int]:
         """(slots, calls in flight): what its registration tells the master (issue 37). Slots
         are its decode threads (its cores when not set)."""
-        return self.decoders.threads or os.cpu_count() or 1, self.in_flight()
+        return self.decoders.threads or usable_cores(), self.in_flight()
 
     def drain(self) -> None:
         """Refuses every call from now on (DRAINING); the calls admitted go on. Idempotent."""

@@ -1,10 +1,10 @@
 """`upload --check-images`: every image decoded before anything is written, as a reader would."""
 from __future__ import annotations
 
-import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from trainfeed.cores import usable_cores
 from trainfeed.errors import ListFileError, UndecodableImagesError
 from trainfeed.formats.listfile import ListEntry, ParsedList
 from trainfeed.ingest.options import DECODE_MEMORY_BYTES, HEADER_BYTES
@@ -48,7 +48,7 @@ def check_images(parsed: ParsedList, entries: tuple[ListEntry, ...], threads: in
             raise ListFileError(f"{where}: cannot read {path}: {e.strerror or e}") from e
         return None
 
-    workers = max(1, min(threads, os.cpu_count() or 1))
+    workers = max(1, min(threads, usable_cores()))
     bad: list[tuple[int, str, str]] = []
     pending: deque[Future[tuple[int, str, str] | None]] = deque()
     with ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-check") as pool:

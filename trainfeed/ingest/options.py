@@ -1,22 +1,22 @@
 """What an upload does: `UploadOptions`, and the constants its defaults come from."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from trainfeed.cores import usable_cores
 from trainfeed.formats import layout
 from trainfeed.formats.listfile import Kind
 
 # File reads are I/O-bound and release the GIL; on network mounts (GlusterFS, NFS) latency, not
 # bandwidth, limits them, so many more threads than cores pay off.
-DEFAULT_READ_THREADS = min(32, 8 * (os.cpu_count() or 1))
-# Packing processes: one per core, and one more. A shard's encoding, checksums and hashing (and
-# rewrites, resizes) hold the GIL or a core; on 2 cores two processes took a plain upload of
-# 3,000 ImageNet-like photos from 1.67x to 1.2x the time of `cp -r` + `sync`. Each packer then
-# waits for its shard to reach the disk (fsync: ~0.16 s per 70 MB shard, a third of its time
-# here); one process more keeps the cores busy meanwhile: 10,000 photos in 3.1 s instead of
-# 3.5-4.05 s (docs/benchmarks.md, Ingest).
-DEFAULT_PROCESSES = (os.cpu_count() or 1) + 1
+DEFAULT_READ_THREADS = min(32, 8 * usable_cores())
+# Packing processes: one per core this process may run on (trainfeed.cores), and one more. A
+# shard's encoding, checksums and hashing (and rewrites, resizes) hold the GIL or a core; on 2
+# cores two processes took a plain upload of 3,000 ImageNet-like photos from 1.67x to 1.2x the
+# time of `cp -r` + `sync`. Each packer then waits for its shard to reach the disk (fsync:
+# ~0.16 s per 70 MB shard, a third of its time here); one process more keeps the cores busy
+# meanwhile: 10,000 photos in 3.1 s instead of 3.5-4.05 s (docs/benchmarks.md, Ingest).
+DEFAULT_PROCESSES = usable_cores() + 1
 # A record is read whole into memory (and by readers, into a batch): a file above this is almost
 # always a mistake in the list (a video, an archive), refused before anything is written.
 DEFAULT_MAX_RECORD_BYTES = 64 << 20

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from trainfeed.cores import usable_cores
 from trainfeed.formats import shards as shard_format
 from trainfeed.formats.labels import NUMERIC_ORDER
 from trainfeed.formats.manifest import (
@@ -91,7 +91,7 @@ def load_source(source: Any, storage: Storage | None = None,
 def _sql_table(source: Any, ordered: bool) -> tuple[pa.Table, str]:
     """A SQL source's result, over one connection, or one per core where order does not matter
     (see `load_source`); named by its query."""
-    table = source.read(1 if ordered else os.cpu_count() or 1)
+    table = source.read(1 if ordered else usable_cores())
     if source.dialect == "sqlite":  # no array type: arrays are kept as JSON text
         table = _decode_json_arrays(table)
     return table, str(source.query)

@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,9 @@ IO_FRAMES = ("preadv", "pread64", "read", "filemap_read", "folio_wait_bit_common
 # wait (take_gil, PyThread_acquire_lock_timed) and a few above, small enough not to slow the
 # traced process much (16 KB per switch doubled perf's own CPU, and lost samples).
 STACK_BYTES = 4096
+# The longest waits for perf: writing its buffers out after the window, and `perf script`.
+STOP_S = 120
+SCRIPT_S = 900
 
 
 class Recording:
@@ -70,15 +74,28 @@ class Recording:
         time.sleep(0.5)  # attached to every thread before the window starts
 
     def stop(self) -> None:
+        """Ends the recording: perf writes its buffers out first (seconds for a busy window),
+        at most STOP_S."""
         assert self._perf is not None
         self._perf.send_signal(signal.SIGINT)
-        self._perf.wait(timeout=120)
+        _say(f"perf record: writing {self.path}, until "
+             f"{time.strftime('%H:%M:%S', time.localtime(time.time() + STOP_S))} at the latest")
+        self._perf.wait(timeout=STOP_S)
 
     def script(self) -> Iterable[str]:
-        """The recording as `perf script` prints it."""
+        """The recording as `perf script` prints it (unwinding every switch's stack: tens of
+        seconds for a few seconds' window, at most SCRIPT_S)."""
+        _say(f"perf script: unwinding {os.path.getsize(self.path) >> 20} MB of switches, until "
+             f"{time.strftime('%H:%M:%S', time.localtime(time.time() + SCRIPT_S))} at the "
+             f"latest")
         run = subprocess.run(["perf", "script", "-i", self.path], capture_output=True,
-                             text=True, check=True)
+                             text=True, check=True, timeout=SCRIPT_S)
         return run.stdout.splitlines()
+
+
+def _say(line: str) -> None:
+    """A wait of more than a few seconds, said on stderr (the results go to stdout)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def reason(state: str, frames: Iterable[str]) -> str:

@@ -5,7 +5,9 @@ This reads a dataset as benchmarks/imagenet_methods.py's trainfeed-local rows do
 Crop 224 + flip, uint8, batches of 256, shuffle buffer 1,024), skips `--warmup` images, then
 streams `--images` more (crossing epochs) and reports, per thread (by its Python name; pools
 summed), the CPU it spent per image, from /proc/self/task/*/stat (threads that end within the
-window are counted from their own CPU clock as they end). It also reports the collections of each
+window are counted from their own CPU clock as they end), and its context switches per image,
+voluntary (going to sleep: on the GIL, a lock, a queue) and not, from /proc/self/task/*/status
+(threads that end within the window are left out of those). It also reports the collections of each
 garbage-collector generation per 1,000 images and their time (a collection holds the GIL: every
 thread that needs it waits). CPU time per image is what load on a shared machine moves least;
 `cores_busy` is only meaningful on a quiet one (the load is printed).
@@ -86,6 +88,22 @@ def thread_cpu() -> dict[int, float]:
     return out
 
 
+def thread_switches() -> dict[int, tuple[int, int]]:
+    """(voluntary, involuntary) context switches of each live thread of this process: a
+    voluntary one is a thread going to sleep (on the GIL, a lock, a queue, I/O), so their
+    count per image says how often the stages hand work or the GIL to each other."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status", encoding="ascii") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields["voluntary_ctxt_switches"]),
+                         int(fields["nonvoluntary_ctxt_switches"]))
+    return out
+
+
 def thread_names() -> dict[int, str]:
     return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
 
@@ -108,6 +126,7 @@ def measure(storage: str, dataset: str, images: int, warmup: int,
     ENDED.clear()
     collections.reset()
     tracked = len(gc.get_objects())
+    switched = thread_switches()
     before, started, cpu_before = thread_cpu(), time.monotonic(), time.process_time()
     load = os.getloadavg()[0]
     seen = 0
@@ -118,6 +137,12 @@ def measure(storage: str, dataset: str, images: int, warmup: int,
     for tid, (name, spent) in list(ENDED.items()):
         if tid not in after:
             after[tid], names[tid] = spent, name
+    switches: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for tid, (voluntary, involuntary) in thread_switches().items():
+        was = switched.get(tid, (0, 0))  # (a thread started in the window: all of its own)
+        counted = switches[role(names.get(tid, f"native-{tid}"))]
+        counted[0] += voluntary - was[0]
+        counted[1] += involuntary - was[1]
     per: dict[str, float] = defaultdict(float)
     for tid, spent in after.items():
         per[role(names.get(tid, f"native-{tid}"))] += spent - before.get(tid, 0.0)
@@ -128,6 +153,10 @@ def measure(storage: str, dataset: str, images: int, warmup: int,
         "cores_busy": round(cpu / wall, 2),
         "threads_ms_per_image": {k: round(v * 1e3 / seen, 4) for k, v in
                                  sorted(per.items(), key=lambda kv: -kv[1]) if v > 0},
+        "switches_per_image": {k: {"voluntary": round(v[0] / seen, 2),
+                                   "involuntary": round(v[1] / seen, 2)}
+                               for k, v in sorted(switches.items(), key=lambda kv: -kv[1][0])
+                               if v[0] or v[1]},
         "gc_per_1000_images": {f"gen{g}": collections.count[g] * 1000 / seen for g in range(3)},
         "gc_us_per_image": {f"gen{g}": round(collections.seconds[g] * 1e6 / seen, 2)
                             for g in range(3)},

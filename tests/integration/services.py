@@ -454,10 +454,11 @@ def glusterfs_volume(workdir: Path, *, timeout_s: float = 60.0) -> Iterator[Path
     glusterd, gluster, mount, umount = _glusterfs_preflight()
     cli = [gluster, "--mode=script"]  # never prompt (CI has no stdin)
     workdir.mkdir(parents=True, exist_ok=True)
-    brick = workdir / "brick"
     mountpoint = workdir / "mnt"
     mountpoint.mkdir(exist_ok=True)
     volume = f"trainfeed-{uuid.uuid4().hex[:12]}"
+    # Named after the volume: a brick path no other volume, live or left over, can hold.
+    brick = workdir / f"brick-{volume}"
     log_path = workdir / "glusterd.log"
 
     with ExitStack() as cleanup:  # undone in reverse order, each step even if a later one fails
@@ -481,6 +482,7 @@ def glusterfs_volume(workdir: Path, *, timeout_s: float = 60.0) -> Iterator[Path
             peer_status_ok, what="glusterd", timeout_s=timeout_s, proc=proc, log_path=log_path
         )
 
+        _remove_stale_volumes(cli)
         # The CLI refuses 127.0.0.1/localhost as a brick host; `force` allows a brick on the
         # root file system.
         _run([*cli, "volume", "create", volume, f"{socket.gethostname()}:{brick}", "force"])
@@ -503,6 +505,26 @@ def glusterfs_volume(workdir: Path, *, timeout_s: float = 60.0) -> Iterator[Path
                 f"{exc}\n--- last lines of {mount_log} ---\n{_log_tail(mount_log)}"
             ) from None
         yield mountpoint
+
+
+def _remove_stale_volumes(cli: list[str]) -> None:
+    """Deletes this suite's volumes (`trainfeed-*`) whose bricks are all gone from disk.
+
+    A run killed before its teardown (SIGKILL, a lost machine) leaves its volume defined in
+    /var/lib/glusterd, and pytest later deletes the brick's folder with its temporary files. A
+    later run whose brick path was the same one was refused ("Brick may be containing or be
+    contained by an existing brick"): four setup errors in a full run on 2026-11-30. A live
+    volume's brick exists, so no other worker's volume is touched.
+    """
+    info = _run([*cli, "volume", "info"], check=False).stdout
+    for block in info.split("Volume Name: ")[1:]:
+        name = block.split(None, 1)[0]
+        bricks = [line.split(":", 2)[2].strip() for line in block.splitlines()
+                  if line.startswith("Brick") and line.count(":") >= 2]
+        if name.startswith("trainfeed-") and bricks and not any(
+                os.path.exists(b) for b in bricks):
+            _run([*cli, "volume", "stop", name, "force"], check=False)
+            _run([*cli, "volume", "delete", name], check=False)
 
 
 def _stop_volume(cli: list[str], volume: str) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import socket
 import subprocess
 import urllib.request
 import uuid
@@ -73,6 +75,32 @@ def test_glusterfs_mount_is_real(glusterfs_mount: Path) -> None:
         capture_output=True, text=True, timeout=10, check=True,
     ).stdout.strip()  # fmt: skip
     assert fstype == "fuse.glusterfs"
+
+
+def test_a_volume_left_by_a_killed_run_does_not_refuse_the_next(glusterfs_mount: Path,
+                                                                 tmp_path: Path) -> None:
+    """A run killed before its teardown leaves its volume defined in glusterd, and pytest
+    deletes its brick's folder later; the next run's brick at the same path was refused
+    ("Brick may be containing or be contained by an existing brick", 2026-11-30). Here such a
+    left-over volume holds the brick path the fixture used before: a new volume still mounts in
+    that folder, and the left-over one is deleted."""
+    from integration.services import _glusterfs_preflight, _run, glusterfs_volume
+
+    cli = [_glusterfs_preflight()[1], "--mode=script"]  # glusterd runs: glusterfs_mount's
+    workdir = tmp_path / "glusterfs"
+    workdir.mkdir()
+    stale = f"trainfeed-stale-{uuid.uuid4().hex[:8]}"
+    _run([*cli, "volume", "create", stale, f"{socket.gethostname()}:{workdir / 'brick'}",
+          "force"])
+    try:
+        # As pytest removes an old run's temporary files:
+        shutil.rmtree(workdir / "brick", ignore_errors=True)
+        with glusterfs_volume(workdir) as mounted:
+            (mounted / "after.bin").write_bytes(b"ok")
+            assert (mounted / "after.bin").read_bytes() == b"ok"
+        assert stale not in _run([*cli, "volume", "list"]).stdout.split()
+    finally:
+        _run([*cli, "volume", "delete", stale], check=False)  # if the fixture did not
 
 
 # --- etcd -----------------------------------------------------------------------------------

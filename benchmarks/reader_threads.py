@@ -7,10 +7,10 @@ streams `--images` more (crossing epochs) and reports, per thread (by its Python
 summed), the CPU it spent per image, from /proc/self/task/*/stat (threads that end within the
 window are counted from their own CPU clock as they end), and its context switches per image,
 voluntary (going to sleep: on the GIL, a lock, a queue) and not, from /proc/self/task/*/status
-(threads that end within the window are left out of those). It also reports the collections of each
-garbage-collector generation per 1,000 images and their time (a collection holds the GIL: every
-thread that needs it waits). CPU time per image is what load on a shared machine moves least;
-`cores_busy` is only meaningful on a quiet one (the load is printed).
+(those of threads that end within the window read as they end). It also reports the
+collections of each garbage-collector generation per 1,000 images and their time (a collection
+holds the GIL: every thread that needs it waits). CPU time per image is what load on a shared
+machine moves least; `cores_busy` is only meaningful on a quiet one (the load is printed).
 
 Pair it with py-spy for what each thread runs, and which of it holds the GIL:
 
@@ -38,8 +38,8 @@ from offcpu import Recording, shares
 
 TICK = os.sysconf("SC_CLK_TCK")
 POOLS = ("trainfeed-decode", "trainfeed-convert", "trainfeed-read", "ThreadPoolExecutor")
-# Threads that ended: native id -> (name, CPU seconds of its whole life).
-ENDED: dict[int, tuple[str, float]] = {}
+# Threads that ended: native id -> (name, CPU seconds of its whole life, its context switches).
+ENDED: dict[int, tuple[str, float, tuple[int, int]]] = {}
 _run = threading.Thread.run
 
 
@@ -47,7 +47,8 @@ def _counted_run(self: threading.Thread) -> None:
     try:
         _run(self)
     finally:
-        ENDED[threading.get_native_id()] = (self.name, time.thread_time())
+        tid = threading.get_native_id()
+        ENDED[tid] = (self.name, time.thread_time(), thread_switches([tid]).get(tid, (0, 0)))
 
 
 threading.Thread.run = _counted_run  # type: ignore[method-assign]
@@ -88,12 +89,13 @@ def thread_cpu() -> dict[int, float]:
     return out
 
 
-def thread_switches() -> dict[int, tuple[int, int]]:
+def thread_switches(tids: Sequence[int] | None = None) -> dict[int, tuple[int, int]]:
     """(voluntary, involuntary) context switches of each live thread of this process: a
     voluntary one is a thread going to sleep (on the GIL, a lock, a queue, I/O), so their
-    count per image says how often the stages hand work or the GIL to each other."""
+    count per image says how often the stages hand work or the GIL to each other. `tids`:
+    these threads only (default: all)."""
     out = {}
-    for tid in os.listdir("/proc/self/task"):
+    for tid in tids if tids is not None else os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/status", encoding="ascii") as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
@@ -134,11 +136,13 @@ def measure(storage: str, dataset: str, images: int, warmup: int,
         seen += len(next(batches))
         names.update(thread_names())
     after, wall, cpu = thread_cpu(), time.monotonic() - started, time.process_time() - cpu_before
-    for tid, (name, spent) in list(ENDED.items()):
+    now_switched = thread_switches()
+    for tid, (name, spent, switched_at_end) in list(ENDED.items()):
         if tid not in after:
             after[tid], names[tid] = spent, name
+            now_switched[tid] = switched_at_end
     switches: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for tid, (voluntary, involuntary) in thread_switches().items():
+    for tid, (voluntary, involuntary) in now_switched.items():
         was = switched.get(tid, (0, 0))  # (a thread started in the window: all of its own)
         counted = switches[role(names.get(tid, f"native-{tid}"))]
         counted[0] += voluntary - was[0]
@@ -175,7 +179,7 @@ def _offcpu(batches: Any, names: dict[int, str], seconds: float) -> dict[str, di
         while time.monotonic() < ends:
             next(batches)
             names.update(thread_names())
-        for tid, (name, _) in ENDED.items():
+        for tid, (name, _, _) in ENDED.items():
             names.setdefault(tid, name)
         recording.stop()
         return shares(recording.script(), names, role)

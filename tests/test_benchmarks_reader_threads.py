@@ -33,7 +33,7 @@ print(json.dumps({"before": before[worker.native_id], "during": during[worker.na
 """
 
 
-def test_thread_switches_counts_a_threads_sleeps_and_leaves_out_ended_threads() -> None:
+def test_thread_switches_counts_a_threads_sleeps_and_only_live_threads() -> None:
     out = subprocess.run([sys.executable, "-c", PROBE, str(BENCHMARKS)], capture_output=True,
                          text=True, timeout=120, check=True)
     seen = json.loads(out.stdout)

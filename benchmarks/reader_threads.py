@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from imagenet_methods import trainfeed_batches
@@ -76,16 +76,23 @@ class Collections:
             generation, time.perf_counter())
 
 
+def _task_files(name: str, tids: Sequence[int] | None = None) -> Iterator[tuple[int, str]]:
+    """(thread id, text of /proc/self/task/<id>/`name`) of each live thread of this process
+    (`tids`: these only), skipping threads that end while they are read."""
+    for tid in tids if tids is not None else os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/{name}", encoding="ascii") as f:
+                yield int(tid), f.read()
+        except OSError:
+            continue
+
+
 def thread_cpu() -> dict[int, float]:
     """CPU seconds (user + system) of each live thread of this process."""
     out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+    for tid, text in _task_files("stat"):
+        fields = text.rsplit(")", 1)[1].split()
+        out[tid] = (int(fields[11]) + int(fields[12])) / TICK
     return out
 
 
@@ -95,14 +102,10 @@ def thread_switches(tids: Sequence[int] | None = None) -> dict[int, tuple[int, i
     count per image says how often the stages hand work or the GIL to each other. `tids`:
     these threads only (default: all)."""
     out = {}
-    for tid in tids if tids is not None else os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/status", encoding="ascii") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields["voluntary_ctxt_switches"]),
-                         int(fields["nonvoluntary_ctxt_switches"]))
+    for tid, text in _task_files("status", tids):
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        out[tid] = (int(fields["voluntary_ctxt_switches"]),
+                    int(fields["nonvoluntary_ctxt_switches"]))
     return out
 
 

@@ -28,6 +28,11 @@ before = thread_switches()
 start.set(); slept.wait()
 during = thread_switches()
 finish.set(); worker.join()
+# join() returns before the OS thread has quite exited: its /proc entry goes within moments.
+for _ in range(500):
+    if worker.native_id not in thread_switches():
+        break
+    time.sleep(0.01)
 print(json.dumps({"before": before[worker.native_id], "during": during[worker.native_id],
                   "ended": thread_switches().get(worker.native_id)}))
 """

@@ -1,17 +1,16 @@
 """Where a shard's encoder finds each binary value (trainfeed.formats.shards._locate_group): a
-place is taken when the bytes there have the value's length and checksum, the CRC-32C where
-google-crc32c runs compiled (the CRC-32 of the value is still computed once, for the index),
-the CRC-32 in a 3-column index (issue 30 §2: the second CRC-32 per value cost 0.07 CPU-s of a
-3,000-photo upload's 1.4)."""
+place is taken when the bytes there have the value's length and checksum, the CRC-32C (the
+CRC-32 of the value is still computed once, for the index), the CRC-32 in a 3-column index
+(issue 30 §2: the second CRC-32 per value cost 0.07 CPU-s of a 3,000-photo upload's 1.4)."""
 from __future__ import annotations
 
 import zlib
 
-import google_crc32c
 import numpy as np
 import pytest
 
 from trainfeed.formats import shards as shard_format
+from trainfeed.formats.crc import crc32c
 
 VALUES = [b"first value", b"the second one", b"3rd"]
 
@@ -27,7 +26,7 @@ def index_of(values: list[bytes], columns: int) -> np.ndarray:
     for row, value in enumerate(values):
         out[row, 0, 1:3] = len(value), zlib.crc32(value)
         if columns > shard_format.CRC32C_COLUMN:
-            out[row, 0, shard_format.CRC32C_COLUMN] = google_crc32c.value(value)
+            out[row, 0, shard_format.CRC32C_COLUMN] = crc32c(value)
     return out
 
 
@@ -63,14 +62,15 @@ def test_a_value_behind_a_page_header_is_found_past_it() -> None:
 
 
 def test_packed_values_are_checksummed_in_place_not_copied() -> None:
-    """google-crc32c refuses a memoryview; a row group's values read into one buffer are handed
-    to it as numpy views of that buffer (a copy per photo cost 2 µs), and checksum the same."""
+    """A row group's values read into one buffer are handed to the checksums as numpy views of
+    that buffer (a copy per photo cost 2 µs; a memoryview would pin the buffer), and checksum
+    the same."""
     data = bytearray(b"".join(VALUES))
     offsets = np.cumsum([0] + [len(v) for v in VALUES], dtype=np.int64)
     packed = shard_format.PackedValues(memoryview(data), offsets)
-    views = list(shard_format._crc32c_ready(packed))
+    views = list(shard_format._values_of(packed))
     held = np.frombuffer(data, dtype=np.uint8)
     assert all(np.shares_memory(view, held) for view in views)
-    assert [google_crc32c.value(v) for v in views] == [google_crc32c.value(v) for v in VALUES]
+    assert [crc32c(v) for v in views] == [crc32c(v) for v in VALUES]
     assert [zlib.crc32(v) for v in views] == [zlib.crc32(v) for v in VALUES]
-    assert list(shard_format._crc32c_ready(VALUES)) == VALUES
+    assert list(shard_format._values_of(VALUES)) == VALUES

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-import google_crc32c
+import crc32c
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -78,9 +78,9 @@ def test_the_buffered_read_writes_what_the_record_by_record_path_writes(tmp_path
     assert np.array_equal(index, streamed_index) and np.array_equal(index, file_index)
     # Every value is where the index says, with its checksums.
     table = pq.read_table(io.BytesIO(direct))
-    for (offset, length, crc32, crc32c), value in zip(index[:, 0], table.column("image")):
+    for (offset, length, crc32, crc32_c), value in zip(index[:, 0], table.column("image")):
         assert direct[offset:offset + length] == value.as_py()
-        assert (crc32, crc32c) == (zlib.crc32(value.as_py()), google_crc32c.value(value.as_py()))
+        assert (crc32, crc32_c) == (zlib.crc32(value.as_py()), crc32c.crc32c(value.as_py()))
 
 
 def test_payload_columns_are_stored_as_the_files_bytes(tmp_path: Path) -> None:

@@ -72,10 +72,10 @@ def test_the_index_records_a_checksum_per_payload(verified_dataset: tuple[str, M
     table = reader(storage_dir).read(manifest.shards[0].path, 0, 1, 10)
     import zlib
 
-    import google_crc32c
+    from trainfeed.formats.crc import crc32c
     values = table.column("image").to_pylist()
     assert [zlib.crc32(v) for v in values] == index[:10, 0, CRC32_COLUMN].tolist()
-    assert [google_crc32c.value(v) for v in values] == index[:10, 0, CRC32C_COLUMN].tolist()
+    assert [crc32c(v) for v in values] == index[:10, 0, CRC32C_COLUMN].tolist()
 
 
 @pytest.mark.parametrize("columns", [3, INDEX_COLUMNS])
@@ -169,26 +169,3 @@ def test_inflated_row_counts_are_an_error(verified_dataset: tuple[str, Manifest]
     storage_dir, manifest = verified_dataset
     with pytest.raises(CorruptDatasetError, match="hold 10 rows, the manifest says 12"):
         reader(storage_dir).read(manifest.shards[0].path, 0, 1, 12)
-
-
-def test_without_compiled_crc32c_uploads_and_reads_use_crc32(
-        tmp_path: Path, storage_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """google-crc32c's pure-Python fallback takes milliseconds per JPEG: where it is all there
-    is, uploads write 3-column indexes and readers check the CRC-32 of 4-column ones."""
-    from trainfeed.formats import shards
-    from trainfeed.io import partition_reader
-    monkeypatch.setattr(shards, "CRC32C_COMPILED", False)
-    upload(str(make_image_list(tmp_path / "src", 12)), "flowers", storage_dir,
-           UploadOptions(row_group_rows=6), progress=False)
-    manifest = read_manifest(open_storage(storage_dir), "flowers")
-    assert payload_offsets(storage_dir, manifest).shape[2] == 3
-    monkeypatch.setattr(partition_reader, "CRC32C_COMPILED", False)
-    index = payload_offsets(storage_dir, manifest)
-    four = np.concatenate([index, np.zeros_like(index[:, :, :1])], axis=2)  # CRC-32C all wrong
-    write_index(storage_dir, manifest, four)
-    shard = manifest.shards[0].path
-    assert reader(storage_dir).read(shard, 0, 2, 12).num_rows == 12  # the CRC-32 is checked
-    four[3, 0, CRC32_COLUMN] ^= 1
-    write_index(storage_dir, manifest, four)
-    with pytest.raises(CorruptDatasetError, match="record 3 of shard .*checksum"):
-        reader(storage_dir).read(shard, 0, 1, 6)

@@ -16,13 +16,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast, overload
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.formats.arrays import int64_array, string_array
-from trainfeed.formats.crc import crc32
+from trainfeed.formats.crc import crc32, crc32c
 from trainfeed.formats.manifest import ID_COLUMN, FieldSpec, RowGroupInfo, ShardInfo
 from trainfeed.formats.writeback import start_writeback
 from trainfeed.storage import Storage
@@ -127,10 +126,9 @@ def payload_index(data: bytes, schema: pa.Schema,
     a value cannot be located. A ranged read of one value bypasses Parquet's page checksums, so
     the index carries a checksum per value. Readers check the CRC-32C, which the CPU computes
     (SSE 4.2, ARMv8): ~4 µs per 83 KB JPEG against ~30 µs for zlib's CRC-32, 3 % of a train
-    crop's CPU. The CRC-32 stays for readers whose google-crc32c has no compiled code (its
-    pure-Python fallback takes milliseconds per value), and is the only checksum of indexes of
-    3 columns, written before (those of 2 columns, older still, carry none). Where
-    google-crc32c has no compiled code, uploads write the 3 columns.
+    crop's CPU. The CRC-32 stays for readers of earlier versions, which checked it where their
+    google-crc32c had no compiled code, and is the only checksum of indexes of 3 columns,
+    written by those versions (those of 2 columns, older still, carry none).
 
     Binary columns are written uncompressed, so each value is in the file verbatim, preceded by
     its 4-byte length (PLAIN encoding, in data pages or, dictionary-encoded, in the dictionary
@@ -139,9 +137,7 @@ def payload_index(data: bytes, schema: pa.Schema,
     """
     meta = pq.read_metadata(io.BytesIO(data))
     binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
-    # Without google-crc32c's compiled code, the columns before the CRC-32C only.
-    columns = INDEX_COLUMNS if CRC32C_COMPILED else CRC32C_COLUMN
-    out = np.zeros((sum(len(g) for g in row_groups), len(binary), columns), dtype=np.int64)
+    out = np.zeros((sum(len(g) for g in row_groups), len(binary), INDEX_COLUMNS), dtype=np.int64)
     first_row = 0
     for index, group in enumerate(row_groups):
         row_group = meta.row_group(index)
@@ -160,10 +156,7 @@ def payload_index(data: bytes, schema: pa.Schema,
                         return None
                 else:
                     cursor = at + len(needle)
-                out[first_row + row, k, :CRC32C_COLUMN] = (at + 4, len(value),
-                                                            crc32(value))
-                if CRC32C_COMPILED:
-                    out[first_row + row, k, CRC32C_COLUMN] = google_crc32c.value(value)
+                out[first_row + row, k] = (at + 4, len(value), crc32(value), crc32c(value))
         first_row += len(group)
     return out
 
@@ -174,8 +167,6 @@ PAYLOAD_INDEX_SUFFIX = ".payload.npy"
 INDEX_COLUMNS = 4
 # The columns of an index: where its checksums are, and which an index must have to carry one.
 CRC32_COLUMN, CRC32C_COLUMN = 2, 3
-# Whether google-crc32c runs its compiled code (wheels for Linux, macOS and Windows have it).
-CRC32C_COMPILED = google_crc32c.implementation == "c"
 
 
 def write_shard(folder: Storage, rel: str, schema: pa.Schema,
@@ -235,7 +226,6 @@ class ShardEncoder:
             use_dictionary=strings or False, write_statistics=[ID_COLUMN],
             write_page_checksum=True)
         self._binary = [i for i, f in enumerate(schema) if f.type == pa.binary()]
-        self._columns = INDEX_COLUMNS if CRC32C_COMPILED else CRC32C_COLUMN
         # Per row group: where it starts in the shard, and its binary values' (0, length,
         # CRC-32, CRC-32C), their offsets filled in by `finish`.
         self._index: list[tuple[int, np.ndarray]] = []
@@ -258,17 +248,15 @@ class ShardEncoder:
             start_writeback(cast(pa.NativeFile, self._sink).fileno(), start,
                             self._sink.tell() - start)
         self._groups.append(group.info())
-        out = np.zeros((len(group), len(self._binary), self._columns), dtype=np.int64)
+        out = np.zeros((len(group), len(self._binary), INDEX_COLUMNS), dtype=np.int64)
         for k, column in enumerate(self._binary):
             sizes, crc32s, crc32cs = [], [], []
-            for value in _crc32c_ready(group.columns[column - 1]):
+            for value in _values_of(group.columns[column - 1]):
                 sizes.append(len(value))
                 crc32s.append(crc32(value))
-                if CRC32C_COMPILED:
-                    crc32cs.append(google_crc32c.value(value))
-            out[:, k, 1], out[:, k, CRC32_COLUMN] = sizes, crc32s
-            if CRC32C_COMPILED:
-                out[:, k, CRC32C_COLUMN] = crc32cs
+                crc32cs.append(crc32c(value))
+            out[:, k, 1], out[:, k, CRC32_COLUMN], out[:, k, CRC32C_COLUMN] = (
+                sizes, crc32s, crc32cs)
         self._index.append((start, out))
 
     def finish(self) -> tuple[memoryview | None, str, tuple[RowGroupInfo, ...],
@@ -310,7 +298,7 @@ class ShardEncoder:
         index = None
         if self._binary and located:
             index = (np.concatenate([out for _, out in self._index]) if self._index else
-                     np.zeros((0, len(self._binary), self._columns), dtype=np.int64))
+                     np.zeros((0, len(self._binary), INDEX_COLUMNS), dtype=np.int64))
         return data, sha, tuple(self._groups), index
 
     def _scan(self, bounds: list[int],
@@ -334,11 +322,11 @@ def _locate_group(view: memoryview, start: int, out: np.ndarray) -> bool:
     values, column chunk after column chunk; False if one is not there.
 
     A place is taken when the bytes there have the value's length and checksum: its CRC-32C
-    where google-crc32c runs compiled (~3 µs per 83 KB photo, its bytes copied out first: ~2 µs),
-    else its CRC-32 (~20 µs). Both were computed from the value itself by `ShardEncoder.add`;
-    checking the CRC-32 here as well took 0.07 CPU-s of a 3,000-photo upload's 1.4."""
+    (~3 µs per 83 KB photo), or its CRC-32 in an index without one. Both were computed from the
+    value itself by `ShardEncoder.add`; checking the CRC-32 here as well took 0.07 CPU-s of a
+    3,000-photo upload's 1.4."""
     cursor = 0
-    column, check = ((CRC32C_COLUMN, _crc32c_of) if out.shape[2] > CRC32C_COLUMN
+    column, check = ((CRC32C_COLUMN, crc32c) if out.shape[2] > CRC32C_COLUMN
                      else (CRC32_COLUMN, crc32))
     for k in range(out.shape[1]):
         for row in range(out.shape[0]):
@@ -351,21 +339,16 @@ def _locate_group(view: memoryview, start: int, out: np.ndarray) -> bool:
     return True
 
 
-def _crc32c_of(value: memoryview) -> int:
-    """The CRC-32C of a view, without copying it (see `_crc32c_ready`)."""
-    return cast(int, google_crc32c.value(np.frombuffer(value, dtype=np.uint8)))
-
-
-def _crc32c_ready(values: Sequence[bytes] | PackedValues) -> Iterator[bytes]:
-    """`values` as google-crc32c takes them: it refuses a memoryview (a buffer that must be
-    released), not bytes nor a numpy view, so PackedValues's are handed over as slices of one
-    numpy view of their buffer rather than copied (2 µs per 83 KB photo)."""
+def _values_of(values: Sequence[bytes] | PackedValues) -> Iterator[bytes]:
+    """`values` one by one as the checksum functions read them: PackedValues's as slices of
+    one numpy view of their buffer, neither copied (2 µs per 83 KB photo) nor memoryviews of it,
+    which would each have to be released before the buffer can be."""
     if not isinstance(values, PackedValues):
         yield from values
         return
     data = np.frombuffer(values.data, dtype=np.uint8)
     for a, b in itertools.pairwise(values.offsets.tolist()):
-        yield cast(bytes, data[a:b])  # bytes-like, as crc32 and google-crc32c read it
+        yield cast(bytes, data[a:b])  # bytes-like, as crc32 and crc32c read it
 
 
 def _place(view: memoryview, cursor: int, size: int, crc: int,

@@ -25,13 +25,11 @@ import hashlib
 import io
 import json
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,11 +37,11 @@ import pyarrow.parquet as pq
 
 from trainfeed.errors import CorruptDatasetError
 from trainfeed.formats.confine import path_problem
+from trainfeed.formats.crc import crc32, crc32c
 from trainfeed.formats.manifest import ID_COLUMN, MANIFEST_NAME
 from trainfeed.formats.shards import (
     CRC32_COLUMN,
     CRC32C_COLUMN,
-    CRC32C_COMPILED,
     INDEX_COLUMNS,
     PAYLOAD_INDEX_SUFFIX,
 )
@@ -418,12 +416,14 @@ class PartitionReader:
 def _checksum_of(index_columns: int) -> tuple[int, Callable[[Any], int]] | None:
     """Which column of a payload index of `index_columns` columns holds the checksum readers
     verify, and the function that computes it (see trainfeed.formats.shards.payload_index):
-    CRC-32C where the index has it and google-crc32c runs compiled, else CRC-32, else None (no
-    checksum)."""
-    if index_columns >= INDEX_COLUMNS and CRC32C_COMPILED:
-        return CRC32C_COLUMN, google_crc32c.value
+    CRC-32C where the index has it, else CRC-32, else None (no checksum). Both release the GIL
+    while they hash a large value (trainfeed.formats.crc): a read thread checking a row group of
+    raw 256-px images no longer holds it for ~18 µs per image, during which the decode threads
+    could not start their next."""
+    if index_columns >= INDEX_COLUMNS:
+        return CRC32C_COLUMN, crc32c
     if index_columns > CRC32_COLUMN:
-        return CRC32_COLUMN, zlib.crc32
+        return CRC32_COLUMN, crc32
     return None
 
 

@@ -147,6 +147,6 @@ def _channels(image: np.ndarray, channels: int) -> np.ndarray:
 
 def _cut(image: np.ndarray, window: Window) -> np.ndarray:
     """`window` of `image`: a view, never a copy (the whole image itself when it is all)."""
-    if (window.top, window.left, window.height, window.width) == (0, 0, *image.shape[:2]):
+    if window == (0, 0, *image.shape[:2]):
         return image
     return image[window.top:window.top + window.height, window.left:window.left + window.width]

@@ -50,7 +50,7 @@ class Window(NamedTuple):
     """A crop window in source pixels: rows top..top+height, columns left..left+width.
 
     A named tuple, as `Plan` is: a decode thread makes one per image with the GIL held, and a
-    frozen dataclass took ~3x as long to build (issue 39: the 256-px reader's cap)."""
+    frozen dataclass took 2.2x as long to build (0.53 against 0.24 µs; issue 39)."""
 
     top: int
     left: int
@@ -113,7 +113,7 @@ class Plan(NamedTuple):
     None; whether the resize averages when shrinking (`antialias`, OpenCV's INTER_AREA; else
     bilinear); and whether libjpeg uses its fast integer IDCT (`fast_dct`). The output size is
     that of the array the image is decoded into. A named tuple: one is made per image, with
-    the GIL held, and a frozen dataclass took ~2.5x as long to build."""
+    the GIL held, and a frozen dataclass took 2.4x as long to build (0.60 against 0.25 µs)."""
 
     window: Planner = whole_image
     flip: bool = False

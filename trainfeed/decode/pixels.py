@@ -203,8 +203,8 @@ class ImageDecoder:
         if not crops.random or ids is None:
             fixed = crops.plan(None)
             return lambda i: fixed
-        # Python floats, made in one call: the crop arithmetic on numpy scalars cost ~1 µs more
-        # per image, under the GIL, in the decode threads (issue 39).
+        # Python floats, made in one call: the crop arithmetic on numpy scalars cost 0.7 µs more
+        # per image (2.99 against 2.29 µs), under the GIL, in the decode threads (issue 39).
         draws = record_uniforms(seed, epoch, ids).tolist()
         return lambda i: crops.plan(draws[i])
 

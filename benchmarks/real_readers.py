@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -245,9 +246,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     proc.terminate()
                     proc.join(10)
     results = []
-    for path in outs:
-        with open(path) as f:
-            results.append(json.load(f))
+    try:
+        for path in outs:
+            with open(path) as f:
+                results.append(json.load(f))
+    finally:  # (each run left its folder of the processes' results behind in /tmp)
+        shutil.rmtree(folder, ignore_errors=True)
     wall, cpu = t1 - t0, cpu1 - cpu0
     calls = {m: (calls1.get(m, 0.0) - calls0.get(m, 0.0)) / wall
              for m in sorted(set(calls0) | set(calls1))}

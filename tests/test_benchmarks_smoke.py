@@ -99,8 +99,10 @@ def test_real_readers_prints_its_table_and_every_epoch_exactly_once(tmp_path: Pa
          "--rate", "10", "--storage", str(tmp_path / "storage"),
          "--json", str(tmp_path / "out.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=220,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    # Its temporary folder (the reader processes' results) is gone with it.
+    assert not list(tmp_path.glob("trainfeed-real-readers-*"))
     lines = result.stdout.splitlines()
     assert any(line.startswith("| readers | window | master CPU |") for line in lines), \
         result.stdout

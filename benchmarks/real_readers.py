@@ -28,7 +28,6 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -204,54 +203,52 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         master = MasterProcess(storage, state="memory://", extra_args=args)
     finally:
         os.chdir(here)
-    folder = tempfile.mkdtemp(prefix="trainfeed-real-readers-")
-    ctx = multiprocessing.get_context("spawn")
-    pipes: list[multiprocessing.connection.Connection] = []
-    procs: list[Any] = []
-    outs = [os.path.join(folder, f"process-{k}.json") for k in range(a.processes)]
-    with master:
-        try:
-            for k in range(a.processes):
-                parent, child = ctx.Pipe()
-                n = len(range(k, a.readers, a.processes))
-                proc = ctx.Process(target=client_main, args=(
-                    master.address, dataset, n, a.batch, a.rate, outs[k], child))
-                proc.start()
-                pipes.append(parent)
-                procs.append(proc)
-            started = time.monotonic()
-            _wait(pipes, "joined", a.join_timeout, f"{a.readers} readers to get a first batch")
-            joined_s = time.monotonic() - started
-            calls0, cpu0, t0 = rpc_counts(master.metrics_url), \
-                process_cpu_s(master.proc.pid), time.monotonic()
-            got0, sent0 = records_got(pipes)
-            time.sleep(a.window)
-            calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
-                process_cpu_s(master.proc.pid), time.monotonic()
-            got1, sent1 = records_got(pipes)
-            for p in pipes:
-                p.send("stop")
-            _wait(pipes, "done", 120, "the readers to stop")
-        finally:
-            for p in pipes:  # (after an error or a signal: stop them all the same)
-                try:
+    # The reader processes write their results here; gone however the run ends.
+    with tempfile.TemporaryDirectory(prefix="trainfeed-real-readers-") as folder:
+        ctx = multiprocessing.get_context("spawn")
+        pipes: list[multiprocessing.connection.Connection] = []
+        procs: list[Any] = []
+        outs = [os.path.join(folder, f"process-{k}.json") for k in range(a.processes)]
+        with master:
+            try:
+                for k in range(a.processes):
+                    parent, child = ctx.Pipe()
+                    n = len(range(k, a.readers, a.processes))
+                    proc = ctx.Process(target=client_main, args=(
+                        master.address, dataset, n, a.batch, a.rate, outs[k], child))
+                    proc.start()
+                    pipes.append(parent)
+                    procs.append(proc)
+                started = time.monotonic()
+                _wait(pipes, "joined", a.join_timeout, f"{a.readers} readers to get a first batch")
+                joined_s = time.monotonic() - started
+                calls0, cpu0, t0 = rpc_counts(master.metrics_url), \
+                    process_cpu_s(master.proc.pid), time.monotonic()
+                got0, sent0 = records_got(pipes)
+                time.sleep(a.window)
+                calls1, cpu1, t1 = rpc_counts(master.metrics_url), \
+                    process_cpu_s(master.proc.pid), time.monotonic()
+                got1, sent1 = records_got(pipes)
+                for p in pipes:
                     p.send("stop")
-                except (OSError, ValueError):
-                    pass
-            for proc in procs:
-                proc.join(90)
-                if proc.is_alive():
-                    print(f"reader process {proc.pid} did not stop in 90 s: terminating it",
-                          file=sys.stderr, flush=True)
-                    proc.terminate()
-                    proc.join(10)
-    results = []
-    try:
+                _wait(pipes, "done", 120, "the readers to stop")
+            finally:
+                for p in pipes:  # (after an error or a signal: stop them all the same)
+                    try:
+                        p.send("stop")
+                    except (OSError, ValueError):
+                        pass
+                for proc in procs:
+                    proc.join(90)
+                    if proc.is_alive():
+                        print(f"reader process {proc.pid} did not stop in 90 s: terminating it",
+                              file=sys.stderr, flush=True)
+                        proc.terminate()
+                        proc.join(10)
+        results = []
         for path in outs:
             with open(path) as f:
                 results.append(json.load(f))
-    finally:  # (each run left its folder of the processes' results behind in /tmp)
-        shutil.rmtree(folder, ignore_errors=True)
     wall, cpu = t1 - t0, cpu1 - cpu0
     calls = {m: (calls1.get(m, 0.0) - calls0.get(m, 0.0)) / wall
              for m in sorted(set(calls0) | set(calls1))}

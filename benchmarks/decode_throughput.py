@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from fairness import PassMeter, SideLoad, cores_asked, ratio_text
+from fairness import PassMeter, SideLoad, cores_asked, every_core, ratio_text
 from make_dataset import ensure_dataset
 from proc_stats import process_cpu_s
 from read_throughput import DEFAULT_DATA, DEFAULT_ROOT
@@ -220,7 +220,7 @@ def side(name: str, r: dict[str, Any]) -> SideLoad:
     """A row's load: its measured pass's busy cores, and the foreign load over its whole run
     (rows written before `foreign_cores` was recorded count as unmeasured: 0)."""
     return SideLoad(name, r.get("cores_asked") or cores_asked(1 if name in ONE_CORE else
-                                                              os.cpu_count() or 1),
+                                                              every_core()),
                     r["cpu_s"] / r["seconds"], r.get("foreign_cores", 0.0))
 
 
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     for name in args.rows:
         print(f"{name} ...", file=sys.stderr, flush=True)
         # The foreign load over the row's whole run (its children's CPU out of the machine's).
-        with PassMeter(cores_asked(1 if name in ONE_CORE else os.cpu_count() or 1)) as meter:
+        with PassMeter(cores_asked(1 if name in ONE_CORE else every_core())) as meter:
             if name in PEERS:
                 r = run_peer(args, PEERS[name])
             else:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from trainfeed.cores import usable_cores
+
 # The issue's rule (39, item 1): a side with under 90 % of the cores it asked for was starved,
 # and more than 0.2 cores of someone else's work in the window moves a 2-core figure by 10 %.
 MIN_SHARE = 0.9
@@ -91,8 +93,16 @@ class SideLoad:
 
 def cores_asked(workers: float, cores: int | None = None) -> float:
     """The cores a side asking for `workers` busy threads or processes can get: no more than
-    the machine has."""
-    return float(min(workers, cores or os.cpu_count() or 1))
+    `cores`, by default the cores this process may run on (`every_core`)."""
+    return float(min(workers, cores or every_core()))
+
+
+def every_core() -> int:
+    """What a side that works on every core asks for: the cores in this process's CPU
+    affinity, which `taskset` or a container's cpuset narrow, as trainfeed's own decode pool
+    counts them (trainfeed.cores), not os.cpu_count()'s machine. A side run under `taskset -c
+    0` on 2 cores asked for 1: counted against 2, it would read as starved."""
+    return usable_cores()
 
 
 def verdict(sides: Sequence[SideLoad], min_share: float = MIN_SHARE,

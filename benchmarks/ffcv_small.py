@@ -58,7 +58,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from fairness import cores_asked, pass_ratios_text, side_of, verdict
+from fairness import cores_asked, every_core, pass_ratios_text, side_of, verdict
 from imagenet_like import measure, timed_window, wait_quiet, warm
 from imagenet_methods import BATCH, OPS, SIZE, read_list, trainfeed_batches
 from make_imagenet_like import LIST_NAME, ensure_dataset
@@ -78,7 +78,7 @@ BASELINE = "ffcv"
 RAW_BELOW = MAX_SIDE * MAX_SIDE
 METHODS: dict[str, str] = {
     "ffcv": f"FFCV Loader: RandomResizedCropRGBImageDecoder(224) + RandomHorizontalFlip + "
-            f"ToTensor, QUASI_RANDOM, os_cache=True, {os.cpu_count()} workers; beton of "
+            f"ToTensor, QUASI_RANDOM, os_cache=True, {every_core()} workers; beton of "
             f"max_resolution={MAX_SIDE}, proportion {COMPRESS_PROBABILITY:.0%} JPEG q{QUALITY}",
     "trainfeed-256": f"{OPS['trainfeed-local']['train']}; dataset of upload --max-side "
                      f"{MAX_SIDE} --quality {QUALITY}",
@@ -283,7 +283,7 @@ def write_beton(args: argparse.Namespace) -> dict[str, Any]:
             "image": RGBImageField(write_mode="proportion", max_resolution=MAX_SIDE,
                                    compress_probability=COMPRESS_PROBABILITY,
                                    jpeg_quality=QUALITY),
-            "label": IntField()}, num_workers=os.cpu_count() or 1)
+            "label": IntField()}, num_workers=every_core())
         writer.from_indexed_dataset(Photos(paths, labels), chunksize=100)
         built_s = round(time.perf_counter() - t0, 1)
         with open(stamp, "w") as f:
@@ -339,7 +339,7 @@ def ffcv_batches(beton: str) -> Iterator[Any]:
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, ToTensor
 
-    loader = Loader(beton, batch_size=BATCH, num_workers=os.cpu_count() or 1,
+    loader = Loader(beton, batch_size=BATCH, num_workers=every_core(),
                     order=OrderOption.QUASI_RANDOM, os_cache=True, drop_last=True,
                     pipelines={"image": [RandomResizedCropRGBImageDecoder(
                                              (SIZE, SIZE), scale=DEFAULT_SCALE,
@@ -370,10 +370,10 @@ def run_one(args: argparse.Namespace, dataset: dict[str, Any]) -> dict[str, Any]
     warm(files_of(dataset["path"]))
     cmd = [sys.executable, HERE, "_method", method, "--input", dataset["dataset"],
            "--storage", args.storage, "--warmup", str(args.warmup), "--images", str(args.images)]
-    # FFCV's Loader runs cpu_count workers; trainfeed's local reader decodes on every core.
+    # FFCV's Loader runs a worker per core; trainfeed's local reader decodes on every core.
     row: dict[str, Any] = {"method": method, "ops": METHODS[method],
                            "standin": dataset["standin"], "cores_asked": cores_asked(
-                               os.cpu_count() or 1), **quiet}
+                               every_core()), **quiet}
     return {**row, **measure(cmd, args.timeout)}
 
 
@@ -395,7 +395,7 @@ def median_rows(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      "cores_busy": statistics.median(r["cores_busy"] for r in rs),
                      "foreign": statistics.median(r["foreign_cores"] for r in rs),
                      "load": statistics.median(r["loadavg_1m"] for r in rs),
-                     "cores_asked": rs[0].get("cores_asked") or os.cpu_count() or 1,
+                     "cores_asked": rs[0].get("cores_asked") or every_core(),
                      "standin": rs[0]["standin"]}
             for method, rs in groups.items()}
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import psutil
-from fairness import cores_asked, pass_ratios_text, side_of
+from fairness import cores_asked, every_core, pass_ratios_text, side_of
 from imagenet_methods import (
     BATCH,
     DATASET,
@@ -72,7 +72,7 @@ ONE_CORE = ("plain",)
 
 
 def cores_of(method: str) -> float:
-    return cores_asked(1 if method in ONE_CORE else os.cpu_count() or 1)
+    return cores_asked(1 if method in ONE_CORE else every_core())
 
 
 def pass_ratio(rows: Sequence[dict[str, Any]], key: tuple[str, str, bool], base: str) -> str:

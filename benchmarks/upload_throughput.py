@@ -61,6 +61,7 @@ from typing import Any
 from fairness import (
     PassMeter,
     cores_asked,
+    every_core,
     fair_median,
     pass_ratios_text,
     pass_records,
@@ -75,7 +76,7 @@ METHODS: dict[str, list[str] | None] = {
     "cp": None,
     "upload": [],
     "upload-1p": ["--processes", "1"],
-    "upload-cores": ["--processes", str(os.cpu_count() or 1)],
+    "upload-cores": ["--processes", str(every_core())],
     "restarts": ["--jpeg-restarts"],
     "restarts-1p": ["--jpeg-restarts", "--processes", "1"],
     "resized": ["--max-side", "256", "--jpeg-restarts"],
@@ -87,7 +88,7 @@ def cores_of(method: str) -> float:
     """The cores a method is set up to use (benchmarks/fairness.py's verdict): `cp` and the
     one-process uploads one, the others a process per core."""
     single = method in ("cp", "cli-start") or method.endswith("-1p")
-    return cores_asked(1 if single else os.cpu_count() or 1)
+    return cores_asked(1 if single else every_core())
 
 
 def command(method: str, list_path: str, out: str) -> list[str]:

@@ -66,6 +66,19 @@ def test_cores_asked_is_capped_at_the_machine_and_must_be_positive() -> None:
     assert loads_text([SideLoad("x", 2, 1.5, 0.25)]) == "x 1.50/2 cores, foreign 0.25"
 
 
+def test_a_side_on_every_core_asks_for_the_cores_its_affinity_allows() -> None:
+    # Under `taskset -c 0` on a 2-core machine, a side "on every core" can get 1: counted
+    # against os.cpu_count()'s 2, it read as starved and its ratio was refused.
+    script = ("import os, sys\n"
+              f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+              "from fairness import cores_asked, every_core\n"
+              "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+              "print(every_core(), cores_asked(16), cores_asked(16, cores=3))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    assert out == ["1", "1.0", "3.0"]
+
+
 BUSY_LOOP = ("import time\nend = time.process_time() + {cpu}\n"
              "while time.process_time() < end: pass\n")
 

@@ -137,3 +137,32 @@ def test_stream_messages_prints_the_cost_per_message_in_both_modes(tmp_path: Pat
     for row in rows.values():  # some messages arrived, and the master's CPU was measured
         messages_per_s = float(row.split("|")[2])
         assert messages_per_s > 0 and row.rstrip("| ").endswith("ms"), row
+
+
+# ~20 s on a loaded machine (24 photos generated and uploaded with --max-side 256, then one
+# window of each variant, each in a process of its own, a decoder started for the second).
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_decode_in_processes_measures_both_variants_on_the_same_images(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/decode_in_processes.py"), "--make", "24",
+         "--workdir", str(tmp_path), "--images", "48", "--warmup", "8", "--rounds", "1",
+         "--variants", "threads", "processes:1x1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | images/s median"), result.stdout
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["threads", "processes:1x1"]
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    for row in rows.values():
+        assert row["images"] >= 48, row  # whole batches of 256 at most: one epoch and more
+        assert row["cores_busy"] > 0 and row["cpu_ms_per_image"] > 0, row
+    assert rows["threads"]["decoder_cores"] == 0  # no decoder: the trainer decodes
+    assert rows["processes:1x1"]["decoder_ms_per_image"] > 0  # the decoder did
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/decode_in_processes.py"), "--make", "1",
+         "--variants", "processes:0x1"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert refused.returncode == 2 and "processes:NxT" in refused.stderr

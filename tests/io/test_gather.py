@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from trainfeed.decode.pixels import binary_views
-from trainfeed.io.gather import SLICE_AT_BYTES, gather_slices, take_rows
+from trainfeed.io.gather import SAMPLE_CHUNKS, SLICE_AT_BYTES, gather_slices, take_rows
 
 
 def blob(i: int) -> bytes:
@@ -49,6 +49,37 @@ def test_large_values_are_not_copied_and_small_columns_are() -> None:
     assert {chunk.buffers()[2].address for chunk in taken.column("image").chunks} <= source
     assert taken.column("image").num_chunks == 2  # runs [7, 8] and [1, 2, 3]
     assert taken.column("label").num_chunks == 1  # taken as usual
+
+
+def test_a_permuted_partition_is_gathered_again_from_its_one_row_chunks() -> None:
+    # The shuffle window's cut: partitions already permuted (a one-row chunk per record, as
+    # `take_rows` leaves them) are concatenated and permuted again; each record is its own
+    # one-row chunk, passed on as it is, without a copy.
+    first = take_rows(table_in_chunks([12]), np.arange(11, -1, -1))
+    assert first.column("image").num_chunks == 12
+    window = pa.concat_tables([first, first.slice(0, 5)])
+    order = np.random.default_rng(3).permutation(window.num_rows)
+    taken = take_rows(window, order)
+    assert taken.to_pylist() == window.take(order).to_pylist()
+    source = {chunk.buffers()[2].address for chunk in first.column("image").chunks}
+    assert {chunk.buffers()[2].address for chunk in taken.column("image").chunks} == source
+
+
+def test_whether_values_are_sliced_is_judged_from_the_first_chunks() -> None:
+    # Visiting every chunk's size cost 1 µs a row once partitions were permuted (one chunk per
+    # row): the first SAMPLE_CHUNKS tell. Large images first, then many tiny values: sliced,
+    # although the column's mean value is under SLICE_AT_BYTES.
+    chunks = [pa.array([blob(i)], pa.binary()) for i in range(SAMPLE_CHUNKS)]
+    chunks += [pa.array([b"x"], pa.binary())] * (40 * SAMPLE_CHUNKS)
+    table = pa.table({"image": pa.chunked_array(chunks)})
+    assert table.column("image").nbytes < SLICE_AT_BYTES * table.num_rows
+    rows = np.array([2, 0, 100])
+    taken = take_rows(table, rows)
+    assert taken.column("image").to_pylist() == [blob(2), blob(0), b"x"]
+    assert taken.column("image").chunk(0).buffers()[2].address == \
+        chunks[2].buffers()[2].address  # a slice, not a copy
+    small = pa.table({"image": pa.chunked_array(chunks[::-1])})  # tiny values first: taken
+    assert take_rows(small, rows).column("image").num_chunks == 1
 
 
 def test_small_binary_values_are_taken_as_usual() -> None:

@@ -20,7 +20,7 @@ Variants: `threads` (the local reader, its default decode threads) and `processe
 
     python benchmarks/decode_in_processes.py --storage DIR --dataset NAME --images 40000 \\
         --rounds 3 --variants threads processes:2x1 processes:1x2
-    python benchmarks/decode_in_processes.py --make 4000 --workdir /tmp/dip   # its own data
+    python benchmarks/decode_in_processes.py --make 4000   # its own data, in --workdir
 
 `--make N` generates N ImageNet-like photos (benchmarks/make_imagenet_like.py) and uploads
 them as FFCV's recipe has them (`upload --max-side 256`: raw pixels, the default there).
@@ -43,6 +43,7 @@ from typing import Any
 
 from fairness import every_core, machine_busy_s
 from proc_stats import process_cpu_s
+from read_throughput import DEFAULT_ROOT
 from stop_cleanly import exit_cleanly_on_signals
 
 DATASET = "photos-256"
@@ -179,7 +180,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dataset", default=DATASET)
     p.add_argument("--make", type=int, metavar="N",
                    help="generate N photos and upload them with --max-side 256 under --workdir")
-    p.add_argument("--workdir", default=os.path.join("/tmp", "trainfeed-decode-in-processes"))
+    p.add_argument("--workdir", default=os.path.join(DEFAULT_ROOT, "decode-in-processes"),
+                   help="where --make keeps its photos and dataset")
     p.add_argument("--images", type=int, default=40_000, help="images per window")
     p.add_argument("--warmup", type=int, default=2_048, help="images read before each window")
     p.add_argument("--rounds", type=int, default=3, help="windows per variant, interleaved")

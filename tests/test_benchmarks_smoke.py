@@ -166,3 +166,17 @@ def test_decode_in_processes_measures_both_variants_on_the_same_images(tmp_path:
          "--variants", "processes:0x1"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert refused.returncode == 2 and "processes:NxT" in refused.stderr
+
+
+def test_gather_cost_times_each_step_of_a_shuffled_pass_s_reordering() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gather_cost.py"), "--rows", "8",
+         "--partitions", "3", "--value-bytes", "5000", "--repeats", "2", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    steps = ["partition permutation", "window permutation", "values for the decoder"]
+    assert list(figures) == [*steps, "all three"]
+    assert all(figures[step] > 0 for step in steps)
+    assert figures["all three"] == pytest.approx(sum(figures[s] for s in steps), abs=0.002)

@@ -33,8 +33,9 @@ def table_in_chunks(sizes: list[int]) -> pa.Table:
     [5, 5, 5, 2],  # repeats (an oversampled record)
     [],
 ])
-def test_the_same_table_as_take(rows: list[int]) -> None:
-    table = table_in_chunks([4, 1, 5])
+@pytest.mark.parametrize("chunks", [[4, 1, 5], [10]])  # [10]: a partition as it was read
+def test_the_same_table_as_take(rows: list[int], chunks: list[int]) -> None:
+    table = table_in_chunks(chunks)
     order = np.array(rows, dtype=np.int64)
     taken = take_rows(table, order)
     assert taken.schema == table.schema
@@ -99,9 +100,10 @@ def test_nulls_and_large_binary_keep_their_type_and_values() -> None:
         assert taken.column("image").to_pylist() == [values[3], None, values[0]]
 
 
-def test_rows_out_of_bounds_are_an_error_not_a_wrong_value() -> None:
-    column = table_in_chunks([3, 3]).column("image")
-    for rows in ([6], [-1], [0, 7]):
+@pytest.mark.parametrize("chunks", [[3, 3], [6]])
+def test_rows_out_of_bounds_are_an_error_not_a_wrong_value(chunks: list[int]) -> None:
+    column = table_in_chunks(chunks).column("image")
+    for rows in ([6], [-1], [0, 7], [5, 4, 6]):
         with pytest.raises(IndexError, match="out of bounds"):
             gather_slices(column, np.array(rows, dtype=np.int64))
 

@@ -77,8 +77,7 @@ def gather_slices(column: pa.ChunkedArray, rows: np.ndarray) -> pa.ChunkedArray:
     within = rows - starts[chunk_of]
     # A run: the next row is the next value of the same chunk.
     breaks = np.flatnonzero((chunk_of[1:] != chunk_of[:-1]) | (within[1:] != within[:-1] + 1))
-    run_starts = np.concatenate(([0], breaks + 1))
-    run_lengths = np.diff(np.append(run_starts, len(rows)))
+    run_starts, run_lengths = _runs_after(breaks, len(rows))
     # A run that is a whole chunk is that chunk (the shuffle window's runs are mostly whole
     # one-row chunks of the permuted partitions), not a slice of it.
     return pa.chunked_array(
@@ -97,11 +96,16 @@ def _from_one_chunk(chunk: pa.Array, rows: np.ndarray) -> pa.ChunkedArray:
     breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1)
     if len(breaks) == len(rows) - 1:  # every row a run of its own: a permutation, mostly
         return pa.chunked_array([chunk.slice(i, 1) for i in rows.tolist()], type=chunk.type)
-    run_starts = np.concatenate(([0], breaks + 1))
-    run_lengths = np.diff(np.append(run_starts, len(rows)))
+    run_starts, run_lengths = _runs_after(breaks, len(rows))
     return pa.chunked_array([chunk.slice(i, n) for i, n in zip(rows[run_starts].tolist(),
                                                                 run_lengths.tolist())],
                             type=chunk.type)
+
+
+def _runs_after(breaks: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each run of `count` rows, a run ending after each row in `breaks`."""
+    starts = np.concatenate(([0], breaks + 1))
+    return starts, np.diff(np.append(starts, count))
 
 
 def compacted(table: pa.Table) -> pa.Table:

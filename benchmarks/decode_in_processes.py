@@ -29,6 +29,7 @@ Figures depend on the machine and on what else runs on it: the JSON records both
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -77,15 +78,13 @@ def role_measure(storage: str, dataset: str, variant: str, images: int,
     from trainfeed.decoder.process import DecoderProcess
 
     decoders, threads = parse_variant(variant)
-    started = [DecoderProcess(storage, TOKEN, threads=threads) for _ in range(decoders)]
-    try:
+    with contextlib.ExitStack() as stack:  # each decoder stopped, even if a later one fails
+        started = [stack.enter_context(DecoderProcess(storage, TOKEN, threads=threads))
+                   for _ in range(decoders)]
         if started:
             os.environ.update(TRAINFEED_DECODE="remote", TRAINFEED_TOKEN=TOKEN,
                               TRAINFEED_DECODERS=",".join(d.address for d in started))
         return _window(storage, dataset, images, warmup, [d.proc.pid for d in started])
-    finally:
-        for decoder in started:
-            decoder.stop()
 
 
 def _window(storage: str, dataset: str, images: int, warmup: int,

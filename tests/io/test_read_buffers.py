@@ -18,6 +18,7 @@ from trainfeed import BatchOptions, LocalSource, PipelineOptions, SamplingOption
 from trainfeed.io import array_pool
 from trainfeed.io.gather import compacted
 from trainfeed.io.prefetch import LoadedPartition, TaskRef
+from trainfeed.reader import pipeline as pipeline_module
 from trainfeed.reader.batcher import Cutter, Piece, deliver
 from trainfeed.upload import UploadOptions, upload
 
@@ -124,6 +125,10 @@ def test_later_passes_read_into_the_buffers_of_earlier_ones(
             fresh[-1] += 1
         return real(pool, array)
     monkeypatch.setattr(array_pool.ArrayPool, "_hand", counted)
+    # One load thread: with two, a pass can need a second buffer at a moment the pool has one
+    # free (two loads at once), which is not what this counts; a pass of one thread reuses
+    # the first pass's buffers or it does not.
+    monkeypatch.setattr(pipeline_module, "load_threads", lambda: 1)
     reader = dist.reader("flowers", source=LocalSource(storage=storage_dir, seed=1),
                          pipeline=PipelineOptions(batch=BatchOptions(size=10),
                                                   sampling=SamplingOptions(shuffle_buffer=30)))

@@ -25,9 +25,10 @@ import hashlib
 import io
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,9 +77,17 @@ PAYLOAD_BYTES_KEPT = 512 << 20
 
 @dataclass
 class ReadStats:
-    """What a reader fetched from storage, summed over its partitions (shared by passes)."""
+    """What a reader fetched from storage, summed over its partitions (shared by passes, and
+    by a pass's load threads: `add_payload` counts under a lock, since `+=` on an attribute
+    can lose an update between two threads)."""
 
     payload_bytes: int = 0  # bytes of binary field values read
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                  compare=False)
+
+    def add_payload(self, nbytes: int) -> None:
+        with self._lock:
+            self.payload_bytes += nbytes
 
 
 Chooser = Callable[[pa.Table], np.ndarray]
@@ -167,11 +176,11 @@ class PartitionReader:
         whole = row_start == 0 and num_records == held
         if whole and not self._reads_payloads_by_range(shard):
             table = self._row_groups(shard, row_group_start, row_group_stop, held, self.columns)
-            self.stats.payload_bytes += self._payload_size(table)
+            self.stats.add_payload(self._payload_size(table))
             return table
         if not self.binary or self._index(shard) is None:
             whole = self._row_groups(shard, row_group_start, row_group_stop, held, self.columns)
-            self.stats.payload_bytes += self._payload_size(whole)
+            self.stats.add_payload(self._payload_size(whole))
             return whole.slice(row_start, num_records)
         small = [c for c in self.columns if c not in self.binary]
         meta = self._row_groups(shard, row_group_start, row_group_stop, held, small)
@@ -253,7 +262,7 @@ class PartitionReader:
         elif index is None:  # an older shard: its payload columns are read whole
             whole = self._row_groups(shard, row_group_start, row_group_stop, meta.num_rows,
                                      self.binary)
-            self.stats.payload_bytes += self._payload_size(whole)
+            self.stats.add_payload(self._payload_size(whole))
             payloads = {name: whole.column(name).take(rows) for name in self.binary}
         else:
             parquet = self._shard(shard)
@@ -329,7 +338,7 @@ class PartitionReader:
                ids: np.ndarray) -> pa.Array | pa.ChunkedArray:
         """The byte ranges (offset, length[, checksums]) of one shard, in order, each checked
         against its checksum when the index has one (`ids` name the records in errors)."""
-        self.stats.payload_bytes += int(ranges[:, 1].sum()) if len(ranges) else 0
+        self.stats.add_payload(int(ranges[:, 1].sum()) if len(ranges) else 0)
         if self.dataset.is_local:
             path = self.dataset.local_file(shard)
             chunks = [self._read_local(shard, path, part, ids[at:at + len(part)])

@@ -97,9 +97,10 @@ class Backend(Protocol):
         """Where the dataset's shards, manifest and saved transformers are."""
         ...
 
-    def open_pass(self, load: Load = plain_load) -> PassStream:
+    def open_pass(self, load: Load = plain_load, threads: int = 1) -> PassStream:
         """Starts a pass; `load` reads each partition in its delivery order (see
-        trainfeed.reader.batcher.partition_loader)."""
+        trainfeed.reader.batcher.partition_loader), on up to `threads` threads at once
+        (trainfeed.io.loads: `load` must then be thread-safe)."""
         ...
 
     @property
@@ -244,13 +245,14 @@ class LocalBackend:
     def read_stats(self) -> ReadStats:
         return self.dataset.stats
 
-    def open_pass(self, load: Load = plain_load) -> PassStream:
+    def open_pass(self, load: Load = plain_load, threads: int = 1) -> PassStream:
         position = self._position
         if position.finished:
             advance(position, position.epoch + 1)
         self.epoch = position.epoch
-        return Pass(prefetched(PlannedTasks(self._plan(position)), self.dataset, load,
-                                self.prefetch, "trainfeed-local-prefetch"), position,
+        return Pass(prefetched(PlannedTasks(self._plan(position), at_once=threads),
+                                self.dataset, load, self.prefetch, "trainfeed-local-prefetch",
+                                threads), position,
                      on_consumed=lambda task: None, on_close=lambda finished: None)
 
     def _plan(self, position: ReaderPosition) -> list[TaskRef]:

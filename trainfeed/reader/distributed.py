@@ -152,7 +152,7 @@ class DistributedBackend:
     def read_stats(self) -> ReadStats:
         return self._dataset.stats if self._dataset is not None else ReadStats()
 
-    def open_pass(self, load: Load = plain_load) -> PassStream:
+    def open_pass(self, load: Load = plain_load, threads: int = 1) -> PassStream:
         dataset = self._open()
         if self._position.finished:
             advance(self._position, self._next_epoch)
@@ -164,7 +164,7 @@ class DistributedBackend:
         assert self.prefetch is not None
         source = LeasedTasks(self.session, self._next_epoch, self._learn_epoch, quota)
         stream = prefetched(source, dataset, load, self.prefetch,
-                            f"trainfeed-fetch-{self.session.worker}")
+                            f"trainfeed-fetch-{self.session.worker}", threads)
 
         def on_close(finished: bool) -> None:
             if finished:

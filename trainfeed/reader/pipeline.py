@@ -24,6 +24,7 @@ from trainfeed.decode.pixels import DecodedBatch, ImageDecoder, binary_views
 from trainfeed.formats.manifest import ID_COLUMN, Manifest
 from trainfeed.formats.sources import SourceIndex
 from trainfeed.io.load import Load
+from trainfeed.io.loads import load_threads
 from trainfeed.io.partition_reader import Selector
 from trainfeed.io.prefetch import TaskRef
 from trainfeed.reader.backends import PassStream
@@ -215,6 +216,12 @@ class Pipeline:
         if self.remote is not None:
             return self.remote
         return partition_loader(self.selector, self.seed if self.options.shuffles else None)
+
+    @property
+    def load_threads(self) -> int:
+        """Partitions a pass loads at once (trainfeed.io.loads): one with remote decode, whose
+        load hands each partition to the decode workers and spreads them itself."""
+        return 1 if self.remote is not None else load_threads()
 
     def _cutter(self, batch_size: int) -> Cutter:
         buffer = self.options.sampling.shuffle_buffer

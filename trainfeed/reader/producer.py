@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from trainfeed.formats.manifest import Manifest, dataset_storage, load_manifest, read_manifest
 from trainfeed.io.array_pool import ArrayPool
 from trainfeed.io.load import Load
+from trainfeed.io.loads import Loads
 from trainfeed.io.partition_reader import PartitionReader, ReadStats, payload_buffer_pool
 from trainfeed.io.prefetch import Credits, LoadedPartition, PrefetchStream, TaskRef
 from trainfeed.storage import Storage
@@ -55,15 +56,16 @@ class TaskSource(Protocol):
 
 
 def produce(source: TaskSource, dataset: Dataset, load: Load, out: PrefetchStream,
-            credits: Credits) -> None:
-    """The producer of one pass: reads what `source` hands out, in order, into `out`."""
-    reader = dataset.partition_reader()
+            credits: Credits, loads: Loads | None = None) -> None:
+    """The producer of one pass: reads what `source` hands out into `out`, in order (`loads`:
+    how, on how many threads; default one, this one)."""
+    loads = loads or Loads(dataset.partition_reader, load)
     try:
         while (tasks := source.next_tasks(credits, out)) is not None:
-            for task in tasks:
+            # Minus what an earlier holder's trainer already got (task.skip).
+            for task, outcome in loads.in_order(tasks):
                 try:
-                    # Minus what an earlier holder's trainer already got (task.skip).
-                    table = load(reader, task)
+                    table = outcome()
                 except source.read_errors as e:
                     source.failed(task, e)
                     credits.give(1)
@@ -71,29 +73,41 @@ def produce(source: TaskSource, dataset: Dataset, load: Load, out: PrefetchStrea
                 source.loaded(task)
                 out.put(LoadedPartition(task, table))
     finally:
-        source.close()
-        reader.close()
+        try:
+            loads.close()
+        finally:
+            source.close()
 
 
 def prefetched(source: TaskSource, dataset: Dataset, load: Load, depth: int,
-               name: str) -> PrefetchStream:
-    """A pass's stream: `produce` in a background thread, `depth` partitions ahead."""
-    return PrefetchStream(lambda out, credits: produce(source, dataset, load, out, credits),
-                          depth, name)
+               name: str, threads: int = 1) -> PrefetchStream:
+    """A pass's stream: `produce` in a background thread, `depth` partitions ahead, loading
+    up to `threads` partitions at once (trainfeed.io.loads)."""
+    return PrefetchStream(lambda out, credits: produce(
+        source, dataset, load, out, credits,
+        Loads(dataset.partition_reader, load, threads, f"{name}-load")), depth, name)
 
 
 class PlannedTasks:
     """A local pass's tasks: a planned list, read in order as credits free up. A partition
-    that cannot be read ends the pass (no master could give it to another reader)."""
+    that cannot be read ends the pass (no master could give it to another reader).
+
+    `at_once`: tasks handed out together where the window allows (the pass's load threads):
+    it waits for that many free credits, unless the consumer runs dry, so that the loads of
+    one call can overlap (one credit at a time would load one partition at a time)."""
 
     read_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, tasks: Sequence[TaskRef]):
+    def __init__(self, tasks: Sequence[TaskRef], at_once: int = 1):
         self._todo: Iterator[TaskRef] = iter(tasks)
+        self._at_once = max(1, at_once)
 
     def next_tasks(self, credits: Credits, out: PrefetchStream) -> list[TaskRef] | None:
-        free = credits.take_all()
+        free = credits.take_all(min(self._at_once, credits.total),
+                                starving=lambda: out.buffered <= 1)
         tasks = [task for _, task in zip(range(free), self._todo)]
+        if len(tasks) < free:  # the plan ends: the credits not used go back
+            credits.give(free - len(tasks))
         return tasks or None
 
     def loaded(self, task: TaskRef) -> None:

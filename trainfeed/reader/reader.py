@@ -21,6 +21,7 @@ import pyarrow as pa
 from trainfeed.formats.manifest import ID_COLUMN, PACKED_KIND
 from trainfeed.formats.packed import decode_buffer
 from trainfeed.io.load import Load
+from trainfeed.io.loads import load_threads
 from trainfeed.io.partition_reader import ReadStats
 from trainfeed.reader.backends import Backend, PassStream
 from trainfeed.reader.batcher import Cutter, Piece, bounded_load, deliver
@@ -308,15 +309,16 @@ class Reader:
         return self._backend.read_stats.payload_bytes
 
     def _run_pass(self, body: Callable[[PassStream], Iterator[Any]], load: Load = bounded_load,
-                  order: str = STORED) -> Iterator[Any]:
+                  order: str = STORED, threads: int | None = None) -> Iterator[Any]:
         """One pass through `body` (which runs the batcher; it ends the stream), which
-        `close()` ends if the trainer is still in it."""
-        run = self._pass_run(body, load, order)
+        `close()` ends if the trainer is still in it. `threads`: partitions loaded at once
+        (default: trainfeed.io.loads.load_threads())."""
+        run = self._pass_run(body, load, order, load_threads() if threads is None else threads)
         self._pass = weakref.ref(run)
         return run
 
     def _pass_run(self, body: Callable[[PassStream], Iterator[Any]], load: Load,
-                  order: str) -> Generator[Any, None, None]:
+                  order: str, threads: int) -> Generator[Any, None, None]:
         saved = self._resume
         if (not self._passes and saved is not None and saved.order and saved.positions
                 and saved.order != order):
@@ -325,7 +327,7 @@ class Reader:
                 f"this pass delivers them in the {order!r} order: restore it into a reader with "
                 "the same seed, shuffle_buffer and resample (and the same path: reader() or "
                 "batch())")
-        stream = self._backend.open_pass(self.meter.timed_load(load))
+        stream = self._backend.open_pass(self.meter.timed_load(load), threads)
         self._passes += 1
         self._order = order
         yield from self.meter.timed(body(stream))  # the trainer's waits
@@ -351,7 +353,8 @@ class Reader:
             size = self.options.batch.size
             return self._run_pass(
                 (lambda stream: pipeline.batches(stream, size)) if size is not None
-                else pipeline.instances, pipeline.loader(), pipeline.order)
+                else pipeline.instances, pipeline.loader(), pipeline.order,
+                pipeline.load_threads)
         names = self.field_names
 
         def instances(piece: Piece) -> Iterator[tuple[Any, ...]]:

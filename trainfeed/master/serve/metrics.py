@@ -85,7 +85,8 @@ READER_COUNTERS = {
     "batches": ("batches", "Batches handed to trainers"),
     "records": ("records", "Records handed to trainers"),
     "bytes_read": ("bytes_read", "Payload bytes readers read from storage"),
-    "read_s": ("read_seconds", "Time readers spent loading partitions"),
+    "read_s": ("read_seconds", "Time readers spent loading partitions (summed over each "
+                            "reader's load threads)"),
     "records_decoded": ("records_decoded", "Records readers decoded"),
     "decode_s": ("decode_seconds", "Time readers spent decoding"),
     "decode_failures": ("decode_failures", "Records dropped because they could not be decoded"),

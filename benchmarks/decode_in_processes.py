@@ -84,11 +84,14 @@ def role_measure(storage: str, dataset: str, variant: str, images: int,
         if started:
             os.environ.update(TRAINFEED_DECODE="remote", TRAINFEED_TOKEN=TOKEN,
                               TRAINFEED_DECODERS=",".join(d.address for d in started))
-        return _window(storage, dataset, images, warmup, [d.proc.pid for d in started])
+        return measure_window(storage, dataset, images, warmup, [d.proc.pid for d in started])
 
 
-def _window(storage: str, dataset: str, images: int, warmup: int,
-            decoder_pids: Sequence[int]) -> dict[str, Any]:
+def measure_window(storage: str, dataset: str, images: int, warmup: int,
+                   decoder_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """The train read's window in this process: images/s, the cores this process and the
+    decoders `decoder_pids` kept busy, their CPU per image, and the foreign load beside them
+    (benchmarks/reader_bounds.py measures its variants with it too)."""
     from imagenet_methods import trainfeed_batches
 
     batches = trainfeed_batches(dataset, storage, "train")

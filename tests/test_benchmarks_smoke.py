@@ -168,6 +168,34 @@ def test_decode_in_processes_measures_both_variants_on_the_same_images(tmp_path:
     assert refused.returncode == 2 and "processes:NxT" in refused.stderr
 
 
+# ~20 s on an idle core (24 photos made and uploaded, then four short windows, each in a process
+# of its own).
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_reader_bounds_measures_each_variant_on_the_same_images(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    variants = ["shipped", "one-load-thread", "bare-decode", "no-decode+one-load-thread"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/reader_bounds.py"), "--make", "24",
+         "--workdir", str(tmp_path), "--images", "48", "--warmup", "8", "--rounds", "1",
+         "--variants", *variants, "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| variant | images/s median"), result.stdout
+    assert [line.split("|")[1].strip() for line in lines[2:]] == variants
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    for row in rows.values():
+        assert row["images"] >= 48, row
+        assert row["cores_busy"] > 0 and row["cpu_ms_per_image"] > 0, row
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/reader_bounds.py"), "--make", "1",
+         "--variants", "bare-decode+no-decode"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert refused.returncode == 2 and "exclude each other" in refused.stderr
+
+
 def test_gather_cost_times_each_step_of_a_shuffled_pass_s_reordering() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/gather_cost.py"), "--rows", "8",

@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fairness import every_core, machine_busy_s
@@ -176,49 +176,63 @@ def make_storage(count: int, workdir: str) -> str:
     return storage
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def window_parser(description: str, images: int, variant: Callable[[str], str],
+                  variants: Sequence[str]) -> argparse.ArgumentParser:
+    """The arguments of a benchmark of interleaved train-read windows, one variant per child
+    process (this one's and benchmarks/reader_bounds.py's)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--storage", help="storage holding --dataset (or use --make)")
     p.add_argument("--dataset", default=DATASET)
     p.add_argument("--make", type=int, metavar="N",
                    help="generate N photos and upload them with --max-side 256 under --workdir")
     p.add_argument("--workdir", default=os.path.join(DEFAULT_ROOT, "decode-in-processes"),
                    help="where --make keeps its photos and dataset")
-    p.add_argument("--images", type=int, default=40_000, help="images per window")
+    p.add_argument("--images", type=int, default=images, help="images per window")
     p.add_argument("--warmup", type=int, default=2_048, help="images read before each window")
     p.add_argument("--rounds", type=int, default=3, help="windows per variant, interleaved")
-    p.add_argument("--variants", nargs="+", type=variant_arg,
-                   default=["threads", "processes:2x1"])
+    p.add_argument("--variants", nargs="+", type=variant, default=list(variants))
     p.add_argument("--timeout", type=float, default=600, help="seconds per window, at most")
     p.add_argument("--json", help="write every window and the machine here")
-    p.add_argument("--role", help=argparse.SUPPRESS)
+    p.add_argument("--role", type=variant, help=argparse.SUPPRESS)
+    return p
+
+
+def parsed(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.role is None and (args.storage is None) == (args.make is None):
         p.error("give --storage (with --dataset) or --make N")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    exit_cleanly_on_signals()  # a window's child, and its decoders, are killed as a session
-    args = parse_args(argv)
-    if args.role:
-        print(json.dumps(role_measure(args.storage, args.dataset, args.role, args.images,
-                                      args.warmup)))
-        return 0
+def run_rounds(args: argparse.Namespace,
+               run: Callable[[argparse.Namespace, str], dict[str, Any]],
+               table_of: Callable[[Sequence[dict[str, Any]], Sequence[str]], str]) -> None:
+    """Every variant's window, round by round; prints the table, writes the JSON."""
     if args.make:
         args.storage = make_storage(args.make, args.workdir)
     rows = []
     for round_ in range(args.rounds):
         for variant in args.variants:
             print(f"round {round_ + 1}: {variant} ...", file=sys.stderr, flush=True)
-            rows.append({"round": round_ + 1, **run_variant(args, variant)})
-    print(table(rows, args.variants))
+            rows.append({"round": round_ + 1, **run(args, variant)})
+    print(table_of(rows, args.variants))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"command": [os.path.basename(sys.executable), *sys.argv],
                        "machine": {"nproc": os.cpu_count(), "cores": every_core(),
                                    "python": platform.python_version()},
                        "rows": rows}, f, indent=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    exit_cleanly_on_signals()  # a window's child, and its decoders, are killed as a session
+    args = parsed(window_parser(__doc__.split("\n\n")[0], 40_000, variant_arg,
+                                ["threads", "processes:2x1"]), argv)
+    if args.role:
+        print(json.dumps(role_measure(args.storage, args.dataset, args.role, args.images,
+                                      args.warmup)))
+        return 0
+    run_rounds(args, run_variant, table)
     return 0
 
 

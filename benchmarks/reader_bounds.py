@@ -30,16 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from decode_in_processes import DATASET, make_storage, measure_window
+from decode_in_processes import measure_window, parsed, run_rounds, window_parser
 from fairness import every_core
-from read_throughput import DEFAULT_ROOT
+from stop_cleanly import exit_cleanly_on_signals
 
 CHANGES = ("one-load-thread", "bare-decode", "no-decode")
 DEFAULT_VARIANTS = ("shipped", "one-load-thread", "bare-decode", "bare-decode+one-load-thread",
@@ -132,47 +131,15 @@ def table(rows: Sequence[dict[str, Any]], variants: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--storage", help="storage holding --dataset (or use --make)")
-    p.add_argument("--dataset", default=DATASET)
-    p.add_argument("--make", type=int, metavar="N",
-                   help="generate N photos and upload them with --max-side 256 under --workdir")
-    p.add_argument("--workdir", default=os.path.join(DEFAULT_ROOT, "decode-in-processes"),
-                   help="where --make keeps its photos and dataset (decode_in_processes.py's)")
-    p.add_argument("--images", type=int, default=60_000, help="images per window")
-    p.add_argument("--warmup", type=int, default=2_048, help="images read before each window")
-    p.add_argument("--rounds", type=int, default=3, help="windows per variant, interleaved")
-    p.add_argument("--variants", nargs="+", type=variant_arg, default=list(DEFAULT_VARIANTS))
-    p.add_argument("--timeout", type=float, default=600, help="seconds per window, at most")
-    p.add_argument("--json", help="write every window and the machine here")
-    p.add_argument("--role", type=variant_arg, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.role is None and (args.storage is None) == (args.make is None):
-        p.error("give --storage (with --dataset) or --make N")
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    exit_cleanly_on_signals()  # a window's child is killed with this run (subprocess.run)
+    args = parsed(window_parser(__doc__.split("\n\n")[0], 60_000, variant_arg,
+                                DEFAULT_VARIANTS), argv)
     if args.role:
         apply(variant_changes(args.role))
         print(json.dumps(measure_window(args.storage, args.dataset, args.images, args.warmup)))
         return 0
-    if args.make:
-        args.storage = make_storage(args.make, args.workdir)
-    rows = []
-    for round_ in range(args.rounds):
-        for variant in args.variants:
-            print(f"round {round_ + 1}: {variant} ...", file=sys.stderr, flush=True)
-            rows.append({"round": round_ + 1, **run_variant(args, variant)})
-    print(table(rows, args.variants))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"command": [os.path.basename(sys.executable), *sys.argv],
-                       "machine": {"nproc": os.cpu_count(), "cores": every_core(),
-                                   "python": platform.python_version()},
-                       "rows": rows}, f, indent=1)
+    run_rounds(args, run_variant, table)
     return 0
 
 

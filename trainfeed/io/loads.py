@@ -2,11 +2,11 @@
 
 One thread used to load every partition of a pass (trainfeed.reader.producer), and on the 256-px
 raw-pixel workload it was the ceiling of the whole read path: with nothing decoded, one reader
-delivered 17,000-18,500 records/s, its one load thread always busy (~55 µs of CPU a record: the
-copy out of the page cache, the CRC-32C, Arrow's calls per partition). The copy and the
-checksum let the GIL go, so a second thread loading the next partition meanwhile lifts that to
-21,000-22,600 records/s on the same 2 cores (benchmarks/reader_bounds.py, issue 39). On
-storage with latency (S3, GlusterFS, HDFS) it also overlaps two partitions' round trips.
+delivered ~17,600 records/s, its one load thread always busy (~55 µs of CPU a record: the copy
+out of the page cache, the CRC-32C, Arrow's calls per partition). The copy and the checksum let
+the GIL go, so a second thread loading the next partition meanwhile lifts that to ~22,500
+records/s on the same 2 cores (benchmarks/reader_bounds.py, `no-decode`, issue 39). On storage
+with latency (S3, GlusterFS, HDFS) it also overlaps two partitions' round trips.
 
 - **Order is kept.** Partitions reach the consumer in the order of their tasks, whichever load
   ends first: a pass's delivery order, and so its shuffle, does not depend on the threads.

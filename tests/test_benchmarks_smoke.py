@@ -208,3 +208,21 @@ def test_gather_cost_times_each_step_of_a_shuffled_pass_s_reordering() -> None:
     assert list(figures) == [*steps, "all three"]
     assert all(figures[step] > 0 for step in steps)
     assert figures["all three"] == pytest.approx(sum(figures[s] for s in steps), abs=0.002)
+
+
+def test_wake_latency_times_hand_offs_on_one_core_and_across_two() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/wake_latency.py"), "--trips", "200",
+         "--rounds", "1", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    cores = len(os.sched_getaffinity(0))
+    assert list(figures) == ["one core", "two cores"][:min(2, cores)]
+    assert all(us > 0 for us in figures.values())
+    table = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/wake_latency.py"), "--trips", "50",
+         "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert table.stdout.startswith("| threads on | µs per hand-off (median) |"), table.stdout

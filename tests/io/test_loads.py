@@ -196,3 +196,52 @@ def test_read_stats_count_every_byte_added_from_many_threads() -> None:
     for t in threads:
         t.join()
     assert stats.payload_bytes == 4 * 20_000 * 3
+
+
+def test_payload_indexes_parse_on_many_threads_at_once() -> None:
+    """numpy parses an .npy header with ast.literal_eval; CPython 3.11 raised SystemError when
+    two threads built ASTs at once and a collection's finalizer let one in mid-way (seen in CI
+    with two load threads). Here three threads parse indexes with collections running
+    finalizers all the time: every parse must succeed."""
+    import gc
+    import io
+    import sys
+
+    import numpy as np
+
+    from trainfeed.io.partition_reader import parsed_index
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.arange(200, dtype=np.int64).reshape(25, 2, 4))
+    data = buffer.getvalue()
+
+    class Garbage:
+        def __del__(self) -> None:  # Python code inside a collection: a thread switch point
+            sum(range(50))
+
+    failures: list[str] = []
+
+    def parse() -> None:
+        for _ in range(3_000):
+            cycle = Garbage()
+            cycle.me = cycle  # type: ignore[attr-defined]
+            del cycle
+            try:
+                assert parsed_index(data).shape == (25, 2, 4)
+            except SystemError as e:
+                failures.append(str(e))
+                return
+
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(10, 1, 1)
+    try:
+        threads = [threading.Thread(target=parse) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+    assert failures == []

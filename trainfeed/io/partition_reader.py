@@ -95,6 +95,22 @@ Chooser = Callable[[pa.Table], np.ndarray]
 Selector = Callable[[TaskRef, pa.Table], np.ndarray]
 
 
+# numpy reads an .npy header with `ast.literal_eval`, and CPython 3.11's AST constructor keeps
+# its recursion depth in the interpreter, not in the thread: two threads building ASTs at once
+# (a garbage collection running a finalizer in between lets the other one in) can raise
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905; seen in CI
+# with two load threads, trainfeed.io.loads). One index header is parsed at a time.
+_INDEX_PARSE = threading.Lock()
+
+
+def parsed_index(data: bytes) -> np.ndarray:
+    """A payload index's array from its .npy bytes, one parse at a time (see _INDEX_PARSE).
+    Raises ValueError or OSError for bytes that are not a plain .npy array (no pickles)."""
+    with _INDEX_PARSE:
+        index: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+    return index
+
+
 def payload_buffer_pool() -> ArrayPool:
     """A pool for the buffers payloads are read into (see PartitionReader)."""
     return ArrayPool(PAYLOAD_BUFFERS_KEPT, PAYLOAD_BYTES_KEPT)
@@ -299,8 +315,7 @@ class PartitionReader:
     def _index(self, shard: str) -> np.ndarray | None:
         if shard not in self._indexes:
             try:
-                data = self.dataset.read_bytes(shard + PAYLOAD_INDEX_SUFFIX)
-                index = np.load(io.BytesIO(data), allow_pickle=False)
+                index = parsed_index(self.dataset.read_bytes(shard + PAYLOAD_INDEX_SUFFIX))
             except FileNotFoundError:
                 index = None  # written before payload indexes existed
             except (ValueError, OSError) as e:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
@@ -29,15 +28,16 @@ import pyarrow as pa
 from trainfeed.cores import usable_cores
 from trainfeed.io.load import Load
 from trainfeed.io.partition_reader import PartitionReader
-from trainfeed.io.prefetch import JOIN_S, TaskRef
+from trainfeed.io.prefetch import JOIN_S, TaskRef, join_threads
+from trainfeed.io.prefetch import SAY_AFTER_S as PREFETCH_SAY_AFTER_S
 
 # Partitions a pass loads at once. Two: a load is mostly the kernel's copy and the checksum
 # (without the GIL), so two keep a core busy between them where one left gaps; more would hold
 # more partitions half-loaded for no gain on the 2-core machine measured.
 PARALLEL_LOADS = 2
 
-# How long `close` waits for a load under way before it says so.
-SAY_AFTER_S = 5.0
+# How long `close` waits for a load under way before it says so (trainfeed.io.prefetch's).
+SAY_AFTER_S = PREFETCH_SAY_AFTER_S
 
 logger = logging.getLogger(__name__)
 
@@ -125,24 +125,10 @@ class Loads:
         if self._started:
             for _ in self._threads:
                 self._jobs.put(None)
-            self._join(timeout)
+            join_threads(self._threads, timeout, logger, "closing a pass: waiting for %d "
+                         "partition load(s) to end, at most until %s", say_after=SAY_AFTER_S)
         while True:  # a reader a stuck load still holds is left to it
             try:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 break
-
-    def _join(self, timeout: float) -> None:
-        """Joins the load threads for up to `timeout`, saying so past SAY_AFTER_S (no silent
-        waits: a load stuck on its storage)."""
-        started = time.monotonic()
-        said = False
-        for thread in self._threads:
-            while thread.is_alive() and time.monotonic() - started < timeout:
-                thread.join(min(0.5, max(0.0, timeout - (time.monotonic() - started))))
-                if not said and thread.is_alive() and time.monotonic() - started >= SAY_AFTER_S:
-                    said = True
-                    logger.warning("closing a pass: waiting for %d partition load(s) to end, "
-                                   "at most until %s", sum(t.is_alive() for t in self._threads),
-                                   time.strftime("%H:%M:%S", time.localtime(
-                                       time.time() + timeout - SAY_AFTER_S)))

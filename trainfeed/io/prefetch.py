@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -282,6 +282,8 @@ class PrefetchStream(Background[LoadedPartition]):
 # a training script that finished aborts with SIGABRT, seen under load in CI's torchrun run).
 _RUNNING: weakref.WeakSet[Background[Any]] = weakref.WeakSet()
 EXIT_JOIN_S = 10.0
+# How long a join waits before it says what for and until when (`join_threads`).
+SAY_AFTER_S = 5.0
 
 
 def _stop_all_at_exit() -> None:
@@ -290,17 +292,25 @@ def _stop_all_at_exit() -> None:
         background.stop()
         if isinstance(background, PrefetchStream):
             background.credits.poke()
-    start = time.monotonic()
+    join_threads([background._thread for background in running], EXIT_JOIN_S,
+                 logging.getLogger(__name__),
+                 "exiting: waiting for %d read-ahead thread(s) to stop, at most until %s")
+
+
+def join_threads(threads: Sequence[threading.Thread], timeout: float, log: logging.Logger,
+                 waiting: str, say_after: float = SAY_AFTER_S) -> None:
+    """Joins `threads` for at most `timeout` seconds in all. Past `say_after` it says once
+    (no silent waits) how many it still waits for and until when: `waiting` is a %-format of
+    that count and the time ("HH:MM:SS")."""
+    started = time.monotonic()
     said = False
-    for background in running:
-        while background._thread.is_alive() and time.monotonic() - start < EXIT_JOIN_S:
-            background._thread.join(0.5)
-            if not said and background._thread.is_alive() and time.monotonic() - start >= 5:
-                said = True  # no silent waits: what for, and until when
-                logging.getLogger(__name__).warning(
-                    "exiting: waiting for %d read-ahead thread(s) to stop, at most until "
-                    "%s", sum(b._thread.is_alive() for b in running),
-                    time.strftime("%H:%M:%S", time.localtime(time.time() + EXIT_JOIN_S - 5)))
+    for thread in threads:
+        while thread.is_alive() and time.monotonic() - started < timeout:
+            thread.join(min(0.5, max(0.0, timeout - (time.monotonic() - started))))
+            if not said and thread.is_alive() and time.monotonic() - started >= say_after:
+                said = True
+                log.warning(waiting, sum(t.is_alive() for t in threads), time.strftime(
+                    "%H:%M:%S", time.localtime(time.time() + timeout - say_after)))
 
 
 atexit.register(_stop_all_at_exit)
